@@ -1,0 +1,69 @@
+"""The protocol every backend implements (DESIGN.md, "Backend"). The runner never imports a framework.
+
+Arrays crossing this boundary are NumPy, in canonical names and PyTorch layouts (see harness.weights):
+token batches are int64 (B, T), 0-based; logits are float (B, T, V); gradients and parameters are
+{canonical name: ndarray of the canonical shape}.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from harness.config import Config
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One framework's nanoGPT, its optimizer and its device."""
+
+    name: str
+
+    def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
+              seed: int) -> None:
+        """Build the model from canonical `weights`, create the AdamW state, move both to `device`.
+
+        `seed` seeds the backend's own dropout RNG (dropout masks differ between frameworks anyway).
+        """
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> Any:
+        """One forward, backward, clip and AdamW update with dropout active; returns the loss.
+
+        The loss may be a device scalar: `losses_to_floats` turns a list of them into floats, so the
+        training loop need not synchronise with the device each step.
+        """
+
+    def losses_to_floats(self, losses: list[Any]) -> list[float]:
+        """Fetch a list of losses returned by `train_step` as Python floats (one device sync)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op on synchronous devices); called before reading a clock."""
+
+    def eval_loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Mean cross-entropy with dropout off, no gradient."""
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """(B, T, V) logits with dropout off, as float64 or float32 NumPy."""
+
+    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        """Gradients of the mean loss (dropout off, no update, no clipping), canonical names and shapes."""
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Current parameters, canonical names and shapes."""
+
+    def memory(self) -> dict[str, Any]:
+        """Memory figures: {'peak_bytes': int, 'kind': 'device' | 'rss', ...}."""
+
+    def describe(self) -> dict[str, Any]:
+        """Framework, versions, device name, dtype and numerics flags."""
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Model and optimizer state as flat arrays (for checkpoints); `load_state_dict` restores it."""
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore what `state_dict` returned."""
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot run here (framework or device missing); the message says how to fix it."""

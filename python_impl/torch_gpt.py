@@ -1,0 +1,85 @@
+"""The PyTorch nanoGPT of DESIGN.md, after karpathy/nanoGPT's model.py (biases on, untied lm_head, tanh GELU).
+
+Parameter names equal the harness's canonical names (harness/weights.py), so canonical weights load with
+`load_state_dict` and gradients come back under the same names without any mapping.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)  # fused q, k, v: rows [q; k; v]
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, nh, T, hs): head h owns features h*hs:(h+1)*hs
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # softmax(q k^T / sqrt(hs) + causal mask) v; no dropout on the attention probabilities (DESIGN.md)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, d_hidden: int, dropout: float):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, d_hidden)
+        self.c_proj = nn.Linear(d_hidden, n_embd)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # tanh GELU: the same form in every backend (NNlib's default `gelu` is the tanh form too)
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, d_hidden: int, dropout: float):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.mlp = MLP(n_embd, d_hidden, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))  # pre-LayerNorm residual blocks
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token + position embedding, n_layer blocks, final LayerNorm, untied lm_head with bias."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_embd: int, n_layer: int, n_head: int,
+                 d_hidden: int, dropout: float):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, d_hidden, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
+        self.lm_head = nn.Linear(n_embd, vocab_size)
+        # Weights are never initialised here: the harness hands every backend the same canonical arrays.
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        T = idx.shape[1]
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        # mean cross-entropy over all B*T positions
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
