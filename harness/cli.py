@@ -178,7 +178,7 @@ def cmd_sizes(args: argparse.Namespace) -> int:
                       "layers": c.n_layer, "heads": c.n_head, "MLP hidden d_h": c.d_hidden, "dropout": c.dropout,
                       "learning rate": c.learning_rate, "epochs": c.epochs, "weight decay": c.weight_decay,
                       "grad clip": c.grad_clip, "eval every": c.eval_interval}
-    print(pd.DataFrame(rows, dtype=object).to_string())
+    print(pd.DataFrame({size: {k: f"{v:g}" for k, v in row.items()} for size, row in rows.items()}).to_string())
     return 0
 
 
