@@ -121,7 +121,7 @@ def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
     """Print where the records are, check the backends saw identical inputs; returns the exit status."""
     from harness import launch, records
 
-    spec, recs = records.load_run(out, run_id)
+    _, recs = records.load_run(out, run_id)
     directory = records.run_dir(out, run_id)
     for rec in recs:
         last = rec["evals"][-1] if rec["evals"] else None

@@ -121,6 +121,10 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     try:
         for step in range(start_step, total_steps):
             if step % config.eval_interval == 0:
+                failure = flush() if pending else None  # never evaluate a model that already diverged
+                if failure:
+                    status = failure
+                    break
                 do_eval(step)
             x, y = stream.batch(step)
             t0 = time.perf_counter()
@@ -133,7 +137,9 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             pending.append(loss)
             bar.update(1)
             done = step + 1
-            if len(pending) >= FLUSH_EVERY or done == total_steps or (checkpoint_every and done % checkpoint_every == 0):
+            # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
+            if (isinstance(loss, float) or len(pending) >= FLUSH_EVERY or done == total_steps
+                    or (checkpoint_every and done % checkpoint_every == 0)):
                 failure = flush()
                 if failure:
                     status = failure

@@ -35,6 +35,17 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+def _stop_with_parent() -> None:
+    """Ask Linux to send us SIGTERM if the `harness` process dies, so an orphan never trains on unseen."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the worker simply finishes its run
+        pass
+
+
 def flops_per_token(config: Config, vocab_size: int) -> int:
     """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x d x n_ctx (attention), as Kaplan/PaLM."""
     n = count_parameters(param_shapes(config, vocab_size), embeddings=False)
@@ -97,7 +108,7 @@ class Worker:
         self.record["steps"] = {"step": cv.step[:len(cv.loss)], "loss": cv.loss, "time_s": cv.time_s[:len(cv.loss)]}
         self.record["evals"] = cv.evals
         records.atomic_write_csv(self.dir / f"{self.name}.steps.csv", ["step", "loss", "time_s"],
-                                 [[s, repr(l), repr(t)] for s, l, t in zip(cv.step, cv.loss, cv.time_s)])
+                                 [[s, repr(v), repr(t)] for s, v, t in zip(cv.step, cv.loss, cv.time_s)])
         records.atomic_write_csv(self.dir / f"{self.name}.evals.csv", ["step", "train_loss", "val_loss", "time_s"],
                                  [[e["step"], repr(e["train_loss"]), repr(e["val_loss"]), repr(e["time_s"])]
                                   for e in cv.evals])
@@ -125,6 +136,8 @@ class Worker:
 
     def resume(self) -> int:
         """Restore the backend and the curves from the checkpoint; returns the step to continue from."""
+        if not (self.dir / f"{self.name}.json").exists():
+            return 0  # killed before its first record: start again from the initial weights
         old = records.load_record(self.dir / f"{self.name}.json")
         self.record.update(started_at=old["started_at"], resumed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         ckpt = self.dir / f"{self.name}.ckpt.npz"
@@ -210,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     resume = "--resume" in argv
     progress = "--no-progress" not in argv
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    _stop_with_parent()
     worker = Worker(directory, name)
     try:
         return worker.run(resume=resume, progress=progress)

@@ -1,0 +1,191 @@
+"""The NumPy reference backend: python_impl.numpy_gpt (hand-written backward, AdamW) behind the Backend protocol.
+
+float64 by default (the oracle), float32 on request. `--device cuda` runs the same code on CuPy when it is
+installed. Dropout masks come from the backend's own seeded NumPy Generator, whose state is part of the
+checkpoint, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import sys
+from typing import Any
+
+import numpy as np
+
+from harness.backends.base import BackendUnavailable
+from harness.config import Config
+from harness.errors import UsageError
+from harness.weights import param_shapes
+from python_impl import numpy_gpt
+
+DTYPES = ("float64", "float32")
+
+
+def _cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+class NumpyBackend:
+    """Framework-free nanoGPT in NumPy (or CuPy), the reference the frameworks are compared with."""
+
+    name = "numpy"
+
+    def __init__(self, dtype: str = "float64") -> None:
+        if dtype not in DTYPES:
+            raise UsageError(f"numpy backend: dtype must be float64 or float32, got {dtype!r}")
+        self.dtype = dtype
+        self.config: Config | None = None
+        self.device = "cpu"
+        self.params: dict[str, Any] = {}
+        self.optimizer: numpy_gpt.AdamW | None = None
+        self.rng: np.random.Generator | None = None
+
+    @classmethod
+    def check_available(cls, device: str) -> None:
+        """Raise BackendUnavailable unless `device` can run here ("cpu" always; "cuda" needs CuPy and a GPU)."""
+        if device == "cpu":
+            return
+        if device != "cuda":
+            raise BackendUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu "
+                                     "(or cuda with CuPy)")
+        previous = numpy_gpt.xp
+        try:
+            numpy_gpt.use_device("cuda")
+        finally:
+            numpy_gpt.xp = previous
+
+    # ------------------------------------------------------------------------------------------ protocol
+
+    def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
+              seed: int) -> None:
+        """Copy the canonical `weights` into `dtype` arrays on `device`, create AdamW and the dropout RNG."""
+        xp = numpy_gpt.use_device(device)
+        expected = param_shapes(config, vocab_size)
+        if set(weights) != set(expected):
+            missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+            raise ValueError(f"numpy backend: weights do not match the config: missing {missing}, extra {extra}")
+        for name, shape in expected.items():
+            if tuple(weights[name].shape) != shape:
+                raise ValueError(f"numpy backend: {name} has shape {tuple(weights[name].shape)}, expected {shape}")
+        self.config = config
+        self.device = device
+        self.params = {name: xp.array(weights[name], dtype=self.dtype) for name in expected}
+        self.optimizer = numpy_gpt.AdamW(self.params, betas=(config.beta1, config.beta2), eps=config.eps,
+                                         weight_decay=config.weight_decay)
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """Forward with dropout, backward, global-norm clipping (if grad_clip > 0), AdamW; returns the loss."""
+        config, optimizer = self._ready()
+        loss, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config, self.rng)
+        if config.grad_clip > 0:
+            numpy_gpt.clip_grad_norm(grads, config.grad_clip)
+        optimizer.step(self.params, grads, lr)
+        return float(loss)
+
+    def losses_to_floats(self, losses: list[Any]) -> list[float]:
+        """The losses are already Python floats."""
+        return [float(v) for v in losses]
+
+    def synchronize(self) -> None:
+        """Wait for queued GPU work under CuPy; NumPy is synchronous."""
+        if numpy_gpt.xp is not np:
+            numpy_gpt.xp.cuda.Device().synchronize()
+
+    def eval_loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Mean cross-entropy, dropout off."""
+        config, _ = self._ready()
+        return float(numpy_gpt.loss_only(self.params, self._tokens(x), self._tokens(y), config))
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """(B, T, V) logits, dropout off, in the backend's dtype."""
+        config, _ = self._ready()
+        return numpy_gpt.to_numpy(numpy_gpt.gpt_forward(self.params, self._tokens(x), config)[0])
+
+    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        """Gradients of the mean loss: dropout off, no clipping, no update."""
+        config, _ = self._ready()
+        _, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config)
+        return {name: numpy_gpt.to_numpy(grads[name]) for name in self.params}
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Copies of the current parameters, canonical names and shapes, in the backend's dtype."""
+        return {name: numpy_gpt.to_numpy(p) for name, p in self.params.items()}
+
+    def memory(self) -> dict[str, Any]:
+        """Peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        info: dict[str, Any] = {"kind": "rss", "peak_bytes": int(maxrss if sys.platform == "darwin" else maxrss * 1024)}
+        if numpy_gpt.xp is not np:
+            info["device_pool_bytes"] = int(numpy_gpt.xp.get_default_memory_pool().total_bytes())
+        return info
+
+    def describe(self) -> dict[str, Any]:
+        """Framework, version, device and dtype."""
+        info: dict[str, Any] = {"framework": "numpy", "version": np.__version__, "device": self.device,
+                                "device_name": _cpu_name(), "dtype": self.dtype,
+                                "array_module": numpy_gpt.xp.__name__, "python": platform.python_version(),
+                                "cpu": _cpu_name()}
+        if numpy_gpt.xp is not np:
+            cupy = numpy_gpt.xp
+            props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+            name = props["name"]
+            info["device_name"] = name.decode() if isinstance(name, bytes) else str(name)
+            info["cupy_version"] = cupy.__version__
+        return info
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters, AdamW moments and step count, and the dropout RNG state (JSON as a uint8 array)."""
+        _, optimizer = self._ready()
+        state: dict[str, np.ndarray] = {}
+        for name, p in self.params.items():
+            state[f"param/{name}"] = numpy_gpt.to_numpy(p)
+            state[f"adam_m/{name}"] = numpy_gpt.to_numpy(optimizer.m[name])
+            state[f"adam_v/{name}"] = numpy_gpt.to_numpy(optimizer.v[name])
+        state["adam_t"] = np.array(optimizer.t, dtype=np.int64)
+        assert self.rng is not None
+        rng_json = json.dumps(self.rng.bit_generator.state).encode()
+        state["rng/state"] = np.frombuffer(rng_json, dtype=np.uint8).copy()
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore what `state_dict` returned (after `setup` with the same config and vocabulary)."""
+        _, optimizer = self._ready()
+        xp = numpy_gpt.xp
+        for name, p in self.params.items():
+            for key, target in ((f"param/{name}", p), (f"adam_m/{name}", optimizer.m[name]),
+                                (f"adam_v/{name}", optimizer.v[name])):
+                if key not in state:
+                    raise ValueError(f"numpy backend: checkpoint lacks {key!r}")
+                value = np.asarray(state[key])
+                if value.shape != tuple(target.shape):
+                    raise ValueError(f"numpy backend: checkpoint {key!r} has shape {value.shape}, "
+                                     f"expected {tuple(target.shape)}")
+                target[...] = xp.asarray(value, dtype=self.dtype)  # in place: AdamW holds the same arrays
+        if "adam_t" not in state:
+            raise ValueError("numpy backend: checkpoint lacks 'adam_t'")
+        optimizer.t = int(state["adam_t"])
+        if "rng/state" in state and self.rng is not None:
+            self.rng.bit_generator.state = json.loads(np.asarray(state["rng/state"], dtype=np.uint8).tobytes())
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _ready(self) -> tuple[Config, numpy_gpt.AdamW]:
+        if self.config is None or self.optimizer is None:
+            raise RuntimeError("numpy backend: call setup() first")
+        return self.config, self.optimizer
+
+    def _tokens(self, x: np.ndarray) -> Any:
+        """Token ids as int64 arrays of the current array module."""
+        return numpy_gpt.xp.asarray(np.asarray(x, dtype=np.int64))

@@ -1,0 +1,83 @@
+"""Shared fixtures: the corpus path (HARNESS_DATA or ../shared), a CLI runner, tiny configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+def data_path() -> Path:
+    """The Tiny Shakespeare file the tests use: $HARNESS_DATA, else the shared copy beside the checkout."""
+    path = Path(os.environ.get("HARNESS_DATA") or SHARED_DATA)
+    if not path.is_absolute():
+        path = (Path.cwd() / path).resolve()
+    return path
+
+
+@pytest.fixture(scope="session")
+def data() -> Path:
+    path = data_path()
+    if not path.is_file():
+        pytest.fail(f"test corpus not found at {path}: set HARNESS_DATA to tinyshakespeare.txt")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus(data: Path):
+    from harness.data import load_corpus
+
+    return load_corpus(data)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run `harness ARGS` as a user would, in a fresh interpreter, capturing output."""
+    full_env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=cwd)
+
+
+TINY_TOML = """\
+name = "tiny"
+[model]
+n_embd = 16
+block_size = 32
+n_layer = 1
+n_head = 2
+d_hidden = 32
+dropout = {dropout}
+[train]
+batch_size = 8
+learning_rate = {lr}
+epochs = 1
+scheme = "epochs"
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.999
+eps = 1e-8
+grad_clip = {clip}
+[eval]
+interval = {interval}
+batches = 2
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path):
+    """Write a tiny TOML config (fast on 2 cores) with some fields settable; returns a factory."""
+
+    def make(dropout: float = 0.0, lr: float = 0.01, clip: float = 1.0, interval: int = 20,
+             name: str = "tiny.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(TINY_TOML.format(dropout=dropout, lr=lr, clip=clip, interval=interval))
+        return path
+
+    return make

@@ -1,0 +1,109 @@
+"""Every bad input: one line on stderr naming the problem, exit status 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_TOML, run_cli
+
+GOOD = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
+
+
+def toml_with(**replace: str) -> str:
+    text = GOOD
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    return text
+
+
+def files_under(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*")] if path.exists() else []
+
+
+CASES = {
+    # name: (setup(tmp) -> extra args, expected fragment of the message)
+    "unknown size": (lambda t: ["--size", "huge"], "huge"),
+    "unknown backend": (lambda t: ["--backend", "jax"], "unknown backend 'jax'"),
+    "malformed toml": (lambda t: ["--config", write(t, "c.toml", "[model\nn_embd=")], "not valid TOML"),
+    "incomplete toml": (lambda t: ["--config", write(t, "c.toml", toml_with(**{"n_head = 2\n": ""}))],
+                        "missing n_head"),
+    "heads do not divide": (lambda t: ["--config", write(t, "c.toml", toml_with(**{"n_head = 2": "n_head = 3"}))],
+                            "does not divide"),
+    "zero layers": (lambda t: ["--config", write(t, "c.toml", toml_with(**{"n_layer = 1": "n_layer = 0"}))],
+                    "n_layer must be a positive integer"),
+    "negative lr": (lambda t: ["--config", write(t, "c.toml", toml_with(**{"learning_rate = 0.01":
+                                                                          "learning_rate = -1"}))],
+                    "learning_rate must be positive"),
+    "dropout 1": (lambda t: ["--dropout", "1.0"], "dropout must be in [0, 1)"),
+    "missing config": (lambda t: ["--config", str(t / "nope.toml")], "does not exist"),
+    "data missing": (lambda t: ["--data", str(t / "nope.txt")], "does not exist"),
+    "data empty": (lambda t: ["--data", write(t, "e.txt", "")], "is empty"),
+    "data not utf8": (lambda t: ["--data", write(t, "l.txt", b"caf\xe9 " * 500)], "not UTF-8"),
+    "data binary": (lambda t: ["--data", write(t, "b.bin", bytes(range(256)) * 10)], "binary"),
+    "data directory": (lambda t: ["--data", str(t)], "is a directory"),
+    "data too short": (lambda t: ["--data", write(t, "s.txt", "to be or not " * 40)], "too short"),
+    "cuda without gpu": (lambda t: ["--device", "cuda"], "cuda"),
+    "steps zero": (lambda t: ["--steps", "0"], "must be positive"),
+    "steps not a number": (lambda t: ["--steps", "ten"], "not a whole number"),
+    "out not writable": (lambda t: ["--out", write(t, "file", "x") + "/sub"], "not a directory"),
+    "resume unknown run": (lambda t: ["--resume", "20990101-000000-small-0000"], "no run"),
+}
+
+
+def write(tmp: Path, name: str, content: str | bytes) -> str:
+    path = tmp / "inputs" / name
+    path.parent.mkdir(exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_run(tmp_path, case):
+    if case == "cuda without gpu" and shutil.which("nvidia-smi"):
+        pytest.skip("a GPU is present")
+    setup, fragment = CASES[case]
+    extra = setup(tmp_path)
+    out = tmp_path / "out"
+    out_args = [] if "--out" in extra else ["--out", str(out)]
+    result = run_cli("run", "--steps", "3", "--quiet", *out_args, *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and fragment in lines[0]
+    assert files_under(out) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
+def test_out_read_only(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    result = run_cli("run", "--steps", "3", "--out", str(ro / "reports"))
+    assert result.returncode == 2 and "not writable" in result.stderr and not (ro / "reports").exists()
+
+
+def test_report_missing_and_corrupt(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli("report", "20990101-000000-small-0000", "--out", str(out))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "no run" in result.stderr
+    run = out / "runs" / "20990101-000000-small-0001"
+    run.mkdir(parents=True)
+    (run / "spec.json").write_text('{"backends": ["torch"]}')
+    (run / "torch.json").write_text('{"schema": "nanogpt-parity/run-rec')  # truncated
+    before = sorted(files_under(out))
+    result = run_cli("report", run.name, "--out", str(out))
+    assert result.returncode == 2 and "corrupt" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(files_under(out)) == before
+
+
+def test_unknown_command_is_one_line():
+    result = run_cli("trian")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1

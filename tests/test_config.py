@@ -1,0 +1,68 @@
+"""Size presets equal DESIGN.md's table; every invalid field gives a UsageError naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import SIZES, load_config
+from harness.errors import UsageError
+
+# DESIGN.md, "Size presets", copied by hand: the independent truth the TOML files must match.
+DESIGN_TABLE = {
+    "small": dict(n_embd=16, block_size=64, batch_size=16, n_layer=1, n_head=2, d_hidden=64),
+    "medium": dict(n_embd=32, block_size=128, batch_size=32, n_layer=2, n_head=4, d_hidden=128),
+    "large": dict(n_embd=64, block_size=256, batch_size=64, n_layer=4, n_head=8, d_hidden=256),
+}
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_presets_match_design_table(size):
+    c = load_config(size)
+    for key, value in DESIGN_TABLE[size].items():
+        assert getattr(c, key) == value, key
+    assert (c.dropout, c.learning_rate, c.epochs) == (0.2, 0.01, 20)
+    assert (c.beta1, c.beta2, c.eps) == (0.9, 0.999, 1e-8)
+
+
+def test_unknown_size():
+    with pytest.raises(UsageError, match="unknown size 'huge'"):
+        load_config("huge")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(n_head=3), "does not divide"),
+    (dict(n_layer=0), "n_layer must be a positive integer"),
+    (dict(block_size=-1), "block_size must be a positive integer"),
+    (dict(learning_rate=0.0), "learning_rate must be positive"),
+    (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+    (dict(dropout=-0.1), r"dropout must be in \[0, 1\)"),
+    (dict(beta2=1.0), r"beta2 must be in \[0, 1\)"),
+    (dict(scheme="zigzag"), "scheme must be one of"),
+    (dict(steps=0), "steps must be a positive integer"),
+    (dict(learning_rate=float("nan")), "learning_rate must be a finite number"),
+])
+def test_invalid_values(change, message):
+    with pytest.raises(UsageError, match=message):
+        load_config("small").replace(**change)
+
+
+def test_user_config_round_trip(tmp_path):
+    from harness.config import preset_path
+
+    path = tmp_path / "mine.toml"
+    path.write_text(preset_path("medium").read_text().replace("n_layer = 2", "n_layer = 3"))
+    c = load_config(path=path)
+    assert c.n_layer == 3 and c.n_embd == 32
+    assert c.config_hash() != load_config("medium").config_hash()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[model\nn_embd = 3", "not valid TOML"),
+    ("name = 'x'\n[model]\nn_embd = 16\n", "missing"),
+    ("name = 'x'\n[modle]\n", "unknown top-level key"),
+])
+def test_malformed_config(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        load_config(path=path)

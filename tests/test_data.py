@@ -1,0 +1,133 @@
+"""The corpus, the batch stream and the evaluation batches, checked against the raw text."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+from functools import partial
+
+import numpy as np
+import pytest
+
+from harness import data as hdata
+from harness.data import BatchStream, eval_batches, load_corpus
+from harness.errors import UsageError
+
+
+def test_tiny_shakespeare_facts(corpus, data):
+    raw = data.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == hdata.TINY_SHAKESPEARE_SHA256 == corpus.sha256
+    assert corpus.n_chars == 1_115_394
+    assert corpus.vocab_size == 65
+    assert "".join(corpus.chars) == "".join(sorted(set(raw.decode())))
+    assert (len(corpus.train), len(corpus.val)) == (1_003_854, 111_540)  # 90/10
+    text = raw.decode()
+    assert corpus.decode(corpus.train[:200]) == text[:200]
+    assert corpus.decode(corpus.val[:100]) == text[1_003_854:1_003_954]
+    assert np.array_equal(corpus.encode(text[:500]), corpus.train[:500])
+
+
+@pytest.mark.parametrize("scheme", ["epochs", "random"])
+def test_batches_deterministic_and_shifted(corpus, data, scheme):
+    text = data.read_text()
+    a = BatchStream(corpus.train, 64, 16, seed=7, scheme=scheme)
+    b = BatchStream(corpus.train, 64, 16, seed=7, scheme=scheme)
+    other = BatchStream(corpus.train, 64, 16, seed=8, scheme=scheme)
+    for step in (0, 1, 5, 979, 980, 3000):
+        xa, ya = a.batch(step)
+        xb, yb = b.batch(step)
+        assert xa.shape == ya.shape == (16, 64) and xa.dtype == np.int64
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+        assert not np.array_equal(xa, other.batch(step)[0])
+        # targets are the inputs shifted by one character of the real text
+        assert np.array_equal(ya[:, :-1], xa[:, 1:])
+        for row_x, row_y in zip(xa[:3], ya[:3]):
+            s = corpus.decode(row_x)
+            start = text.find(s)
+            assert start >= 0 and text[start + 1:start + 65] == corpus.decode(row_y)
+    assert a.fingerprint() == b.fingerprint() != other.fingerprint()
+
+
+def test_epochs_visit_every_window_once(corpus):
+    T, B = 64, 16
+    s = BatchStream(corpus.train, T, B, seed=3, scheme="epochs")
+    n_windows = (len(corpus.train) - 1) // T
+    n = s.batches_per_epoch
+    assert n == n_windows // B
+    aligned = {corpus.train[i * T:(i + 1) * T].tobytes() for i in range(n_windows)}
+    seen = [s.batch(k)[0][i].tobytes() for k in range(n) for i in range(B)]
+    # non-overlapping windows at multiples of T, none repeated inside an epoch
+    assert len(set(seen)) == len(seen) == n * B and set(seen) <= aligned
+    # the next epoch is a different order of the same windows
+    assert not np.array_equal(s.batch(n)[0], s.batch(0)[0])
+
+
+def test_eval_batches_fixed(corpus):
+    a = eval_batches(corpus.val, 64, 16, 5, seed=1)
+    b = eval_batches(corpus.val, 64, 16, 5, seed=1)
+    assert len(a) == 5 and all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+    assert all(np.array_equal(y[:, :-1], x[:, 1:]) for x, y in a)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"abc\x00def" * 100, "looks binary"),
+    (b"\xff\xfe\xfa not utf8" * 100, "is not UTF-8"),
+])
+def test_bad_data_files(tmp_path, content, message):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    with pytest.raises(UsageError, match=message):
+        load_corpus(path)
+
+
+def test_missing_and_directory(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_corpus(tmp_path / "nope.txt")
+    with pytest.raises(UsageError, match="is a directory"):
+        load_corpus(tmp_path)
+
+
+def test_too_short_for_a_block(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("hello world " * 30)  # 360 chars: val split 36 < block 64 + 1
+    corpus = load_corpus(path)
+    with pytest.raises(UsageError, match="too short"):
+        hdata.check_fits(corpus, 64, 16)
+
+
+def test_offline_without_cache_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HARNESS_DATA", raising=False)
+    monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens
+    with pytest.raises(UsageError) as info:
+        load_corpus(None)
+    message = str(info.value)
+    assert "\n" not in message and "--data" in message and "HARNESS_DATA" in message
+    assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
+
+
+def test_download_verifies_and_caches(tmp_path, monkeypatch, data):
+    """Serve the real file on loopback: first use downloads and verifies, second use reads the cache."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "input.txt").write_bytes(data.read_bytes())
+    (tmp_path / "www" / "wrong.txt").write_bytes(b"not shakespeare")
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "www"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+        monkeypatch.delenv("HARNESS_DATA", raising=False)
+        monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_URL", f"http://127.0.0.1:{port}/wrong.txt")
+        with pytest.raises(UsageError, match="wrong sha256"):
+            load_corpus(None)
+        monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_URL", f"http://127.0.0.1:{port}/input.txt")
+        corpus = load_corpus(None)
+        assert corpus.sha256 == hdata.TINY_SHAKESPEARE_SHA256
+        assert (tmp_path / "cache" / "tinyshakespeare.txt").is_file()
+        server.shutdown()
+        assert load_corpus(None).sha256 == hdata.TINY_SHAKESPEARE_SHA256  # from the cache, server gone
+    finally:
+        server.server_close()

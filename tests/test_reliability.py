@@ -1,0 +1,160 @@
+"""Faults mid-run: signals, a diverging loss, hard kills at random moments, exact resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import data_path, run_cli
+
+
+def start(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def only_run(out: Path) -> Path:
+    runs = list((out / "runs").iterdir())
+    assert len(runs) == 1
+    return runs[0]
+
+
+def wait_for(predicate, timeout: float = 120.0, every: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (the worker runs in its own session)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_keeps_what_was_measured(tmp_path, tiny_config, sig):
+    out = tmp_path / "out"
+    proc = start("run", "--config", str(tiny_config()), "--steps", "100000", "--out", str(out), "--quiet",
+                 "--no-text")
+    wait_for(lambda: (out / "runs").exists() and any((out / "runs").iterdir()))
+    record_path = only_run(out) / "torch.json"
+    wait_for(lambda: (read_json(record_path) or {}).get("status") == "running")
+    time.sleep(2.0)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    record = read_json(record_path)
+    assert record["status"] == "interrupted"
+    n = len(record["steps"]["loss"])
+    assert n > 0 and record["steps"]["step"] == list(range(n)) and len(record["steps"]["time_s"]) == n
+    assert all(np.isfinite(record["steps"]["loss"]))
+    rows = list(csv.DictReader((record_path.parent / "torch.steps.csv").open()))
+    assert len(rows) == n  # the CSV and the JSON tell the same story
+
+
+def test_non_finite_loss_fails_the_run_at_that_step(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    result = run_cli("run", "--config", str(tiny_config(lr=1e30, clip=0.0)), "--steps", "60", "--out", str(out),
+                     "--quiet", "--no-text")
+    assert result.returncode == 1
+    record = read_json(only_run(out) / "torch.json")
+    loss = record["steps"]["loss"]
+    k = len(loss) - 1
+    assert record["status"] == f"failed: non-finite loss at step {k}"
+    assert not np.isfinite(loss[k]) and np.all(np.isfinite(loss[:k])) and k < 60
+    assert all(e["step"] <= k for e in record["evals"])  # nothing evaluated after the divergence
+    assert f"non-finite loss at step {k}" in result.stderr
+
+
+def losses(run: Path) -> list[float]:
+    return read_json(run / "torch.json")["steps"]["loss"]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_resume_is_bit_exact(tmp_path, tiny_config, dropout):
+    """Interrupt after a checkpoint, resume: the losses equal an uninterrupted run's, bit for bit."""
+    config = str(tiny_config(dropout=dropout))
+    common = ["run", "--config", config, "--steps", "150", "--quiet", "--no-text", "--no-report"]
+    assert run_cli(*common, "--out", str(tmp_path / "a")).returncode == 0
+    reference = losses(only_run(tmp_path / "a"))
+    out = tmp_path / "b"
+    proc = start(*common, "--out", str(out), "--checkpoint-every", "40")
+    wait_for(lambda: (out / "runs").exists() and any((out / "runs").iterdir()))
+    run = only_run(out)
+    wait_for(lambda: ((read_json(run / "torch.json") or {}).get("checkpoint") or {}).get("step", 0) >= 80
+             or proc.poll() is not None, every=0.005)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    record = read_json(run / "torch.json")
+    if record["status"] == "completed":
+        pytest.skip("the run finished before it could be interrupted (machine too fast)")
+    assert record["status"] == "interrupted"
+    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    assert result.returncode == 0, result.stderr
+    resumed = read_json(run / "torch.json")
+    assert resumed["status"] == "completed"
+    assert resumed["steps"]["loss"] == reference  # exact float equality
+    assert resumed["steps"]["step"] == list(range(150))
+    assert [e["step"] for e in resumed["evals"]] == [0, 20, 40, 60, 80, 100, 120, 140, 150]
+
+
+def test_sigkill_at_random_moments_leaves_parseable_files_and_resumes(tmp_path, tiny_config):
+    config = str(tiny_config())
+    common = ["run", "--config", config, "--steps", "200", "--quiet", "--no-text", "--checkpoint-every", "25"]
+    assert run_cli(*common, "--no-report", "--out", str(tmp_path / "ref")).returncode == 0
+    reference = losses(only_run(tmp_path / "ref"))
+    rng = random.Random(1234)
+    for attempt in range(3):
+        out = tmp_path / f"kill{attempt}"
+        proc = start(*common, "--out", str(out))
+        wait_for(lambda out=out: (out / "runs").exists() and any((out / "runs").iterdir()))
+        time.sleep(rng.uniform(0.3, 4.0))
+        for pid in [*children(proc.pid), proc.pid]:  # worker and parent die at once, no clean-up
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate(timeout=30)
+        run = only_run(out)
+        for path in run.iterdir():  # every file left behind parses
+            if path.suffix == ".json":
+                assert isinstance(json.loads(path.read_text()), dict), path
+            elif path.suffix == ".csv":
+                rows = list(csv.reader(path.open()))
+                assert rows and all(len(r) == len(rows[0]) for r in rows), path
+            elif path.suffix == ".npz":
+                with np.load(path) as f:
+                    assert "harness/step" in f.files
+            else:
+                assert path.name.startswith(".") and path.name.endswith(".tmp"), path  # an unfinished temp file
+        result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+        assert result.returncode == 0, result.stderr
+        assert losses(run) == reference
