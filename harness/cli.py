@@ -70,11 +70,10 @@ def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, 
         o: dict = {}
         if args.dtype:
             o["dtype"] = args.dtype
-        if name == "torch":
-            if getattr(args, "compile", False):
-                o["compile"] = True
-            if getattr(args, "precision", None):
-                o["precision"] = args.precision
+        if name == "torch" and getattr(args, "compile", False):
+            o["compile"] = True
+        if name in ("torch", "flux") and getattr(args, "precision", None):
+            o["precision"] = args.precision
         opts[name] = o
     return opts
 
@@ -206,7 +205,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_setup(args: argparse.Namespace) -> int:
     from harness.doctor import setup_julia
 
-    return setup_julia()
+    return setup_julia(force=args.force)
 
 
 def build_parser() -> Parser:
@@ -257,6 +256,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("setup", help="install and precompile optional parts ahead of time")
     p.add_argument("what", choices=("julia",), help="julia: the Flux.jl environment")
+    p.add_argument("--force", action="store_true", help="re-resolve and re-precompile even if it looks done")
     p.set_defaults(func=cmd_setup)
     return parser
 

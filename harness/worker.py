@@ -190,6 +190,7 @@ class Worker:
         if timings.get("tokens_per_s"):
             timings["achieved_flops"] = timings["tokens_per_s"] * self.record["flops_per_token"]
         self.record["memory"] = self.backend.memory()
+        self.record["backend_info"] = self.backend.describe()  # again: JIT compile time is known only now
         if outcome.status == "completed" and self.spec.get("text", True):
             try:
                 from harness import metrics

@@ -1,0 +1,82 @@
+"""Canonical (PyTorch) <-> Flux layout conversions, in NumPy only (no Julia needed).
+
+The Flux layout is what the Julia package NanoGPTFlux stores:
+
+- Dense weights keep PyTorch's (out, in) shape: Flux's `Dense` stores `weight` as (out, in) too;
+- embedding tables are transposed: `wte` (V, d) -> (d, V), `wpe` (n, d) -> (d, n) (Flux's
+  `Embedding` stores (dim, vocab), so a token's vector is a column);
+- vectors (biases, LayerNorm weights) are unchanged;
+- token ids: canonical (B, T) 0-based -> (T, B) 1-based;
+- logits: Flux (V, T, B) -> canonical (B, T, V).
+
+Arrays handed to Julia are Fortran-ordered (column-major), the memory order Julia expects, so the
+juliacall wrapper reads them with unit stride; arrays coming back are C-ordered float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+# Parameters whose Flux array is the transpose of the canonical one.
+TRANSPOSED = ("wte.weight", "wpe.weight")
+
+
+def _is_transposed(name: str) -> bool:
+    # also matches optimizer-state keys such as "adam_m/wte.weight"
+    return name.rsplit("/", 1)[-1] in TRANSPOSED
+
+
+def to_flux(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical {name: array} -> Flux layout, float32, Fortran-ordered."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in weights.items():
+        a = np.asarray(arr, dtype=np.float32)
+        if _is_transposed(name):
+            if a.ndim != 2:
+                raise ValueError(f"{name}: expected a 2-D embedding table, got shape {a.shape}")
+            a = a.T
+        out[name] = np.asfortranarray(a)
+    return out
+
+
+def from_flux(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Flux layout {name: array} -> canonical layout, float32, C-ordered (copies)."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in arrays.items():
+        a = np.asarray(arr, dtype=np.float32)
+        if _is_transposed(name):
+            if a.ndim != 2:
+                raise ValueError(f"{name}: expected a 2-D embedding table, got shape {a.shape}")
+            a = a.T
+        out[name] = np.array(a, dtype=np.float32, order="C", copy=True)
+    return out
+
+
+def tokens_to_flux(x: np.ndarray) -> np.ndarray:
+    """Canonical (B, T) 0-based token ids -> (T, B) 1-based int64, Fortran-ordered."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"token batch must be 2-D (B, T), got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got dtype {x.dtype}")
+    return np.asfortranarray(x.T.astype(np.int64) + 1)
+
+
+def tokens_from_flux(x: np.ndarray) -> np.ndarray:
+    """(T, B) 1-based ids -> canonical (B, T) 0-based int64, C-ordered."""
+    return np.ascontiguousarray(np.asarray(x).T.astype(np.int64) - 1)
+
+
+def logits_from_flux(arr: np.ndarray) -> np.ndarray:
+    """Flux logits (V, T, B) -> canonical (B, T, V), float32, C-ordered (a copy)."""
+    a = np.asarray(arr, dtype=np.float32)
+    if a.ndim != 3:
+        raise ValueError(f"logits must be 3-D (V, T, B), got shape {a.shape}")
+    return np.ascontiguousarray(a.transpose(2, 1, 0))
+
+
+def logits_to_flux(arr: np.ndarray) -> np.ndarray:
+    """Canonical logits (B, T, V) -> Flux (V, T, B), Fortran-ordered."""
+    return np.asfortranarray(np.asarray(arr, dtype=np.float32).transpose(2, 1, 0))

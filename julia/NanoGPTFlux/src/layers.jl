@@ -1,0 +1,163 @@
+# The nanoGPT model in Flux's native layout: features × time × batch.
+#
+# Layout of every parameter (the "Flux layout" the Python bridge hands over):
+#   Dense weights (out, in) as in PyTorch; Embedding weights (dim, vocab); wpe (dim, block_size);
+#   LayerNorm weights and all biases are vectors.
+
+"""
+    LayerNorm(weight, bias)
+
+LayerNorm over the first (feature) dimension with PyTorch's semantics, independent of the Flux
+version: `(x - μ) / sqrt(σ² + 1f-5) * weight + bias`, with the biased variance σ² and `eps` added to
+the variance. (Flux's own `LayerNorm` placed `eps` differently in 0.14, 0.15-0.16.10 and 0.16.11.)
+"""
+struct LayerNorm{V <: AbstractVector}
+    weight::V
+    bias::V
+end
+
+Flux.@layer LayerNorm
+
+const LN_EPS = 1.0f-5
+
+function (ln::LayerNorm)(x::AbstractArray)
+    μ = mean(x; dims = 1)
+    xc = x .- μ
+    σ² = mean(abs2.(xc); dims = 1)
+    return xc ./ sqrt.(σ² .+ LN_EPS) .* ln.weight .+ ln.bias
+end
+
+"""
+    maybe_dropout(d::Flux.Dropout, x)
+
+Apply `d` only when it is switched on (`d.active === true`) and `d.p > 0`; otherwise return `x`
+itself. Dropout with p = 0 is therefore exactly the identity, also inside a gradient (NNlib's
+dropout rrule would still draw a mask there), and no random numbers are consumed.
+"""
+maybe_dropout(d::Flux.Dropout, x) = (d.active === true && d.p > 0) ? d(x) : x
+
+"""
+    CausalSelfAttention(c_attn, c_proj, drop, n_head)
+
+Causal multi-head self-attention with one fused qkv `Dense(d => 3d)` whose output rows are split
+`[q; k; v]` (PyTorch's `split(n_embd, dim=2)`), `NNlib.dot_product_attention` (scale 1/√head_dim,
+head h owns feature rows (h-1)*hs+1:h*hs as PyTorch's `view(B, T, nh, hs)`), the output projection
+`c_proj` and dropout after it. No dropout on the attention probabilities.
+"""
+struct CausalSelfAttention{D1, D2, R}
+    c_attn::D1
+    c_proj::D2
+    drop::R
+    n_head::Int
+end
+
+Flux.@layer CausalSelfAttention
+
+function (a::CausalSelfAttention)(x::AbstractArray{<:Real, 3}, mask::AbstractMatrix{Bool})
+    d = size(x, 1)
+    qkv = a.c_attn(x)
+    q = qkv[1:d, :, :]
+    k = qkv[(d + 1):(2d), :, :]
+    v = qkv[(2d + 1):(3d), :, :]
+    y, _ = NNlib.dot_product_attention(q, k, v; mask = mask, nheads = a.n_head)
+    return maybe_dropout(a.drop, a.c_proj(y))
+end
+
+"""
+    MLP(c_fc, c_proj, drop)
+
+`Dense(d => d_h, gelu_tanh)` then `Dense(d_h => d)` then dropout.
+"""
+struct MLP{D1, D2, R}
+    c_fc::D1
+    c_proj::D2
+    drop::R
+end
+
+Flux.@layer MLP
+
+(m::MLP)(x::AbstractArray) = maybe_dropout(m.drop, m.c_proj(m.c_fc(x)))
+
+"""
+    Block(ln_1, attn, ln_2, mlp)
+
+Pre-LayerNorm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+"""
+struct Block{L, A, M}
+    ln_1::L
+    attn::A
+    ln_2::L
+    mlp::M
+end
+
+Flux.@layer Block
+
+function (b::Block)(x::AbstractArray{<:Real, 3}, mask::AbstractMatrix{Bool})
+    h = x .+ b.attn(b.ln_1(x), mask)
+    return h .+ b.mlp(b.ln_2(h))
+end
+
+"""
+    GPT(wte, wpe, drop, blocks, ln_f, lm_head)
+
+Token embedding (`Flux.Embedding`, weight (d, V)) plus the learned position table `wpe` (d, n),
+dropout, the blocks (a `Tuple`), the final LayerNorm and an untied `lm_head` `Dense(d => V)` with
+bias. Called as `model(idx, mask)` with 1-based token ids `idx` (T, B) and the causal mask (T, T);
+returns logits (V, T, B).
+"""
+struct GPT{E, P, D, B <: Tuple, L, H}
+    wte::E
+    wpe::P
+    drop::D
+    blocks::B
+    ln_f::L
+    lm_head::H
+end
+
+Flux.@layer GPT
+
+apply_blocks(::Tuple{}, x, mask) = x
+apply_blocks(blocks::Tuple, x, mask) = apply_blocks(
+    Base.tail(blocks),
+    first(blocks)(x, mask),
+    mask,
+)
+
+function (m::GPT)(idx::AbstractMatrix{<:Integer}, mask::AbstractMatrix{Bool})
+    T = size(idx, 1)
+    tok = m.wte(idx)
+    pos = m.wpe[:, 1:T]
+    x = maybe_dropout(m.drop, tok .+ pos)
+    x = apply_blocks(m.blocks, x, mask)
+    return m.lm_head(m.ln_f(x))
+end
+
+"""
+    set_dropout!(m::GPT, active::Bool)
+
+Switch every dropout layer of `m` on (training) or off (evaluation, gradients for parity).
+"""
+function set_dropout!(m::GPT, active::Bool)
+    m.drop.active = active
+    for b in m.blocks
+        b.attn.drop.active = active
+        b.mlp.drop.active = active
+    end
+    return m
+end
+
+"""
+    causal_mask(T) -> Matrix{Bool}
+
+`m[i, j] = i ≤ j`: key i is visible to query j (the same matrix as `NNlib.make_causal_mask`, whose
+convention `true` = keep is what `dot_product_attention` expects).
+"""
+causal_mask(T::Integer) = Bool[i <= j for i in 1:T, j in 1:T]
+
+"""
+    loss(m, idx, onehot, mask) -> Float32
+
+Mean cross-entropy over all T·B positions: `Flux.Losses.logitcrossentropy` of the (V, T, B) logits
+against the (V, T, B) one-hot targets.
+"""
+loss(m::GPT, idx, onehot, mask) = Flux.Losses.logitcrossentropy(m(idx, mask), onehot)

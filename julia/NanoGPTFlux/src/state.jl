@@ -1,0 +1,531 @@
+# The training state and the functions the Python bridge calls.
+
+"""
+Hyper-parameters read from the `cfg` dictionary passed to [`build`](@ref).
+"""
+struct Config
+    vocab_size::Int
+    n_embd::Int
+    n_head::Int
+    n_layer::Int
+    block_size::Int
+    d_hidden::Int
+    dropout::Float64
+    learning_rate::Float64
+    weight_decay::Float64
+    beta1::Float64
+    beta2::Float64
+    eps::Float64
+    grad_clip::Float64
+    seed::Int
+    device::Symbol
+    tf32::Bool
+end
+
+# A value of `cfg` by its String key (or the same name as a Symbol), converted to `T`.
+function cfg_value(cfg::AbstractDict, key::String, ::Type{T}, default = nothing) where {T}
+    value = if haskey(cfg, key)
+        cfg[key]
+    elseif haskey(cfg, Symbol(key))
+        cfg[Symbol(key)]
+    else
+        default
+    end
+    value === nothing && throw(ArgumentError("build: the config has no \"$key\""))
+    return convert(T, value)
+end
+
+function parse_config(cfg::AbstractDict)
+    device = lowercase(cfg_value(cfg, "device", String, "cpu"))
+    device in ("cpu", "cuda") ||
+        throw(ArgumentError("build: device must be \"cpu\" or \"cuda\", got \"$device\""))
+    c = Config(
+        cfg_value(cfg, "vocab_size", Int),
+        cfg_value(cfg, "n_embd", Int),
+        cfg_value(cfg, "n_head", Int),
+        cfg_value(cfg, "n_layer", Int),
+        cfg_value(cfg, "block_size", Int),
+        cfg_value(cfg, "d_hidden", Int),
+        cfg_value(cfg, "dropout", Float64),
+        cfg_value(cfg, "learning_rate", Float64, 1.0e-3),
+        cfg_value(cfg, "weight_decay", Float64),
+        cfg_value(cfg, "beta1", Float64),
+        cfg_value(cfg, "beta2", Float64),
+        cfg_value(cfg, "eps", Float64),
+        cfg_value(cfg, "grad_clip", Float64),
+        cfg_value(cfg, "seed", Int),
+        Symbol(device),
+        cfg_value(cfg, "tf32", Bool, false),
+    )
+    c.n_embd % c.n_head == 0 ||
+        throw(ArgumentError("build: n_head=$(c.n_head) does not divide n_embd=$(c.n_embd)"))
+    0 <= c.dropout < 1 ||
+        throw(ArgumentError("build: dropout must be in [0, 1), got $(c.dropout)"))
+    return c
+end
+
+"""
+One parameter: its canonical name, where it lives in the model (and in a Zygote gradient of the
+model), and its Flux-layout size.
+"""
+struct ParamSpec
+    name::String
+    path::Tuple
+    shape::Tuple{Vararg{Int}}
+end
+
+"""
+    param_specs(c::Config) -> Vector{ParamSpec}
+
+Every parameter in the canonical order of `harness/weights.py`, with its Flux-layout size:
+embedding tables transposed ((d, V), (d, block_size)), Dense weights (out, in), vectors unchanged.
+"""
+function param_specs(c::Config)
+    d, dh, V = c.n_embd, c.d_hidden, c.vocab_size
+    specs = ParamSpec[
+        ParamSpec("wte.weight", (:wte, :weight), (d, V)),
+        ParamSpec("wpe.weight", (:wpe,), (d, c.block_size)),
+    ]
+    for i in 1:c.n_layer
+        p = "h.$(i - 1)."
+        blk = (:blocks, i)
+        append!(
+            specs,
+            [
+                ParamSpec(p * "ln_1.weight", (blk..., :ln_1, :weight), (d,)),
+                ParamSpec(p * "ln_1.bias", (blk..., :ln_1, :bias), (d,)),
+                ParamSpec(
+                    p * "attn.c_attn.weight",
+                    (blk..., :attn, :c_attn, :weight),
+                    (3d, d),
+                ),
+                ParamSpec(p * "attn.c_attn.bias", (blk..., :attn, :c_attn, :bias), (3d,)),
+                ParamSpec(
+                    p * "attn.c_proj.weight",
+                    (blk..., :attn, :c_proj, :weight),
+                    (d, d),
+                ),
+                ParamSpec(p * "attn.c_proj.bias", (blk..., :attn, :c_proj, :bias), (d,)),
+                ParamSpec(p * "ln_2.weight", (blk..., :ln_2, :weight), (d,)),
+                ParamSpec(p * "ln_2.bias", (blk..., :ln_2, :bias), (d,)),
+                ParamSpec(p * "mlp.c_fc.weight", (blk..., :mlp, :c_fc, :weight), (dh, d)),
+                ParamSpec(p * "mlp.c_fc.bias", (blk..., :mlp, :c_fc, :bias), (dh,)),
+                ParamSpec(
+                    p * "mlp.c_proj.weight",
+                    (blk..., :mlp, :c_proj, :weight),
+                    (d, dh),
+                ),
+                ParamSpec(p * "mlp.c_proj.bias", (blk..., :mlp, :c_proj, :bias), (d,)),
+            ],
+        )
+    end
+    append!(
+        specs,
+        [
+            ParamSpec("ln_f.weight", (:ln_f, :weight), (d,)),
+            ParamSpec("ln_f.bias", (:ln_f, :bias), (d,)),
+            ParamSpec("lm_head.weight", (:lm_head, :weight), (V, d)),
+            ParamSpec("lm_head.bias", (:lm_head, :bias), (V,)),
+        ],
+    )
+    return specs
+end
+
+"""
+    getpath(x, path)
+
+Follow `path` (field names and tuple indices) into a model or into its Zygote gradient;
+`nothing` as soon as a branch is absent (no gradient reached it).
+"""
+function getpath(x, path::Tuple)
+    for k in path
+        x === nothing && return nothing
+        x = k isa Symbol ? getproperty(x, k) : x[k]
+    end
+    return x
+end
+
+# `d[key]` as a Float32 Array, checked against the expected Flux-layout size.
+function fetch_array(d::AbstractDict, key::String, shape::Tuple)
+    haskey(d, key) || throw(ArgumentError("missing array \"$key\""))
+    a = d[key]
+    a isa AbstractArray || throw(ArgumentError("\"$key\" is a $(typeof(a)), not an array"))
+    size(a) == shape ||
+        throw(DimensionMismatch(
+            "\"$key\": expected size $shape (Flux layout), got $(size(a))",
+        ))
+    return Array{Float32}(a)
+end
+
+function build_model(c::Config, arrays::AbstractDict, rng)
+    dev(name) = to_device(c.device, arrays[name])
+    drop() = Flux.Dropout(c.dropout; rng = rng, active = false)
+    dense(name, σ = identity) = Flux.Dense(dev(name * ".weight"), dev(name * ".bias"), σ)
+    layernorm(name) = LayerNorm(dev(name * ".weight"), dev(name * ".bias"))
+    blocks = ntuple(c.n_layer) do i
+        p = "h.$(i - 1)."
+        return Block(
+            layernorm(p * "ln_1"),
+            CausalSelfAttention(
+                dense(p * "attn.c_attn"),
+                dense(p * "attn.c_proj"),
+                drop(),
+                c.n_head,
+            ),
+            layernorm(p * "ln_2"),
+            MLP(dense(p * "mlp.c_fc", NNlib.gelu_tanh), dense(p * "mlp.c_proj"), drop()),
+        )
+    end
+    return GPT(
+        Flux.Embedding(dev("wte.weight")),
+        dev("wpe.weight"),
+        drop(),
+        blocks,
+        layernorm("ln_f"),
+        dense("lm_head"),
+    )
+end
+
+"""
+    adamw_rule(c::Config, nd::Integer)
+
+PyTorch's AdamW (`couple=true`: `x -= η * (m̂ / (√v̂ + ϵ) + λ * x)`); weight decay only for
+tensors with `nd >= 2` dimensions (embeddings and Dense weights), as nanoGPT.
+"""
+function adamw_rule(c::Config, nd::Integer)
+    λ = nd >= 2 ? c.weight_decay : 0.0
+    return Optimisers.AdamW(;
+        eta = c.learning_rate,
+        beta = (c.beta1, c.beta2),
+        lambda = λ,
+        epsilon = c.eps,
+        couple = true,
+    )
+end
+
+"""
+The state [`build`](@ref) returns: the model, its parameters (references into the model, in the
+canonical order), one `Optimisers.Leaf` per parameter, the causal masks by sequence length and
+the number of optimizer steps taken.
+"""
+mutable struct FluxState{M}
+    model::M
+    cfg::Config
+    specs::Vector{ParamSpec}
+    params::Vector{Any}
+    leaves::Vector{Any}
+    masks::Dict{Int, Any}
+    step::Int
+end
+
+"""
+    build(cfg::AbstractDict, params::AbstractDict) -> FluxState
+
+`cfg` maps String keys (Symbols also accepted) to values: `vocab_size`, `n_embd`, `n_head`,
+`n_layer`, `block_size`, `d_hidden` (Int); `dropout`, `weight_decay`, `beta1`, `beta2`, `eps`,
+`grad_clip` (Real; `grad_clip` 0 disables clipping); `seed` (Int, dropout RNG); `device`
+("cpu" or "cuda"); `tf32` (Bool, default false); `learning_rate` (optional, only the initial
+`eta`: [`train_step!`](@ref) sets the rate of every step).
+
+`params` maps every canonical name (e.g. "h.0.attn.c_attn.weight") to an array already in the
+Flux layout; the arrays are copied (as Float32) and moved to the device.
+"""
+function build(cfg::AbstractDict, params::AbstractDict)
+    c = parse_config(cfg)
+    if c.device === :cuda
+        cuda_functional() ||
+            throw(ArgumentError(
+                "device \"cuda\" requested but CUDA.jl finds no usable GPU (CUDA.functional() is false)",
+            ))
+        set_math_mode!(c.tf32)
+    end
+    specs = param_specs(c)
+    known = Set(spec.name for spec in specs)
+    unknown = sort!([string(k) for k in keys(params) if !(string(k) in known)])
+    isempty(unknown) ||
+        throw(ArgumentError("build: unknown parameter(s) $(join(unknown, ", "))"))
+    arrays = Dict{String, Array{Float32}}(
+        spec.name => fetch_array(params, spec.name, spec.shape)
+        for spec in specs
+    )
+    model = build_model(c, arrays, dropout_rng(c.device, c.seed))
+    plist = Any[getpath(model, spec.path) for spec in specs]
+    leaves = Any[Optimisers.setup(adamw_rule(c, ndims(p)), p) for p in plist]
+    return FluxState(model, c, specs, plist, leaves, Dict{Int, Any}(), 0)
+end
+
+# Token ids (T, B), 1-based, checked and moved to the device.
+function device_tokens(s::FluxState, x::AbstractMatrix{<:Integer})
+    xi = Matrix{Int}(x)
+    T = size(xi, 1)
+    1 <= T <= s.cfg.block_size ||
+        throw(ArgumentError(
+            "sequence length $T is outside 1:$(s.cfg.block_size) (block_size); tokens are (T, B)",
+        ))
+    lo, hi = extrema(xi)
+    1 <= lo && hi <= s.cfg.vocab_size ||
+        throw(ArgumentError(
+            "token ids must be 1-based in 1:$(s.cfg.vocab_size), got ids in $lo:$hi",
+        ))
+    return to_device(s.cfg.device, xi)
+end
+
+# The causal mask of length T, built once per length and kept on the device.
+mask_for(s::FluxState, T::Int) = get!(
+    () -> to_device(s.cfg.device, causal_mask(T)),
+    s.masks,
+    T,
+)
+
+function device_batch(
+    s::FluxState,
+    x::AbstractMatrix{<:Integer},
+    y::AbstractMatrix{<:Integer},
+)
+    size(x) == size(y) || throw(DimensionMismatch("x is $(size(x)) but y is $(size(y))"))
+    idx = device_tokens(s, x)
+    onehot = OneHotArrays.onehotbatch(device_tokens(s, y), 1:(s.cfg.vocab_size))
+    return idx, onehot, mask_for(s, size(idx, 1))
+end
+
+# A gradient as a dense array of the parameter's type (zeros where AD found none).
+dense_grad(::Nothing, p) = zero(p)
+dense_grad(g::DenseArray, p) = g
+dense_grad(g::AbstractArray, p) = copyto!(similar(p), g)
+
+collect_grads(s::FluxState, g) = Any[
+    dense_grad(getpath(g, spec.path), p)
+    for (spec, p) in zip(s.specs, s.params)
+]
+
+"""
+    clip_global_norm!(grads, max_norm) -> Float32
+
+`torch.nn.utils.clip_grad_norm_`: total = ‖(‖g₁‖, ‖g₂‖, …)‖₂; every gradient is scaled in place by
+min(1, max_norm / (total + 1e-6)). Returns the total norm before clipping.
+"""
+function clip_global_norm!(grads::AbstractVector, max_norm::Real)
+    norms = Float32[sqrt(sum(abs2, g)) for g in grads]
+    total = sqrt(sum(abs2, norms))
+    coef = Float32(max_norm) / (total + 1.0f-6)
+    if coef < 1
+        for g in grads
+            g .*= coef
+        end
+    end
+    return total
+end
+
+function step!(s::FluxState, idx, onehot, mask, lr::Real)
+    model = s.model
+    set_dropout!(model, true)
+    res = try
+        Zygote.withgradient(m -> loss(m, idx, onehot, mask), model)
+    finally
+        set_dropout!(model, false)
+    end
+    grads = collect_grads(s, res.grad[1])
+    s.cfg.grad_clip > 0 && clip_global_norm!(grads, s.cfg.grad_clip)
+    Optimisers.adjust!(s.leaves, lr)
+    for i in eachindex(s.params, s.leaves, grads)
+        Optimisers.update!(s.leaves[i], s.params[i], grads[i])
+    end
+    s.step += 1
+    return Float32(res.val)
+end
+
+"""
+    train_step!(s::FluxState, x, y, lr::Real) -> Float32
+
+One training step on the batch `x`, `y` (integer (T, B) matrices of 1-based token ids): forward
+and backward with dropout active, global-norm clipping when `grad_clip > 0`, then AdamW with
+learning rate `lr` (set on every leaf with `Optimisers.adjust!`, which keeps each leaf's λ).
+Returns the loss of the batch before the update.
+"""
+function train_step!(
+    s::FluxState,
+    x::AbstractMatrix{<:Integer},
+    y::AbstractMatrix{<:Integer},
+    lr::Real,
+)
+    idx, onehot, mask = device_batch(s, x, y)
+    return step!(s, idx, onehot, mask, lr)
+end
+
+"""
+    eval_loss(s::FluxState, x, y) -> Float32
+
+Mean cross-entropy with dropout off, no gradient.
+"""
+function eval_loss(s::FluxState, x::AbstractMatrix{<:Integer}, y::AbstractMatrix{<:Integer})
+    idx, onehot, mask = device_batch(s, x, y)
+    return Float32(loss(s.model, idx, onehot, mask))
+end
+
+"""
+    logits(s::FluxState, x) -> Array{Float32,3}
+
+Logits (V, T, B) of the (T, B) token ids `x`, dropout off, as a CPU `Array`.
+"""
+function logits(s::FluxState, x::AbstractMatrix{<:Integer})
+    idx = device_tokens(s, x)
+    return Array(s.model(idx, mask_for(s, size(idx, 1))))
+end
+
+"""
+    gradients(s::FluxState, x, y) -> Dict{String,Array{Float32}}
+
+Gradients of the mean loss by canonical name, Flux layout, dropout off, no clipping, no update.
+"""
+function gradients(s::FluxState, x::AbstractMatrix{<:Integer}, y::AbstractMatrix{<:Integer})
+    idx, onehot, mask = device_batch(s, x, y)
+    g = Zygote.gradient(m -> loss(m, idx, onehot, mask), s.model)[1]
+    grads = collect_grads(s, g)
+    return Dict{String, Array{Float32}}(
+        spec.name => Array(gi)
+        for (spec, gi) in zip(s.specs, grads)
+    )
+end
+
+"""
+    parameters(s::FluxState) -> Dict{String,Array{Float32}}
+
+Current parameters by canonical name, Flux layout, CPU copies.
+"""
+parameters(s::FluxState) = Dict{String, Array{Float32}}(
+    spec.name => Array(p)
+    for (spec, p) in zip(s.specs, s.params)
+)
+
+"""
+    load_parameters!(s::FluxState, params::AbstractDict)
+
+Overwrite every parameter in place from Flux-layout arrays (by canonical name).
+"""
+function load_parameters!(s::FluxState, params::AbstractDict)
+    for (spec, p) in zip(s.specs, s.params)
+        copyto!(p, fetch_array(params, spec.name, spec.shape))
+    end
+    return nothing
+end
+
+"""
+    opt_state(s::FluxState) -> Dict{String,Any}
+
+AdamW state: "adam_m/<name>" and "adam_v/<name>" (first and second moments, Flux layout, CPU
+arrays) and "adam_t" (number of steps taken).
+"""
+function opt_state(s::FluxState)
+    d = Dict{String, Any}("adam_t" => s.step)
+    for (spec, leaf) in zip(s.specs, s.leaves)
+        m, v, _ = leaf.state
+        d["adam_m/" * spec.name] = Array(m)
+        d["adam_v/" * spec.name] = Array(v)
+    end
+    return d
+end
+
+# (β₁, β₂) raised to the power t + 1 by repeated Float32 multiplication, exactly as Optimisers'
+# AdamW state holds them after t steps (init stores β, every step multiplies by β).
+function beta_power(beta::Tuple{Real, Real}, t::Integer)
+    b = Float32.(beta)
+    bt = b
+    for _ in 1:t
+        bt = bt .* b
+    end
+    return bt
+end
+
+"""
+    load_opt_state!(s::FluxState, d::AbstractDict)
+
+Restore what [`opt_state`](@ref) returned (moments copied in place, step count and the bias
+correction powers rebuilt from "adam_t").
+"""
+function load_opt_state!(s::FluxState, d::AbstractDict)
+    haskey(d, "adam_t") || throw(ArgumentError("missing \"adam_t\""))
+    t = Int(d["adam_t"])
+    t >= 0 || throw(ArgumentError("adam_t must be >= 0, got $t"))
+    for (spec, leaf) in zip(s.specs, s.leaves)
+        m, v, _ = leaf.state
+        copyto!(m, fetch_array(d, "adam_m/" * spec.name, spec.shape))
+        copyto!(v, fetch_array(d, "adam_v/" * spec.name, spec.shape))
+        leaf.state = (m, v, beta_power(leaf.rule.beta, t))
+    end
+    s.step = t
+    return nothing
+end
+
+"""
+    memory_stats(s::FluxState) -> Dict{String,Any}
+
+On CUDA the memory pool's figures (`peak_bytes` = MEMPOOL_ATTR_USED_MEM_HIGH, see
+[`reset_peak!`](@ref)); on the CPU the peak resident set size of the whole process
+(`Sys.maxrss()`, Python included, cannot be reset).
+"""
+function memory_stats(s::FluxState)
+    s.cfg.device === :cuda && return device_memory_stats()
+    return Dict{String, Any}(
+        "kind" => "rss",
+        "peak_bytes" => Int(Sys.maxrss()),
+        "source" => "Sys.maxrss() of the whole process",
+    )
+end
+
+"""
+    reset_peak!(s::FluxState)
+
+Reset the CUDA pool's high-water marks (no-op on the CPU).
+"""
+function reset_peak!(s::FluxState)
+    s.cfg.device === :cuda && reset_device_peak!()
+    return nothing
+end
+
+"""
+    synchronize(s::FluxState)
+
+Wait for queued GPU work (`CUDA.synchronize()`); no-op on the CPU.
+"""
+synchronize(s::FluxState) = device_synchronize(s.cfg.device)
+
+"""
+    compile_time() -> Dict{String,Any}
+
+Julia's cumulative compilation and recompilation time in seconds
+(`Base.cumulative_compile_time_ns()`), counted only while timing is enabled
+(`Base.cumulative_compile_timing(true)`, which the Python bridge calls before loading this package).
+"""
+function compile_time()
+    comp, recomp = Base.cumulative_compile_time_ns()
+    return Dict{String, Any}(
+        "compile_time_s" => comp / 1.0e9,
+        "recompile_time_s" => recomp / 1.0e9,
+    )
+end
+
+"""
+    describe(s::FluxState) -> Dict{String,Any}
+
+Versions (Julia, Flux, NNlib, Optimisers, Zygote, OneHotArrays, CUDA, cuDNN), device name, CUDA
+math mode, dtype, thread counts and the compile time so far.
+"""
+function describe(s::FluxState)
+    d = Dict{String, Any}(
+        "framework" => "Flux.jl",
+        "julia" => string(VERSION),
+        "Flux" => string(pkgversion(Flux)),
+        "NNlib" => string(pkgversion(NNlib)),
+        "Optimisers" => string(pkgversion(Optimisers)),
+        "Zygote" => string(pkgversion(Zygote)),
+        "OneHotArrays" => string(pkgversion(OneHotArrays)),
+        "CUDA" => string(pkgversion(CUDA)),
+        "cuDNN" => string(pkgversion(cuDNN)),
+        "dtype" => "float32",
+        "tf32" => s.cfg.tf32,
+        "julia_threads" => Threads.nthreads(),
+        "blas_threads" => LinearAlgebra.BLAS.get_num_threads(),
+    )
+    merge!(d, device_description(s.cfg.device), compile_time())
+    return d
+end

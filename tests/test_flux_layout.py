@@ -1,0 +1,180 @@
+"""The Flux layout, checked without Julia.
+
+A NumPy forward pass reads the Flux-layout arrays exactly the way julia/NanoGPTFlux does: features first,
+column-major reshapes (`order="F"`, as Julia's `reshape`), 1-based token ids used as `ids - 1`, the fused qkv
+rows split [q; k; v], heads as `reshape(x, hs, nh, T, B)` (NNlib's split_heads), NNlib's score layout
+(kv_len, q_len, head, batch) with the causal mask m[j, i] = j <= i, softmax over keys (dims=1). Its logits must
+match the PyTorch backend's within 1e-5: if they do, the only thing left to Julia is executing the same
+index arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.backends.flux_layout import (
+    from_flux,
+    logits_from_flux,
+    logits_to_flux,
+    to_flux,
+    tokens_from_flux,
+    tokens_to_flux,
+)
+from harness.config import load_config
+from harness.weights import init_weights, param_shapes
+
+VOCAB = 65
+
+
+def _dense(w: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Flux Dense on (in, T, B): reshape(W * reshape(x, in, :) .+ b, out, T, B), column-major."""
+    n_in, rest = x.shape[0], x.shape[1:]
+    flat = x.reshape(n_in, -1, order="F")
+    return (w @ flat + b[:, None]).reshape((w.shape[0], *rest), order="F")
+
+
+def _layernorm(w: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    mu = x.mean(axis=0, keepdims=True)
+    xc = x - mu
+    var = (xc**2).mean(axis=0, keepdims=True)
+    return xc / np.sqrt(var + 1e-5) * w[:, None, None] + b[:, None, None]
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> np.ndarray:
+    """NNlib.dot_product_attention(q, k, v; mask=causal, nheads) on (d, T, B) arrays."""
+    d, T, B = q.shape
+    hs = d // nheads
+    split = [a.reshape(hs, nheads, T, B, order="F") for a in (q, k, v)]  # split_heads
+    qh, kh, vh = split
+    # logits[j, i, h, b] = sum_d k[d, h, j, b] * q[d, h, i, b] / sqrt(hs)
+    scores = np.einsum("dhjb,dhib->jihb", kh, qh) / math.sqrt(hs)
+    j, i = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    mask = (j <= i)[:, :, None, None]  # make_causal_mask: m[j, i] = j <= i, true = keep
+    scores = np.where(mask, scores, -np.inf)
+    scores = scores - scores.max(axis=0, keepdims=True)
+    alpha = np.exp(scores)
+    alpha /= alpha.sum(axis=0, keepdims=True)
+    # x[d, h, i, b] = sum_j alpha[j, i, h, b] * v[d, h, j, b]; join_heads = reshape(x, d, T, B)
+    y = np.einsum("jihb,dhjb->dhib", alpha, vh)
+    return y.reshape(d, T, B, order="F")
+
+
+def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_head: int) -> np.ndarray:
+    """NanoGPTFlux's GPT(idx, mask) in NumPy (float64): Flux-layout weights, (T, B) 1-based ids -> (V, T, B)."""
+    f = {k: np.asarray(v, dtype=np.float64) for k, v in fw.items()}
+    T = ids_tb.shape[0]
+    x = f["wte.weight"][:, ids_tb - 1]  # Embedding: gather columns of the (d, V) table, 1-based ids
+    x = x + f["wpe.weight"][:, :T][:, :, None]  # wpe[:, 1:T] broadcast over the batch
+    for layer in range(n_layer):
+        p = f"h.{layer}."
+        h = _layernorm(f[p + "ln_1.weight"], f[p + "ln_1.bias"], x)
+        qkv = _dense(f[p + "attn.c_attn.weight"], f[p + "attn.c_attn.bias"], h)
+        d = x.shape[0]
+        q, k, v = qkv[:d], qkv[d:2 * d], qkv[2 * d:]  # qkv[1:d], qkv[d+1:2d], qkv[2d+1:3d]
+        y = _attention(q, k, v, n_head)
+        x = x + _dense(f[p + "attn.c_proj.weight"], f[p + "attn.c_proj.bias"], y)
+        h = _layernorm(f[p + "ln_2.weight"], f[p + "ln_2.bias"], x)
+        h = _gelu_tanh(_dense(f[p + "mlp.c_fc.weight"], f[p + "mlp.c_fc.bias"], h))
+        x = x + _dense(f[p + "mlp.c_proj.weight"], f[p + "mlp.c_proj.bias"], h)
+    x = _layernorm(f["ln_f.weight"], f["ln_f.bias"], x)
+    return _dense(f["lm_head.weight"], f["lm_head.bias"], x)
+
+
+def _weights(size: str = "small", seed: int = 7, n_layer: int | None = None):
+    config = load_config(size)
+    if n_layer is not None:
+        config = config.replace(n_layer=n_layer)
+    return config, init_weights(config, VOCAB, seed)
+
+
+def _noisy(weights: dict[str, np.ndarray], seed: int = 3) -> dict[str, np.ndarray]:
+    """Perturb the constant LayerNorm gains and zero biases so that a swapped weight would show."""
+    rng = np.random.default_rng(seed)
+    return {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.1).astype(np.float32)
+            for k, v in weights.items()}
+
+
+def test_to_flux_shapes_and_order():
+    config, w = _weights()
+    fw = to_flux(w)
+    assert set(fw) == set(w)
+    d, n = config.n_embd, config.block_size
+    assert fw["wte.weight"].shape == (d, VOCAB)
+    assert fw["wpe.weight"].shape == (d, n)
+    assert fw["h.0.attn.c_attn.weight"].shape == (3 * d, d)  # Dense (out, in) as PyTorch
+    assert fw["lm_head.weight"].shape == (VOCAB, d)
+    for name, a in fw.items():
+        assert a.dtype == np.float32
+        assert a.flags.f_contiguous, name
+    np.testing.assert_array_equal(fw["wte.weight"], w["wte.weight"].T)
+    np.testing.assert_array_equal(fw["h.0.mlp.c_fc.weight"], w["h.0.mlp.c_fc.weight"])
+
+
+def test_round_trip_is_exact():
+    config, w = _weights("medium", seed=11)
+    back = from_flux(to_flux(w))
+    assert set(back) == set(w)
+    for name, a in w.items():
+        assert back[name].shape == param_shapes(config, VOCAB)[name]
+        assert back[name].dtype == np.float32
+        assert back[name].flags.c_contiguous
+        np.testing.assert_array_equal(back[name], a)
+    # optimizer-state keys carry the parameter name after a prefix
+    moments = {"adam_m/wte.weight": w["wte.weight"], "adam_v/h.0.ln_1.bias": w["h.0.ln_1.bias"]}
+    fm = to_flux(moments)
+    assert fm["adam_m/wte.weight"].shape == (config.n_embd, VOCAB)
+    for name, a in from_flux(fm).items():
+        np.testing.assert_array_equal(a, moments[name])
+
+
+def test_tokens_and_logits_layout():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, VOCAB, size=(4, 9))
+    xf = tokens_to_flux(x)
+    assert xf.shape == (9, 4) and xf.dtype == np.int64 and xf.flags.f_contiguous
+    assert xf.min() >= 1 and xf.max() <= VOCAB
+    assert xf[2, 3] == x[3, 2] + 1
+    np.testing.assert_array_equal(tokens_from_flux(xf), x)
+    logits = rng.standard_normal((4, 9, VOCAB)).astype(np.float32)
+    lf = logits_to_flux(logits)
+    assert lf.shape == (VOCAB, 9, 4)
+    assert lf[5, 2, 1] == logits[1, 2, 5]
+    np.testing.assert_array_equal(logits_from_flux(lf), logits)
+    with pytest.raises(ValueError):
+        tokens_to_flux(np.zeros((2, 3), dtype=np.float32))
+
+
+@pytest.mark.parametrize("size,n_layer,T", [("small", None, 64), ("medium", 2, 37)])
+def test_flux_layout_forward_matches_torch(size, n_layer, T):
+    torch_backend = pytest.importorskip("harness.backends.torch_backend")
+    config, w = _weights(size, n_layer=n_layer)
+    config = config.replace(dropout=0.0)
+    w = _noisy(w)
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, VOCAB, size=(3, T))
+    backend = torch_backend.TorchBackend(dtype="float32")
+    backend.setup(config, w, VOCAB, "cpu", 0)
+    expected = np.asarray(backend.logits(x), dtype=np.float64)
+    got = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head))
+    assert got.shape == expected.shape == (3, T, VOCAB)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_flux_layout_forward_is_causal():
+    config, w = _weights()
+    w = _noisy(w)
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, VOCAB, size=(2, 20))
+    base = flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head)
+    x2 = x.copy()
+    x2[:, 12:] = (x2[:, 12:] + 5) % VOCAB
+    changed = flux_forward(to_flux(w), tokens_to_flux(x2), config.n_layer, config.n_head)
+    np.testing.assert_allclose(changed[:, :12], base[:, :12], atol=1e-12)
+    assert not np.allclose(changed[:, 12:], base[:, 12:])

@@ -1,0 +1,105 @@
+"""Static checks of the Julia side that need no Julia: formatting and lint (fatou), the juliapkg.json and
+Project.toml contents, and that every Julia function the Python bridge calls is exported by NanoGPTFlux."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+JULIA_DIR = ROOT / "julia"
+PKG_DIR = JULIA_DIR / "NanoGPTFlux"
+JULIAPKG_JSON = ROOT / "harness" / "juliapkg.json"
+
+# UUIDs as read from each package's own Project.toml (FluxML/Flux.jl, FluxML/NNlib.jl, FluxML/Optimisers.jl,
+# FluxML/Zygote.jl, FluxML/OneHotArrays.jl, JuliaGPU/CUDA.jl and its lib/cudnn).
+UUIDS = {
+    "Flux": "587475ba-b771-5e3f-ad9e-33799f191a9c",
+    "NNlib": "872c559c-99b0-510c-b3b7-b6c96a88d5cd",
+    "Optimisers": "3bd65402-5787-11e9-1adc-39752487f4e2",
+    "Zygote": "e88e6eb3-aa80-5325-afca-941959d7151f",
+    "OneHotArrays": "0b1bfda6-eb8a-41d2-88d8-f5af5cad476f",
+    "CUDA": "052768ef-5323-5732-b1bb-66c8b64840ba",
+    "cuDNN": "02a925ec-e4fe-4b08-9a7e-0d78e3d38ccd",
+}
+# Lower bounds the code relies on (see the comments in Project.toml).
+MIN_VERSIONS = {"Flux": (0, 16, 0), "NNlib": (0, 9, 37), "Optimisers": (0, 4, 2), "OneHotArrays": (0, 2, 4),
+                "CUDA": (5, 5, 0), "Zygote": (0, 6, 67), "cuDNN": (1, 3, 0)}
+
+
+def _fatou(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("fatou")
+    if exe is None:
+        pytest.skip("fatou is not installed (pip install fatou, part of the dev extra)")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_fatou_format_check():
+    result = _fatou("format", "--check", "julia")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_fatou_lint():
+    result = _fatou("lint", "julia")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _lower_bounds(spec: str) -> list[tuple[int, ...]]:
+    return [tuple(int(p) for p in part.strip().lstrip("^~=").split(".")) for part in spec.split(",")]
+
+
+def test_juliapkg_json():
+    doc = json.loads(JULIAPKG_JSON.read_text(encoding="utf-8"))
+    assert doc["julia"] == "1.10"
+    packages = doc["packages"]
+    assert set(packages) == set(UUIDS)  # NanoGPTFlux is added at run time with its real path
+    for name, uuid in UUIDS.items():
+        assert packages[name]["uuid"] == uuid, name
+        bounds = _lower_bounds(packages[name]["version"])
+        lowest = min(bounds)
+        assert lowest >= MIN_VERSIONS[name][: len(lowest)], name
+        assert all(b[0] < 10 for b in bounds), name  # no open-ended or silly bounds
+    juliapkg = pytest.importorskip("juliapkg.compat")
+    for name, spec in packages.items():
+        assert juliapkg.Compat.parse(spec["version"]), name
+    assert juliapkg.Compat.parse(doc["julia"]) & juliapkg.Compat.parse("^1.10.3")  # juliacall's own bound
+
+
+def test_project_toml_matches_juliapkg_json():
+    project = tomllib.loads((PKG_DIR / "Project.toml").read_text(encoding="utf-8"))
+    doc = json.loads(JULIAPKG_JSON.read_text(encoding="utf-8"))
+    assert project["name"] == "NanoGPTFlux"
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", project["uuid"])
+    assert project["compat"]["julia"] == doc["julia"]
+    for name, uuid in UUIDS.items():
+        assert project["deps"][name] == uuid, name
+        assert project["compat"][name] == doc["packages"][name]["version"], name
+    assert {"Random", "Statistics", "LinearAlgebra"} <= set(project["deps"])
+    assert project["targets"]["test"] == ["Test"]
+    assert (PKG_DIR / "test" / "runtests.jl").is_file()
+
+
+def test_bridge_calls_exported_functions():
+    """Every `self._mod.NAME(...)` in the bridge is an exported Julia function (`_b` suffix = `!`)."""
+    source = (PKG_DIR / "src" / "NanoGPTFlux.jl").read_text(encoding="utf-8")
+    export_block = re.search(r"^export\b(.*?)\n\s*\n", source, re.S | re.M)  # up to the first blank line
+    assert export_block
+    exported = {name.strip() for name in export_block.group(1).split(",") if name.strip()}
+    bridge = (ROOT / "harness" / "backends" / "flux.py").read_text(encoding="utf-8")
+    called = {re.sub(r"_b$", "!", m) for m in re.findall(r"self\._mod\.(\w+)\(", bridge)}
+    assert called, "no Julia calls found in the bridge"
+    assert called <= exported, called - exported
+    julia_src = "\n".join(p.read_text(encoding="utf-8") for p in (PKG_DIR / "src").glob("*.jl"))
+    for name in exported:
+        assert re.search(rf"^(function\s+)?{re.escape(name)}\(", julia_src, re.M), f"{name} is exported but not defined"
