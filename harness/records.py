@@ -25,6 +25,8 @@ from harness.errors import UsageError
 
 SCHEMA = "nanogpt-parity/run-record"
 SCHEMA_VERSION = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 STATUSES = ("running", "completed", "interrupted")  # plus "failed: <reason>"
 
 
@@ -33,6 +35,7 @@ def atomic_write_bytes(path: Path, blob: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; records and reports are ordinary files
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()

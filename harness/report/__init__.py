@@ -1,0 +1,318 @@
+"""HTML reports: one self-contained file per invocation, plus `<out>/index.html` listing every report.
+
+`write_report(out, run_ids)` reads only the RunRecords (and parity.json where there is one) of `run_ids` under
+`<out>/runs/` and writes `<out>/<name>.html`: the name is the run id for one run, `<first run id>+<k>-<hash>` for
+several (the same ids always give the same name, so rebuilding replaces the file). Figures are inline SVG
+(matplotlib, Agg), tables come from pandas, the page is built with Jinja2; it needs no network, script or other
+file to be read. `write_index(out)` lists every report in `<out>` with its runs' headline numbers, read afresh
+from the records. Every write is atomic. A missing or corrupt record raises UsageError before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html as html_lib
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+import harness
+from harness import records
+from harness.errors import UsageError
+from harness.report import analysis, tables
+from harness.report.analysis import ERROR, OK, WARN, RunView
+
+SAMPLE_CONTINUATIONS = 3  # prompted continuations shown in full per run (all are in the records)
+
+__all__ = ["report_name", "write_index", "write_report"]
+
+
+def _env() -> Environment:
+    env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(
+        enabled_extensions=("html", "j2"), default_for_string=True, default=True), undefined=StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True)
+    env.filters["loss"] = tables.fmt_loss
+    env.filters["rate"] = tables.fmt_rate
+    env.filters["score"] = tables.fmt_score
+    return env
+
+
+def report_name(run_ids: list[str]) -> str:
+    """`<run_id>` for one run; `<first>+<k>-<hash of all ids>` for several (the same ids give the same name)."""
+    if len(run_ids) == 1:
+        return run_ids[0]
+    digest = hashlib.sha256("\n".join(run_ids).encode()).hexdigest()[:6]
+    return f"{run_ids[0]}+{len(run_ids) - 1}-{digest}"
+
+
+# --- words ------------------------------------------------------------------------------------------------------------
+def _pair_sentence(c: analysis.PairComparison, dropout: float | None) -> str:
+    if c.val_diff is None:
+        return (f"{c.a} vs {c.b}: no evaluation step in common, so the validation losses cannot be compared.")
+    band = f"{analysis.LOSS_BAND_REL:.0%}"
+    verdict = (f"within the {band} band: the losses agree" if c.agree
+               else f"outside the {band} band: the losses differ")
+    s = (f"{c.a} vs {c.b}: validation loss {c.val_a:.4f} vs {c.val_b:.4f} at step {c.eval_step:,}, difference "
+         f"{c.val_diff:+.4f} ({c.val_rel:.2%} of their mean), {verdict}.")
+    if c.tail_mean is not None:
+        zero = ("consistent with no systematic difference" if c.tail_consistent_with_zero
+                else f"a systematic difference ({c.a} {'higher' if c.tail_mean > 0 else 'lower'})")
+        s += (f" On the same batches over the last {c.tail_steps} steps, the per-step training loss of {c.a} minus "
+              f"{c.b} averages {c.tail_mean:+.4f} ± {c.tail_ci:.4f} (95 % CI): {zero}.")
+    if dropout == 0:
+        s += f" Dropout is 0, so any difference is numerical; the largest per-step |Δ| is {c.max_dev:.2e}."
+    return s
+
+
+def _speed_sentence(c: analysis.PairComparison) -> str | None:
+    if c.speed_ratio is None:
+        return None
+    fast, slow, r = (c.a, c.b, c.speed_ratio) if c.speed_ratio >= 1 else (c.b, c.a, 1 / c.speed_ratio)
+    return f"Speed: {fast} trains {r:.3g}× as fast as {slow} (tokens/s at the median steady step)."
+
+
+def _worse(a: str, b: str) -> str:
+    return max(a, b, key=[OK, WARN, ERROR].index)
+
+
+def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
+    """Headline (label and level) and the sentences of one run's summary.
+
+    The label says the most important thing first: no records, an unfair comparison, the parity verdict, or the
+    loss agreement; ", incomplete" is added when a backend did not complete. The level is the worst of that and
+    the banners.
+    """
+    lines: list[str] = []
+    dropout = (view.spec.get("config") or {}).get("dropout")
+    unfair = analysis.fairness_problems(view.records)
+    if unfair:
+        lines.append("Not a fair comparison: " + "; ".join(unfair) + ".")
+    if view.parity is not None:
+        lines.append(analysis.parity_sentence(view.parity))
+    if len(view.records) == 1:
+        rec = view.records[0]
+        c = analysis.costs(rec)
+        last = analysis.last_eval(rec)
+        parts = [f"Only {rec['backend']} ran, so there is nothing to compare"]
+        if last:
+            parts.append(f"final validation loss {last['val_loss']:.4f} at step {last['step']:,}")
+        if c["tokens_per_s"]:
+            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s")
+        lines.append("; ".join(parts) + ".")
+    lines += [_pair_sentence(c, dropout) for c in comparisons]
+    lines += [s for s in map(_speed_sentence, comparisons) if s]
+    scored = [r for r in view.records if (r.get("text") or {}).get("chrf") is not None]
+    if scored:
+        temp = (scored[0]["text"].get("protocol") or {}).get("temperature")
+        lines.append(f"Text (chrF / BLEU of continuations at temperature {temp}): " + "; ".join(
+            f"{r['backend']} {r['text']['chrf']:.1f} / {r['text']['bleu']:.2f}" for r in scored) + ".")
+
+    agrees = [c.agree for c in comparisons]
+    if not view.records:
+        level, label = ERROR, "no records"
+    elif unfair:
+        level, label = ERROR, "not a fair comparison"
+    elif view.parity is not None:
+        level, label = {True: (OK, "parity: pass"), False: (ERROR, "parity: FAIL"),
+                        None: (WARN, "parity: no verdict")}[analysis.parity_passed(view.parity)]
+    elif view.parity_error:
+        level, label = ERROR, "parity: unreadable"
+    elif len(view.records) == 1:
+        level, label = OK, "single backend"
+    elif all(a is True for a in agrees):
+        level, label = OK, "losses agree"
+    elif any(a is False for a in agrees):
+        level, label = WARN, "losses differ"
+    else:
+        level, label = WARN, "losses not comparable"
+    for banner in view.banners:
+        level = _worse(level, banner.level)
+    if view.missing or any(r.get("status") != "completed" for r in view.records):
+        label += ", incomplete"
+    return {"level": level, "label": label, "lines": lines}
+
+
+# --- page model -------------------------------------------------------------------------------------------------------
+def _temperature_label(t: Any) -> str:
+    return "greedy" if t is None else f"T = {t:g}"
+
+
+def _samples(view: RunView) -> dict[str, Any] | None:
+    with_text = [r for r in view.records if (r.get("text") or {}).get("samples")]
+    if not with_text:
+        return None
+    rows: dict[str, dict[str, str]] = {}
+    for rec in with_text:
+        for s in rec["text"]["samples"]:
+            rows.setdefault(_temperature_label(s.get("temperature")), {})[rec["backend"]] = s.get("text", "")
+    prompts = {r["text"].get("sample_prompt") for r in with_text}
+    conts = []
+    first = with_text[0]["text"].get("continuations") or []
+    for i, c in enumerate(first[:SAMPLE_CONTINUATIONS]):
+        hyps = {}
+        for rec in with_text:
+            cc = rec["text"].get("continuations") or []
+            if i < len(cc):
+                hyps[rec["backend"]] = cc[i].get("hypothesis", "")
+        conts.append({"prompt": c.get("prompt", ""), "reference": c.get("reference", ""), "hypotheses": hyps})
+    protocol = with_text[0]["text"].get("protocol") or {}
+    return {"backends": [r["backend"] for r in with_text], "rows": rows,
+            "prompt": next(iter(prompts)) if len(prompts) == 1 else None, "continuations": conts,
+            "protocol": protocol,
+            "signatures": {k: with_text[0]["text"].get(f"{k}_signature") for k in ("bleu", "chrf")}}
+
+
+def _parity_note(doc: dict) -> str:
+    dtypes = doc.get("dtypes") or {}
+    source = doc.get("tolerance_source") or {}
+    parts = []
+    if dtypes:
+        parts.append("computed in " + ", ".join(f"{k} {v}" for k, v in dtypes.items()))
+    if source:
+        parts.append("tolerances: " + ", ".join(f"{k} {v}" for k, v in source.items()))
+    return "; ".join(parts)
+
+
+def _run_model(view: RunView) -> dict[str, Any]:
+    from harness.report import figures
+
+    comparisons = analysis.pairs(view)
+    return {
+        "id": view.run_id, "label": view.label, "anchor": f"run-{view.run_id}",
+        "device": view.spec.get("device"), "created_at": view.spec.get("created_at"),
+        "backends": view.backends, "missing": view.missing,
+        "banners": view.banners, "verdict": _verdict(view, comparisons),
+        "summary_table": tables.summary_table(view) if view.records or view.missing else None,
+        "pair_table": tables.pair_table(comparisons) if comparisons else None,
+        "parity": view.parity, "parity_table": tables.parity_table(view.parity) if view.parity else None,
+        "parity_note": _parity_note(view.parity) if view.parity else "",
+        "config_table": tables.config_table(view), "env_table": tables.environment_table(view),
+        "fingerprint_table": tables.fingerprint_table(view) if len(view.records) > 1 else None,
+        "loss_fig": figures.loss_figure(view), "dev_fig": figures.deviation_figure(comparisons),
+        "n_pairs": len(comparisons),
+        "cost_fig": figures.cost_figure(view), "cost_table": tables.cost_table(view) if view.records else None,
+        "text_table": tables.text_table(view), "samples": _samples(view),
+        "errors": {r["backend"]: r["error"] for r in view.records if r.get("error")},
+    }
+
+
+def _scaling(views: list[RunView]) -> dict[str, Any] | None:
+    """A scaling section when the report covers runs of more than one model size."""
+    from harness.report import figures
+
+    sizes = {v.label for v in views if v.records}
+    if len(sizes) < 2:
+        return None
+    rows = []
+    for v in views:
+        for rec in v.records:
+            c = analysis.costs(rec)
+            rows.append({"size": v.label, "backend": rec["backend"], "parameters": tables.fmt_int(c["n_params"]),
+                         "median step": tables.fmt_seconds(c["step_median_s"]),
+                         "p10 – p90": f"{tables.fmt_seconds(c['step_p10_s'])} – {tables.fmt_seconds(c['step_p90_s'])}",
+                         "tokens/s": tables.fmt_rate(c["tokens_per_s"]),
+                         "achieved FLOP/s": tables.fmt_flops(c["achieved_flops"]),
+                         "peak memory": tables.fmt_bytes(c["peak_bytes"])})
+    import pandas as pd
+
+    return {"fig": figures.scaling_figure(views), "table": tables.html_table(pd.DataFrame(rows), "scaling",
+                                                                            index=False)}
+
+
+def _title(views: list[RunView]) -> str:
+    sizes = ", ".join(dict.fromkeys(v.label for v in views))
+    backends = list(dict.fromkeys(b for v in views for b in (v.spec.get("backends") or v.backends)))
+    return f"nanogpt-parity: {sizes} — {' vs '.join(backends) or 'no backends'}"
+
+
+def write_report(out: Path, run_ids: list[str]) -> Path:
+    """Build the report of `run_ids` under `out` and return its path, `<out>/<report_name(run_ids)>.html`.
+
+    Raises UsageError (before writing anything) when a run or one of its records is missing or corrupt.
+    """
+    out = Path(out)
+    if not run_ids:
+        raise UsageError("no run id given; pass one or more run ids from <out>/runs")
+    run_ids = list(dict.fromkeys(run_ids))
+    views = [analysis.load_view(out, run_id) for run_id in run_ids]
+    runs = [_run_model(v) for v in views]
+    page = _env().get_template("report.html.j2").render(
+        title=_title(views), generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        version=harness.__version__, run_ids=run_ids, runs=runs, banners=[b for v in views for b in v.banners],
+        scaling=_scaling(views), band=f"{analysis.LOSS_BAND_REL:.0%}",
+        tail_fraction=f"{analysis.TAIL_FRACTION:.0%}", stale=analysis.human_age(analysis.STALE_AFTER_S))
+    path = out / f"{report_name(run_ids)}.html"
+    records.atomic_write_bytes(path, page.encode("utf-8"))
+    return path
+
+
+# --- index ------------------------------------------------------------------------------------------------------------
+_RUNS_META = re.compile(r'<meta name="nanogpt-parity-runs" content="([^"]*)">')
+_GENERATED_META = re.compile(r'<meta name="nanogpt-parity-generated" content="([^"]*)">')
+_TITLE = re.compile(r"<title>(.*?)</title>", re.S)
+
+
+def _per_backend(values: dict[str, Any], fmt: Any) -> list[str]:
+    """'backend value' per backend (one line each in the index)."""
+    return [f"{b} {fmt(v)}" for b, v in values.items()] or [tables.DASH]
+
+
+def _index_row(out: Path, run_id: str) -> dict[str, Any]:
+    """Headline numbers of one run, read from its records now (so the index never shows stale numbers)."""
+    try:
+        view = analysis.load_view(out, run_id)
+    except UsageError as exc:
+        return {"run_id": run_id, "error": str(exc)}
+    head = analysis.headline(view)
+    verdict = _verdict(view, analysis.pairs(view))
+    return {
+        "run_id": run_id, "error": None, "size": head["size"], "device": head["device"],
+        "params": tables.fmt_int(head["n_params"]), "verdict": verdict["label"], "level": verdict["level"],
+        "status": _per_backend(head["status"], str),
+        "val_loss": _per_backend(head["val_loss"], tables.fmt_loss),
+        "tokens_per_s": _per_backend(head["tokens_per_s"], tables.fmt_rate),
+        "bleu": _per_backend(head["bleu"], tables.fmt_score),
+        "chrf": _per_backend(head["chrf"], tables.fmt_score),
+    }
+
+
+def write_index(out: Path) -> Path:
+    """Write `<out>/index.html` and return its path.
+
+    It lists every report in `<out>` (newest first; a report is an .html file carrying the
+    `nanogpt-parity-runs` meta tag) with each run's headline numbers, read from the run records as they are now,
+    and the runs under `<out>/runs/` that no report covers yet.
+    """
+    out = Path(out)
+    entries, covered = [], set()
+    for html in sorted(out.glob("*.html")) if out.is_dir() else []:
+        if html.name == "index.html":
+            continue
+        try:
+            head = html.read_text(encoding="utf-8", errors="replace")[:8192]
+        except OSError:
+            continue
+        found = _RUNS_META.search(head)
+        if not found:
+            continue  # not a nanogpt-parity report
+        run_ids = found.group(1).split()
+        covered.update(run_ids)
+        generated, title = _GENERATED_META.search(head), _TITLE.search(head)
+        entries.append({"href": html.name, "name": html.stem, "mtime": html.stat().st_mtime,
+                        "title": html_lib.unescape(title.group(1).strip()) if title else html.stem,
+                        "generated": generated.group(1) if generated else "",
+                        "runs": [_index_row(out, run_id) for run_id in run_ids]})
+    entries.sort(key=lambda e: e["mtime"], reverse=True)
+    runs_dir = out / "runs"
+    uncovered = sorted((p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in covered
+                        and (p / "spec.json").exists()), reverse=True) if runs_dir.is_dir() else []
+    page = _env().get_template("index.html.j2").render(
+        entries=entries, uncovered=uncovered, out=str(out), version=harness.__version__,
+        generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()))
+    path = out / "index.html"
+    records.atomic_write_bytes(path, page.encode("utf-8"))
+    return path

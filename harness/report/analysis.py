@@ -1,0 +1,434 @@
+"""Numbers the report shows, derived from RunRecords only: statuses, fairness, loss agreement, costs, text.
+
+Nothing here draws or formats HTML; `harness.report` turns these into tables and figures. Every figure a record
+lacks (an interrupted or killed worker writes no summary) is recomputed from the per-step data where it can be,
+and left as None where it cannot, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness import records
+
+# Loss agreement with dropout on (DESIGN.md, "Parity"): the frameworks' dropout streams differ, so the final
+# validation losses can only agree statistically. Two backends "agree" when their validation losses at the last
+# common evaluation step differ by at most LOSS_BAND_REL of their mean.
+LOSS_BAND_REL = 0.02
+# The paired per-step comparison uses the last TAIL_FRACTION of the common steps (at least TAIL_MIN_STEPS).
+TAIL_FRACTION = 0.2
+TAIL_MIN_STEPS = 10
+# A "running" record not rewritten for this long belongs to a worker that is no longer alive.
+STALE_AFTER_S = 600.0
+
+OK, WARN, ERROR = "ok", "warn", "error"
+
+
+@dataclass
+class Banner:
+    """One line shown at the top of a report: `level` is "warn" or "error"."""
+
+    level: str
+    text: str
+
+
+@dataclass
+class RunView:
+    """Everything the report reads for one run id."""
+
+    out: Path
+    run_id: str
+    spec: dict
+    records: list[dict]
+    missing: list[str]  # backends in the spec without a record
+    age_s: dict[str, float]  # seconds since each record was last written
+    parity: dict | None = None
+    parity_error: str | None = None
+    banners: list[Banner] = field(default_factory=list)
+
+    @property
+    def backends(self) -> list[str]:
+        return [r["backend"] for r in self.records]
+
+    @property
+    def label(self) -> str:
+        return str(self.spec.get("label") or self.spec.get("config", {}).get("name") or "?")
+
+    def record(self, backend: str) -> dict:
+        return next(r for r in self.records if r["backend"] == backend)
+
+
+def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
+    """Load run `run_id` (UsageError when missing or corrupt) with its parity.json when there is one."""
+    spec, recs = records.load_run(out, run_id)
+    directory = records.run_dir(out, run_id)
+    now = time.time() if now is None else now
+    ages = {r["backend"]: max(0.0, now - (directory / f"{r['backend']}.json").stat().st_mtime) for r in recs}
+    have = {r["backend"] for r in recs}
+    view = RunView(out=Path(out), run_id=run_id, spec=spec, records=recs,
+                   missing=[b for b in spec.get("backends", []) if b not in have], age_s=ages)
+    parity_path = directory / "parity.json"
+    if parity_path.exists():
+        try:
+            doc = json.loads(parity_path.read_text(encoding="utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+            view.parity = doc
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            view.parity_error = f"{parity_path.name} could not be read ({exc})"
+    view.banners = banners(view)
+    return view
+
+
+# --- status and fairness -------------------------------------------------------------------------------------------
+def status_of(rec: dict, age_s: float | None = None) -> tuple[str, str]:
+    """(level, text) of one record's status: completed is ok; interrupted, failed and running are not."""
+    status = str(rec.get("status", "unknown"))
+    steps = len(rec.get("steps", {}).get("loss", []))
+    total = rec.get("total_steps")
+    progress = f"{steps:,} of {total:,} steps" if isinstance(total, int) else f"{steps:,} steps"
+    if status == "completed":
+        return OK, "completed"
+    if status == "interrupted":
+        return WARN, f"interrupted after {progress}"
+    if records.is_failed(status):
+        return ERROR, f"{status} (after {progress})"
+    if status == "running":
+        if age_s is not None and age_s > STALE_AFTER_S:
+            return ERROR, (f"running, but its record was last written {human_age(age_s)} ago: the worker is no "
+                           f"longer alive ({progress} recorded)")
+        when = f", last written {human_age(age_s)} ago" if age_s is not None else ""
+        return WARN, f"still running ({progress}{when}): this report is a snapshot"
+    return ERROR, f"unknown status {status!r}"
+
+
+def human_age(seconds: float | None) -> str:
+    """'42 s', '7 min', '3.2 h', '2.0 days'."""
+    if seconds is None:
+        return "?"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def fairness_problems(recs: list[dict]) -> list[str]:
+    """Differences in data, config, weights or batches between backends (any one makes the comparison unfair)."""
+    from harness.launch import compare_fingerprints
+
+    try:
+        return compare_fingerprints(recs)
+    except (KeyError, TypeError):
+        return ["a record lacks its data/config/weight/batch fingerprints, so equal inputs cannot be confirmed"]
+
+
+def banners(view: RunView) -> list[Banner]:
+    """What a reader must know before trusting anything below: unfinished runs, unfair comparisons, parity."""
+    out: list[Banner] = []
+    run = f"run {view.run_id}"
+    if not view.records:
+        out.append(Banner(ERROR, f"{run}: no backend wrote a record (it failed before training started); "
+                                 "there is nothing to compare"))
+    for rec in view.records:
+        level, text = status_of(rec, view.age_s.get(rec["backend"]))
+        if level != OK:
+            resume = (f" Resume with `harness run --resume {view.run_id} --out {view.out}`."
+                      if rec.get("status") in ("interrupted", "running") else "")
+            out.append(Banner(level, f"{run}: {rec['backend']} {text}.{resume}"))
+    for name in view.missing:
+        out.append(Banner(ERROR, f"{run}: {name} has no record (it never started, or failed before setup)"))
+    for problem in fairness_problems(view.records):
+        out.append(Banner(ERROR, f"{run}: {problem}: the comparison is not fair"))
+    if view.parity_error:
+        out.append(Banner(ERROR, f"{run}: {view.parity_error}"))
+    elif view.parity is not None and str(view.parity.get("verdict", "")).lower() == "error":
+        why = "; ".join(str(f) for f in view.parity.get("failures") or []) or "no reason recorded"
+        out.append(Banner(ERROR, f"{run}: the parity check compared nothing ({why})"))
+    elif view.parity is not None and parity_passed(view.parity) is False:
+        out.append(Banner(ERROR, f"{run}: parity check FAILED (see the summary)"))
+    return out
+
+
+# --- parity.json ------------------------------------------------------------------------------------------------------
+def parity_passed(doc: dict) -> bool | None:
+    """The overall verdict of a parity.json (harness.parity): `verdict` "pass" is True, "fail" and "error" are
+    False; failing that, a boolean `passed` (top level or in `results`); None when it says nothing."""
+    verdict = doc.get("verdict")
+    if isinstance(verdict, str) and verdict.lower() in ("pass", "passed", "fail", "failed", "error"):
+        return verdict.lower() in ("pass", "passed")
+    for holder in (doc, doc.get("results") if isinstance(doc.get("results"), dict) else {}):
+        if isinstance(holder.get("passed"), bool):
+            return holder["passed"]
+    return None
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def parity_checks(doc: dict) -> list[dict]:
+    """One row per check of a parity.json: check, value, tolerance, where, result ("ok" / "FAIL").
+
+    Reads harness.parity's `results` (step-0 logits, step-0 gradients, the training-loss curve, the final
+    validation loss); a generic `checks` list of objects is shown as it is.
+    """
+    if isinstance(doc.get("checks"), list):
+        return [c if isinstance(c, dict) else {"check": str(c)} for c in doc["checks"]]
+    res = doc.get("results")
+    if not isinstance(res, dict):
+        return []
+    tol = res.get("tolerances") or doc.get("tolerances") or {}
+    logits, grads = res.get("logits") or {}, res.get("gradients") or {}
+    loss, val = res.get("loss") or {}, res.get("val_loss") or {}
+    where = logits.get("where") or []
+    rows = [
+        {"check": "step-0 logits, max |diff|", "value": _num(logits.get("max_abs_diff")),
+         "tolerance": _num(tol.get("logits")),
+         "where": f"batch row {where[0]}, position {where[1]}, token {where[2]}" if len(where) == 3 else ""},
+        {"check": "step-0 gradients, worst relative error", "value": _num(grads.get("worst_rel_err")),
+         "tolerance": _num(tol.get("grad")), "where": grads.get("worst") or ""},
+        {"check": "training loss, max |diff| per step", "value": _num(loss.get("max_abs_dev")),
+         "tolerance": _num(tol.get("loss")),
+         "where": f"step {loss.get('peak_step')} of {loss.get('steps')}" if loss.get("steps") else ""},
+    ]
+    if val.get("abs_diff") is not None:
+        rows.append({"check": "final validation loss, |diff|", "value": _num(val.get("abs_diff")),
+                     "tolerance": _num(tol.get("loss")),
+                     "where": ", ".join(f"{k} {_num(v):.6f}" for k, v in (val.get("values") or {}).items())})
+    for row in rows:
+        row["result"] = "ok" if row["value"] <= row["tolerance"] else "FAIL"  # NaN compares False: FAIL
+    return rows
+
+
+def parity_sentence(doc: dict) -> str:
+    """One sentence: the verdict, the precision pair and steps, and each check's value against its tolerance."""
+    passed = parity_passed(doc)
+    verdict = {True: "PASS", False: "FAIL", None: "no verdict"}[passed]
+    if str(doc.get("verdict", "")).lower() == "error":
+        verdict = "ERROR (nothing compared)"
+    context = [f"{doc['precision_pair']} pair" if doc.get("precision_pair") else "",
+               f"{doc['steps']} steps" if doc.get("steps") else "", "dropout 0"]
+    rows = parity_checks(doc)
+    parts = []
+    for r in rows:
+        if isinstance(r.get("value"), float) and isinstance(r.get("tolerance"), float):
+            op = "≤" if r.get("result") == "ok" else ">"
+            parts.append(f"{r['check']} {r['value']:.1e} {op} {r['tolerance']:g}")
+    s = f"Parity ({', '.join(c for c in context if c)}): {verdict}"
+    if parts:
+        s += ": " + "; ".join(parts)
+    failures = [f for f in doc.get("failures") or [] if isinstance(f, str)]
+    if passed is False and failures:
+        s += ". " + " ".join(failures)
+    return s + "."
+
+
+# --- per-backend figures ----------------------------------------------------------------------------------------------
+def step_losses(rec: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, losses) as arrays, only the steps whose loss was recorded."""
+    steps = rec.get("steps") or {}
+    loss = np.asarray(steps.get("loss", []), dtype=np.float64)
+    step = np.asarray(steps.get("step", [])[:len(loss)], dtype=np.int64)
+    if len(step) < len(loss):
+        step = np.arange(len(loss), dtype=np.int64)
+    return step, loss
+
+
+def last_eval(rec: dict) -> dict | None:
+    """The last evaluation point of a record, or None."""
+    evals = rec.get("evals") or []
+    return evals[-1] if evals else None
+
+
+def eval_at(rec: dict, step: int) -> dict | None:
+    return next((e for e in rec.get("evals") or [] if e.get("step") == step), None)
+
+
+def costs(rec: dict) -> dict[str, Any]:
+    """Every cost figure of one record, recomputing what an unfinished record lacks (None where unknowable).
+
+    Keys: setup_s, first_step_s, step_median_s, step_p10_s, step_p90_s, step_iqr_s, steady_steps, tokens_per_s,
+    eval_s, train_s, wall_s, generation_tokens_per_s, peak_bytes, memory_kind, n_params, n_params_non_embedding,
+    flops_per_token, achieved_flops, recomputed (names of figures derived here rather than read).
+    """
+    from harness.runner import summarize_times
+
+    t = dict(rec.get("timings") or {})
+    recomputed: list[str] = []
+    times = list((rec.get("steps") or {}).get("time_s", []))
+    tokens_per_step = rec.get("tokens_per_step")
+    if tokens_per_step is None:
+        cfg = rec.get("config", {})
+        tokens_per_step = cfg.get("batch_size", 0) * cfg.get("block_size", 0) or None
+    if t.get("step_median_s") is None and times and tokens_per_step:
+        t.update(summarize_times(times, tokens_per_step))
+        recomputed += ["step times", "tokens/s"]
+    if t.get("first_step_s") is None and times and not rec.get("resumed_at"):
+        t["first_step_s"] = times[0]
+        recomputed.append("first step")
+    if t.get("train_s") is None and times:
+        t["train_s"] = float(sum(times))
+        recomputed.append("train time")
+    if t.get("eval_s") is None and rec.get("evals"):
+        t["eval_s"] = float(sum(e.get("time_s", 0.0) for e in rec["evals"]))
+        recomputed.append("eval time")
+    flops_per_token = rec.get("flops_per_token")
+    if flops_per_token is None:
+        flops_per_token = _flops_per_token(rec)
+    achieved = t.get("achieved_flops")
+    if achieved is None and t.get("tokens_per_s") and flops_per_token:
+        achieved = t["tokens_per_s"] * flops_per_token
+        recomputed.append("FLOP/s")
+    memory = rec.get("memory") or {}
+    text = rec.get("text") or {}
+    return {
+        "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"),
+        "step_median_s": t.get("step_median_s"), "step_p10_s": t.get("step_p10_s"),
+        "step_p90_s": t.get("step_p90_s"), "step_iqr_s": t.get("step_iqr_s"),
+        "steady_steps": t.get("steady_steps"), "warmup_steps": t.get("warmup_steps"),
+        "tokens_per_s": t.get("tokens_per_s"), "eval_s": t.get("eval_s"), "train_s": t.get("train_s"),
+        "wall_s": t.get("wall_s"), "generation_tokens_per_s": text.get("generation_tokens_per_s"),
+        "peak_bytes": memory.get("peak_bytes"), "memory_kind": memory.get("kind"),
+        "n_params": rec.get("n_params"), "n_params_non_embedding": rec.get("n_params_non_embedding"),
+        "flops_per_token": flops_per_token, "achieved_flops": achieved, "recomputed": recomputed,
+        "tokens_per_step": tokens_per_step,
+    }
+
+
+def _flops_per_token(rec: dict) -> int | None:
+    """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (worker.flops_per_token)."""
+    try:
+        from harness.config import Config
+        from harness.worker import flops_per_token
+
+        return flops_per_token(Config(**rec["config"]), int(rec["data"]["vocab_size"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# --- comparisons between backends ------------------------------------------------------------------------------------
+@dataclass
+class PairComparison:
+    """Two backends of one run compared: loss agreement, per-step deviation, speed."""
+
+    a: str
+    b: str
+    common_steps: np.ndarray
+    abs_dev: np.ndarray  # |loss_a - loss_b| at each common step
+    eval_step: int | None = None
+    val_a: float | None = None
+    val_b: float | None = None
+    tail_steps: int = 0
+    tail_mean: float | None = None  # mean of loss_a - loss_b over the tail window
+    tail_ci: float | None = None  # 95 % half-width of that mean
+    speed_ratio: float | None = None  # tokens/s of a over tokens/s of b
+
+    @property
+    def val_diff(self) -> float | None:
+        return None if self.val_a is None or self.val_b is None else self.val_b - self.val_a
+
+    @property
+    def val_rel(self) -> float | None:
+        if self.val_diff is None:
+            return None
+        mean = (self.val_a + self.val_b) / 2
+        return abs(self.val_diff) / mean if mean else None
+
+    @property
+    def agree(self) -> bool | None:
+        rel = self.val_rel
+        return None if rel is None or not math.isfinite(rel) else rel <= LOSS_BAND_REL
+
+    @property
+    def max_dev(self) -> float | None:
+        finite = self.abs_dev[np.isfinite(self.abs_dev)]
+        return float(finite.max()) if finite.size else None
+
+    @property
+    def tail_consistent_with_zero(self) -> bool | None:
+        if self.tail_mean is None or self.tail_ci is None:
+            return None
+        return abs(self.tail_mean) <= self.tail_ci
+
+
+def compare_pair(ra: dict, rb: dict) -> PairComparison:
+    """Compare backend records `ra` and `rb` on the steps and evaluation points both have."""
+    sa, la = step_losses(ra)
+    sb, lb = step_losses(rb)
+    common, ia, ib = np.intersect1d(sa, sb, return_indices=True)
+    da, db = la[ia], lb[ib]
+    cmp = PairComparison(a=ra["backend"], b=rb["backend"], common_steps=common, abs_dev=np.abs(da - db))
+    steps_a = {e.get("step") for e in ra.get("evals") or []}
+    shared = sorted(s for s in steps_a if eval_at(rb, s) is not None)
+    if shared:
+        cmp.eval_step = int(shared[-1])
+        cmp.val_a = float(eval_at(ra, cmp.eval_step)["val_loss"])
+        cmp.val_b = float(eval_at(rb, cmp.eval_step)["val_loss"])
+    n = len(common)
+    if n >= 2:
+        k = min(n, max(TAIL_MIN_STEPS, round(n * TAIL_FRACTION)))
+        d = (da - db)[-k:]
+        d = d[np.isfinite(d)]
+        if d.size >= 2:
+            cmp.tail_steps = int(d.size)
+            cmp.tail_mean = float(d.mean())
+            cmp.tail_ci = float(1.96 * d.std(ddof=1) / math.sqrt(d.size))
+    ta, tb = costs(ra)["tokens_per_s"], costs(rb)["tokens_per_s"]
+    if ta and tb:
+        cmp.speed_ratio = ta / tb
+    return cmp
+
+
+def pairs(view: RunView) -> list[PairComparison]:
+    """Every pair of backends of a run, in the spec's order."""
+    return [compare_pair(a, b) for a, b in combinations(view.records, 2)]
+
+
+def text_agreement(ra: dict, rb: dict) -> dict[str, Any] | None:
+    """How alike two backends' continuations are: share identical, mean common prefix (characters)."""
+    ca = (ra.get("text") or {}).get("continuations") or []
+    cb = (rb.get("text") or {}).get("continuations") or []
+    if not ca or len(ca) != len(cb):
+        return None
+    prefixes = []
+    for x, y in zip(ca, cb):
+        h1, h2 = x.get("hypothesis", ""), y.get("hypothesis", "")
+        k = 0
+        while k < min(len(h1), len(h2)) and h1[k] == h2[k]:
+            k += 1
+        prefixes.append(k)
+    same = sum(1 for x, y in zip(ca, cb) if x.get("hypothesis") == y.get("hypothesis"))
+    return {"identical": same, "total": len(ca), "mean_prefix": float(np.mean(prefixes)),
+            "length": max((len(x.get("hypothesis", "")) for x in ca), default=0)}
+
+
+def final_val(rec: dict) -> float | None:
+    last = last_eval(rec)
+    return None if last is None else float(last["val_loss"])
+
+
+def headline(view: RunView) -> dict[str, Any]:
+    """The few numbers the index lists for one run, per backend where they differ by backend."""
+    return {
+        "size": view.label, "device": view.spec.get("device"),
+        "n_params": next((r.get("n_params") for r in view.records if r.get("n_params")), None),
+        "status": {r["backend"]: str(r.get("status")) for r in view.records},
+        "val_loss": {r["backend"]: final_val(r) for r in view.records},
+        "tokens_per_s": {r["backend"]: costs(r)["tokens_per_s"] for r in view.records},
+        "bleu": {r["backend"]: (r.get("text") or {}).get("bleu") for r in view.records},
+        "chrf": {r["backend"]: (r.get("text") or {}).get("chrf") for r in view.records},
+    }

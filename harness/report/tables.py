@@ -1,0 +1,312 @@
+"""The report's tables (pandas DataFrames rendered with `to_html`) and the number formats they share."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from markupsafe import Markup
+
+from harness.report.analysis import (
+    PairComparison,
+    RunView,
+    costs,
+    fairness_problems,
+    final_val,
+    parity_checks,
+    status_of,
+    text_agreement,
+)
+
+DASH = "—"
+
+
+# --- formats -------------------------------------------------------------------------------------------------------
+def _ok(x: Any) -> bool:
+    return x is not None and not (isinstance(x, float) and not math.isfinite(x))
+
+
+def fmt_seconds(s: float | None) -> str:
+    """'812 µs', '12.3 ms', '4.56 s', '3 min 12 s', '1 h 02 min'."""
+    if not _ok(s):
+        return DASH
+    if s == 0:
+        return "0 s"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def fmt_bytes(b: float | None) -> str:
+    """'345.6 MiB', '1.23 GiB'."""
+    if not _ok(b):
+        return DASH
+    if b >= 2**30:
+        return f"{b / 2**30:.3g} GiB"
+    return f"{b / 2**20:.4g} MiB"
+
+
+def fmt_int(n: float | None) -> str:
+    return DASH if not _ok(n) else f"{round(n):,}"
+
+
+def fmt_rate(x: float | None) -> str:
+    """Thousands separators, 3 significant digits below 1000."""
+    if not _ok(x):
+        return DASH
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def fmt_flops(x: float | None) -> str:
+    """'767.8 MFLOP/s', '12.3 GFLOP/s', '1.2 TFLOP/s'."""
+    if not _ok(x):
+        return DASH
+    for unit, scale in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if x >= scale:
+            return f"{x / scale:.4g} {unit}"
+    return f"{x:.3g} FLOP/s"
+
+
+def fmt_loss(x: float | None, digits: int = 4) -> str:
+    return DASH if not _ok(x) else f"{x:.{digits}f}"
+
+
+def fmt_sci(x: float | None) -> str:
+    return DASH if not _ok(x) else f"{x:.2e}"
+
+
+def fmt_score(x: float | None, ci: float | None = None) -> str:
+    if not _ok(x):
+        return DASH
+    return f"{x:.2f} ± {ci:.2f}" if _ok(ci) else f"{x:.2f}"
+
+
+def html_table(df: pd.DataFrame, classes: str = "", index: bool = True, escape: bool = True) -> Markup:
+    """A DataFrame as an HTML table with the report's classes."""
+    html = df.to_html(classes=f"table {classes}".strip(), index=index, index_names=False, escape=escape, border=0,
+                      na_rep=DASH)
+    return Markup(html)
+
+
+# --- tables --------------------------------------------------------------------------------------------------------
+def summary_table(view: RunView) -> Markup:
+    """One row per backend: status, steps, final losses, throughput, memory, BLEU and chrF."""
+    rows = {}
+    for rec in view.records:
+        c = costs(rec)
+        text = rec.get("text") or {}
+        last = (rec.get("evals") or [None])[-1]
+        _, status = status_of(rec, view.age_s.get(rec["backend"]))
+        rows[rec["backend"]] = {
+            "status": status,
+            "steps": fmt_int(len((rec.get("steps") or {}).get("loss", []))),
+            "final train loss": fmt_loss(last["train_loss"]) if last else DASH,
+            "final val loss": fmt_loss(final_val(rec)),
+            "at step": fmt_int(last["step"]) if last else DASH,
+            "tokens/s": fmt_rate(c["tokens_per_s"]),
+            "step (median)": fmt_seconds(c["step_median_s"]),
+            "peak memory": fmt_bytes(c["peak_bytes"]),
+            "BLEU": fmt_score(text.get("bleu"), text.get("bleu_ci")),
+            "chrF": fmt_score(text.get("chrf"), text.get("chrf_ci")),
+        }
+    for name in view.missing:
+        rows[name] = {"status": "no record"}
+    df = pd.DataFrame.from_dict(rows, orient="index").fillna(DASH)
+    df.index.name = "backend"
+    return html_table(df, "summary")
+
+
+def pair_table(comparisons: list[PairComparison]) -> Markup:
+    """One row per backend pair: validation-loss difference, paired per-step difference, deviation, speed."""
+    rows = []
+    for c in comparisons:
+        rel = c.val_rel
+        verdict = DASH if c.agree is None else ("agree" if c.agree else "differ")
+        tail = DASH
+        if c.tail_mean is not None:
+            tail = f"{c.tail_mean:+.4f} ± {c.tail_ci:.4f} ({c.tail_steps} steps)"
+        rows.append({
+            "pair (a vs b)": f"{c.a} vs {c.b}",
+            "eval step": fmt_int(c.eval_step),
+            "val loss a": fmt_loss(c.val_a), "val loss b": fmt_loss(c.val_b),
+            "Δ val (b − a)": DASH if c.val_diff is None else f"{c.val_diff:+.4f}",
+            "|Δ| / mean": DASH if rel is None else f"{rel:.2%}",
+            "verdict": verdict,
+            "per-step a − b, last steps (mean ± 95 % CI)": tail,
+            "max |Δ| per step": fmt_sci(c.max_dev),
+            "speed a / b (tokens/s)": DASH if c.speed_ratio is None else f"{c.speed_ratio:.3g}×",
+        })
+    return html_table(pd.DataFrame(rows), "pairs", index=False)
+
+
+def config_table(view: RunView, columns: int = 3) -> Markup:
+    """Hyper-parameters, schedule, seed, device and data: a compact grid of `columns` (setting, value) pairs when
+    every backend ran the same config, else one column per backend."""
+    cfgs = {r["backend"]: r.get("config", {}) for r in view.records} or {"spec": view.spec.get("config", {})}
+    rec = view.records[0] if view.records else {}
+    data = rec.get("data") or view.spec.get("data") or {}
+    extra = {
+        "steps (planned)": fmt_int(rec.get("total_steps")),
+        "epochs (planned)": f"{rec['epochs']:.3g}" if _ok(rec.get("epochs")) else DASH,
+        "tokens per step": fmt_int(rec.get("tokens_per_step")),
+        "seed": _cell(view.spec.get("seed")),
+        "device": _cell(view.spec.get("device")),
+        "data sha256": _cell((data.get("sha256") or "")[:16] + "…"),
+        "train / val chars": f"{fmt_int(data.get('n_train'))} / {fmt_int(data.get('n_val'))}",
+        "vocabulary": fmt_int(data.get("vocab_size")),
+        "data file": _cell(data.get("path")),
+    }
+    if len({repr(sorted(c.items())) for c in cfgs.values()}) == 1:
+        items = [(k, _cell(v)) for k, v in next(iter(cfgs.values())).items()] + list(extra.items())
+        n_rows = -(-len(items) // columns)
+        grid = []
+        for i in range(n_rows):
+            row: list[str] = []
+            for j in range(columns):
+                k = j * n_rows + i
+                row += list(items[k]) if k < len(items) else ["", ""]
+            grid.append(row)
+        df = pd.DataFrame(grid, columns=["setting", "value"] * columns)
+        return html_table(df, "config grid", index=False)
+    df = pd.DataFrame({k: {key: _cell(v) for key, v in c.items()} for k, c in cfgs.items()})
+    for col in df.columns:
+        for k, v in extra.items():
+            df.loc[k, col] = v
+    return html_table(df.fillna(DASH), "config")
+
+
+def environment_table(view: RunView) -> Markup:
+    """Framework, versions, device and machine of every backend (union of the keys they report)."""
+    cols: dict[str, dict[str, str]] = {}
+    for rec in view.records:
+        info = rec.get("backend_info") or {}
+        env = rec.get("environment") or {}
+        col = {f"backend: {k}": _cell(v) for k, v in info.items()}
+        col.update({
+            "backend options": _cell(rec.get("backend_options") or {}),
+            "python": _cell(env.get("python")), "numpy": _cell(env.get("numpy")),
+            "platform": _cell(env.get("platform")), "host": _cell(env.get("hostname")),
+            "CPU": _cell(env.get("cpu_model")),
+            "cores (usable / all)": f"{_cell(env.get('cpu_affinity'))} / {_cell(env.get('cpu_count'))}",
+            "memory": fmt_bytes(env.get("memory_bytes")), "OMP_NUM_THREADS": _cell(env.get("omp_num_threads")),
+            "harness": f"{_cell(env.get('harness_version'))} (git {_cell(env.get('git_commit'))})",
+            "started / finished": f"{_cell(rec.get('started_at'))} / {_cell(rec.get('finished_at'))}",
+        })
+        if rec.get("resumed_at"):
+            col["resumed at"] = _cell(rec["resumed_at"])
+        cols[rec["backend"]] = col
+    if not cols:
+        return Markup("<p>No record, so no environment.</p>")
+    df = pd.DataFrame(cols).fillna(DASH)
+    df.index.name = "item"
+    return html_table(df, "env")
+
+
+def fingerprint_table(view: RunView) -> Markup:
+    """Short fingerprints per backend, with whether each equals the first backend's."""
+    if not view.records:
+        return Markup("")
+    ref = view.records[0]
+    cols = {}
+    for rec in view.records:
+        col = {}
+        for key, label in (("weights", "initial weights"), ("batches", "training batches"),
+                           ("eval_batches", "evaluation batches")):
+            fp = (rec.get("fingerprints") or {}).get(key)
+            same = fp is not None and fp == (ref.get("fingerprints") or {}).get(key)
+            col[label] = DASH if fp is None else f"{fp[:12]}… {'✓' if same else '✗ differs'}"
+        col["config hash"] = _short(rec.get("config_hash"), ref.get("config_hash"))
+        col["data sha256"] = _short((rec.get("data") or {}).get("sha256"), (ref.get("data") or {}).get("sha256"))
+        cols[rec["backend"]] = col
+    df = pd.DataFrame(cols)
+    df.index.name = "input"
+    fair = "" if not fairness_problems(view.records) else "unfair"
+    return html_table(df, f"fingerprints {fair}".strip())
+
+
+def _short(fp: str | None, ref: str | None) -> str:
+    return DASH if not fp else f"{fp[:12]}… {'✓' if fp == ref else '✗ differs'}"
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return DASH
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_cell(x)}" for k, x in v.items()) or "none"
+    return str(v)
+
+
+def cost_table(view: RunView) -> Markup:
+    """Every cost figure per backend (rows: figures, columns: backends)."""
+    rows: dict[str, dict[str, str]] = {}
+    for rec in view.records:
+        c = costs(rec)
+        kind = {"device": "device", "rss": "RSS"}.get(c["memory_kind"], c["memory_kind"] or "")
+        steady = f" over {c['steady_steps']:,} steps" if c["steady_steps"] else ""
+        rows[rec["backend"]] = {
+            "setup (model build, weights to device)": fmt_seconds(c["setup_s"]),
+            "time to first step (includes compilation)": fmt_seconds(c["first_step_s"]),
+            f"steady step time, median{steady}": fmt_seconds(c["step_median_s"]),
+            "steady step time, p10 – p90": f"{fmt_seconds(c['step_p10_s'])} – {fmt_seconds(c['step_p90_s'])}",
+            "steady step time, IQR": fmt_seconds(c["step_iqr_s"]),
+            "training tokens/s (median step)": fmt_rate(c["tokens_per_s"]),
+            "training time (sum of steps)": fmt_seconds(c["train_s"]),
+            "evaluation time": fmt_seconds(c["eval_s"]),
+            "generation tokens/s (batched)": fmt_rate(c["generation_tokens_per_s"]),
+            "total wall clock (worker)": fmt_seconds(c["wall_s"]),
+            f"peak memory ({kind})" if kind else "peak memory": fmt_bytes(c["peak_bytes"]),
+            "parameters (all)": fmt_int(c["n_params"]),
+            "parameters (non-embedding)": fmt_int(c["n_params_non_embedding"]),
+            "training FLOPs per token": fmt_int(c["flops_per_token"]),
+            "achieved FLOP/s (FLOPs/token × tokens/s)": fmt_flops(c["achieved_flops"]),
+            "recomputed from per-step data": ", ".join(c["recomputed"]) or "nothing",
+        }
+    df = pd.DataFrame(rows).fillna(DASH)
+    df.index.name = "cost"
+    return html_table(df, "costs")
+
+
+def text_table(view: RunView) -> Markup | None:
+    """BLEU, chrF (± 95 % CI), generation speed and agreement with the first backend's continuations."""
+    with_text = [r for r in view.records if r.get("text")]
+    if not with_text:
+        return None
+    first = with_text[0]
+    rows = {}
+    for rec in with_text:
+        t = rec["text"]
+        agree = text_agreement(first, rec) if rec is not first else None
+        rows[rec["backend"]] = {
+            "BLEU (± 95 % CI)": fmt_score(t.get("bleu"), t.get("bleu_ci")),
+            "chrF (± 95 % CI)": fmt_score(t.get("chrf"), t.get("chrf_ci")),
+            "generation tokens/s": fmt_rate(t.get("generation_tokens_per_s")),
+            "generation time": fmt_seconds(t.get("generation_s")),
+            f"continuations identical to {first['backend']}'s": (
+                DASH if agree is None else f"{agree['identical']} of {agree['total']} "
+                f"(mean common prefix {agree['mean_prefix']:.0f} of {agree['length']} chars)"),
+        }
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "backend"
+    return html_table(df, "text")
+
+
+def parity_table(doc: dict) -> Markup | None:
+    """The checks of a parity.json, one row each, with the tolerances' source and the precision pair."""
+    rows = parity_checks(doc)
+    if not rows:
+        return None
+    df = pd.DataFrame(rows).fillna(DASH)
+    if "value" in df:
+        df["value"] = df["value"].map(lambda v: f"{v:.2e}" if isinstance(v, float) else _cell(v))
+    return html_table(df.map(_cell), "parity", index=False)

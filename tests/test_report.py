@@ -1,0 +1,502 @@
+"""HTML reports and the index: sections with real numbers, banners for unfinished or unfair runs, the CLI.
+
+Most reports here are built from synthesised RunRecords whose numbers are planted (so every figure the report
+states can be checked against a value computed independently); one end-to-end test trains 12 steps through the
+CLI and rebuilds the report with `harness report`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import records
+from harness.config import load_config
+from harness.errors import UsageError
+from harness.report import report_name, write_index, write_report
+from harness.runner import summarize_times
+from harness.weights import count_parameters, param_shapes
+from harness.worker import flops_per_token
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 65
+
+
+# --- synthetic records -----------------------------------------------------------------------------------------------
+def _curve(t: np.ndarray) -> np.ndarray:
+    return 2.5 + 1.7 * np.exp(-t / 30.0)
+
+
+def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size: str = "small", steps: int = 120,
+             statuses: dict[str, str] | None = None, val_offset: dict[str, float] | None = None,
+             step_time: dict[str, float] | None = None, dropout: float | None = None,
+             fingerprints: dict[str, dict] | None = None, text: bool = True, missing: tuple[str, ...] = (),
+             loss_noise: float = 0.01) -> str:
+    """Write a run directory with spec.json and one synthetic RunRecord per backend; returns the run id.
+
+    Per-step losses are a common curve plus common batch noise plus `loss_noise` of backend-specific noise; the
+    validation loss at every evaluation is the curve + 0.02 + `val_offset[backend]`. Step times are constant
+    `step_time[backend]` (first step 20x: compilation). Status "interrupted" keeps half the steps, "failed: ..."
+    a third, "running" two thirds and no summary timings.
+    """
+    statuses, val_offset = statuses or {}, val_offset or {}
+    step_time = step_time or {"torch": 0.01, "numpy": 0.03, "flux": 0.02}
+    config = load_config(size).replace(steps=steps, eval_interval=40)
+    if dropout is not None:
+        config = config.replace(dropout=dropout)
+    run_id = records.new_run_id(out, config.name)
+    directory = records.run_dir(out, run_id)
+    spec = {"schema": "nanogpt-parity/run-spec", "run_id": run_id, "label": config.name,
+            "created_at": "2026-01-01T00:00:00Z", "config": config.to_dict(), "seed": 1337, "device": "cpu",
+            "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32}, "backends": [*backends, *missing],
+            "backend_options": {b: {} for b in backends}, "checkpoint_every": 0, "text": text,
+            "parity": False}
+    records.atomic_write_json(directory / "spec.json", spec)
+    common = np.random.default_rng(0).normal(0, 0.05, steps)
+    shapes = param_shapes(config, VOCAB)
+    for b in backends:
+        status = statuses.get(b, "completed")
+        keep = {"interrupted": steps // 2, "running": 2 * steps // 3}.get(status, steps)
+        keep = steps // 3 if status.startswith("failed") else keep
+        rng = np.random.default_rng(sum(map(ord, b)))
+        t = np.arange(keep)
+        loss = _curve(t) + common[:keep] + rng.normal(0, loss_noise, keep)
+        times = np.full(keep, step_time.get(b, 0.02))
+        times[0] *= 20
+        eval_steps = [s for s in range(0, steps + 1, 40) if s <= keep]
+        if status == "completed" and eval_steps[-1] != steps:
+            eval_steps.append(steps)
+        evals = [{"step": s, "train_loss": float(_curve(np.array(s))), "time_s": 0.05,
+                  "val_loss": float(_curve(np.array(s)) + 0.02 + val_offset.get(b, 0.0))} for s in eval_steps]
+        tokens = config.batch_size * config.block_size
+        timings = {"setup_s": 0.5}
+        if status != "running":
+            timings.update(first_step_s=float(times[0]), **summarize_times(list(times), tokens),
+                           train_s=float(times.sum()), eval_s=0.05 * len(evals), wall_s=float(times.sum()) + 2)
+            timings["achieved_flops"] = timings["tokens_per_s"] * flops_per_token(config, VOCAB)
+        rec = {
+            "schema": records.SCHEMA, "schema_version": records.SCHEMA_VERSION, "run_id": run_id, "backend": b,
+            "backend_options": {}, "status": status, "started_at": "2026-01-01T00:00:01Z",
+            "finished_at": None if status == "running" else "2026-01-01T00:01:00Z",
+            "error": "Traceback (most recent call last):\n  RuntimeError: boom" if status.startswith("failed")
+            else None,
+            "config": config.to_dict(), "config_hash": config.config_hash(), "seed": 1337, "device": "cpu",
+            "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32, "n_chars": 1000, "vocab_size": VOCAB,
+                     "n_train": 900, "n_val": 100},
+            "fingerprints": {"weights": "w" * 64, "batches": "b" * 64, "eval_batches": "e" * 64,
+                             **(fingerprints or {}).get(b, {})},
+            "environment": {"python": "3.11.7", "platform": "Linux", "hostname": "box", "cpu_model": "CPU",
+                            "cpu_count": 2, "cpu_affinity": 2, "memory_bytes": 2**34, "numpy": "2.0",
+                            "harness_version": "0.1.0", "git_commit": "abc", "omp_num_threads": None},
+            "total_steps": steps, "batches_per_epoch": 1000, "epochs": steps / 1000, "tokens_per_step": tokens,
+            "n_params": count_parameters(shapes), "n_params_non_embedding": count_parameters(shapes, False),
+            "flops_per_token": flops_per_token(config, VOCAB),
+            "backend_info": {"framework": b, "version": "1.0", "device": "cpu"},
+            "timings": timings, "memory": {"kind": "rss", "peak_bytes": 300 * 2**20},
+            "text": synthetic_text(b) if text and status == "completed" else None, "checkpoint": None,
+            "steps": {"step": t.tolist(), "loss": loss.tolist(), "time_s": times.tolist()}, "evals": evals,
+        }
+        records.atomic_write_json(directory / f"{b}.json", rec)
+    return run_id
+
+
+def synthetic_text(backend: str) -> dict:
+    from harness import metrics
+
+    refs = ["the quick brown fox jumps over the lazy dog"] * 4
+    hyps = ["the quick brown fox jumps over the lazy cat", "the quick red fox", "a slow dog", "the lazy dog"]
+    if backend != "torch":
+        hyps = [*hyps[:3], "the lazy dogs"]
+    scores = metrics.score_text(hyps, refs, bootstrap=0)
+    return {"protocol": {"n_prompts": 4, "prompt_chars": 8, "continuation_chars": 40, "temperature": 0.8,
+                         "seed": 1337},
+            **scores, "generation_s": 0.5, "generation_tokens": 160, "generation_tokens_per_s": 320.0,
+            "sample_prompt": "ROMEO:\n",
+            "samples": [{"temperature": t, "text": f"<{backend}> sample & text at {t}\nsecond line"}
+                        for t in (1.5, 1.0, 0.8, 0.5, 0.1, None)],
+            "continuations": [{"prompt": "p", "reference": r, "hypothesis": h} for r, h in zip(refs, hyps)]}
+
+
+def make_sized_runs(out: Path) -> list[str]:
+    """Three two-backend runs (small, medium, large), numpy 3x slower than torch at every size."""
+    return [make_run(out, size=s, steps=60, step_time={"torch": 0.01 * k, "numpy": 0.03 * k})
+            for s, k in (("small", 1), ("medium", 2), ("large", 4))]
+
+
+# --- reading the HTML -------------------------------------------------------------------------------------------------
+class Page(HTMLParser):
+    """Ids, links, classes and the text of the first elements of a report."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.ids: list[str] = []
+        self.links: list[str] = []
+        self.tags: list[str] = []
+        self.banners: list[str] = []
+        self._in_banner = 0
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        self.tags.append(tag)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag == "a" and "href" in a:
+            self.links.append(a["href"])
+        if tag == "div" and "banner" in (a.get("class") or "").split():
+            self._in_banner = 1
+            self.banners.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "div":
+            self._in_banner = 0
+
+    def handle_data(self, data: str) -> None:
+        if self._in_banner:
+            self.banners[-1] += data
+
+
+def text_of(html: str) -> str:
+    """The visible text, whitespace collapsed (so that a sentence broken over template lines matches)."""
+    html = re.sub(r"<svg.*?</svg>", " ", html, flags=re.S)
+    html = re.sub(r"<style.*?</style>", " ", html, flags=re.S)
+    import html as h
+
+    return " ".join(h.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def section(html: str, start: str, end: str) -> str:
+    return html[html.index(start):html.index(end, html.index(start))]
+
+
+@pytest.fixture
+def no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stub the matplotlib figures (the slow part) in tests that read only the page's words."""
+    from markupsafe import Markup
+
+    from harness.report import figures
+
+    for name in ("loss_figure", "deviation_figure", "cost_figure", "scaling_figure"):
+        monkeypatch.setattr(figures, name, lambda *a, **k: Markup('<svg class="figure"></svg>'))
+
+
+# --- tests: content --------------------------------------------------------------------------------------------------
+def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Path) -> None:
+    run_id = make_run(tmp_path, val_offset={"numpy": 0.025})
+    path = write_report(tmp_path, [run_id])
+    assert path == tmp_path / f"{run_id}.html"
+    html = path.read_text()
+    page = Page(html)
+    text = text_of(html)
+    for anchor in ("summary", f"run-{run_id}", "method"):
+        assert anchor in page.ids
+    for heading in ("Summary", "Loss agreement and speed", "Loss curves", "Per-step loss deviation",
+                    "Cost: time, throughput, memory", "Text quality", "Samples side by side", "Configuration",
+                    "Input fingerprints", "Environment"):
+        assert heading in text, heading
+    assert html.count('class="figure"') == 3  # loss curves, deviation, cost bars
+    assert page.banners == []
+    # planted: val loss at step 120 = curve + 0.02 (+ 0.025 for numpy)
+    va = float(_curve(np.array(120)) + 0.02)
+    vb = va + 0.025
+    summary = text[text.index("Summary"):text.index("Run " + run_id)]
+    assert f"validation loss {va:.4f} vs {vb:.4f} at step 120" in summary
+    assert f"difference +0.0250 ({0.025 / ((va + vb) / 2):.2%} of their mean), within the 2% band" in summary
+    assert "losses agree" in summary
+    # planted: numpy steps take 3x as long -> torch is 3x as fast; tokens/s = 16*64/0.01
+    assert "torch trains 3× as fast as numpy" in summary
+    assert f"{16 * 64 / 0.01:,.0f}" in summary and f"{16 * 64 / 0.03:,.0f}" in summary
+    # paired per-step differences: same common noise, so the CI is narrow and contains 0
+    assert "consistent with no systematic difference" in summary
+    # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
+    cfg = load_config("small")
+    n_non_emb = count_parameters(param_shapes(cfg, VOCAB), embeddings=False)
+    fpt = 6 * n_non_emb + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+    costs = section(text, "Cost: time", "Text quality")
+    assert "500 ms" in costs and "200 ms" in costs and f"{fpt:,}" in costs and "300 MiB" in costs
+    assert f"{fpt * 16 * 64 / 0.01 / 1e9:.4g} GFLOP/s" in costs  # achieved = FLOPs/token x tokens/s
+    # text: scores, signatures, samples of both backends side by side, escaped
+    assert "tok:13a" in text and "nc:6" in text
+    assert "&lt;torch&gt; sample &amp; text at 1.5" in html and "&lt;numpy&gt; sample &amp; text at 1.5" in html
+    assert "continuations identical to torch's" in text and "3 of 4 (mean common prefix" in text
+
+
+def test_losses_outside_band_are_called_different(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, val_offset={"numpy": 0.2})
+    text = text_of(write_report(tmp_path, [run_id]).read_text())
+    assert "outside the 2% band: the losses differ" in text
+    assert "losses differ" in text[:text.index("Run " + run_id)]
+
+
+def test_dropout_zero_reports_numerical_difference(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, dropout=0.0, loss_noise=1e-6)
+    text = text_of(write_report(tmp_path, [run_id]).read_text())
+    assert "Dropout is 0, so any difference is numerical" in text
+
+
+def test_single_backend_with_real_text_metrics(tmp_path: Path) -> None:
+    """One backend, whose `text` is what metrics.text_quality really returns (oracle backend: scores 100)."""
+    from test_metrics import OracleBackend, random_corpus
+
+    from harness import metrics
+
+    run_id = make_run(tmp_path, backends=("torch",))
+    path = records.run_dir(tmp_path, run_id) / "torch.json"
+    rec = json.loads(path.read_text())
+    corpus = random_corpus()
+    rec["text"] = metrics.text_quality(OracleBackend(corpus), corpus, load_config("small"), seed=1)
+    records.atomic_write_json(path, rec)
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    assert "Only torch ran, so there is nothing to compare" in text and "Needs two backends" in text
+    assert html.count('class="figure"') == 2
+    assert "torch 100.0 / 100.00" in text  # chrF / BLEU in the summary
+    assert rec["text"]["bleu_signature"] in text and rec["text"]["chrf_signature"] in text
+    assert f"{metrics.N_PROMPTS} prompts of {metrics.PROMPT_CHARS} characters" in text
+    assert "T = 1.5" in text and "greedy" in text
+
+
+@pytest.fixture(scope="module")
+def sized_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """One report over three runs of different sizes (built once: figures are the slow part)."""
+    out = tmp_path_factory.mktemp("sized")
+    run_ids = make_sized_runs(out)
+    return write_report(out, run_ids), run_ids
+
+
+def test_svgs_are_inline_with_unique_ids_and_nothing_external(sized_report: tuple[Path, list[str]]) -> None:
+    html = sized_report[0].read_text()
+    page = Page(html)
+    assert len(page.ids) == len(set(page.ids)), "duplicate element ids across inline SVGs"
+    refs = set(re.findall(r'href="#([^"]+)"', html)) | set(re.findall(r"url\(#([^)]+)\)", html))
+    assert refs <= set(page.ids), refs - set(page.ids)
+    assert "<script" not in html and "<link" not in html and " src=" not in html and "@import" not in html
+    assert [u for u in re.findall(r'href="([^"#][^"]*)"', html)] == ["index.html"]
+
+
+# --- tests: unfinished, failed, unfair --------------------------------------------------------------------------------
+def _first_banner(html: str) -> str:
+    page = Page(html)
+    assert page.banners, "no banner"
+    # the banner comes before the summary
+    assert html.index('class="banner') < html.index('id="summary"')
+    return " ".join(page.banners[0].split())
+
+
+def test_interrupted_record_renders_with_banner_on_top(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, statuses={"numpy": "interrupted"})
+    html = write_report(tmp_path, [run_id]).read_text()
+    banner = _first_banner(html)
+    assert "numpy interrupted after 60 of 120 steps" in banner and f"--resume {run_id}" in banner
+    text = text_of(html)
+    # compared where both got: last common evaluation step is 40 (numpy has evals 0, 40 after 60 steps)
+    assert "at step 40" in text and "incomplete" in text
+
+
+def test_failed_record_renders_with_banner_and_traceback(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, statuses={"torch": "failed: RuntimeError: boom"})
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert "torch failed: RuntimeError: boom (after 40 of 120 steps)" in _first_banner(html)
+    assert "traceback of the failure" in html and "RuntimeError: boom" in html
+
+
+def test_running_records_fresh_and_stale(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, statuses={"numpy": "running"})
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert "numpy still running (80 of 120 steps" in _first_banner(html)
+    assert "snapshot" in _first_banner(html)
+    # no summary timings in a running record: recomputed from the per-step times (0.03 s each)
+    assert f"{16 * 64 / 0.03:,.0f}" in text_of(html)
+    old = time.time() - 3 * 3600
+    os.utime(records.run_dir(tmp_path, run_id) / "numpy.json", (old, old))
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert "last written 3.0 h ago: the worker is no longer alive" in _first_banner(html)
+
+
+def test_different_fingerprints_say_not_fair(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, fingerprints={"numpy": {"weights": "x" * 64}})
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert "numpy got different weights than torch: the comparison is not fair" in _first_banner(html)
+    summary = text_of(html)[:text_of(html).index("Run " + run_id)]
+    assert "not a fair comparison" in summary
+
+
+def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, backends=("torch",), missing=("flux",))
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert "flux has no record" in _first_banner(html)
+    assert "single backend, incomplete" in text_of(html)
+    nothing = make_run(tmp_path, backends=(), missing=("torch", "numpy"))
+    html = write_report(tmp_path, [nothing]).read_text()
+    assert "no backend wrote a record" in _first_banner(html) and "no records, incomplete" in text_of(html)
+
+
+def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
+    """A parity.json as `harness parity` writes it, from harness.parity.compare on the run's records."""
+    from harness import parity
+
+    recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 4, 5))
+    grads = {"grad/lm_head.weight": rng.normal(size=(5, 3)), "grad/wte.weight": rng.normal(size=(5, 3))}
+    probe_a = {"logits": logits, **grads}
+    probe_b = {"logits": logits + logits_shift, **grads}
+    a, b = backends
+    tol = parity.DEFAULT_TOLERANCES["float32"]
+    result = parity.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
+                            backends=backends)
+    return {"schema": parity.SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
+            "failures": result.failures, "results": result.to_dict(), "tolerances": {"logits": tol.logits,
+            "grad": tol.grad, "loss": tol.loss}, "precision_pair": "float32", "steps": len(recs[a]["steps"]["loss"]),
+            "dtypes": {a: "float32", b: "float64"},
+            "tolerance_source": {"logits": "default (float32 pair)", "grad": "default (float32 pair)",
+                                 "loss": "default (float32 pair)"}}
+
+
+def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
+    """parity.json as harness.parity writes it: PASS with every check shown; FAIL with a banner and the reason."""
+    run_id = make_run(tmp_path, dropout=0.0, loss_noise=1e-6)  # per-step |diff| ~ 1e-6 < 1e-4
+    directory = records.run_dir(tmp_path, run_id)
+    records.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy")))
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    assert Page(html).banners == []
+    assert "parity: pass" in text and "Parity (float32 pair, 120 steps, dropout 0): PASS" in text
+    assert "step-0 logits, max |diff| 0.0e+00 ≤ 1e-05" in text
+    assert "computed in torch float32, numpy float64" in text
+    records.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy"), 1e-3))
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert "parity check FAILED" in _first_banner(html)
+    text = text_of(html)
+    assert "Parity (float32 pair, 120 steps, dropout 0): FAIL" in text
+    assert "step-0 logits, max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
+    records.atomic_write_json(directory / "parity.json", {"verdict": "error", "failures": ["ERROR: numpy exited 1"]})
+    assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())
+
+
+# --- tests: several sizes, the index ----------------------------------------------------------------------------------
+def test_scaling_section_for_several_sizes(sized_report: tuple[Path, list[str]]) -> None:
+    path, run_ids = sized_report
+    assert path.name == report_name(run_ids) + ".html" and path.name.startswith(run_ids[0] + "+2-")
+    html = path.read_text()
+    assert 'id="scaling"' in html and html.count('class="figure"') == 1 + 3 * 3
+    scaling = text_of(section(html, 'id="scaling"', "</section>"))
+    for size in ("small", "medium", "large"):
+        assert size in scaling
+    assert "40 ms" in scaling and "120 ms" in scaling  # large: torch 0.04 s, numpy 0.12 s
+
+
+def test_index_links_every_report_with_headline_numbers(tmp_path: Path, no_figures: None) -> None:
+    a = make_run(tmp_path, val_offset={"numpy": 0.01})
+    b = make_run(tmp_path, backends=("torch",), statuses={"torch": "interrupted"})
+    lonely = make_run(tmp_path, backends=("torch",))
+    pa, pb = write_report(tmp_path, [a]), write_report(tmp_path, [b])
+    (tmp_path / "notes.html").write_text("<html><title>mine</title></html>")  # not a report: not listed
+    index = write_index(tmp_path)
+    assert index == tmp_path / "index.html"
+    html = index.read_text()
+    links = Page(html).links
+    assert sorted(links) == sorted([pa.name, pb.name])
+    for link in links:
+        assert (tmp_path / link).is_file()
+    text = text_of(html)
+    va = _curve(np.array(120)) + 0.02
+    assert f"torch {va:.4f} numpy {va + 0.01:.4f}" in text
+    assert f"torch {16 * 64 / 0.01:,.0f} numpy {16 * 64 / 0.03:,.0f}" in text
+    assert "torch interrupted" in text and "losses agree" in text and "single backend, incomplete" in text
+    assert "Runs without a report" in text and lonely in text
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_index_reads_the_records_afresh(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, backends=("torch",))
+    write_report(tmp_path, [run_id])
+    (records.run_dir(tmp_path, run_id) / "torch.json").write_text("{not json")
+    text = text_of(write_index(tmp_path).read_text())
+    assert f"{run_id} records unavailable: run record" in text and "is corrupt" in text
+
+
+def test_missing_and_corrupt_records_raise_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        write_report(tmp_path, ["no-such-run"])
+    run_id = make_run(tmp_path, backends=("torch",))
+    (records.run_dir(tmp_path, run_id) / "torch.json").write_text('{"schema": "nanogpt-parity/run-record"')
+    with pytest.raises(UsageError, match="corrupt"):
+        write_report(tmp_path, [run_id])
+    assert not list(tmp_path.glob("*.html"))
+
+
+# --- tests: the command line ------------------------------------------------------------------------------------------
+def data_file() -> Path | None:
+    for candidate in (os.environ.get("HARNESS_DATA"), REPO.parent / "shared" / "data" / "tinyshakespeare.txt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).resolve()
+    return None
+
+
+def harness(*args: str) -> tuple[int, str, str]:
+    """`harness ARGS...` in this process (the run's workers are still their own processes): (status, out, err)."""
+    from harness.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    data = data_file()
+    if data is None:
+        pytest.skip("no Tiny Shakespeare: set HARNESS_DATA to the text file")
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("cli") / "out"
+    code, _, err = harness("run", "--size", "small", "--steps", "12", "--backend", "torch", "--out", str(out),
+                           "--data", str(data), "--quiet", "--no-text")  # text: test_metrics, and above
+    assert code == 0, err
+    (run_id,) = [p.name for p in (out / "runs").iterdir()]
+    return out, run_id
+
+
+def test_cli_run_writes_report_and_index(cli_run: tuple[Path, str]) -> None:
+    out, run_id = cli_run
+    report = out / f"{run_id}.html"
+    assert report.is_file() and (out / "index.html").is_file()
+    rec = json.loads((out / "runs" / run_id / "torch.json").read_text())
+    text = text_of(report.read_text())
+    assert f"final validation loss {rec['evals'][-1]['val_loss']:.4f} at step 12" in text
+    assert f"{rec['timings']['tokens_per_s']:,.0f} tokens/s" in text
+    assert "No text metrics" in text  # --no-text
+    assert f'href="{run_id}.html"' in (out / "index.html").read_text()
+
+
+def test_cli_report_rebuilds(cli_run: tuple[Path, str]) -> None:
+    out, run_id = cli_run
+    report = out / f"{run_id}.html"
+    report.unlink()
+    code, stdout, err = harness("report", run_id, "--out", str(out))
+    assert code == 0, err
+    assert report.is_file() and str(report) in stdout
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt"])
+def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, problem: str) -> None:
+    out = tmp_path / "out"
+    run_id = "no-such-run"
+    if problem == "corrupt":
+        run_id = make_run(out, backends=("torch",))
+        (records.run_dir(out, run_id) / "torch.json").write_text("{truncated")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code, stdout, err = harness("report", run_id, "--out", str(out))
+    assert code == 2 and stdout == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("harness: error:") and "Traceback" not in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
