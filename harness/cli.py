@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plans = [launch.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=args.device,
                          seed=args.seed, out=args.out, backend_options=backend_options(args, backends),
                          checkpoint_every=args.checkpoint_every or 0, text=not args.no_text,
-                         progress=not args.quiet) for size in sizes]
+                         progress=not args.quiet, threads=args.threads) for size in sizes]
     for plan in plans:
         launch.preflight(plan)
     worst = 0
@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_ids.append(run_id)
         directory = records.run_dir(plan.out, run_id)
         print(f"run {run_id}: {plan.config.name} on {plan.device}, backends {', '.join(backends)}", file=sys.stderr)
-        codes = launch.execute(directory, backends, progress=plan.progress)
+        codes = launch.execute(directory, backends, progress=plan.progress, threads=plan.threads)
         worst = max(worst, finish(plan.out, run_id, codes))
         if 130 in codes.values():
             worst = 130
@@ -154,7 +154,8 @@ def resume_run(args: argparse.Namespace) -> int:
     spec = launch.load_spec(args.out, args.resume)
     directory = records.run_dir(args.out, args.resume)
     print(f"resuming run {args.resume}", file=sys.stderr)
-    codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet)
+    codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet,
+                           threads=spec.get("threads"))
     code = finish(args.out, args.resume, codes)
     if not args.no_report:
         write_reports(args.out, [args.resume])
@@ -226,6 +227,8 @@ def build_parser() -> Parser:
     p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (time to first step "
                    "includes the compile)")
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on CUDA: matmul precision (fp32)")
+    p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per backend (OMP, OpenBLAS, "
+                   "MKL, Julia); default: the frameworks' own choice")
     p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
     p.add_argument("--no-report", action="store_true", help="write records only, no HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

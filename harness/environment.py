@@ -65,4 +65,5 @@ def capture() -> dict:
         "harness_version": harness.__version__,
         "git_commit": git_commit(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
     }

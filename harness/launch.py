@@ -38,6 +38,7 @@ class Plan:
     text: bool = True
     parity: bool = False
     progress: bool = True
+    threads: int | None = None
 
 
 def preflight(plan: Plan) -> None:
@@ -68,17 +69,27 @@ def write_spec(plan: Plan) -> str:
         "data": {"path": plan.corpus.path, "sha256": plan.corpus.sha256},
         "backends": plan.backends, "backend_options": plan.backend_options,
         "checkpoint_every": plan.checkpoint_every, "text": plan.text, "parity": plan.parity,
+        "threads": plan.threads,
     }
     records.atomic_write_json(records.run_dir(plan.out, run_id) / "spec.json", spec)
     return run_id
 
 
-def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True) -> int:
+def thread_env(threads: int | None) -> dict[str, str]:
+    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia)."""
+    if not threads:
+        return {}
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
+
+
+def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
+               threads: int | None = None) -> int:
     """Run one backend's worker process to its end; Ctrl-C / SIGTERM here are forwarded to it once."""
     cmd = [sys.executable, "-m", "harness.worker", str(directory), backend]
     cmd += ["--resume"] if resume else []
     cmd += [] if progress else ["--no-progress"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(threads))
     # Its own session: a terminal Ctrl-C reaches only us, and we forward exactly one signal, so the worker's
     # clean shutdown (saving the record) is not itself interrupted by a second copy of the same Ctrl-C.
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -110,7 +121,8 @@ def compare_fingerprints(recs: list[dict]) -> list[str]:
     return problems
 
 
-def execute(directory: Path, backends: list[str], resume: bool = False, progress: bool = True) -> dict[str, int]:
+def execute(directory: Path, backends: list[str], resume: bool = False, progress: bool = True,
+            threads: int | None = None) -> dict[str, int]:
     """Run the workers one after another (never at once: they would share cores and skew each other's times)."""
     codes: dict[str, int] = {}
     for i, name in enumerate(backends, 1):
@@ -123,7 +135,7 @@ def execute(directory: Path, backends: list[str], resume: bool = False, progress
             except UsageError:
                 pass
         print(f"[{i}/{len(backends)}] {name}: training in its own process", file=sys.stderr, flush=True)
-        codes[name] = code = run_worker(directory, name, resume=resume, progress=progress)
+        codes[name] = code = run_worker(directory, name, resume=resume, progress=progress, threads=threads)
         if code == 130:  # interrupted: do not start the next backend
             break
     return codes

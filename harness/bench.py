@@ -1,0 +1,683 @@
+"""`harness bench`: how much the harness adds to a training step, and whether the batch stream keeps up.
+
+For every requested backend and size, four things are measured in one process, in alternation
+(runner, bare, stream, harness only; runner, bare, ...) so that drift and other load on the machine hit
+all of them alike, and summarised by medians:
+
+(a) **runner**: the backend driven by `harness.runner.train` (progress off, no evaluation batches) on the
+    corpus's BatchStream, exactly as `harness run` drives it: batch fetch, per-step clock and synchronisation,
+    loss bookkeeping (device losses are fetched every FLUSH_EVERY steps);
+(b) **bare**: the same work with no harness code, the floor. For torch a hand-written loop (GPT loaded with the
+    same weights, torch.optim.AdamW with the same two parameter groups, clip_grad_norm_) over a pre-built list of
+    tensors already on the device; for other backends a loop calling `backend.train_step` over pre-built NumPy
+    batches;
+(c) **stream**: `BatchStream.batch` alone;
+(d) **harness only**: the runner driving a backend whose step does nothing, i.e. the harness's own cost per step
+    (with warm caches, so a lower bound; it is steady where (a)/(b) is noisy).
+
+The overhead ratio is the median over rounds of runner time / bare time for the same number of steps (paired
+rounds cancel slow drift; odd rounds run bare first). On the CPU it is process CPU time: every cost of either loop
+is CPU work of this process, and CPU time leaves out the time other processes hold the cores, which on a shared
+machine swamps a 1% difference in wall time; on CUDA, whose work is not CPU time, it is wall time. Both are
+recorded (`overhead_ratio_cpu_time`, `overhead_ratio_wall`). Both loops read the clock around every step (and
+synchronise on CUDA, which per-step times need), so the ratio is the cost of the harness's own Python, not of
+timing.
+
+torch and numpy are measured in this process (one after the other, never at once). flux always runs in a
+child process (`python -m harness.bench`), because juliacall must be imported before torch; `--isolate` does the
+same for every backend (then the peak RSS figure is that configuration's own, not this process's high-water mark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness import environment, records
+from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
+from harness.config import SIZES, Config, load_config
+from harness.data import BatchStream, check_fits, load_corpus
+from harness.errors import UsageError
+from harness.runner import Curves, train
+from harness.weights import init_weights
+
+SCHEMA = "nanogpt-parity/bench"
+SCHEMA_VERSION = 1
+DEFAULT_OUT = Path("reports")
+ISOLATED = ("flux",)  # always measured in a child process (juliacall before torch)
+MIN_STREAM_BATCHES = 200  # batches timed per round for (c) and steps for (d), at least
+PROGRESS_EVERY_S = 2.0  # at most one progress line per this many seconds (and one at the end of each measurement)
+TARGETS = {
+    # harness overhead: runner / bare - 1 (process CPU time on cpu, wall time on cuda), at most this, these sizes
+    "overhead": {"cpu": {"max": 0.03, "sizes": ("medium", "large")},
+                 "cuda": {"max": 0.05, "sizes": SIZES}},
+    # the batch stream must produce a batch at least this many times faster than a training step, every size
+    "stream_x_step_min": 50.0,
+}
+RESULT_FIELDS = ("backend", "size", "device", "status", "config", "tokens_per_step", "steps", "warmup", "repeats",
+                 "isolated", "setup_s", "first_step_s", "runner", "bare", "overhead_ratio", "overhead_pct",
+                 "overhead_basis", "overhead_ratio_ci95", "overhead_ratio_wall", "overhead_ratio_cpu_time",
+                 "stream", "harness_only", "memory", "backend_info", "checks")
+TIMING_FIELDS = ("step_ms_median", "step_ms_p90", "loop_ms_per_step_median", "loop_ms_per_step", "tokens_per_s")
+
+
+# --- argument parsing --------------------------------------------------------------------------------------------
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `harness bench`."""
+    p.add_argument("--backends", default="torch", metavar="LIST",
+                   help="comma-separated backends: torch, numpy, flux (default torch)")
+    p.add_argument("--sizes", default="small,medium", metavar="LIST",
+                   help=f"comma-separated size presets: {', '.join(SIZES)} (default small,medium)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    p.add_argument("--steps", type=_count(1), default=5, metavar="N",
+                   help="timed steps per repeat (5: short rounds pair the two loops closely in time)")
+    p.add_argument("--warmup", type=_count(0), default=10, metavar="N",
+                   help="untimed steps before the first repeat, per loop (10)")
+    p.add_argument("--repeats", type=_count(1), default=30, metavar="N",
+                   help="rounds of runner, bare, stream; the figures are medians over them (30)")
+    p.add_argument("--data", metavar="PATH", help="UTF-8 text (default: $HARNESS_DATA, else Tiny Shakespeare)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                   help="output directory; the JSON goes to DIR/bench/ (reports/)")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the weights and batches (1337)")
+    p.add_argument("--dtype", choices=("float32", "float64"),
+                   help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
+    p.add_argument("--compile", action="store_true", help="torch: torch.compile both loops' model")
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on CUDA: matmul precision (fp32)")
+    p.add_argument("--threads", type=_count(1), metavar="N", help="torch: intra-op CPU threads (torch's default)")
+    p.add_argument("--isolate", action="store_true",
+                   help="measure every backend and size in a fresh child process (flux always is)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when a target is missed (overhead > 3%% on CPU for medium/large, > 5%% on CUDA; "
+                        "batch stream < 50x faster than a step)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    """Split a comma-separated option; unknown, empty or repeated names are a UsageError."""
+    names = [t.strip() for t in text.split(",")]
+    if not all(names):
+        raise UsageError(f"--{what} {text!r} has an empty entry; pass names separated by commas, "
+                         f"e.g. {','.join(allowed[:2])}")
+    for name in names:
+        if name not in allowed:
+            raise UsageError(f"unknown {what[:-1]} {name!r} in --{what}; choose from {', '.join(allowed)}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--{what} {text!r} names an entry twice; name each once")
+    return names
+
+
+@dataclass
+class Job:
+    """One backend at one size: everything `measure` needs (JSON-able, so it can go to a child process)."""
+
+    backend: str
+    size: str
+    config: dict
+    data: str
+    device: str
+    seed: int
+    steps: int
+    warmup: int
+    repeats: int
+    options: dict = field(default_factory=dict)
+    threads: int | None = None
+    progress: bool = True
+    isolated: bool = False
+
+
+def backend_options(args: argparse.Namespace, name: str) -> dict:
+    """Constructor options of backend `name` from the command line (dtype; torch: compile, precision)."""
+    opts: dict = {}
+    if args.dtype:
+        opts["dtype"] = args.dtype
+    if name == "torch":
+        if args.compile:
+            opts["compile"] = True
+        if args.precision:
+            opts["precision"] = args.precision
+    return opts
+
+
+def plan_jobs(args: argparse.Namespace) -> list[Job]:
+    """Validate every input (nothing is written on failure) and return the measurements to make."""
+    backends = parse_list(args.backends, list(REGISTRY), "backends")
+    sizes = parse_list(args.sizes, list(SIZES), "sizes")
+    if (args.compile or args.precision) and "torch" not in backends:
+        raise UsageError("--compile and --precision apply to the torch backend only; add torch to --backends")
+    for name in backends:
+        cls = backend_class(name)  # importing a backend module imports no framework (flux: juliacall is lazy)
+        try:
+            cls.check_available(args.device)
+            cls(**backend_options(args, name))  # validates dtype / precision without a device
+        except BackendUnavailable as exc:
+            raise UsageError(str(exc)) from None
+    corpus = load_corpus(args.data)
+    configs = {size: load_config(size) for size in sizes}
+    for config in configs.values():
+        check_fits(corpus, config.block_size, config.batch_size)
+    records.check_writable(args.out)
+    return [Job(backend=name, size=size, config=configs[size].to_dict(), data=corpus.path, device=args.device,
+                seed=args.seed, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
+                options=backend_options(args, name), threads=args.threads, progress=not args.quiet,
+                isolated=args.isolate or name in ISOLATED)
+            for name in backends for size in sizes]
+
+
+# --- the loops ---------------------------------------------------------------------------------------------------
+@dataclass
+class Timed:
+    """One repeat of one loop: wall and process CPU time for the whole repeat, per-step times, the losses."""
+
+    wall_s: float
+    step_s: list[float]
+    losses: list[float]
+    cpu_s: float = math.nan
+
+
+def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int, steps: int) -> Timed:
+    """(a): `harness.runner.train` over steps [start, start + steps), progress off, no evaluation batches.
+
+    The wall time is the whole `train` call (set-up, batch fetch, timing, flushes) less its evaluation time.
+    """
+    curves = Curves()
+    c0, t0 = time.process_time(), time.perf_counter()
+    outcome = train(backend, config, stream, {}, curves, start + steps, start_step=start, progress=False)
+    wall, cpu = time.perf_counter() - t0 - outcome.eval_s, time.process_time() - c0
+    if outcome.status != "completed":
+        raise RuntimeError(f"runner-driven {backend.name} did not complete: {outcome.status}")
+    return Timed(wall, list(curves.time_s), list(curves.loss), cpu)
+
+
+def backend_repeat(backend: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]], lr: float,
+                   sync_each_step: bool = True) -> Timed:
+    """(b) for backends other than torch: `backend.train_step` over pre-built NumPy batches, nothing else."""
+    losses: list[Any] = []
+    times: list[float] = []
+    c_start, t_start = time.process_time(), time.perf_counter()
+    for x, y in batches:
+        t0 = time.perf_counter()
+        losses.append(backend.train_step(x, y, lr))
+        if sync_each_step:
+            backend.synchronize()
+        times.append(time.perf_counter() - t0)
+    values = backend.losses_to_floats(losses)
+    return Timed(time.perf_counter() - t_start, times, values, time.process_time() - c_start)
+
+
+class BareTorch:
+    """(b) for torch: the hand-written floor. No harness code runs between its steps.
+
+    python_impl.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
+    tensors of 2 or more dimensions), global-norm clipping; batches are pre-built tensors already on the device.
+    Numerics flags (TF32) are process-global and were set by the torch backend's setup, so both loops share them.
+    """
+
+    def __init__(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str, seed: int,
+                 dtype: str = "float32", precision: str = "fp32", compile: bool = False):
+        import torch
+
+        from python_impl.torch_gpt import GPT
+
+        self.torch = torch
+        self.device = torch.device(device)
+        torch.manual_seed(seed)
+        model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
+                    config.d_hidden, config.dropout)
+        model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}, strict=True)
+        self.model = model.to(device=self.device, dtype=getattr(torch, dtype))
+        self.params = list(self.model.parameters())
+        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": config.weight_decay},
+                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2),
+                                           eps=config.eps, fused=self.device.type == "cuda")
+        self.clip = config.grad_clip
+        self.forward = torch.compile(self.model) if compile else self.model
+        self.bf16 = precision == "bf16"
+
+    def tensors(self, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[tuple[Any, Any]]:
+        """The batches as int64 tensors on the device (built once, outside the timed loop)."""
+        return [(self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(self.device),
+                 self.torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)).to(self.device))
+                for x, y in batches]
+
+    def repeat(self, batches: Sequence[tuple[Any, Any]], sync_each_step: bool = True) -> Timed:
+        """Forward, backward, clip and AdamW step over `batches`; losses stay on the device until the end."""
+        torch = self.torch
+        cuda = self.device.type == "cuda"
+        sync = sync_each_step and cuda
+        model, forward, optimizer, params, clip = self.model, self.forward, self.optimizer, self.params, self.clip
+        model.train()
+        losses = []
+        times = []
+        c_start, t_start = time.process_time(), time.perf_counter()
+        for x, y in batches:
+            t0 = time.perf_counter()
+            if self.bf16:
+                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                    _, loss = forward(x, y)
+            else:
+                _, loss = forward(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            optimizer.step()
+            losses.append(loss.detach())
+            if sync:
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - t0)
+        values = [float(v) for v in torch.stack(losses).double().cpu().tolist()] if losses else []
+        return Timed(time.perf_counter() - t_start, times, values, time.process_time() - c_start)
+
+
+class NullBackend:
+    """A backend whose step does no work: driving it measures the runner's own cost per step.
+
+    It returns host floats, as the CPU backends do, so the runner takes its per-step flush path (the dearer one).
+    """
+
+    name = "null"
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """Nothing to train."""
+        return 0.0
+
+    def losses_to_floats(self, losses: list[Any]) -> list[float]:
+        """The losses as floats."""
+        return [float(v) for v in losses]
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+
+def stream_repeat(stream: BatchStream, start: int, n: int) -> list[float]:
+    """(c): seconds per `stream.batch(k)` for k in [start, start + n)."""
+    times = []
+    for k in range(start, start + n):
+        t0 = time.perf_counter()
+        stream.batch(k)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+# --- one measurement ---------------------------------------------------------------------------------------------
+def _current_rss() -> int | None:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _timing(repeats: list[Timed], steps: int, tokens_per_step: int) -> dict:
+    """Per-step median and p90 over every timed step, and the loop's wall time per step (median over repeats)."""
+    pooled = np.asarray([t for r in repeats for t in r.step_s], dtype=np.float64)
+    loop = [r.wall_s / steps for r in repeats]
+    loop_median = float(np.median(loop))
+    return {"step_ms_median": float(np.median(pooled) * 1e3), "step_ms_p90": float(np.percentile(pooled, 90) * 1e3),
+            "loop_ms_per_step_median": loop_median * 1e3, "loop_ms_per_step": [v * 1e3 for v in loop],
+            "tokens_per_s": tokens_per_step / loop_median if loop_median > 0 else None}
+
+
+def _say(job: Job, text: str) -> None:
+    if job.progress:
+        print(f"bench {job.backend}/{job.size} {job.device}: {text}", file=sys.stderr, flush=True)
+
+
+def measure(job: Job) -> dict:
+    """Measure (a) runner, (b) bare, (c) stream and (d) harness only for one backend and size, in this process."""
+    if job.backend == "torch" and job.threads:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(job.threads)
+        try:
+            return _measure(job)
+        finally:
+            torch.set_num_threads(threads)  # measured in-process: leave the caller's setting as it was
+    return _measure(job)
+
+
+def _measure(job: Job) -> dict:
+    config = Config(**job.config)
+    corpus = load_corpus(job.data)
+    tokens = config.batch_size * config.block_size
+    lr = config.learning_rate
+    weights = init_weights(config, corpus.vocab_size, job.seed)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, job.seed, config.scheme)
+    stream_c = BatchStream(corpus.train, config.block_size, config.batch_size, job.seed, config.scheme)
+    rss_before = _current_rss()
+
+    # (a) set up and warm up first, and read the memory before the bare loop's model exists
+    backend = create_backend(job.backend, **job.options)
+    t0 = time.perf_counter()
+    backend.setup(config, weights, corpus.vocab_size, job.device, job.seed)
+    setup_s = time.perf_counter() - t0
+    first_step_s = None
+    if job.warmup:
+        warm = runner_repeat(backend, config, stream, 0, job.warmup)
+        first_step_s = warm.step_s[0]  # time to first step, synchronised: includes JIT / torch.compile
+    memory = dict(backend.memory())
+    rss_after = _current_rss()
+    if memory.get("kind") == "rss":
+        memory["scope"] = "this configuration's process" if job.isolated else \
+            "process-wide high-water mark so far (in-process measurement; --isolate gives per-configuration figures)"
+    if rss_before is not None and rss_after is not None:
+        memory["rss_growth_bytes"] = rss_after - rss_before
+
+    # (b) the floor, over pre-built batches (the first `steps` of the stream)
+    batches = [stream.batch(k) for k in range(job.steps)]
+    if job.backend == "torch":
+        opts = job.options
+        bare = BareTorch(config, weights, corpus.vocab_size, job.device, job.seed, dtype=opts.get("dtype", "float32"),
+                         precision=opts.get("precision", "fp32"), compile=bool(opts.get("compile")))
+        tensors = bare.tensors(batches)
+
+        def bare_repeat(sync_each_step: bool = True) -> Timed:
+            return bare.repeat(tensors, sync_each_step)
+
+        warm_batches = bare.tensors([stream.batch(k) for k in range(job.warmup)])
+        if warm_batches:
+            bare.repeat(warm_batches)
+    else:
+        def bare_repeat(sync_each_step: bool = True) -> Timed:
+            return backend_repeat(backend, batches, lr, sync_each_step)
+
+        if job.warmup:
+            backend_repeat(backend, list(itertools.islice(itertools.cycle(batches), job.warmup)), lr)
+
+    n_stream = max(job.steps, MIN_STREAM_BATCHES)
+    null, stream_n = NullBackend(), BatchStream(corpus.train, config.block_size, config.batch_size, job.seed,
+                                                config.scheme)
+    runs_null: list[float] = []
+    runs_a: list[Timed] = []
+    runs_b: list[Timed] = []
+    runs_nosync: list[Timed] = []
+    stream_s: list[float] = []
+    _say(job, f"{job.repeats} rounds of {job.steps} steps (runner, bare, stream, harness only)")
+    last_said = time.monotonic()
+    for r in range(job.repeats):
+        if r % 2 == 0:  # A B, then B A: whatever comes first in a round is not always the same loop
+            a = runner_repeat(backend, config, stream, job.warmup + r * job.steps, job.steps)
+            b = bare_repeat()
+        else:
+            b = bare_repeat()
+            a = runner_repeat(backend, config, stream, job.warmup + r * job.steps, job.steps)
+        runs_a.append(a)
+        runs_b.append(b)
+        if job.device == "cuda":  # what per-step synchronisation costs on an asynchronous device
+            runs_nosync.append(bare_repeat(sync_each_step=False))
+        c = stream_repeat(stream_c, r * n_stream, n_stream)
+        stream_s.extend(c)
+        runs_null.append(runner_repeat(null, config, stream_n, r * n_stream, n_stream).wall_s / n_stream)
+        if time.monotonic() - last_said >= PROGRESS_EVERY_S or r + 1 == job.repeats:
+            last_said = time.monotonic()
+            _say(job, f"round {r + 1}/{job.repeats}: runner {a.wall_s / job.steps * 1e3:.3f} ms/step, "
+                      f"bare {b.wall_s / job.steps * 1e3:.3f} ms/step, stream {np.median(c) * 1e3:.4f} ms/batch")
+
+    runner_t, bare_t = _timing(runs_a, job.steps, tokens), _timing(runs_b, job.steps, tokens)
+    wall_ratios = [a.wall_s / b.wall_s for a, b in zip(runs_a, runs_b, strict=True)]
+    cpu_ratios = [a.cpu_s / b.cpu_s for a, b in zip(runs_a, runs_b, strict=True)]
+    # On the CPU every cost of either loop is CPU work of this process, and CPU time does not count the time other
+    # processes hold the cores, so it is the steadier basis; on CUDA the device's time is not CPU time: wall.
+    basis = "cpu_time" if job.device == "cpu" else "wall"
+    ratios = cpu_ratios if basis == "cpu_time" else wall_ratios
+    ratio = float(np.median(ratios))
+    ci = _median_ci(ratios)
+    batch_s = float(np.median(stream_s))
+    step_s = bare_t["step_ms_median"] / 1e3
+    for t, runs in ((runner_t, runs_a), (bare_t, runs_b)):  # loop time not inside a timed step, per step
+        t["outside_step_us_median"] = float(np.median([(x.wall_s - sum(x.step_s)) / job.steps for x in runs]) * 1e6)
+    # a third estimate, from per-step medians (which ignore a preempted step) plus the time between steps
+    robust = ((runner_t["step_ms_median"] + runner_t["outside_step_us_median"] / 1e3)
+              / (bare_t["step_ms_median"] + bare_t["outside_step_us_median"] / 1e3))
+    null_s = float(np.median(runs_null))
+    result = {
+        "backend": job.backend, "size": job.size, "device": job.device, "status": "completed",
+        "config": job.config, "tokens_per_step": tokens, "steps": job.steps, "warmup": job.warmup,
+        "repeats": job.repeats, "isolated": job.isolated, "options": job.options,
+        "setup_s": setup_s, "first_step_s": first_step_s if first_step_s is not None else runs_a[0].step_s[0],
+        "runner": runner_t, "bare": bare_t,
+        "overhead_ratio": ratio, "overhead_pct": (ratio - 1) * 100, "overhead_basis": basis,
+        "overhead_ratio_ci95": ci,
+        "overhead_ratios": ratios, "overhead_ratio_wall": float(np.median(wall_ratios)),
+        "overhead_ratios_wall": wall_ratios, "overhead_ratio_cpu_time": float(np.median(cpu_ratios)),
+        "overhead_ratio_of_medians": runner_t["loop_ms_per_step_median"] / bare_t["loop_ms_per_step_median"],
+        "overhead_ratio_step_medians": robust,
+        "stream": {"batches_timed": len(stream_s), "ms_per_batch_median": batch_s * 1e3,
+                   "ms_per_batch_p90": float(np.percentile(stream_s, 90) * 1e3),
+                   "batches_per_s": 1.0 / batch_s if batch_s > 0 else None,
+                   "x_step": step_s / batch_s if batch_s > 0 else None},
+        "harness_only": {"us_per_step_median": null_s * 1e6, "pct_of_step": null_s / step_s * 100,
+                         "steps_timed": n_stream * job.repeats},
+        "memory": memory, "backend_info": backend.describe(),
+    }
+    if runs_nosync:
+        result["bare_nosync"] = _timing(runs_nosync, job.steps, tokens)
+    if job.backend == "torch" and job.device == "cuda":
+        result["backend_info"]["sdpa"] = _sdpa_flags()
+    result["checks"] = checks(result)
+    return result
+
+
+def _median_ci(values: list[float], n_boot: int = 2000) -> list[float]:
+    """A 95% bootstrap interval of the median (fixed seed): how far noise alone could move it."""
+    if len(values) < 2:
+        return [values[0], values[0]] if values else []
+    rng = np.random.default_rng(0)
+    data = np.asarray(values, dtype=np.float64)
+    medians = np.median(data[rng.integers(0, len(data), size=(n_boot, len(data)))], axis=1)
+    return [float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))]
+
+
+def _sdpa_flags() -> dict:
+    """Which scaled_dot_product_attention kernels torch may pick (flash needs bf16/fp16; fp32 gets mem-efficient)."""
+    import torch
+
+    return {"flash": torch.backends.cuda.flash_sdp_enabled(),
+            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "math": torch.backends.cuda.math_sdp_enabled(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+def checks(result: dict) -> list[dict]:
+    """The targets that apply to this result, each with its measured value and whether it was met."""
+    out = []
+    target = TARGETS["overhead"][result["device"]]
+    if result["size"] in target["sizes"]:
+        value = result["overhead_ratio"] - 1
+        ci = [c - 1 for c in result.get("overhead_ratio_ci95") or []]
+        out.append({"name": "overhead", "value": value, "max": target["max"], "ok": bool(value <= target["max"]),
+                    "ci95": ci})
+    x_step = result["stream"]["x_step"]
+    out.append({"name": "stream_x_step", "value": x_step, "min": TARGETS["stream_x_step_min"],
+                "ok": bool(x_step is not None and x_step >= TARGETS["stream_x_step_min"])})
+    return out
+
+
+def misses(results: list[dict]) -> list[str]:
+    """One line per missed target (or failed measurement)."""
+    lines = []
+    for r in results:
+        where = f"{r['backend']}/{r['size']} on {r['device']}"
+        if r["status"] != "completed":
+            lines.append(f"{where}: {r['status']}")
+            continue
+        for c in r["checks"]:
+            if c["ok"]:
+                continue
+            if c["name"] == "overhead":
+                ci = c.get("ci95")
+                noise = f" (95% interval {ci[0] * 100:+.1f}% to {ci[1] * 100:+.1f}%)" if ci else ""
+                lines.append(f"{where}: harness overhead {c['value'] * 100:+.1f}%{noise} exceeds "
+                             f"{c['max'] * 100:.0f}%")
+            else:
+                lines.append(f"{where}: batch stream only {c['value']:.0f}x faster than a step (target "
+                             f"{c['min']:.0f}x)")
+    return lines
+
+
+# --- child processes ---------------------------------------------------------------------------------------------
+def measure_isolated(job: Job) -> dict:
+    """Run `measure(job)` in a fresh interpreter (`python -m harness.bench`); progress goes to our stderr."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "harness.bench"], input=json.dumps(asdict(job)), text=True,
+                          stdout=subprocess.PIPE, env=env, check=False)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    return {"backend": job.backend, "size": job.size, "device": job.device,
+            "status": f"failed: child process exited with status {proc.returncode} (its message is above)",
+            "checks": []}
+
+
+def child_main() -> int:
+    """Entry point of the child process: a Job as JSON on stdin, the result as one JSON line on stdout."""
+    job = Job(**json.loads(sys.stdin.read()))
+    try:
+        result = measure(job)
+    except (UsageError, BackendUnavailable) as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+# --- environment, table, command ---------------------------------------------------------------------------------
+def bench_environment(device: str, results: list[dict]) -> dict:
+    """environment.capture() plus the torch version and the device's name (from the backends' own description)."""
+    env = environment.capture()
+    try:
+        from importlib.metadata import version
+
+        env["torch"] = version("torch")
+    except Exception:  # torch not installed: nothing to record
+        env["torch"] = None
+    env["device"] = device
+    described = [r["backend_info"] for r in results if r.get("backend_info")]
+    env["device_name"] = next((d["device_name"] for d in described if d.get("device_name")), None) \
+        or environment.cpu_model()
+    for d in described:
+        if d.get("framework") == "pytorch":
+            env["torch_threads"] = d.get("threads")
+            env.update({k: d[k] for k in ("cuda", "cudnn") if k in d})
+            break
+    return env
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def format_table(results: list[dict]) -> str:
+    """The human-readable summary: one row per backend and size."""
+    head = ("backend", "size", "device", "runner ms/step", "p90", "bare ms/step", "p90", "tokens/s", "overhead",
+            "harness us/step", "batches/s", "stream x step", "peak memory")
+    rows = [head]
+    for r in results:
+        if r["status"] != "completed":
+            rows.append((r["backend"], r["size"], r["device"], r["status"], *[""] * (len(head) - 4)))
+            continue
+        a, b, s, m = r["runner"], r["bare"], r["stream"], r["memory"]
+        rows.append((r["backend"], r["size"], r["device"], f"{a['step_ms_median']:.2f}", f"{a['step_ms_p90']:.2f}",
+                     f"{b['step_ms_median']:.2f}", f"{b['step_ms_p90']:.2f}", f"{a['tokens_per_s']:,.0f}",
+                     f"{r['overhead_pct']:+.2f}%", f"{r['harness_only']['us_per_step_median']:.0f}",
+                     f"{s['batches_per_s']:,.0f}", f"{s['x_step']:,.0f}x",
+                     f"{_mib(m.get('peak_bytes'))} {m.get('kind', '')}".strip()))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`harness bench`: validate, measure every backend and size, print the table, write the JSON."""
+    jobs = plan_jobs(args)
+    backends = list(dict.fromkeys(j.backend for j in jobs))
+    results = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_start = _loadavg()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if load_start and load_start > cores and not args.quiet:
+        print(f"bench: note: load average {load_start:.1f} on {cores} cores; other work will make the timings "
+              "noisy (more --repeats help; on CPU so may --threads 1)", file=sys.stderr)
+    for job in jobs:
+        results.append(measure_isolated(job) if job.isolated else measure(job))
+    missed = misses(results)
+    doc = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_at": started,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": args.device,
+                    "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+                    "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check},
+        "targets": TARGETS,
+        "environment": {**bench_environment(args.device, results), "loadavg_1min_start": load_start,
+                        "loadavg_1min_end": _loadavg()},
+        "results": results, "misses": missed,
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = Path(args.out) / "bench" / f"bench-{stamp}-{secrets.token_hex(3)}.json"
+    records.atomic_write_json(path, _jsonable(doc))
+    print(format_table(results))
+    print(f"overhead: runner / bare - 1, median of {args.repeats} paired rounds of {args.steps} steps, "
+          f"{'process CPU time' if args.device == 'cpu' else 'wall time'}; harness us/step: the runner driving a "
+          "no-op backend; stream x step: bare step time / batch time")
+    for line in missed:
+        print(f"target missed: {line}", file=sys.stderr)
+    if not missed:
+        print("targets: all met", file=sys.stderr)
+    print(f"bench: {path}", file=sys.stderr)
+    failed = any(r["status"] != "completed" for r in results)
+    return 1 if failed or (args.check and missed) else 0
+
+
+def _jsonable(obj: Any) -> Any:
+    """Tuples to lists, NumPy scalars to Python, non-finite floats to None (strict JSON for other tools)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,240 @@
+"""`harness bench`: functional tests only (no timing assertions; timings are checked by `harness bench --check`).
+
+The command runs on the small preset with 2-3 steps and writes JSON with every field; the hand-written torch loop
+(the floor) computes exactly what the runner-driven torch backend computes; bad input exits 2 with one line and
+writes nothing; --check turns a missed target into exit 1 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import bench
+from harness.cli import main
+from harness.config import load_config
+from harness.data import BatchStream, load_corpus
+from harness.weights import init_weights
+
+torch = pytest.importorskip("torch")
+
+SEED = 7
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a small shared machine extra threads only spin (the tests time nothing)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic corpus long enough for the small preset (no download)."""
+    rng = np.random.default_rng(0)
+    words = ["to", "be", "or", "not", "that", "is", "the", "question", "whether", "tis", "nobler", "mind"]
+    text = "\n".join(" ".join(rng.choice(words, size=12)) for _ in range(600)) + "\n"
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_bench(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    """`harness bench ARGV` in this process: (exit status, stdout, stderr); argparse errors included."""
+    try:
+        code = main(["bench", *argv])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def only_json(out: Path) -> dict:
+    files = list((out / "bench").glob("bench-*.json"))
+    assert len(files) == 1, files
+    assert not [p for p in (out / "bench").iterdir() if p.name.endswith(".tmp")]
+    return json.loads(files[0].read_text(encoding="utf-8"))
+
+
+def check_result(result: dict, backend: str) -> None:
+    assert result["status"] == "completed"
+    assert result["backend"] == backend
+    for key in bench.RESULT_FIELDS:
+        assert key in result, key
+    for loop in ("runner", "bare"):
+        for key in bench.TIMING_FIELDS:
+            assert key in result[loop], (loop, key)
+        assert result[loop]["step_ms_median"] > 0 and result[loop]["tokens_per_s"] > 0
+        assert result[loop]["step_ms_p90"] >= result[loop]["step_ms_median"]
+    assert result["overhead_ratio"] > 0 and len(result["overhead_ratios"]) == result["repeats"]
+    assert result["stream"]["batches_per_s"] > 0 and result["stream"]["x_step"] > 0
+    assert result["harness_only"]["us_per_step_median"] > 0
+    assert result["memory"]["kind"] == "rss" and result["memory"]["peak_bytes"] > 0
+    assert result["backend_info"]["device"] == "cpu"
+    assert {c["name"] for c in result["checks"]} >= {"stream_x_step"}
+
+
+def test_bench_writes_every_field(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    code, stdout, stderr = run_bench(capsys, "--sizes", "small", "--steps", "3", "--warmup", "1", "--repeats", "2",
+                                     "--data", str(text_file), "--out", str(out), "--seed", str(SEED),
+                                     "--threads", "1")
+    assert code == 0, stderr
+    doc = only_json(out)
+    assert doc["schema"] == bench.SCHEMA and doc["schema_version"] == bench.SCHEMA_VERSION
+    assert doc["options"]["sizes"] == ["small"] and doc["options"]["backends"] == ["torch"]
+    env = doc["environment"]
+    assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
+    assert env["device_name"] and env["cpu_count"] and env["python"]
+    assert doc["targets"]["stream_x_step_min"] == 50
+    [result] = doc["results"]
+    check_result(result, "torch")
+    assert result["size"] == "small" and result["steps"] == 3 and result["repeats"] == 2
+    assert result["first_step_s"] > 0
+    assert "overhead" not in {c["name"] for c in result["checks"]}  # small on CPU has no overhead target
+    assert "torch" in stdout and "small" in stdout and "overhead" in stdout  # the table
+    assert "2 rounds of 3 steps" in stderr and "round 2/2" in stderr  # progress lines
+
+
+def test_bench_isolated_and_numpy(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture) -> None:
+    """--isolate measures each configuration in a child process (the path flux always takes); numpy uses the
+    generic bare loop (backend.train_step over pre-built batches)."""
+    pytest.importorskip("harness.backends.numpy_backend")
+    out = tmp_path / "out"
+    code, _, stderr = run_bench(capsys, "--backends", "torch,numpy", "--sizes", "small", "--steps", "2",
+                                "--warmup", "0", "--repeats", "1", "--isolate", "--quiet", "--threads", "1",
+                                "--data", str(text_file), "--out", str(out))
+    assert code == 0, stderr
+    doc = only_json(out)
+    assert [r["backend"] for r in doc["results"]] == ["torch", "numpy"]
+    for result in doc["results"]:
+        check_result(result, result["backend"])
+        assert result["isolated"] is True and result["warmup"] == 0 and result["first_step_s"] > 0
+        assert result["memory"]["scope"] == "this configuration's process"
+
+
+def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
+    """(a) and (b) do the same work: with dropout 0 the hand-written loop reproduces the runner's losses and
+    parameters on the same batches."""
+    from harness.backends.torch_backend import TorchBackend
+
+    config = load_config("small").replace(dropout=0.0)
+    corpus = load_corpus(text_file)
+    weights = init_weights(config, corpus.vocab_size, SEED)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
+    steps = 4
+
+    backend = TorchBackend()
+    backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
+    runner = bench.runner_repeat(backend, config, stream, 0, steps)
+
+    bare = bench.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    floor = bare.repeat(bare.tensors([stream.batch(k) for k in range(steps)]))
+
+    assert len(runner.losses) == len(floor.losses) == steps
+    assert len(runner.step_s) == len(floor.step_s) == steps
+    np.testing.assert_allclose(floor.losses, runner.losses, rtol=1e-6, atol=0)
+    assert floor.losses[-1] < floor.losses[0]  # it trained
+    params = backend.parameters()
+    for name, p in bare.model.named_parameters():
+        np.testing.assert_allclose(p.detach().numpy(), params[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_generic_bare_loop_matches_runner(text_file: Path) -> None:
+    """The bare loop for other backends is backend.train_step over the same batches: same losses as the runner."""
+    from harness.backends.torch_backend import TorchBackend
+
+    config = load_config("small").replace(dropout=0.0)
+    corpus = load_corpus(text_file)
+    weights = init_weights(config, corpus.vocab_size, SEED)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
+    a, b = TorchBackend(), TorchBackend()
+    a.setup(config, weights, corpus.vocab_size, "cpu", SEED)
+    b.setup(config, weights, corpus.vocab_size, "cpu", SEED)
+    runner = bench.runner_repeat(a, config, stream, 0, 3)
+    floor = bench.backend_repeat(b, [stream.batch(k) for k in range(3)], config.learning_rate)
+    np.testing.assert_allclose(floor.losses, runner.losses, rtol=1e-6, atol=0)
+
+
+BAD = [
+    (["--sizes", "huge"], "unknown size"),
+    (["--sizes", "small,,medium"], "empty entry"),
+    (["--sizes", "small,small"], "twice"),
+    (["--backends", "tensorflow"], "unknown backend"),
+    (["--backends", "numpy", "--compile"], "torch backend only"),
+    (["--steps", "0"], "--steps"),
+    (["--steps", "many"], "--steps"),
+    (["--repeats", "-2"], "--repeats"),
+    (["--warmup", "1.5"], "--warmup"),
+    (["--device", "tpu"], "--device"),
+    (["--data", "/nonexistent/corpus.txt"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture,
+                                              argv: list[str], expected: str) -> None:
+    out = tmp_path / "out"
+    data = [] if "--data" in argv else ["--data", str(text_file)]
+    code, stdout, stderr = run_bench(capsys, *argv, *data, "--out", str(out))
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], stderr
+    assert "Traceback" not in stderr and not stdout
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --device cuda is valid here")
+def test_cuda_without_gpu_exits_2(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    code, _, stderr = run_bench(capsys, "--device", "cuda", "--data", str(text_file), "--out", str(out))
+    assert code == 2
+    assert len(stderr.strip().splitlines()) == 1 and "cuda" in stderr.lower()
+    assert not out.exists()
+
+
+def fake_result(size: str, device: str, overhead: float, x_step: float) -> dict:
+    result = {"backend": "torch", "size": size, "device": device, "status": "completed",
+              "overhead_ratio": 1 + overhead, "stream": {"x_step": x_step}}
+    result["checks"] = bench.checks(result)
+    return result
+
+
+def test_targets() -> None:
+    """Which targets apply where: overhead 3% on CPU for medium/large only, 5% on CUDA; stream 50x everywhere."""
+    assert bench.misses([fake_result("small", "cpu", 0.20, 60)]) == []
+    assert bench.misses([fake_result("medium", "cpu", 0.02, 60)]) == []
+    [miss] = bench.misses([fake_result("medium", "cpu", 0.04, 60)])
+    assert "torch/medium on cpu" in miss and "overhead" in miss and "3%" in miss
+    [miss] = bench.misses([fake_result("large", "cuda", 0.06, 60)])
+    assert "5%" in miss
+    assert bench.misses([fake_result("small", "cuda", 0.04, 60)]) == []
+    [miss] = bench.misses([fake_result("small", "cpu", 0.0, 20)])
+    assert "batch stream" in miss and "50x" in miss
+
+
+def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_measure(job: bench.Job) -> dict:
+        result = fake_result(job.size, job.device, 0.10, 500)
+        result.update(runner={"step_ms_median": 1.0, "step_ms_p90": 1.0, "tokens_per_s": 1.0},
+                      bare={"step_ms_median": 1.0, "step_ms_p90": 1.0}, overhead_pct=10.0,
+                      stream={"x_step": 500.0, "batches_per_s": 1.0}, harness_only={"us_per_step_median": 1.0},
+                      memory={"kind": "rss", "peak_bytes": 1})
+        return result
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    args = ["--sizes", "small,medium", "--data", str(text_file), "--out", str(tmp_path / "out")]
+    code, _, stderr = run_bench(capsys, *args)
+    assert code == 0  # without --check a miss is reported, not fatal
+    assert "target missed: torch/medium on cpu: harness overhead +10.0% exceeds 3%" in stderr
+    code, _, stderr = run_bench(capsys, *args, "--check")
+    assert code == 1
+    assert "torch/medium on cpu" in stderr and "torch/small" not in stderr
+    assert len(list((tmp_path / "out" / "bench").glob("*.json"))) == 2  # written either way
