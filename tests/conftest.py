@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# One thread per framework: on a 2-core CI machine two intra-op threads that wait for each other made steps up to
+# 85x slower whenever anything else ran (docs/benchmarks.md). Tests check behaviour, not speed.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
