@@ -28,21 +28,8 @@ def _is_transposed(name: str) -> bool:
     return name.rsplit("/", 1)[-1] in TRANSPOSED
 
 
-def to_flux(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Canonical {name: array} -> Flux layout, float32, Fortran-ordered."""
-    out: dict[str, np.ndarray] = {}
-    for name, arr in weights.items():
-        a = np.asarray(arr, dtype=np.float32)
-        if _is_transposed(name):
-            if a.ndim != 2:
-                raise ValueError(f"{name}: expected a 2-D embedding table, got shape {a.shape}")
-            a = a.T
-        out[name] = np.asfortranarray(a)
-    return out
-
-
-def from_flux(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Flux layout {name: array} -> canonical layout, float32, C-ordered (copies)."""
+def _relayout(arrays: Mapping[str, np.ndarray], order: str) -> dict[str, np.ndarray]:
+    """Transpose the embedding tables (the layouts are each other's transpose there), copy to float32 `order`."""
     out: dict[str, np.ndarray] = {}
     for name, arr in arrays.items():
         a = np.asarray(arr, dtype=np.float32)
@@ -50,8 +37,18 @@ def from_flux(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             if a.ndim != 2:
                 raise ValueError(f"{name}: expected a 2-D embedding table, got shape {a.shape}")
             a = a.T
-        out[name] = np.array(a, dtype=np.float32, order="C", copy=True)
+        out[name] = np.array(a, dtype=np.float32, order=order, copy=True)
     return out
+
+
+def to_flux(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical {name: array} -> Flux layout, float32, Fortran-ordered (column-major, as Julia stores it)."""
+    return _relayout(weights, "F")
+
+
+def from_flux(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Flux layout {name: array} -> canonical layout, float32, C-ordered (copies)."""
+    return _relayout(arrays, "C")
 
 
 def tokens_to_flux(x: np.ndarray) -> np.ndarray:
