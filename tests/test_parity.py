@@ -1,0 +1,340 @@
+"""`harness parity`: the comparison functions against hand-made arrays, a planted bug, the CLI end to end and
+its bad-input handling (exit 2, one line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import parity
+from harness.cli import main
+from harness.parity import DEFAULT_TOLERANCES, Tolerances, compare, loss_deviation, max_abs_diff, relative_error
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = os.environ.get("HARNESS_DATA") or str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
+LOOSE = Tolerances(logits=1.0, grad=1.0, loss=1.0)
+
+
+# ------------------------------------------------------------------------------------------ hand-made arrays
+
+
+def make_probe(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    x = rng.integers(0, 7, size=(2, 3))
+    return {"logits": rng.standard_normal((2, 3, 7)), "x": x, "y": np.roll(x, -1, axis=1),
+            "grad/w": rng.standard_normal((4, 5)), "grad/b": rng.standard_normal(5)}
+
+
+def test_max_abs_diff_finds_value_and_index() -> None:
+    a = np.zeros((2, 3, 4))
+    b = a.copy()
+    b[1, 2, 3] = 0.5
+    b[0, 0, 0] = -0.25
+    assert max_abs_diff(a, b) == (0.5, (1, 2, 3))
+    assert max_abs_diff(a, a) == (0.0, (0, 0, 0))
+
+
+def test_max_abs_diff_is_computed_in_float64() -> None:
+    a = np.ones(3, dtype=np.float32)
+    b = np.ones(3, dtype=np.float64)
+    b[2] += 1e-12  # invisible in float32
+    value, index = max_abs_diff(a, b)
+    assert index == (2,)
+    assert value == pytest.approx(1e-12, rel=1e-3)
+
+
+def test_max_abs_diff_nan_is_never_within_tolerance() -> None:
+    b = np.array([0.0, np.nan, 5.0])
+    value, index = max_abs_diff(np.zeros(3), b)
+    assert math.isnan(value) and index == (1,)
+
+
+def test_relative_error_known_values() -> None:
+    a = np.array([3.0, 4.0])  # norm 5
+    b = np.array([3.6, 4.8])  # norm 6; a - b = (-0.6, -0.8), norm 1
+    assert relative_error(a, b) == pytest.approx(1 / 6, rel=1e-12)
+    assert relative_error(b, a) == relative_error(a, b)  # symmetric
+    assert relative_error(np.zeros(4), np.zeros(4)) == 0.0  # two zero gradients agree
+    assert relative_error(np.zeros(2), np.array([0.0, 1e-20])) == 1.0  # zero vs tiny: completely different
+    assert math.isnan(relative_error(a, np.array([np.inf, 4.0])))
+    with pytest.raises(ValueError):
+        relative_error(np.zeros(2), np.zeros(3))
+
+
+def test_loss_deviation_peak_and_curve() -> None:
+    value, step, curve = loss_deviation([1.0, 2.0, 3.0], [1.0, 2.1, 2.95])
+    assert value == pytest.approx(0.1) and step == 1
+    assert curve == pytest.approx([0.0, 0.1, 0.05])
+    value, step, _ = loss_deviation([1.0, 2.0, float("nan")], [1.0, 5.0, 3.0])
+    assert math.isnan(value) and step == 2
+
+
+def test_compare_identical_passes_with_zero_tolerance() -> None:
+    p = make_probe(np.random.default_rng(0))
+    r = compare(p, dict(p), [3.0, 2.5], [3.0, 2.5], Tolerances(0.0, 0.0, 0.0), val_losses=(2.0, 2.0))
+    assert r.passed, r.failures
+    assert r.logits_max_abs == 0.0 and r.worst_grad_rel_err == 0.0 and r.loss_max_abs_dev == 0.0
+    assert r.val_loss_abs_diff == 0.0 and r.loss_steps == 2
+
+
+def test_compare_names_the_worst_gradient() -> None:
+    p = make_probe(np.random.default_rng(1))
+    q = dict(p)
+    q["grad/w"] = p["grad/w"] * (1 + 1e-3)  # relative error exactly 1e-3 / (1 + 1e-3)
+    q["grad/b"] = p["grad/b"] * (1 + 1e-6)
+    r = compare(p, q, [1.0], [1.0], Tolerances(logits=1e-9, grad=1e-4, loss=1e-9), backends=("torch", "numpy"))
+    assert r.worst_grad == "w"
+    assert r.worst_grad_rel_err == pytest.approx(1e-3 / (1 + 1e-3), rel=1e-6)
+    assert r.grad_rel_err["b"] == pytest.approx(1e-6 / (1 + 1e-6), rel=1e-4)
+    assert r.failures == ["FAIL: gradient w rel err 1.0e-03 > tol 0.0001"]
+    assert compare(p, q, [1.0], [1.0], Tolerances(logits=1e-9, grad=1e-2, loss=1e-9)).passed
+
+
+def test_compare_logits_loss_and_val_failures() -> None:
+    p = make_probe(np.random.default_rng(2))
+    q = dict(p)
+    q["logits"] = p["logits"].copy()
+    q["logits"][1, 0, 6] += 2e-3
+    r = compare(p, q, [4.0, 3.0, 2.0], [4.0, 3.0, 2.0 + 5e-4], Tolerances(logits=1e-3, grad=1e-4, loss=1e-4),
+                val_losses=(1.5, 1.5 + 2e-4))
+    assert r.logits_max_abs == pytest.approx(2e-3) and r.logits_where == (1, 0, 6)
+    assert r.loss_max_abs_dev == pytest.approx(5e-4) and r.loss_peak_step == 2
+    assert r.val_loss_abs_diff == pytest.approx(2e-4)
+    kinds = [f.split()[1] for f in r.failures]
+    assert kinds == ["logits", "training", "final"], r.failures
+    assert "at step 2" in r.failures[1]
+    rows = {row["check"]: row["result"] for row in r.rows()}
+    assert list(rows.values()) == ["FAIL", "ok", "FAIL", "FAIL"]
+
+
+def test_compare_structural_problems_fail() -> None:
+    p = make_probe(np.random.default_rng(3))
+    q = dict(p)
+    q["x"] = p["x"] + 1
+    del q["grad/b"]
+    r = compare(p, q, [1.0, 1.0], [1.0], LOOSE, backends=("torch", "flux"))
+    text = "\n".join(r.failures)
+    assert "different batches" in text
+    assert "gradient b missing from the flux probe" in text
+    assert "ran 2 steps in torch but 1 in flux" in text
+    nan_loss = compare(p, dict(p), [1.0, float("nan")], [1.0, 1.0], LOOSE)
+    assert not nan_loss.passed and "nan" in nan_loss.failures[0]
+    assert not compare(p, dict(p), [], [], LOOSE).passed
+
+
+def test_tolerance_defaults_and_validation() -> None:
+    assert parity.precision_pair("float64", "float64") == "float64/float64"
+    assert parity.precision_pair("float64", "float32") == "float32/float64"
+    assert parity.precision_pair("float32", "float64") == "float32/float64"
+    assert parity.precision_pair("float32", "float32") == "float32/float32"
+    assert set(DEFAULT_TOLERANCES) == {"float64/float64", "float32/float64", "float32/float32"}
+    for tol in DEFAULT_TOLERANCES.values():
+        tol.validate()
+    # more float32 never means tighter tolerances
+    t64, mixed, t32 = (DEFAULT_TOLERANCES[k] for k in ("float64/float64", "float32/float64", "float32/float32"))
+    for key in ("logits", "grad", "loss"):
+        assert getattr(t64, key) < getattr(mixed, key) <= getattr(t32, key)
+    assert parity.default_tolerances("bfloat16/float32") == t32  # never measured: the loosest
+    for bad in (-1e-3, float("nan"), float("inf")):
+        with pytest.raises(parity.UsageError):
+            Tolerances(logits=1e-3, grad=bad, loss=1e-3).validate()
+
+
+# ------------------------------------------------------------------------------------------ a planted bug
+
+torch = pytest.importorskip("torch")
+
+
+def unscaled_attention(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """CausalSelfAttention.forward with one planted bug: the 1/sqrt(head size) score scale is dropped."""
+    F = torch.nn.functional
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)  # the bug: scale 1, not 1/sqrt(hs)
+    y = y.transpose(1, 2).contiguous().view(B, T, C)
+    return self.resid_dropout(self.c_proj(y))
+
+
+@pytest.fixture(scope="module")
+def small_setup() -> tuple:
+    from harness.config import load_config
+    from harness.data import BatchStream, load_corpus
+    from harness.weights import init_weights
+
+    corpus = load_corpus(DATA)
+    config = load_config("small").replace(dropout=0.0, steps=10)
+    weights = init_weights(config, corpus.vocab_size, 1337)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, 1337, config.scheme)
+    return corpus, config, weights, stream
+
+
+def probe_and_losses(backend: object, setup: tuple, steps: int) -> tuple[dict[str, np.ndarray], list[float]]:
+    """What a parity worker measures, in process: the step-0 probe, then `steps` training losses."""
+    corpus, config, weights, stream = setup
+    backend.setup(config, weights, corpus.vocab_size, "cpu", 1337)
+    x, y = stream.batch(0)
+    probe = {"logits": backend.logits(x), "x": x, "y": y}
+    probe.update({f"grad/{k}": v for k, v in backend.gradients(x, y).items()})
+    losses = [backend.train_step(*stream.batch(s), config.learning_rate) for s in range(steps)]
+    return probe, backend.losses_to_floats(losses)
+
+
+@pytest.fixture(scope="module")
+def numpy_reference(small_setup: tuple) -> tuple[dict[str, np.ndarray], list[float]]:
+    from harness.backends.numpy_backend import NumpyBackend
+
+    return probe_and_losses(NumpyBackend(dtype="float64"), small_setup, 10)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_correct_torch_passes_in_process(dtype: str, small_setup: tuple, numpy_reference: tuple) -> None:
+    from harness.backends.torch_backend import TorchBackend
+
+    probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
+    tol = DEFAULT_TOLERANCES[parity.precision_pair(dtype, "float64")]
+    result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
+    assert result.passed, result.failures
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_reference: tuple,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.backends.torch_backend import TorchBackend
+    from python_impl import torch_gpt
+
+    monkeypatch.setattr(torch_gpt.CausalSelfAttention, "forward", unscaled_attention)
+    probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
+    tol = DEFAULT_TOLERANCES[parity.precision_pair(dtype, "float64")]
+    result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
+    assert not result.passed
+    text = "\n".join(result.failures)
+    assert "FAIL: logits max abs diff" in text
+    assert "FAIL: gradient " in text
+    assert result.worst_grad_rel_err > 100 * tol.grad  # caught by a wide margin, not by noise
+
+
+# ------------------------------------------------------------------------------------------ the CLI, end to end
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    steps = 30
+    code, out, err = run_cli(["parity", "--size", "small", "--steps", str(steps), "--backends", "torch,numpy",
+                              "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
+    assert code == 0, out + err
+    assert "PASS: torch (float32) and numpy (float64)" in out
+    run_dirs = list((tmp_path / "runs").iterdir())
+    assert len(run_dirs) == 1
+    path = run_dirs[0] / "parity.json"
+    assert f"parity record: {path}" in out
+    rec = json.loads(path.read_text())
+    assert rec["schema"] == "nanogpt-parity/parity-record" and rec["schema_version"] == 1
+    assert rec["run_id"] == run_dirs[0].name and rec["verdict"] == "pass" and rec["failures"] == []
+    assert rec["backends"] == ["torch", "numpy"]
+    assert rec["dtypes"] == {"torch": "float32", "numpy": "float64"} and rec["precision_pair"] == "float32/float64"
+    tol = DEFAULT_TOLERANCES["float32/float64"]
+    assert rec["tolerances"] == {"logits": tol.logits, "grad": tol.grad, "loss": tol.loss}
+    assert rec["config"]["dropout"] == 0.0 and rec["steps"] == steps
+    res = rec["results"]
+    assert res["passed"] is True
+    assert 0 < res["logits"]["max_abs_diff"] <= tol.logits  # float32 vs float64: not bit-identical, but close
+    assert 0 < res["gradients"]["worst_rel_err"] <= tol.grad
+    assert res["gradients"]["worst"] in res["gradients"]["rel_err"]
+    assert len(res["gradients"]["rel_err"]) == 18  # every parameter of the 1-layer model
+    assert res["loss"]["steps"] == steps and len(res["loss"]["abs_dev"]) == steps
+    assert res["loss"]["max_abs_dev"] == max(res["loss"]["abs_dev"]) <= tol.loss
+    assert res["val_loss"]["abs_diff"] <= tol.loss
+    # what the workers were asked to do: parity probes, no BLEU text step
+    spec = json.loads((run_dirs[0] / "spec.json").read_text())
+    assert spec["parity"] is True and spec["text"] is False
+    for name in ("torch", "numpy"):
+        assert (run_dirs[0] / f"{name}.probe.npz").is_file()
+        worker_rec = json.loads((run_dirs[0] / f"{name}.json").read_text())
+        assert worker_rec["text"] is None and worker_rec["status"] == "completed"
+        assert worker_rec["config"]["dropout"] == 0.0
+
+
+def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import launch
+
+    monkeypatch.setattr(launch, "execute", lambda directory, backends, **kw: {"torch": 0, "numpy": 1})
+    code, out, err = run_cli(["parity", "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
+    assert code == 1
+    assert "parity record:" in out
+    assert "ERROR: numpy exited 1; nothing compared" in err
+    (path,) = tmp_path.glob("runs/*/parity.json")
+    rec = json.loads(path.read_text())
+    assert rec["verdict"] == "error" and rec["results"] is None and rec["worker_exit_codes"] == {"torch": 0, "numpy": 1}
+
+
+SITECUSTOMIZE = """
+    # Loaded by every Python process of the test (the CLI and both workers): plants the attention bug in torch.
+    import torch.nn.functional as F
+    from python_impl import torch_gpt
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    torch_gpt.CausalSelfAttention.forward = forward
+"""
+
+
+@pytest.mark.slow
+def test_parity_cli_catches_planted_bug_end_to_end(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "parity", "--size", "small", "--steps", "3",
+                           "--data", DATA, "--out", str(out), "--quiet"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL: logits max abs diff" in proc.stdout
+    assert "FAIL: gradient " in proc.stdout
+    (path,) = out.glob("runs/*/parity.json")
+    rec = json.loads(path.read_text())
+    assert rec["verdict"] == "fail" and rec["results"]["passed"] is False
+    assert any(f.startswith("FAIL: logits") for f in rec["failures"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backends", "torch,jax"], "unknown backend 'jax'"),
+    (["--backends", "torch"], "exactly two backends, got 1"),
+    (["--backends", "torch,numpy,flux"], "exactly two backends, got 3"),
+    (["--backends", "numpy,numpy"], "the same backend twice"),
+    (["--backends", "torch,"], "empty name"),
+    (["--tol-grad=-1e-4"], "--tol-grad must be a finite number >= 0"),
+    (["--tol-loss", "nan"], "--tol-loss must be a finite number >= 0"),
+    (["--tol-logits", "inf"], "--tol-logits must be a finite number >= 0"),
+    (["--steps", "0"], "--steps must be a positive whole number"),
+    (["--data", "/nonexistent/corpus.txt"], "does not exist"),
+])
+def test_parity_bad_input_exit_2_one_line_nothing_written(args: list[str], message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    argv = ["parity", "--data", DATA, *args, "--out", str(out)]
+    code, stdout, stderr = run_cli(argv, capsys)
+    assert code == 2
+    assert stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harness: error: ") and message in lines[0], stderr
+    assert not out.exists()
