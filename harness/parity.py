@@ -53,12 +53,14 @@ class Tolerances:
                 raise UsageError(f"--tol-{key} must be a finite number >= 0, got {value!r}")
 
 
-# Measured on CPU (docs/parity.md): 10x the worst deviation seen over the small, medium and large presets,
-# rounded up to a power of ten. Keyed by the two backends' dtypes, sorted and joined by "/".
-DEFAULT_TOLERANCES: dict[str, Tolerances] = {
-    "float64/float64": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12),
-    "float32/float64": Tolerances(logits=1e-5, grad=1e-4, loss=1e-4),
-    "float32/float32": Tolerances(logits=1e-5, grad=1e-4, loss=1e-3),
+# 10x the worst deviation measured on CPU for each precision pair and size preset, rounded up to a power of ten
+# (docs/parity.md has the measurements). Pairs are the two backends' dtypes, sorted and joined by "/".
+# The loss tolerance differs most between sizes: medium trains through a chaotic phase at lr 0.01 where float32
+# rounding differences grow by up to 1e5 (a float64 reference perturbed by 1e-15 does the same).
+DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
+    "float64/float64": {
+        "small": Tolerances(logits=PLACEHOLDER),
+    },
 }
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured
 
@@ -71,9 +73,16 @@ def precision_pair(dtype_a: str, dtype_b: str) -> str:
     return "/".join(sorted((str(dtype_a), str(dtype_b))))
 
 
-def default_tolerances(pair: str) -> Tolerances:
-    """The measured default tolerances of a precision pair (the loosest ones for a pair never measured)."""
-    return DEFAULT_TOLERANCES.get(pair, DEFAULT_TOLERANCES[LOOSEST])
+def default_tolerances(pair: str, size: str | None = None) -> Tolerances:
+    """The measured default tolerances of a precision pair and size preset.
+
+    For a config of one's own (`size` None or not a preset) the loosest over the presets of that pair; for a pair
+    never measured, those of the loosest pair.
+    """
+    table = DEFAULT_TOLERANCES.get(pair, DEFAULT_TOLERANCES[LOOSEST])
+    if size in table:
+        return table[size]
+    return Tolerances(**{k: max(getattr(t, k) for t in table.values()) for k in ("logits", "grad", "loss")})
 
 
 # --- the comparison (pure) ---------------------------------------------------------------------------------------
@@ -331,13 +340,16 @@ def backend_dtype(name: str, requested: str | None) -> tuple[str, dict]:
 
 
 def resolve_tolerances(args: argparse.Namespace, pair: str) -> tuple[Tolerances, dict[str, str]]:
-    """Command-line tolerances over the measured defaults of `pair`; also says where each came from."""
-    base = default_tolerances(pair)
+    """Command-line tolerances over the measured defaults of `pair` and the size preset (none for --config);
+    also says where each came from."""
+    size = None if getattr(args, "config", None) else getattr(args, "size", None)
+    base = default_tolerances(pair, size)
+    where = f"default ({pair} pair, {size} preset)" if size else f"default ({pair} pair, loosest over the presets)"
     chosen, source = {}, {}
     for key in ("logits", "grad", "loss"):
         given = getattr(args, f"tol_{key}", None)
         chosen[key] = getattr(base, key) if given is None else given
-        source[key] = f"default ({pair} pair)" if given is None else "command line"
+        source[key] = where if given is None else "command line"
     tol = Tolerances(**chosen)
     tol.validate()
     return tol, source
