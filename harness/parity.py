@@ -59,7 +59,19 @@ class Tolerances:
 # rounding differences grow by up to 1e5 (a float64 reference perturbed by 1e-15 does the same).
 DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
     "float64/float64": {
-        "small": Tolerances(logits=PLACEHOLDER),
+        "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13),
+        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-07),
+        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13),
+    },
+    "float32/float64": {
+        "small": Tolerances(logits=1e-06, grad=1e-05, loss=1e-05),
+        "medium": Tolerances(logits=1e-05, grad=1e-05, loss=1e+00),
+        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-04),
+    },
+    "float32/float32": {
+        "small": Tolerances(logits=1e-06, grad=1e-05, loss=1e-05),
+        "medium": Tolerances(logits=1e-05, grad=1e-04, loss=1e+01),
+        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-04),
     },
 }
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured

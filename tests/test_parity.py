@@ -16,7 +16,15 @@ import pytest
 
 from harness import parity
 from harness.cli import main
-from harness.parity import DEFAULT_TOLERANCES, Tolerances, compare, loss_deviation, max_abs_diff, relative_error
+from harness.parity import (
+    DEFAULT_TOLERANCES,
+    Tolerances,
+    compare,
+    default_tolerances,
+    loss_deviation,
+    max_abs_diff,
+    relative_error,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = os.environ.get("HARNESS_DATA") or str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
@@ -135,13 +143,21 @@ def test_tolerance_defaults_and_validation() -> None:
     assert parity.precision_pair("float32", "float64") == "float32/float64"
     assert parity.precision_pair("float32", "float32") == "float32/float32"
     assert set(DEFAULT_TOLERANCES) == {"float64/float64", "float32/float64", "float32/float32"}
-    for tol in DEFAULT_TOLERANCES.values():
-        tol.validate()
-    # more float32 never means tighter tolerances
-    t64, mixed, t32 = (DEFAULT_TOLERANCES[k] for k in ("float64/float64", "float32/float64", "float32/float32"))
-    for key in ("logits", "grad", "loss"):
-        assert getattr(t64, key) < getattr(mixed, key) <= getattr(t32, key)
-    assert parity.default_tolerances("bfloat16/float32") == t32  # never measured: the loosest
+    for table in DEFAULT_TOLERANCES.values():
+        assert set(table) == {"small", "medium", "large"}
+        for tol in table.values():
+            tol.validate()
+    keys = ("logits", "grad", "loss")
+    pairs = ("float64/float64", "float32/float64", "float32/float32")
+    for size in ("small", "medium", "large"):  # more float32 never means tighter tolerances
+        t64, mixed, t32 = (default_tolerances(p, size) for p in pairs)
+        for key in keys:
+            assert getattr(t64, key) < getattr(mixed, key) <= getattr(t32, key), (size, key)
+    # a config of one's own: the loosest over the presets; a pair never measured: the loosest pair
+    own = default_tolerances("float32/float64", None)
+    for key in keys:
+        assert getattr(own, key) == max(getattr(t, key) for t in DEFAULT_TOLERANCES["float32/float64"].values())
+    assert default_tolerances("bfloat16/float32", "small") == DEFAULT_TOLERANCES["float32/float32"]["small"]
     for bad in (-1e-3, float("nan"), float("inf")):
         with pytest.raises(parity.UsageError):
             Tolerances(logits=1e-3, grad=bad, loss=1e-3).validate()
@@ -199,7 +215,7 @@ def test_correct_torch_passes_in_process(dtype: str, small_setup: tuple, numpy_r
     from harness.backends.torch_backend import TorchBackend
 
     probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
-    tol = DEFAULT_TOLERANCES[parity.precision_pair(dtype, "float64")]
+    tol = default_tolerances(parity.precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert result.passed, result.failures
 
@@ -212,7 +228,7 @@ def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_r
 
     monkeypatch.setattr(torch_gpt.CausalSelfAttention, "forward", unscaled_attention)
     probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
-    tol = DEFAULT_TOLERANCES[parity.precision_pair(dtype, "float64")]
+    tol = default_tolerances(parity.precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert not result.passed
     text = "\n".join(result.failures)
@@ -245,8 +261,9 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
     assert rec["run_id"] == run_dirs[0].name and rec["verdict"] == "pass" and rec["failures"] == []
     assert rec["backends"] == ["torch", "numpy"]
     assert rec["dtypes"] == {"torch": "float32", "numpy": "float64"} and rec["precision_pair"] == "float32/float64"
-    tol = DEFAULT_TOLERANCES["float32/float64"]
+    tol = default_tolerances("float32/float64", "small")
     assert rec["tolerances"] == {"logits": tol.logits, "grad": tol.grad, "loss": tol.loss}
+    assert rec["tolerance_source"]["loss"] == "default (float32/float64 pair, small preset)"
     assert rec["config"]["dropout"] == 0.0 and rec["steps"] == steps
     res = rec["results"]
     assert res["passed"] is True
