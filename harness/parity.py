@@ -61,17 +61,17 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
     "float64/float64": {
         "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13),
         "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-07),
-        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13),
+        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12),
     },
     "float32/float64": {
         "small": Tolerances(logits=1e-06, grad=1e-05, loss=1e-05),
         "medium": Tolerances(logits=1e-05, grad=1e-05, loss=1e+00),
-        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-04),
+        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-02),
     },
     "float32/float32": {
         "small": Tolerances(logits=1e-06, grad=1e-05, loss=1e-05),
         "medium": Tolerances(logits=1e-05, grad=1e-04, loss=1e+01),
-        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-04),
+        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-02),  # as float32/float64: one seed measured here
     },
 }
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured
