@@ -10,7 +10,6 @@ import hashlib
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,9 +171,6 @@ class BatchStream:
     def steps_for_epochs(self, epochs: int) -> int:
         return epochs * self.batches_per_epoch
 
-    def epoch_of(self, step: int) -> float:
-        return step / self.batches_per_epoch
-
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The (x, y) of training step `step` (0-based), int64 (B, T)."""
         B, T = self.batch_size, self.block_size
@@ -188,12 +184,6 @@ class BatchStream:
                 self._perm, self._perm_epoch = rng.permutation(self._starts), epoch
             starts = self._perm[k * B:(k + 1) * B]
         return _windows(self.ids, starts, T)
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        step = 0
-        while True:
-            yield self.batch(step)
-            step += 1
 
     def fingerprint(self, steps: int = 4) -> str:
         """sha256 of the first batches: equal fingerprints mean the backends were fed the same stream."""

@@ -27,7 +27,6 @@ SCHEMA = "nanogpt-parity/run-record"
 SCHEMA_VERSION = 1
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-STATUSES = ("running", "completed", "interrupted")  # plus "failed: <reason>"
 
 
 def atomic_write_bytes(path: Path, blob: bytes) -> None:
