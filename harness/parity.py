@@ -10,7 +10,8 @@ own worker process (harness.launch), and compares them at three depths, in float
    final evaluation's validation loss.
 
 The comparison itself is the pure function `compare`, so tests (and other tools) can feed it the output of
-in-process backends. Default tolerances depend on the precision pair and were measured (docs/parity.md).
+in-process backends. Default tolerances depend on the precision pair and the size preset; they were measured
+(docs/parity.md).
 """
 
 from __future__ import annotations
@@ -54,24 +55,27 @@ class Tolerances:
 
 
 # 10x the worst deviation measured on CPU for each precision pair and size preset, rounded up to a power of ten
-# (docs/parity.md has the measurements). Pairs are the two backends' dtypes, sorted and joined by "/".
-# The loss tolerance differs most between sizes: medium trains through a chaotic phase at lr 0.01 where float32
-# rounding differences grow by up to 1e5 (a float64 reference perturbed by 1e-15 does the same).
+# (docs/parity.md has the measurements and the commands). Pairs are the two backends' dtypes, sorted, joined by "/".
+# Two stated exceptions: float64/float64 medium loss 1e-7 (the rule gives 1e-8, but the float64 reference against
+# itself from weights perturbed by 1e-15 already reaches 4.8e-9), and float32/float32 is never tighter than
+# float32/float64. The loss tolerance depends on the size: medium and large pass through an unstable phase at
+# lr 0.01 where any rounding difference grows by up to 1e5-1e6, so float32 pairs check the training loop sharply only
+# on small; the float64/float64 pair checks it sharply on every size.
 DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
     "float64/float64": {
         "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13),
-        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-07),
+        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-7),
         "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12),
     },
     "float32/float64": {
-        "small": Tolerances(logits=1e-06, grad=1e-05, loss=1e-05),
-        "medium": Tolerances(logits=1e-05, grad=1e-05, loss=1e+00),
-        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-02),
+        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5),
+        "medium": Tolerances(logits=1e-5, grad=1e-5, loss=1.0),
+        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2),
     },
     "float32/float32": {
-        "small": Tolerances(logits=1e-06, grad=1e-05, loss=1e-05),
-        "medium": Tolerances(logits=1e-05, grad=1e-04, loss=1e+01),
-        "large": Tolerances(logits=1e-05, grad=1e-04, loss=1e-02),  # as float32/float64: one seed measured here
+        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5),
+        "medium": Tolerances(logits=1e-5, grad=1e-4, loss=10.0),
+        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2),
     },
 }
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured
@@ -305,7 +309,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                    help=f"training steps whose losses are compared ({DEFAULT_STEPS})")
     p.add_argument("--tol-logits", type=_float, metavar="X",
-                   help="max abs difference of the step-0 logits (default: measured, by precision pair)")
+                   help="max abs difference of the step-0 logits (default: measured per precision pair and size, "
+                        "see docs/parity.md)")
     p.add_argument("--tol-grad", type=_float, metavar="X",
                    help="max relative error of any parameter's step-0 gradient (default: measured)")
     p.add_argument("--tol-loss", type=_float, metavar="X",
@@ -439,6 +444,14 @@ def command(args: argparse.Namespace) -> int:
         pair = precision_pair(*(dtypes[n] for n in backends))
         tolerances, tol_source = resolve_tolerances(args, pair)
         record.update(precision_pair=pair, tolerances=asdict(tolerances), tolerance_source=tol_source)
+    missing = [n for n in backends if not (directory / f"{n}.probe.npz").is_file()]
+    if missing:
+        reason = f"no step-0 probe from {', '.join(missing)}"
+        record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
+        records.atomic_write_json(path, record)
+        print(f"ERROR: {reason}; nothing compared", file=sys.stderr)
+        print(f"parity record: {path}")
+        return 1
     va, vb = _final_val(ra), _final_val(rb)
     result = compare(_load_probe(directory / f"{backends[0]}.probe.npz"),
                      _load_probe(directory / f"{backends[1]}.probe.npz"),

@@ -163,6 +163,24 @@ def test_tolerance_defaults_and_validation() -> None:
             Tolerances(logits=1e-3, grad=bad, loss=1e-3).validate()
 
 
+def test_resolve_tolerances_command_line_over_defaults() -> None:
+    import argparse
+
+    args = argparse.Namespace(size="small", config=None, tol_logits=None, tol_grad=1e-3, tol_loss=None)
+    tol, source = parity.resolve_tolerances(args, "float32/float64")
+    small = default_tolerances("float32/float64", "small")
+    assert tol == Tolerances(logits=small.logits, grad=1e-3, loss=small.loss)
+    assert source == {"logits": "default (float32/float64 pair, small preset)", "grad": "command line",
+                      "loss": "default (float32/float64 pair, small preset)"}
+    args.config = "mine.toml"  # a config of one's own: the loosest over the presets
+    tol, source = parity.resolve_tolerances(args, "float32/float64")
+    assert tol.loss == default_tolerances("float32/float64", None).loss
+    assert source["loss"] == "default (float32/float64 pair, loosest over the presets)"
+    args.tol_loss = -1.0
+    with pytest.raises(parity.UsageError, match="--tol-loss must be a finite number >= 0"):
+        parity.resolve_tolerances(args, "float32/float64")
+
+
 # ------------------------------------------------------------------------------------------ a planted bug
 
 torch = pytest.importorskip("torch")
@@ -247,7 +265,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, s
 
 
 def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    steps = 30
+    steps = 50
     code, out, err = run_cli(["parity", "--size", "small", "--steps", str(steps), "--backends", "torch,numpy",
                               "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
     assert code == 0, out + err
