@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
-from harness.config import SIZES, load_config
+from harness.config import SIZES, load_config, seed_arg
 from harness.errors import UsageError
 
 DEFAULT_OUT = Path("reports")
@@ -29,6 +30,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def out_arg(text: str) -> Path:
+    """argparse type of --out: a non-empty path (an empty one would silently mean the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--out is empty; pass a directory, e.g. --out reports")
+    return Path(text)
+
+
 def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES) -> None:
     """Options shared by run, parity and bench: what to train on what data, and where to write."""
     p.add_argument("--size", default="small", choices=sizes, metavar="SIZE",
@@ -37,8 +45,9 @@ def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES) -> No
     p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
                    "Shakespeare, downloaded once into the user cache)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    p.add_argument("--seed", type=int, default=1337, help="seed of the weights, batches and sampling (1337)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
+    p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and sampling, "
+                   "0 to 2**32-1 (1337)")
+    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
 
@@ -85,6 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         return resume_run(args)
+    args.size = args.size or "small"
+    args.seed = 1337 if args.seed is None else args.seed
+    args.device = args.device or "cpu"
     backends = list(args.backend or [])
     if args.both:
         backends += [b for b in ("torch", "flux") if b not in backends]
@@ -92,11 +104,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     sizes = list(SIZES) if args.size == "all" else [args.size]
     if args.size == "all" and args.config:
         raise UsageError("--size all and --config exclude each other; pass one")
-    corpus = load_corpus(args.data)
+    check_option_targets(args, backends)
+    records.check_writable(args.out)
+    corpus = load_corpus(args.data, keep_line_endings=args.keep_line_endings)
     plans = [launch.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=args.device,
                          seed=args.seed, out=args.out, backend_options=backend_options(args, backends),
                          checkpoint_every=args.checkpoint_every or 0, text=not args.no_text,
-                         progress=not args.quiet, threads=args.threads) for size in sizes]
+                         progress=not args.quiet, threads=args.threads, allow_large=args.allow_large)
+             for size in sizes]
     for plan in plans:
         launch.preflight(plan)
     worst = 0
@@ -106,6 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_ids.append(run_id)
         directory = records.run_dir(plan.out, run_id)
         print(f"run {run_id}: {plan.config.name} on {plan.device}, backends {', '.join(backends)}", file=sys.stderr)
+        print(f"  {corpus.summary()}", file=sys.stderr)
+        if args.compile and "torch" in backends:
+            where = launch.compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
+            print(f"  torch.compile caches go to {where}", file=sys.stderr)
         codes = launch.execute(directory, backends, progress=plan.progress, threads=plan.threads)
         worst = max(worst, finish(plan.out, run_id, codes))
         if 130 in codes.values():
@@ -114,6 +133,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_report:
         write_reports(args.out, run_ids)
     return worst
+
+
+def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
+    """Options that apply to some backends only must apply to one of this run's backends, not be ignored."""
+    if args.compile and "torch" not in backends:
+        raise UsageError(f"--compile applies to the torch backend only, and this run has {', '.join(backends)}; "
+                         "drop --compile or add --backend torch")
+    if args.precision and not {"torch", "flux"} & set(backends):
+        raise UsageError(f"--precision applies to torch and flux only, and this run has {', '.join(backends)}; "
+                         "drop --precision")
 
 
 def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
@@ -148,14 +177,76 @@ def write_reports(out: Path, run_ids: list[str]) -> None:
         print(f"report: {path}", file=sys.stderr)
 
 
+# options of `harness run` that define what a run computes: on --resume they must match the stored spec
+_RESUME_FIXED = ("size", "config", "data", "device", "seed", "dtype", "steps", "epochs", "eval_interval", "dropout",
+                 "scheme", "backend", "both", "checkpoint_every", "compile", "precision", "keep_line_endings",
+                 "no_text", "allow_large")
+
+
+def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
+    """The options given with --resume that differ from what the run was started with (one phrase each)."""
+    config = spec["config"]
+    opts = {b: o or {} for b, o in spec["backend_options"].items()}
+    stored_backends = list(spec["backends"])
+    given = {k: getattr(args, k, None) for k in _RESUME_FIXED}
+    problems = []
+
+    def differ(option: str, stored: object) -> None:
+        problems.append(f"{option} (the run has {stored})")
+
+    if given["size"] is not None and given["size"] != spec.get("label"):
+        differ("--size", f"config {spec.get('label')!r}")
+    if given["config"] is not None:
+        mine = load_config(path=given["config"]).to_dict()
+        if any(mine[k] != config.get(k) for k in mine if k != "steps"):
+            differ("--config", f"config {spec.get('label')!r} as stored in its spec.json")
+    if given["data"] is not None:
+        from harness.data import load_corpus
+
+        if load_corpus(given["data"]).sha256 != spec["data"]["sha256"]:
+            differ("--data", f"{spec['data']['path']!r}, sha256 {spec['data']['sha256'][:12]}...")
+    for option, key in (("--device", "device"), ("--seed", "seed")):
+        if given[key] is not None and given[key] != spec[key]:
+            differ(option, spec[key])
+    for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
+        if given[key] is not None and given[key] != config.get(key):
+            differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {config.get(key)}")
+    wanted = list(given["backend"] or []) + (["torch", "flux"] if given["both"] else [])
+    if wanted and set(wanted) != set(stored_backends):
+        differ("--backend", ", ".join(stored_backends))
+    if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.get("checkpoint_every"):
+        differ("--checkpoint-every", spec.get("checkpoint_every") or "no checkpoints")
+    if given["dtype"] is not None and any(o.get("dtype", given["dtype"]) != given["dtype"] for o in opts.values()):
+        differ("--dtype", {b: o.get("dtype", "default") for b, o in opts.items()})
+    if given["compile"] and not any(o.get("compile") for o in opts.values()):
+        differ("--compile", "no --compile")
+    if given["precision"] is not None and any(o.get("precision", "fp32") != given["precision"]
+                                              for b, o in opts.items() if b in ("torch", "flux")):
+        differ("--precision", {b: o.get("precision", "fp32") for b, o in opts.items()})
+    if given["keep_line_endings"] and spec["data"].get("line_endings", "normalised") != "kept":
+        differ("--keep-line-endings", "line endings normalised")
+    if given["no_text"] and spec.get("text", True):
+        differ("--no-text", "text metrics on")
+    return problems
+
+
 def resume_run(args: argparse.Namespace) -> int:
     from harness import launch, records
 
     spec = launch.load_spec(args.out, args.resume)
     directory = records.run_dir(args.out, args.resume)
+    conflicts = resume_conflicts(args, spec)
+    if conflicts:
+        raise UsageError(f"--resume {args.resume} continues the run as it was started, but these options differ: "
+                         f"{'; '.join(conflicts)}; drop them, or start a new run")
+    records.check_writable(directory)
+    threads = spec.get("threads")
+    if args.threads is not None and args.threads != threads:
+        print(f"resume: using --threads {args.threads} (the run started with {threads or 'the default'})",
+              file=sys.stderr)
+        threads = args.threads
     print(f"resuming run {args.resume}", file=sys.stderr)
-    codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet,
-                           threads=spec.get("threads"))
+    codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads)
     code = finish(args.out, args.resume, codes)
     if not args.no_report:
         write_reports(args.out, [args.resume])
@@ -187,6 +278,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from harness import records
     from harness.report import write_index, write_report
 
+    for run_id in args.run_ids:
+        records.check_run_id(run_id)
     records.check_writable(args.out)
     for run_id in args.run_ids:
         records.load_run(args.out, run_id)  # a missing or corrupt record fails here, before anything is written
@@ -232,7 +325,12 @@ def build_parser() -> Parser:
     p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
     p.add_argument("--no-report", action="store_true", help="write records only, no HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_run)
+    p.add_argument("--allow-large", action="store_true", help="train even when the memory estimate exceeds the "
+                   "machine's available memory")
+    p.add_argument("--keep-line-endings", action="store_true", help="keep CRLF/CR in the text as symbols (default: "
+                   "turn them into LF)")
+    # None = not given: --resume refuses options that differ from the stored run (defaults applied in cmd_run)
+    p.set_defaults(func=cmd_run, size=None, seed=None, device=None)
 
     p = sub.add_parser("sizes", help="print the size presets")
     p.add_argument("--toml", choices=SIZES, metavar="SIZE", help="print that preset's TOML file instead")
@@ -240,7 +338,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("report", help="rebuild an HTML report from stored run records")
     p.add_argument("run_ids", nargs="+", metavar="RUN_ID")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
+    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     p.set_defaults(func=cmd_report)
 
     from harness import bench, parity
@@ -264,13 +362,23 @@ def build_parser() -> Parser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: finish cleanly with exit status 130
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system said no (full disk, read-only, a name too long, ...): not a bug
+        from harness.records import os_error_message
+
+        print(f"harness: error: {os_error_message(exc, 'cannot write')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -20,6 +21,29 @@ from harness.errors import UsageError
 
 SIZES = ("small", "medium", "large")
 SCHEMES = ("epochs", "random")
+SEED_MAX = 2**32 - 1  # every RNG the harness seeds (NumPy PCG64 seed sequences, torch) takes [0, 2**32 - 1]
+# a config name becomes part of run ids, file names and page titles: a short plain name, never a path
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_seed(seed: object, option: str = "--seed") -> int:
+    """A seed must be a whole number in [0, 2**32 - 1]."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
+        raise UsageError(f"{option} {seed!r} is out of range; pass a whole number from 0 to {SEED_MAX}")
+    return seed
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of --seed: a whole number in [0, 2**32 - 1]."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: a seed is a whole number from 0 to {SEED_MAX}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,6 +94,9 @@ class Config:
 
     def validate(self) -> None:
         """Raise UsageError naming the first invalid field and what would be valid."""
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name) or ".." in self.name:
+            raise UsageError(f"config name {self.name!r} is not a plain name (letters, digits, '.', '_', '-'; at "
+                             "most 64 characters, no '/', '..' or spaces); set name = \"...\" in the TOML file")
         where = f"config {self.name!r}"
         for key in ("n_embd", "block_size", "n_layer", "n_head", "d_hidden", "batch_size",
                     "epochs", "eval_interval", "eval_batches"):
@@ -129,6 +156,24 @@ def _from_mapping(doc: dict, source: str) -> Config:
             fields[key if section != "eval" else f"eval_{key}"] = table[key]
     config = Config(**fields)  # type: ignore[arg-type]
     config.validate()
+    return config
+
+
+def config_from_dict(doc: object, source: str) -> Config:
+    """A Config from its stored dict (spec.json, a record): unknown, missing or invalid keys are a UsageError."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    if not isinstance(doc, dict):
+        raise UsageError(f"{source}: field 'config' is not a table; that run cannot be used")
+    unknown = sorted(set(doc) - set(names))
+    missing = [n for n in names if n not in doc and n != "steps"]
+    if unknown or missing:
+        what = f"unknown key(s) {', '.join(unknown)}" if unknown else f"missing key(s) {', '.join(missing)}"
+        raise UsageError(f"{source}: field 'config' has {what}; that run cannot be used, start a new run")
+    config = Config(**doc)
+    try:
+        config.validate()
+    except (UsageError, TypeError) as exc:
+        raise UsageError(f"{source}: field 'config' is invalid ({exc})") from None
     return config
 
 

@@ -10,7 +10,7 @@ import hashlib
 import os
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -79,10 +79,19 @@ class Corpus:
     """A text, its sorted character vocabulary and its 90/10 train/validation split as token ids."""
 
     path: str
-    sha256: str
+    sha256: str  # of the file's bytes, as read
     chars: tuple[str, ...]
     train: np.ndarray  # int64 token ids
     val: np.ndarray
+    bom_stripped: bool = False  # a leading UTF-8 byte-order mark was removed (it is not text)
+    line_endings: str = "normalised"  # "normalised": CRLF and CR became LF; "kept": as in the file
+    line_endings_changed: int = 0  # how many CRLF/CR were turned into LF
+    raw: bytes = field(default=b"", repr=False, compare=False)  # the file's bytes (copied into the run's --out)
+
+    @property
+    def vocab(self) -> str:
+        """The vocabulary as one string, in token-id order."""
+        return "".join(self.chars)
 
     @property
     def vocab_size(self) -> int:
@@ -105,14 +114,34 @@ class Corpus:
 
     def describe(self) -> dict:
         return {"path": self.path, "sha256": self.sha256, "n_chars": self.n_chars,
-                "vocab_size": self.vocab_size, "n_train": len(self.train), "n_val": len(self.val)}
+                "vocab_size": self.vocab_size, "vocab": self.vocab, "n_train": len(self.train), "n_val": len(self.val),
+                "bom_stripped": self.bom_stripped, "line_endings": self.line_endings,
+                "line_endings_changed": self.line_endings_changed}
+
+    def summary(self) -> str:
+        """One line for the start of a run: size, vocabulary, what was normalised."""
+        notes = []
+        if self.bom_stripped:
+            notes.append("UTF-8 BOM removed")
+        if self.line_endings_changed:
+            notes.append(f"{self.line_endings_changed:,} CRLF/CR line endings turned into LF")
+        elif self.line_endings == "kept" and ("\r" in self.chars):
+            notes.append("CR line endings kept (--keep-line-endings)")
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        return f"data {self.path}: {self.n_chars:,} characters, vocabulary of {self.vocab_size} symbols{extra}"
 
 
-def load_corpus(data: str | os.PathLike | None = None) -> Corpus:
-    """Read and validate the corpus; errors name the problem and the fix."""
-    path = resolve_data_path(data)
+def load_corpus(data: str | os.PathLike | None = None, keep_line_endings: bool = False,
+                blob: bytes | None = None) -> Corpus:
+    """Read and validate the corpus; errors name the problem and the fix.
+
+    A leading UTF-8 byte-order mark is removed (it would otherwise become a vocabulary symbol) and CRLF and lone CR
+    line endings become LF, unless `keep_line_endings`; both are recorded in the Corpus. `blob`: the file's bytes
+    already read (a worker reads the run's checked copy and names the original `data` path).
+    """
+    path = resolve_data_path(data) if blob is None else Path(data)
     try:
-        blob = path.read_bytes()
+        blob = path.read_bytes() if blob is None else blob
     except OSError as exc:
         raise UsageError(f"cannot read data file {str(path)!r} ({exc.strerror}); check its permissions") from None
     if not blob:
@@ -124,6 +153,14 @@ def load_corpus(data: str | os.PathLike | None = None) -> Corpus:
     except UnicodeDecodeError as exc:
         raise UsageError(f"data file {str(path)!r} is not UTF-8 (byte {exc.start}); "
                          "convert it with e.g. `iconv -t UTF-8` or pass another file") from None
+    bom = text.startswith("\ufeff")
+    text = text[1:] if bom else text
+    changed = 0
+    if not keep_line_endings and "\r" in text:
+        changed = text.count("\r")  # each CRLF and each lone CR becomes one LF
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text:
+        raise UsageError(f"data file {str(path)!r} holds no text; pass a UTF-8 text file with enough text")
     chars = tuple(sorted(set(text)))
     index = {c: i for i, c in enumerate(chars)}
     # np.unique's inverse is the same as a dict lookup but vectorised (1M chars in ~0.1 s)
@@ -133,7 +170,8 @@ def load_corpus(data: str | os.PathLike | None = None) -> Corpus:
     ids = ids.astype(np.int64)
     n_train = int(len(ids) * TRAIN_FRACTION)
     return Corpus(path=str(path.resolve()), sha256=sha256_bytes(blob), chars=chars,
-                  train=ids[:n_train], val=ids[n_train:])
+                  train=ids[:n_train], val=ids[n_train:], bom_stripped=bom, raw=blob,
+                  line_endings="kept" if keep_line_endings else "normalised", line_endings_changed=changed)
 
 
 def check_fits(corpus: Corpus, block_size: int, batch_size: int) -> None:

@@ -1,26 +1,41 @@
 """The parent side of `harness run`: validate everything, write the spec, run one worker per backend, compare.
 
-Nothing is written until every input has been checked, so bad input leaves no files behind.
+Nothing is written until every input has been checked (including a memory estimate from the shapes), so bad
+input leaves no files behind.
+
+Executors: `run_backend(directory, backend, ...)` is the seam, a plain function that trains one backend of a run
+directory in the calling process (no signal or argv handling; it takes the run-directory lock itself). The local
+executor, `run_worker`, runs it in a fresh interpreter (`python -m harness.worker`) and supervises it:
+
+- the worker gets PR_SET_PDEATHSIG at spawn (before its first instruction), so it stops if `harness` dies;
+- Ctrl-C / SIGTERM are forwarded once (with SIGCONT, so a stopped worker wakes up to save its record); a worker
+  that has not exited `KILL_GRACE_S` seconds later is killed with SIGKILL;
+- a worker that dies by a signal (SIGKILL, the OOM killer, a segfault) has its record marked with the signal's
+  name instead of staying "running"; a completed record is never touched.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import records
 from harness.backends import BackendUnavailable, backend_class, check_names
-from harness.config import Config
+from harness.config import Config, check_seed
 from harness.data import Corpus, check_fits
 from harness.errors import UsageError
+from harness.records import RunLock, RunPaths, Status
 
-SPEC_SCHEMA = "nanogpt-parity/run-spec"
+SPEC_SCHEMA = records.SPEC_SCHEMA
+KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # SIGTERM -> SIGKILL for a wedged worker
 
 
 @dataclass
@@ -39,8 +54,75 @@ class Plan:
     parity: bool = False
     progress: bool = True
     threads: int | None = None
+    allow_large: bool = False  # skip the memory-estimate refusal
 
 
+# --- memory estimate ------------------------------------------------------------------------------------------
+def float_bytes(backend: str, options: dict) -> int:
+    """Bytes per float a backend computes in (its dtype option, else its default: numpy float64, others float32)."""
+    dtype = options.get("dtype") or ("float64" if backend == "numpy" else "float32")
+    return 8 if dtype == "float64" else 4
+
+
+def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) -> dict[str, int]:
+    """Bytes one worker needs, from the shapes alone (an estimate from above, not a measurement).
+
+    parameters (+ gradients, + AdamW's two moments, + the float32 initial weights), activations kept for the
+    backward pass (per layer: ~12 B*T*C for LayerNorms/qkv/projections/residuals/masks, 2 B*H*T*T attention
+    scores and probabilities, 3 B*T*d_h for the MLP; plus 3 B*T*V logits), the corpus ids, the fixed evaluation
+    batches of both splits, and the per-step curves.
+    """
+    from harness.weights import count_parameters, param_shapes
+
+    c, f = config, bytes_per_float
+    B, T, C, L, H, Dh, V = c.batch_size, c.block_size, c.n_embd, c.n_layer, c.n_head, c.d_hidden, corpus.vocab_size
+    n_params = count_parameters(param_shapes(c, V))
+    per_layer = 12 * B * T * C + 2 * B * H * T * T + 3 * B * T * Dh
+    n_train = len(corpus.train)
+    steps = c.steps or c.epochs * max(1, ((n_train - 1) // T) // B)
+    return {
+        "parameters": n_params * (4 * f + 4),
+        "activations": (L * per_layer + 4 * B * T * C + 3 * B * T * V) * f,
+        "data": corpus.n_chars * 8 * 3 + 2 * c.eval_batches * 2 * B * T * 8,
+        "curves": steps * 120,  # three Python floats per step, their CSV and JSON text
+    }
+
+
+def machine_memory() -> tuple[int, int]:
+    """(total, available) bytes of RAM (MemTotal, MemAvailable), from /proc/meminfo or sysconf."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        total = int(info["MemTotal"].split()[0]) * 1024
+        return total, int(info.get("MemAvailable", info["MemTotal"]).split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_memory(plan: Plan) -> int:
+    """Refuse (UsageError) a run whose worker would not fit in this machine's memory; returns the estimate."""
+    per_float = max(float_bytes(b, plan.backend_options.get(b, {})) for b in plan.backends)
+    parts = estimate_memory(plan.config, plan.corpus, per_float)
+    need = sum(parts.values())
+    total, available = machine_memory()
+    if need > available and not plan.allow_large:
+        biggest = max(parts, key=parts.get)
+        raise UsageError(f"config {plan.config.name!r} needs about {fmt_bytes(need)} of memory (mostly "
+                         f"{biggest}: {fmt_bytes(parts[biggest])}) but this machine has {fmt_bytes(available)} "
+                         f"available of {fmt_bytes(total)}; make the model, batch or eval_batches smaller, or pass "
+                         "--allow-large if you mean it")
+    return need
+
+
+# --- before anything is written -------------------------------------------------------------------------------
 def preflight(plan: Plan) -> None:
     """Every check that can fail before training, so that a failure writes nothing."""
     check_names(plan.backends)
@@ -48,8 +130,11 @@ def preflight(plan: Plan) -> None:
         raise UsageError(f"backend listed twice in {', '.join(plan.backends)}; name each backend once")
     if plan.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {plan.device!r}; use cpu or cuda")
+    check_seed(plan.seed)
+    plan.config.validate()
     check_fits(plan.corpus, plan.config.block_size, plan.config.batch_size)
     records.check_writable(plan.out)
+    check_memory(plan)
     for name in plan.backends:
         cls = backend_class(name)
         try:
@@ -59,20 +144,49 @@ def preflight(plan: Plan) -> None:
             raise UsageError(str(exc)) from None
 
 
+def _copy_corpus(out: Path, corpus: Corpus) -> None:
+    """Keep the validated corpus bytes in `<out>/data/<sha256>.txt` (once), for the workers and for resume."""
+    target = records.corpus_copy(out, corpus.sha256)
+    if target.is_file() and target.stat().st_size == len(corpus.raw):
+        return
+    blob = corpus.raw or Path(corpus.path).read_bytes()
+    if hashlib.sha256(blob).hexdigest() != corpus.sha256:
+        raise UsageError(f"data file {corpus.path!r} changed while the run was being prepared; run again")
+    records.atomic_write_bytes(target, blob)
+
+
 def write_spec(plan: Plan) -> str:
-    """Create the run directory and its spec.json; returns the run id."""
-    run_id = records.new_run_id(plan.out, plan.config.name)
-    spec = {
-        "schema": SPEC_SCHEMA, "run_id": run_id, "label": plan.config.name,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": plan.config.to_dict(), "seed": plan.seed, "device": plan.device,
-        "data": {"path": plan.corpus.path, "sha256": plan.corpus.sha256},
-        "backends": plan.backends, "backend_options": plan.backend_options,
-        "checkpoint_every": plan.checkpoint_every, "text": plan.text, "parity": plan.parity,
-        "threads": plan.threads,
-    }
-    records.atomic_write_json(records.run_dir(plan.out, run_id) / "spec.json", spec)
-    return run_id
+    """Copy the corpus, create the run directory and its spec.json; returns the run id.
+
+    A file-system error (full disk, read-only, ...) is a UsageError and leaves no run directory behind.
+    """
+    created: Path | None = None
+    try:
+        _copy_corpus(plan.out, plan.corpus)
+        run_id = records.new_run_id(plan.out, plan.config.name)
+        paths = RunPaths(Path(plan.out), run_id)
+        created = paths.dir
+        c = plan.corpus
+        spec = {
+            "schema": SPEC_SCHEMA, "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
+            "label": plan.config.name, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "config": plan.config.to_dict(), "seed": plan.seed, "device": plan.device,
+            "data": {"path": c.path, "sha256": c.sha256, "n_chars": c.n_chars, "vocab_size": c.vocab_size,
+                     "vocab": c.vocab, "bom_stripped": c.bom_stripped, "line_endings": c.line_endings,
+                     "line_endings_changed": c.line_endings_changed},
+            "backends": plan.backends, "backend_options": plan.backend_options,
+            "checkpoint_every": plan.checkpoint_every, "text": plan.text, "parity": plan.parity,
+            "threads": plan.threads,
+        }
+        with RunLock(paths):
+            records.atomic_write_json(paths.spec, spec)
+        return run_id
+    except OSError as exc:
+        if created is not None:
+            import shutil
+
+            shutil.rmtree(created, ignore_errors=True)
+        raise UsageError(records.os_error_message(exc, "cannot write the run")) from None
 
 
 def thread_env(threads: int | None) -> dict[str, str]:
@@ -83,25 +197,143 @@ def thread_env(threads: int | None) -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
 
 
+def compile_cache_env(directory: Path) -> dict[str, str]:
+    """torch.compile's caches (Inductor, Triton) go into `<out>/cache/` unless the user chose a place."""
+    cache = RunPaths.of_dir(directory).out / "cache"
+    env = {}
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
+        if not os.environ.get(var):
+            env[var] = str((cache / sub).resolve())
+    return env
+
+
+# --- the executor seam ------------------------------------------------------------------------------------------
+def run_backend(directory: Path, backend: str, resume: bool = False, progress: bool = True) -> int:
+    """Train one backend of run `directory` in this process; returns the worker's exit status (0/1/2/130).
+
+    No signal or argv handling: an executor (a subprocess, a SLURM job) arranges how it is stopped. The
+    run-directory lock is taken here (exit status 2 when another process holds it).
+    """
+    from harness.worker import run_backend as _run
+
+    return _run(Path(directory), backend, resume=resume, progress=progress)
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
-               threads: int | None = None) -> int:
-    """Run one backend's worker process to its end; Ctrl-C / SIGTERM here are forwarded to it once."""
+               threads: int | None = None, lock: RunLock | None = None) -> int:
+    """Run one backend's worker process to its end and return its exit status (128+N when killed by signal N).
+
+    Ctrl-C / SIGTERM here are forwarded once (with SIGCONT); after `KILL_GRACE_S` the worker is SIGKILLed. A
+    worker that died by a signal has its record marked (see `mark_ended`). `lock`: the run-directory lock the
+    caller holds; the worker shares it (without one, the worker takes the lock itself).
+    """
+    directory = Path(directory)
     cmd = [sys.executable, "-m", "harness.worker", str(directory), backend]
     cmd += ["--resume"] if resume else []
     cmd += [] if progress else ["--no-progress"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(threads))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HARNESS_PARENT_PID=str(os.getpid()), **thread_env(threads))
+    env.pop(records.LOCK_FD_ENV, None)
+    pass_fds: tuple[int, ...] = ()
+    if lock is not None and lock.fd is not None:
+        env[records.LOCK_FD_ENV] = str(lock.fd)
+        pass_fds = (lock.fd,)
+    try:
+        spec = records.load_spec_file(RunPaths.of_dir(directory).spec)
+        if (spec["backend_options"].get(backend) or {}).get("compile"):
+            env.update(compile_cache_env(directory))
+    except UsageError:
+        pass  # the worker reports a bad spec itself
     # Its own session: a terminal Ctrl-C reaches only us, and we forward exactly one signal, so the worker's
     # clean shutdown (saving the record) is not itself interrupted by a second copy of the same Ctrl-C.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    previous = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(signal.SIGTERM))
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds, preexec_fn=_pdeathsig)
+    asked: list[str] = []  # the signals we received (forwarded once)
+
+    def forward(signum: int, frame: object) -> None:
+        if not asked:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+                proc.send_signal(signal.SIGCONT)  # a stopped worker must wake up to handle it
+        asked.append(signal.Signals(signum).name)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if main_thread:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, forward)
+    killed = False
     try:
+        deadline = None
         while True:
             try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                proc.send_signal(signal.SIGINT)
+                code = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if asked and deadline is None:
+                deadline = time.monotonic() + KILL_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"{backend}: the worker did not stop {KILL_GRACE_S:g} s after {asked[0]}; killing it "
+                      "(SIGKILL)", file=sys.stderr, flush=True)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                deadline = float("inf")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code < 0:
+        mark_ended(directory, backend, -code, stopped_by=asked[0] if asked else None, killed_by_us=killed,
+                   lock=lock)
+        return 130 if asked else 128 - code
+    return code
+
+
+def mark_ended(directory: Path, backend: str, signum: int, stopped_by: str | None = None,
+               killed_by_us: bool = False, lock: RunLock | None = None) -> None:
+    """Record that `backend`'s worker died by signal `signum`: a record left "running" becomes "interrupted" (when
+    we were asked to stop it) or "failed: killed by SIG..."; a completed record is never touched."""
+    paths = RunPaths.of_dir(directory)
+    name = signal.Signals(signum).name
+    why = {"SIGKILL": " (SIGKILL: the out-of-memory killer, or someone's kill -9)"}.get(name, "")
+    held = None
+    try:
+        if lock is None:
+            held = RunLock(paths).acquire()
+        path = paths.record(backend)
+        if not path.exists():
+            print(f"{backend}: the worker was killed by {name}{why} before it wrote a record", file=sys.stderr)
+            return
+        rec = records.load_record(path, backend)
+        if Status.of(rec["status"]) is not Status.RUNNING:
+            return
+        if stopped_by:
+            rec["status"] = Status.INTERRUPTED.value
+            rec["error"] = (f"stopped by {stopped_by}; the worker did not exit within {KILL_GRACE_S:g} s and was "
+                            f"killed with {name}" if killed_by_us else f"stopped by {stopped_by}; the worker died "
+                            f"by {name}")
+        else:
+            rec["status"] = Status.FAILED.text(f"killed by {name}")
+            rec["failure"] = f"killed by {name}"
+            rec["error"] = f"the worker process was killed by {name}{why}; everything measured until its last " \
+                           "save is kept"
+        rec["signal"] = name
+        rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        records.atomic_write_json(path, rec)
+        print(f"{backend}: the worker was killed by {name}{why}; its record is marked {rec['status']!r}",
+              file=sys.stderr)
+    except (UsageError, OSError) as exc:
+        print(f"{backend}: the worker was killed by {name}; its record could not be marked ({exc})",
+              file=sys.stderr)
+    finally:
+        if held is not None:
+            held.release()
 
 
 def compare_fingerprints(recs: list[dict]) -> list[str]:
@@ -123,33 +355,35 @@ def compare_fingerprints(recs: list[dict]) -> list[str]:
 
 def execute(directory: Path, backends: list[str], resume: bool = False, progress: bool = True,
             threads: int | None = None) -> dict[str, int]:
-    """Run the workers one after another (never at once: they would share cores and skew each other's times)."""
+    """Run the workers one after another (never at once: they would share cores and skew each other's times).
+
+    The run directory is locked for the whole time (UsageError when another process holds it).
+    """
+    directory = Path(directory)
+    paths = RunPaths.of_dir(directory)
     codes: dict[str, int] = {}
-    for i, name in enumerate(backends, 1):
-        path = directory / f"{name}.json"
-        if resume and path.exists():
-            try:
-                if records.load_record(path)["status"] == "completed":
-                    codes[name] = 0
-                    continue
-            except UsageError:
-                pass
-        print(f"[{i}/{len(backends)}] {name}: training in its own process", file=sys.stderr, flush=True)
-        codes[name] = code = run_worker(directory, name, resume=resume, progress=progress, threads=threads)
-        if code == 130:  # interrupted: do not start the next backend
-            break
+    with RunLock(paths) as lock:
+        for i, name in enumerate(backends, 1):
+            path = paths.record(name)
+            if resume and path.exists():
+                try:
+                    if records.load_record(path, name)["status"] == Status.COMPLETED:
+                        codes[name] = 0
+                        continue
+                except UsageError:
+                    pass
+            print(f"[{i}/{len(backends)}] {name}: training in its own process", file=sys.stderr, flush=True)
+            codes[name] = code = run_worker(directory, name, resume=resume, progress=progress, threads=threads,
+                                            lock=lock)
+            if code == 130:  # interrupted: do not start the next backend
+                break
     return codes
 
 
 def load_spec(out: Path, run_id: str) -> dict:
-    path = records.run_dir(out, run_id) / "spec.json"
-    if not path.is_file():
+    """The validated spec.json of run `run_id` under `out` (UsageError naming the file and field)."""
+    paths = RunPaths(Path(out), records.check_run_id(run_id))
+    if not paths.spec.is_file() and not paths.spec.is_dir():
         raise UsageError(f"no run {run_id!r} under {str(Path(out) / 'runs')!r}; pass an existing run id "
                          "and the --out it was written to")
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is corrupt ({exc}); that run cannot be resumed") from None
-    if spec.get("schema") != SPEC_SCHEMA:
-        raise UsageError(f"{path} is not a nanogpt-parity run spec; that run cannot be resumed")
-    return spec
+    return records.load_spec_file(paths.spec)

@@ -1,4 +1,4 @@
-"""One backend's training in its own interpreter: `python -m harness.worker RUN_DIR BACKEND`.
+"""One backend's training in its own interpreter: `python -m harness.worker RUN_DIR BACKEND [--resume]`.
 
 DESIGN.md, "One worker process per backend": juliacall must be imported before torch, CUDA.jl and PyTorch keep
 separate memory pools, a crash in one backend keeps the other's results, and neither framework's start-up pollutes
@@ -6,44 +6,129 @@ the other's timings. The worker rebuilds the batch stream and the weights from t
 their fingerprints, which the parent compares across backends.
 
 Exit status: 0 completed, 1 failed, 2 bad input (one line on stderr), 130 interrupted.
+
+Why a resume after a hard kill at any moment works (the record and the checkpoint are always consistent):
+
+- **The checkpoint is self-sufficient.** `<backend>.ckpt.npz` holds the model and optimizer state *and* the curves
+  up to its step (losses, step times, evaluation points). Resume restores both from it alone, so a kill between
+  writing the checkpoint and writing the record (which then lags behind) loses nothing.
+- **A record is never replaced by one that knows less.** The record of the resumed run is built only after the
+  backend was imported, set up and restored; until then the old record is untouched (an interrupt, a corrupt
+  checkpoint or a missing framework leaves it as it was). Steps and evaluations the old record holds beyond the
+  checkpoint (persisted after it) are kept in every rewrite until training has passed them again; the training
+  is deterministic, so they are the same numbers.
+- **Every file is written whole** (temporary file, fsync, rename): a kill mid-write leaves the old file and a
+  stale `.tmp`, which the next holder of the run-directory lock removes.
+- **Signals never cut a write in half.** SIGTERM/SIGINT arriving while the record or a checkpoint is being
+  written are deferred to the end of that write; after the record says "completed" a signal changes nothing.
+
+Test hook: `HARNESS_TEST_PAUSE_AT=<point>[:<action>[:<n>]]` makes the worker act at the n-th (default first) time
+it passes a named point of its life. Points: start, before-record, after-record, mid-checkpoint (temporary file
+complete, not yet renamed), after-checkpoint (checkpoint renamed, record not yet rewritten), final-persist (CSVs
+written, record not), end (everything written). Actions: stop (SIGSTOP itself), kill (SIGKILL itself), term
+(SIGTERM itself), hang (block SIGTERM/SIGINT and sleep: a wedged worker), sleep (sleep, signals still work).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import signal
 import sys
 import time
-import traceback
-from pathlib import Path
-
-import numpy as np
-
-from harness import environment, records
-from harness.backends import create_backend
-from harness.backends.base import BackendUnavailable
-from harness.config import Config
-from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus
-from harness.errors import UsageError
-from harness.runner import Curves, Interrupted, summarize_times, train
-from harness.weights import count_parameters, fingerprint, init_weights, param_shapes
-
-PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signal.Signals(signum).name)
 
 
 def _stop_with_parent() -> None:
-    """Ask Linux to send us SIGTERM if the `harness` process dies, so an orphan never trains on unseen."""
+    """Ask Linux to send us SIGTERM if the `harness` process dies (the parent also sets it at spawn); if the
+    parent is already gone, stop now. Done first, before the heavy imports."""
+    parent = os.environ.get("HARNESS_PARENT_PID")
+    if not parent:
+        return
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the worker simply finishes its run
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's own set-up is all there is
         pass
+    if parent.isdigit() and os.getppid() != int(parent):
+        print("harness worker: the harness process that started this worker is gone; stopping", file=sys.stderr)
+        sys.exit(130)
+
+
+_passed: dict[str, int] = {}
+
+
+def pause_at(point: str) -> None:
+    """The test hook (see the module docstring); does nothing unless HARNESS_TEST_PAUSE_AT names `point`."""
+    want = os.environ.get("HARNESS_TEST_PAUSE_AT")
+    if not want:
+        return
+    parts = want.split(":")
+    name, action, nth = parts[0], (parts[1:2] or ["stop"])[0], (parts[2:3] or ["1"])[0]
+    if name != point:
+        return
+    _passed[point] = _passed.get(point, 0) + 1
+    if _passed[point] != int(nth):
+        return
+    print(f"harness worker: test hook: {action} at {point}", file=sys.stderr, flush=True)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif action == "hang":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        time.sleep(3600)
+    elif action == "sleep":
+        time.sleep(float(os.environ.get("HARNESS_TEST_PAUSE_S", "3600")))
+
+
+if __name__ == "__main__":
+    _stop_with_parent()
+    pause_at("start")
+
+import contextlib  # noqa: E402  (after the parent-death set-up, which must come first)
+import traceback  # noqa: E402
+import zipfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from harness import environment, records  # noqa: E402
+from harness.backends import create_backend  # noqa: E402
+from harness.backends.base import BackendUnavailable  # noqa: E402
+from harness.config import Config, check_seed, config_from_dict  # noqa: E402
+from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes  # noqa: E402
+from harness.errors import UsageError  # noqa: E402
+from harness.records import RunLock, RunPaths, Status  # noqa: E402
+from harness.runner import Curves, Interrupted, summarize_times, train  # noqa: E402
+from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
+
+PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
+
+_critical = {"depth": 0, "pending": None}
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    name = signal.Signals(signum).name
+    if _critical["depth"]:
+        _critical["pending"] = name  # in the middle of a write: finish it first
+        return
+    raise Interrupted(name)
+
+
+@contextlib.contextmanager
+def critical() -> Iterator[None]:
+    """A write that SIGTERM/SIGINT must not cut in half: the signal takes effect when it is done."""
+    _critical["depth"] += 1
+    try:
+        yield
+    finally:
+        _critical["depth"] -= 1
+        if not _critical["depth"] and _critical["pending"]:
+            name, _critical["pending"] = _critical["pending"], None
+            raise Interrupted(name)
 
 
 def flops_per_token(config: Config, vocab_size: int) -> int:
@@ -52,23 +137,43 @@ def flops_per_token(config: Config, vocab_size: int) -> int:
     return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 class Worker:
     """Holds one backend's run: its spec, data, backend, curves and record, and persists them."""
 
     def __init__(self, directory: Path, backend_name: str):
-        self.dir, self.name = directory, backend_name
-        self.spec = json.loads((directory / "spec.json").read_text(encoding="utf-8"))
-        self.config = Config(**self.spec["config"])
-        self.seed = int(self.spec["seed"])
+        self.dir, self.name = Path(directory), backend_name
+        self.paths = RunPaths.of_dir(self.dir)
+        self.spec = records.load_spec_file(self.paths.spec)
+        if backend_name not in self.spec["backends"]:
+            raise UsageError(f"backend {backend_name!r} is not part of run {self.paths.run_id} (its backends: "
+                             f"{', '.join(self.spec['backends'])})")
+        self.config = config_from_dict(self.spec["config"], str(self.paths.spec))
+        self.seed = check_seed(self.spec["seed"], "seed in spec.json")
         self.curves = Curves()
         self.last_persist = 0.0
+        self.record: dict | None = None
+        self.tail = Curves()  # what an earlier attempt recorded beyond the checkpoint (kept until passed again)
+        self.finished = False  # the record on disk says "completed": nothing may change that
 
     # --- inputs, identical in every backend by construction --------------------------------------------------
     def load_inputs(self) -> Corpus:
-        corpus = load_corpus(self.spec["data"]["path"])
-        if corpus.sha256 != self.spec["data"]["sha256"]:
-            raise UsageError(f"data file {corpus.path!r} changed since the run started (sha256 differs); "
+        data = self.spec["data"]
+        copy = self.paths.corpus(data["sha256"])
+        source = copy if copy.is_file() else Path(data["path"])  # runs from before the copy existed
+        try:
+            blob = source.read_bytes()
+        except OSError as exc:
+            raise UsageError(records.os_error_message(exc, "cannot read the run's data")) from None
+        if sha256_bytes(blob) != data["sha256"]:
+            raise UsageError(f"data file {str(source)!r} changed since the run started (sha256 differs); "
                              "restore it or start a new run")
+        corpus = load_corpus(data["path"], keep_line_endings=data.get("line_endings") == "kept", blob=blob)
+        if "vocab" in data and corpus.vocab != data["vocab"]:
+            raise UsageError(f"the vocabulary of {data['path']!r} differs from the one in spec.json; start a new run")
         check_fits(corpus, self.config.block_size, self.config.batch_size)
         c = self.config
         self.weights = init_weights(c, corpus.vocab_size, self.seed)
@@ -85,8 +190,7 @@ class Worker:
             "schema": records.SCHEMA, "schema_version": records.SCHEMA_VERSION,
             "run_id": self.spec["run_id"], "backend": self.name,
             "backend_options": self.spec["backend_options"].get(self.name, {}),
-            "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "finished_at": None, "error": None,
+            "status": Status.RUNNING.value, "started_at": _now(), "finished_at": None, "error": None,
             "config": c.to_dict(), "config_hash": c.config_hash(), "seed": self.seed,
             "device": self.spec["device"], "data": corpus.describe(),
             "fingerprints": {"weights": fingerprint(self.weights), "batches": self.stream.fingerprint(),
@@ -103,78 +207,134 @@ class Worker:
         }
 
     # --- persistence -------------------------------------------------------------------------------------------
-    def persist(self) -> None:
-        cv = self.curves
-        self.record["steps"] = {"step": cv.step[:len(cv.loss)], "loss": cv.loss, "time_s": cv.time_s[:len(cv.loss)]}
-        self.record["evals"] = cv.evals
-        records.atomic_write_csv(self.dir / f"{self.name}.steps.csv", ["step", "loss", "time_s"],
-                                 [[s, repr(v), repr(t)] for s, v, t in zip(cv.step, cv.loss, cv.time_s)])
-        records.atomic_write_csv(self.dir / f"{self.name}.evals.csv", ["step", "train_loss", "val_loss", "time_s"],
-                                 [[e["step"], repr(e["train_loss"]), repr(e["val_loss"]), repr(e["time_s"])]
-                                  for e in cv.evals])
-        records.atomic_write_json(self.dir / f"{self.name}.json", self.record)
-        self.last_persist = time.monotonic()
+    def merged(self) -> Curves:
+        """The curves measured now, followed by what an earlier attempt recorded beyond them."""
+        cv, tail = self.curves, self.tail
+        n = len(cv.loss)
+        keep = [i for i, s in enumerate(tail.step[:len(tail.loss)]) if s >= n]
+        last_eval = cv.evals[-1]["step"] if cv.evals else -1
+        return Curves(step=cv.step[:n] + [tail.step[i] for i in keep], loss=cv.loss + [tail.loss[i] for i in keep],
+                      time_s=cv.time_s[:n] + [tail.time_s[i] for i in keep],
+                      evals=cv.evals + [e for e in tail.evals if e["step"] > last_eval])
+
+    def persist(self, final: bool = False) -> None:
+        assert self.record is not None
+        with critical():
+            cv = self.merged()
+            self.record["steps"] = {"step": cv.step, "loss": cv.loss, "time_s": cv.time_s}
+            self.record["evals"] = cv.evals
+            records.atomic_write_csv(self.paths.steps_csv(self.name), ["step", "loss", "time_s"],
+                                     [[s, repr(v), repr(t)] for s, v, t in zip(cv.step, cv.loss, cv.time_s)])
+            records.atomic_write_csv(self.paths.evals_csv(self.name), ["step", "train_loss", "val_loss", "time_s"],
+                                     [[e["step"], repr(e["train_loss"]), repr(e["val_loss"]), repr(e["time_s"])]
+                                      for e in cv.evals])
+            if final:
+                pause_at("final-persist")
+            records.atomic_write_json(self.paths.record(self.name), self.record)
+            self.finished = self.record["status"] == Status.COMPLETED
+            self.last_persist = time.monotonic()
 
     def maybe_persist(self, done: int) -> None:
         if time.monotonic() - self.last_persist >= PERSIST_EVERY_S:
             self.persist()
 
     def checkpoint(self, done: int) -> None:
-        state = self.backend.state_dict()
-        state["harness/step"] = np.array(done, dtype=np.int64)
-        path = self.dir / f"{self.name}.ckpt.npz"
-        records.atomic_write_npz(path, state)
-        self.record["checkpoint"] = {"step": done, "file": path.name}
-        self.persist()
+        """Model, optimizer and the curves up to `done`, in one file: resume needs nothing else."""
+        cv = self.curves
+        with critical():
+            state = self.backend.state_dict()
+            state["harness/step"] = np.array(done, dtype=np.int64)
+            state["harness/loss"] = np.array(cv.loss[:done], dtype=np.float64)
+            state["harness/time_s"] = np.array(cv.time_s[:done], dtype=np.float64)
+            state["harness/evals"] = np.array([[e["step"], e["train_loss"], e["val_loss"], e["time_s"]]
+                                               for e in cv.evals if e["step"] <= done], dtype=np.float64
+                                              ).reshape(-1, 4)
+            path = self.paths.checkpoint(self.name)
+            records.atomic_write_bytes(path, records.npz_bytes(state),
+                                       before_rename=lambda: pause_at("mid-checkpoint"))
+            pause_at("after-checkpoint")
+            self.record["checkpoint"] = {"step": done, "file": path.name}
+            self.persist()
 
     def save_probe(self) -> None:
         """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`."""
         x, y = self.stream.batch(0)
         arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y}
         arrays.update({f"grad/{k}": np.asarray(v) for k, v in self.backend.gradients(x, y).items()})
-        records.atomic_write_npz(self.dir / f"{self.name}.probe.npz", arrays)
+        records.atomic_write_npz(self.paths.probe(self.name), arrays)
 
-    def resume(self) -> int:
-        """Restore the backend and the curves from the checkpoint; returns the step to continue from."""
-        if not (self.dir / f"{self.name}.json").exists():
-            return 0  # killed before its first record: start again from the initial weights
-        old = records.load_record(self.dir / f"{self.name}.json")
-        self.record.update(started_at=old["started_at"], resumed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        ckpt = self.dir / f"{self.name}.ckpt.npz"
-        if not ckpt.exists():
-            return 0  # nothing saved: start again from the initial weights
-        with np.load(ckpt) as f:
-            state = {k: f[k] for k in f.files}
-        step = int(state.pop("harness/step"))
-        self.backend.load_state_dict(state)
-        steps = old["steps"]
-        self.curves = Curves(step=list(steps["step"]), loss=list(steps["loss"]), time_s=list(steps["time_s"]),
-                             evals=list(old["evals"]))
-        self.curves.truncate(step)
-        if len(self.curves.loss) < step:
-            raise UsageError(f"run {self.spec['run_id']}: the {self.name} record holds fewer steps than its "
-                             "checkpoint; it cannot be resumed, start a new run")
-        self.record["timings"] = old.get("timings", {})
-        self.record["checkpoint"] = old.get("checkpoint")
-        return step
+    def resume(self) -> tuple[int, dict]:
+        """Restore the backend and the curves from the checkpoint; returns the step to continue from and what the
+        new record takes over from the old one. Writes nothing."""
+        record_path, ckpt = self.paths.record(self.name), self.paths.checkpoint(self.name)
+        old = records.load_record(record_path, self.name) if os.path.lexists(record_path) else None
+        carry: dict = {}
+        if old is not None:
+            self.tail = Curves(step=list(old["steps"]["step"]), loss=list(old["steps"]["loss"]),
+                               time_s=list(old["steps"]["time_s"]), evals=list(old["evals"]))
+            carry = {"started_at": old.get("started_at"), "timings": old.get("timings") or {}}
+        if not os.path.lexists(ckpt):
+            return 0, carry  # nothing saved: start again from the initial weights (the old curves stay as a tail)
+        fix = f"delete {ckpt.name} to restart {self.name} from step 0, or start a new run"
+        try:
+            with np.load(ckpt) as f:
+                state = {k: f[k] for k in f.files}
+            step = int(state.pop("harness/step"))
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+            raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
+                             f"{str(exc) or 'truncated'}); {fix}") from None
+        if not 0 < step <= self.total_steps:
+            raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{self.total_steps}; "
+                             f"{fix}")
+        if "harness/loss" in state:
+            loss, times = state.pop("harness/loss"), state.pop("harness/time_s")
+            evals = state.pop("harness/evals")
+            if len(loss) != step or len(times) != step:
+                raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
+            self.curves = Curves(step=list(range(step)), loss=[float(v) for v in loss],
+                                 time_s=[float(t) for t in times],
+                                 evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b),
+                                         "time_s": float(t)} for s, a, b, t in evals])
+        else:  # a checkpoint from before the curves were kept in it: take them from the record
+            self.curves = Curves(step=list(self.tail.step), loss=list(self.tail.loss),
+                                 time_s=list(self.tail.time_s), evals=list(self.tail.evals))
+            self.curves.truncate(step)
+            if len(self.curves.loss) < step:
+                raise UsageError(f"run {self.spec['run_id']}: the {self.name} record holds fewer steps than its "
+                                 f"(old-format) checkpoint; {fix}")
+        try:
+            self.backend.load_state_dict(state)
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise UsageError(f"checkpoint {str(ckpt)!r} does not fit this run's model ({type(exc).__name__}: "
+                             f"{exc}); {fix}") from None
+        carry["checkpoint"] = {"step": step, "file": ckpt.name}
+        return step, carry
 
     # --- the run -----------------------------------------------------------------------------------------------
     def run(self, resume: bool, progress: bool) -> int:
         wall0 = time.perf_counter()
         corpus = self.load_inputs()
-        self.record = self.new_record(corpus)
         options = self.spec["backend_options"].get(self.name, {})
         self.backend = create_backend(self.name, **options)
         t0 = time.perf_counter()
         self.backend.setup(self.config, self.weights, corpus.vocab_size, self.spec["device"], self.seed)
         setup_s = time.perf_counter() - t0
-        self.record["backend_info"] = self.backend.describe()
-        start = self.resume() if resume else 0
+        start, carry = self.resume() if resume else (0, {})
+        pause_at("before-record")
+        # only now, with the backend ready and the checkpoint restored, may a new record replace the old one
+        record = self.new_record(corpus)
+        record["backend_info"] = self.backend.describe()
+        if carry.get("started_at"):
+            record.update(started_at=carry["started_at"], resumed_at=_now())
+        record["timings"] = dict(carry.get("timings") or {})
+        record["checkpoint"] = carry.get("checkpoint")
+        self.record = record
         if self.spec.get("parity") and start == 0:
             self.save_probe()
         timings = self.record["timings"]
         timings["setup_s"] = setup_s
         self.persist()
+        pause_at("after-record")
         label = f"{self.name}/{self.spec['label']}"
         outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
                         start_step=start, on_flush=self.maybe_persist,
@@ -200,47 +360,88 @@ class Worker:
                 outcome.status = "interrupted"
         timings["wall_s"] = timings.get("wall_s", 0.0) + time.perf_counter() - wall0
         self.record["status"] = outcome.status
-        self.record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.persist()
+        if records.is_failed(outcome.status):
+            self.record["failure"] = outcome.status.split(": ", 1)[-1]
+        self.record["finished_at"] = _now()
+        self.persist(final=True)
+        pause_at("end")
         if outcome.status == "completed":
             return 0
         print(f"{self.name}: {outcome.status} after {outcome.steps_done} steps; record kept in "
-              f"{self.dir / (self.name + '.json')}", file=sys.stderr)
+              f"{self.paths.record(self.name)}", file=sys.stderr)
         return 130 if outcome.status == "interrupted" else 1
 
+    def interrupted(self) -> None:
+        """Interrupted outside the training loop: mark the record (if this attempt wrote one, and it is not done)."""
+        if self.record is not None and not self.finished:
+            self.record["status"] = Status.INTERRUPTED.value
+            self.record["finished_at"] = _now()
+            self.persist()
+
     def fail(self, exc: BaseException) -> None:
-        """Keep what was measured under a failed status (the record exists once setup has begun)."""
-        if not hasattr(self, "record"):
+        """Keep what was measured under a failed status (only once this attempt has its own record)."""
+        if self.record is None or self.finished:
             return
-        self.record["status"] = f"failed: {type(exc).__name__}: {exc}"
+        reason = f"{type(exc).__name__}: {exc}"
+        self.record["status"] = Status.FAILED.text(reason)
+        self.record["failure"] = reason
         self.record["error"] = traceback.format_exc()
-        self.record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.record["finished_at"] = _now()
         self.persist()
+
+
+def run_backend(directory: Path, name: str, resume: bool = False, progress: bool = True,
+                lock_fd: int | None = None) -> int:
+    """Train backend `name` of run `directory` in this process, under the run-directory lock; the exit status.
+
+    No signal or argv handling here (see `main`): an executor decides how the process is stopped. `lock_fd`: an
+    open lock file inherited from the parent, which already holds the lock.
+    """
+    worker = None
+    try:
+        with RunLock(RunPaths.of_dir(Path(directory)), fd=lock_fd):
+            worker = Worker(Path(directory), name)
+            try:
+                return worker.run(resume=resume, progress=progress)
+            except (KeyboardInterrupt, Interrupted):
+                try:
+                    worker.interrupted()
+                except (KeyboardInterrupt, Interrupted):
+                    worker.interrupted()
+                if worker.finished and worker.record is not None and worker.record["status"] == "completed":
+                    return 0  # a signal after the record said "completed" changes nothing
+                return 130
+    except (UsageError, BackendUnavailable) as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Interrupted):  # before the run had started
+        return 130
+    except OSError as exc:
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                worker.fail(exc)
+        print(f"harness: error: {records.os_error_message(exc, f'{name}: cannot write')}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a backend bug: keep the record, show the traceback (it is not the user's fault)
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                worker.fail(exc)
+        traceback.print_exc()
+        print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    directory, name = Path(argv[0]), argv[1]
-    resume = "--resume" in argv
-    progress = "--no-progress" not in argv
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    _stop_with_parent()
-    worker = Worker(directory, name)
-    try:
-        return worker.run(resume=resume, progress=progress)
-    except (UsageError, BackendUnavailable) as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
+    if len(argv) < 2:
+        print("usage: python -m harness.worker RUN_DIR BACKEND [--resume] [--no-progress]", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Interrupted):
-        if hasattr(worker, "record"):  # interrupted outside the training loop (setup, resume, text metrics)
-            worker.record["status"] = "interrupted"
-            worker.persist()
-        return 130
-    except Exception as exc:  # a backend bug: keep the record, show the traceback (it is not the user's fault)
-        worker.fail(exc)
-        traceback.print_exc()
-        print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    directory, name = Path(argv[0]), argv[1]
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    fd = os.environ.get(records.LOCK_FD_ENV)
+    return run_backend(directory, name, resume="--resume" in argv, progress="--no-progress" not in argv,
+                       lock_fd=int(fd) if fd and fd.isdigit() else None)
 
 
 if __name__ == "__main__":

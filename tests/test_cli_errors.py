@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -54,6 +55,14 @@ CASES = {
 }
 
 
+def minimal_spec(run_id: str) -> dict:
+    """A spec.json that passes the schema (the record beside it is what a test breaks)."""
+    return {"schema": "nanogpt-parity/run-spec", "schema_version": 1, "run_id": run_id, "label": "small",
+            "config": {"name": "small", "n_embd": 16, "block_size": 64, "n_layer": 1, "n_head": 2, "d_hidden": 64},
+            "seed": 1, "device": "cpu", "data": {"path": "x.txt", "sha256": "0" * 64}, "backends": ["torch"],
+            "backend_options": {}}
+
+
 def write(tmp: Path, name: str, content: str | bytes) -> str:
     path = tmp / "inputs" / name
     path.parent.mkdir(exist_ok=True)
@@ -95,7 +104,7 @@ def test_report_missing_and_corrupt(tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "no run" in result.stderr
     run = out / "runs" / "20990101-000000-small-0001"
     run.mkdir(parents=True)
-    (run / "spec.json").write_text('{"backends": ["torch"]}')
+    (run / "spec.json").write_text(json.dumps(minimal_spec(run.name)))
     (run / "torch.json").write_text('{"schema": "nanogpt-parity/run-rec')  # truncated
     before = sorted(files_under(out))
     result = run_cli("report", run.name, "--out", str(out))
