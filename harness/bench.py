@@ -48,7 +48,7 @@ import numpy as np
 
 from harness import environment, records
 from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
-from harness.config import SIZES, Config, load_config
+from harness.config import SIZES, Config, load_config, seed_arg
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
 from harness.runner import Curves, train
@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="PATH", help="UTF-8 text (default: $HARNESS_DATA, else Tiny Shakespeare)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                    help="output directory; the JSON goes to DIR/bench/ (reports/)")
-    p.add_argument("--seed", type=int, default=1337, help="seed of the weights and batches (1337)")
+    p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights and batches (1337)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
     p.add_argument("--compile", action="store_true", help="torch: torch.compile both loops' model")

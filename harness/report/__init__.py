@@ -265,10 +265,12 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
     """Headline numbers of one run, read from its records now (so the index never shows stale numbers)."""
     try:
         view = analysis.load_view(out, run_id)
+        head = analysis.headline(view)
+        verdict = _verdict(view, analysis.pairs(view))
     except UsageError as exc:
         return {"run_id": run_id, "error": str(exc)}
-    head = analysis.headline(view)
-    verdict = _verdict(view, analysis.pairs(view))
+    except Exception as exc:  # one malformed run must never break the index of every other run
+        return {"run_id": run_id, "error": f"run {run_id} could not be read ({type(exc).__name__}: {exc})"}
     return {
         "run_id": run_id, "error": None, "size": head["size"], "device": head["device"],
         "params": tables.fmt_int(head["n_params"]), "verdict": verdict["label"], "level": verdict["level"],
@@ -278,6 +280,18 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
         "bleu": _per_backend(head["bleu"], tables.fmt_score),
         "chrf": _per_backend(head["chrf"], tables.fmt_score),
     }
+
+
+def _clean_old_tmp(out: Path, older_than_s: float = 3600.0) -> None:
+    """Remove temporary files a kill left in `<out>` (reports, the index): only old ones, another process may be
+    writing a fresh one right now. Run directories are cleaned by their lock holder."""
+    now = time.time()
+    for path in out.glob(".*.tmp"):
+        try:
+            if now - path.stat().st_mtime > older_than_s:
+                path.unlink()
+        except OSError:
+            pass
 
 
 def write_index(out: Path) -> Path:
@@ -309,7 +323,9 @@ def write_index(out: Path) -> Path:
     entries.sort(key=lambda e: e["mtime"], reverse=True)
     runs_dir = out / "runs"
     uncovered = sorted((p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in covered
-                        and (p / "spec.json").exists()), reverse=True) if runs_dir.is_dir() else []
+                        and records.RUN_ID_RE.match(p.name) and (p / "spec.json").exists()),
+                       reverse=True) if runs_dir.is_dir() else []
+    _clean_old_tmp(out)
     page = _env().get_template("index.html.j2").render(
         entries=entries, uncovered=uncovered, out=str(out), version=harness.__version__,
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()))
