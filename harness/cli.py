@@ -234,6 +234,7 @@ def resume_run(args: argparse.Namespace) -> int:
     from harness import launch, records
 
     spec = launch.load_spec(args.out, args.resume)
+    records.load_run(args.out, args.resume)  # every stored record is checked here, before a worker starts
     directory = records.run_dir(args.out, args.resume)
     conflicts = resume_conflicts(args, spec)
     if conflicts:

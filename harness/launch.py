@@ -64,6 +64,13 @@ def float_bytes(backend: str, options: dict) -> int:
     return 8 if dtype == "float64" else 4
 
 
+def n_parameters(config: Config, vocab_size: int) -> int:
+    """The parameter count in closed form (harness.weights enumerates the tensors, too slow for absurd sizes)."""
+    C, Dh, V, T = config.n_embd, config.d_hidden, vocab_size, config.block_size
+    per_layer = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * Dh + Dh) + (Dh * C + C)
+    return V * C + T * C + config.n_layer * per_layer + 2 * C + C * V + V
+
+
 def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) -> dict[str, int]:
     """Bytes one worker needs, from the shapes alone (an estimate from above, not a measurement).
 
@@ -72,11 +79,9 @@ def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) ->
     scores and probabilities, 3 B*T*d_h for the MLP; plus 3 B*T*V logits), the corpus ids, the fixed evaluation
     batches of both splits, and the per-step curves.
     """
-    from harness.weights import count_parameters, param_shapes
-
     c, f = config, bytes_per_float
     B, T, C, L, H, Dh, V = c.batch_size, c.block_size, c.n_embd, c.n_layer, c.n_head, c.d_hidden, corpus.vocab_size
-    n_params = count_parameters(param_shapes(c, V))
+    n_params = n_parameters(c, V)
     per_layer = 12 * B * T * C + 2 * B * H * T * T + 3 * B * T * Dh
     n_train = len(corpus.train)
     steps = c.steps or c.epochs * max(1, ((n_train - 1) // T) // B)
@@ -152,7 +157,12 @@ def _copy_corpus(out: Path, corpus: Corpus) -> None:
     blob = corpus.raw or Path(corpus.path).read_bytes()
     if hashlib.sha256(blob).hexdigest() != corpus.sha256:
         raise UsageError(f"data file {corpus.path!r} changed while the run was being prepared; run again")
-    records.atomic_write_bytes(target, blob)
+    try:
+        records.atomic_write_bytes(target, blob)
+    except OSError:
+        with contextlib.suppress(OSError):
+            target.parent.rmdir()  # only if empty: leave nothing behind
+        raise
 
 
 def write_spec(plan: Plan) -> str:
@@ -386,4 +396,8 @@ def load_spec(out: Path, run_id: str) -> dict:
     if not paths.spec.is_file() and not paths.spec.is_dir():
         raise UsageError(f"no run {run_id!r} under {str(Path(out) / 'runs')!r}; pass an existing run id "
                          "and the --out it was written to")
-    return records.load_spec_file(paths.spec)
+    spec = records.load_spec_file(paths.spec)
+    from harness.config import config_from_dict
+
+    config_from_dict(spec["config"], str(paths.spec))  # unknown or invalid keys: refused before any worker starts
+    return spec

@@ -301,10 +301,10 @@ def check_writable(out: Path) -> None:
         if (out / "index.html").is_dir():
             raise UsageError(f"--out {str(out)!r}: {str(out / 'index.html')!r} is a directory but the index page "
                              "is written there; move it away or choose another --out")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {str(out)!r} is not writable; choose a directory you can write to")
     if _read_only_fs(probe):
         raise UsageError(f"--out {str(out)!r} is on a read-only file system; choose another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {str(out)!r} is not writable; choose a directory you can write to")
 
 
 def _read_only_fs(path: Path) -> bool:

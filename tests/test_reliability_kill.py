@@ -63,7 +63,7 @@ def test_kill_at_every_point_then_resume_bit_exact(tmp_path, tiny_config, backen
 
     out = tmp_path / "out"
     run = None
-    for i, (hook, what) in enumerate(STAGES):
+    for hook, what in STAGES:
         args = ["run", *common] if run is None else ["run", "--resume", run.name]
         before = (run / f"{backend}.json").read_bytes() if run and (run / f"{backend}.json").exists() else None
         result = run_cli(*args, "--out", str(out), "--quiet", "--no-report", env={"HARNESS_TEST_PAUSE_AT": hook})
