@@ -66,3 +66,37 @@ def test_malformed_config(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(UsageError, match=message):
         load_config(path=path)
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "a\0b", "has space", "a&b", "x" * 65, "", 3])
+def test_config_name_must_be_a_plain_name(name):
+    with pytest.raises(UsageError, match="config name"):
+        load_config("small").replace(name=name)
+
+
+def test_seed_range():
+    import argparse
+
+    from harness.config import SEED_MAX, check_seed, seed_arg
+
+    assert seed_arg("0") == 0 and seed_arg(str(SEED_MAX)) == SEED_MAX == 2**32 - 1
+    for bad in ("-1", str(2**32), str(2**64), "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_arg(bad)
+    with pytest.raises(UsageError, match="out of range"):
+        check_seed(-1)
+
+
+def test_config_from_stored_dict():
+    from harness.config import config_from_dict
+
+    stored = load_config("small").to_dict()
+    assert config_from_dict(dict(stored), "spec.json") == load_config("small")
+    with pytest.raises(UsageError, match="unknown key"):
+        config_from_dict({**stored, "bogus": 1}, "spec.json")
+    with pytest.raises(UsageError, match="missing key"):
+        config_from_dict({k: v for k, v in stored.items() if k != "n_head"}, "spec.json")
+    with pytest.raises(UsageError, match="not a table"):
+        config_from_dict([1], "spec.json")
+    with pytest.raises(UsageError, match="invalid"):
+        config_from_dict({**stored, "n_layer": "2"}, "spec.json")

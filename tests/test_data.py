@@ -131,3 +131,33 @@ def test_download_verifies_and_caches(tmp_path, monkeypatch, data):
         assert load_corpus(None).sha256 == hdata.TINY_SHAKESPEARE_SHA256  # from the cache, server gone
     finally:
         server.server_close()
+
+
+def test_bom_is_stripped_and_recorded(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + b"hello world\n" * 50)
+    corpus = load_corpus(path)
+    assert "\ufeff" not in corpus.chars and corpus.bom_stripped
+    assert corpus.decode(corpus.train[:5]) == "hello" and corpus.n_chars == 600
+    assert corpus.describe()["bom_stripped"] is True
+    assert corpus.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()  # the file as it is on disk
+    assert not load_corpus(tmp_path / "bom.txt", blob=b"plain text\n" * 50).bom_stripped
+
+
+@pytest.mark.parametrize("ending", [b"\r\n", b"\r"])
+def test_line_endings_normalised_by_default_or_kept(tmp_path, ending):
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"to be or not" + ending + b"that is it" + ending)
+    corpus = load_corpus(path)
+    assert "\r" not in corpus.chars and corpus.line_endings == "normalised" and corpus.line_endings_changed == 2
+    assert corpus.decode(np.concatenate([corpus.train, corpus.val])) == "to be or not\nthat is it\n"
+    kept = load_corpus(path, keep_line_endings=True)
+    assert "\r" in kept.chars and kept.line_endings == "kept" and kept.line_endings_changed == 0
+    assert kept.describe()["vocab"] == "".join(sorted(set(path.read_bytes().decode())))
+
+
+def test_vocabulary_is_described(corpus):
+    d = corpus.describe()
+    assert d["vocab"] == "".join(corpus.chars) and len(d["vocab"]) == d["vocab_size"] == 65
+    assert d["line_endings"] == "normalised" and d["line_endings_changed"] == 0 and not d["bom_stripped"]
+    assert "vocabulary of 65 symbols" in corpus.summary()
