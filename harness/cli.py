@@ -246,7 +246,9 @@ def resume_run(args: argparse.Namespace) -> int:
         print(f"resume: using --threads {args.threads} (the run started with {threads or 'the default'})",
               file=sys.stderr)
         threads = args.threads
-    print(f"resuming run {args.resume}", file=sys.stderr)
+    data = spec["data"]
+    vocab = f", vocabulary of {data['vocab_size']} symbols" if "vocab_size" in data else ""
+    print(f"resuming run {args.resume}: data {data['path']}{vocab}", file=sys.stderr)
     codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads)
     code = finish(args.out, args.resume, codes)
     if not args.no_report:

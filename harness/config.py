@@ -165,7 +165,8 @@ def config_from_dict(doc: object, source: str) -> Config:
     if not isinstance(doc, dict):
         raise UsageError(f"{source}: field 'config' is not a table; that run cannot be used")
     unknown = sorted(set(doc) - set(names))
-    missing = [n for n in names if n not in doc and n != "steps"]
+    optional = {f.name for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
+    missing = [n for n in names if n not in doc and n not in optional]
     if unknown or missing:
         what = f"unknown key(s) {', '.join(unknown)}" if unknown else f"missing key(s) {', '.join(missing)}"
         raise UsageError(f"{source}: field 'config' has {what}; that run cannot be used, start a new run")

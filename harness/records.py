@@ -390,7 +390,7 @@ SPEC_JSON_SCHEMA: dict = {
         "backends": {"type": "array", "minItems": 1, "items": {"type": "string"}},
         "backend_options": {"type": "object", "additionalProperties": {"type": "object"}},
         "checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
-        "text": {"type": "boolean"}, "parity": {"type": "boolean"},
+        "text": {"type": "boolean"}, "parity": {"type": ["boolean", "object"]},  # object: parity options
         "threads": {"type": ["integer", "null"], "minimum": 1},
     },
 }
