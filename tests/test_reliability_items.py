@@ -524,3 +524,25 @@ def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, confi
     _edit(run / "numpy.json", lambda d: d.update(status="interrupted"))
     result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 2 and "changed since the run started" in result.stderr
+
+
+# --- the executor seam ----------------------------------------------------------------------------------------------
+def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config_file):
+    """`launch.run_backend` trains one backend in this process (what a SLURM job calls); it takes the lock."""
+    from harness import launch
+    from harness.config import load_config
+    from harness.data import load_corpus
+
+    plan = launch.Plan(config=load_config(path=config_file).replace(steps=10), corpus=load_corpus(data_path()),
+                       backends=["numpy"], out=tmp_path / "out", text=False, progress=False)
+    launch.preflight(plan)
+    paths = records.RunPaths(plan.out, launch.write_spec(plan))
+    with records.RunLock(paths):  # someone else writes the run: refused, nothing touched
+        assert launch.run_backend(paths.dir, "numpy", progress=False) == 2
+        assert "being written by another process" in capsys.readouterr().err
+    assert not paths.record("numpy").exists()
+    assert launch.run_backend(paths.dir, "numpy", progress=False) == 0
+    rec = records.load_record(paths.record("numpy"), "numpy")
+    assert rec["status"] == "completed" and len(rec["steps"]["loss"]) == 10
+    assert records.Status.of(rec["status"]) is records.Status.COMPLETED
+    assert records.Status.of("failed: x") is records.Status.FAILED and records.Status.FAILED.text("x") == "failed: x"
