@@ -57,6 +57,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 class Status(str, enum.Enum):
     """A record's `status`. A failure is stored as "failed: <reason>" (the reason also in `failure`)."""
 
+    QUEUED = "queued"  # submitted to an executor, not started
     RUNNING = "running"
     COMPLETED = "completed"
     INTERRUPTED = "interrupted"
@@ -387,7 +388,7 @@ SPEC_JSON_SCHEMA: dict = {
                  "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                                 "vocab": {"type": "string"}, "bom_stripped": {"type": "boolean"},
                                 "line_endings": {"enum": ["normalised", "kept"]}}},
-        "backends": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        "backends": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,31}$"}},
         "backend_options": {"type": "object", "additionalProperties": {"type": "object"}},
         "checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
         "text": {"type": "boolean"}, "parity": {"type": ["boolean", "object"]},  # object: parity options
@@ -403,7 +404,7 @@ RECORD_JSON_SCHEMA: dict = {
         "schema_version": {"type": "integer", "minimum": 0, "maximum": SCHEMA_VERSION},
         "run_id": {"type": "string"},
         "backend": {"type": "string"},
-        "status": {"type": "string", "pattern": "^(running|completed|interrupted|failed(: .*)?)$"},
+        "status": {"type": "string", "pattern": "^(queued|running|completed|interrupted|failed(: .*)?)$"},
         "config": _CONFIG,
         "seed": {"type": "integer"},
         "total_steps": {"type": "integer", "minimum": 0},

@@ -432,6 +432,8 @@ CORRUPT = {
     # name: (damage(run dir), file named, field named)
     "spec a list": (lambda r: (r / "spec.json").write_text("[]"), "spec.json", "top level"),
     "spec not utf-8": (lambda r: (r / "spec.json").write_bytes(b'{"a": "\xff"}'), "spec.json", "utf-8"),
+    "spec backend a path": (lambda r: _edit(r / "spec.json", lambda d: d.update(backends=["../../x"])), "spec.json",
+                            "backends/0"),
     "spec without backends": (lambda r: _edit(r / "spec.json", lambda d: d.pop("backends")), "spec.json",
                               "(top level)"),
     "spec config not a table": (lambda r: _edit(r / "spec.json", lambda d: d.update(config=3)), "spec.json",
