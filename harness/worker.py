@@ -40,16 +40,14 @@ import time
 def _stop_with_parent() -> None:
     """Ask Linux to send us SIGTERM if the `harness` process dies (the parent also sets it at spawn); if the
     parent is already gone, stop now. Done first, before the heavy imports."""
-    parent = os.environ.get("HARNESS_PARENT_PID")
-    if not parent:
-        return
+    parent = os.environ.pop("HARNESS_PARENT_PID", None)  # set by launch.run_worker (not passed further down)
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's own set-up is all there is
         pass
-    if parent.isdigit() and os.getppid() != int(parent):
+    if parent and parent.isdigit() and os.getppid() != int(parent):
         print("harness worker: the harness process that started this worker is gone; stopping", file=sys.stderr)
         sys.exit(130)
 
