@@ -48,6 +48,7 @@ import numpy as np
 
 from harness import environment, records
 from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
+from harness.cli import out_arg
 from harness.config import SIZES, Config, load_config, seed_arg
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
@@ -103,7 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=_count(1), default=30, metavar="N",
                    help="rounds of runner, bare, stream; the figures are medians over them (30)")
     p.add_argument("--data", metavar="PATH", help="UTF-8 text (default: $HARNESS_DATA, else Tiny Shakespeare)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR",
                    help="output directory; the JSON goes to DIR/bench/ (reports/)")
     p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights and batches (1337)")
     p.add_argument("--dtype", choices=("float32", "float64"),

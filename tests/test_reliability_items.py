@@ -273,6 +273,14 @@ def test_8_sigterm_at_the_end_keeps_completed(tmp_path, config_file, point):
 
 # --- 9-14: validation before anything is created ------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "parity", "bench"])
+def test_14_empty_out_refused_everywhere(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    code, err = harness(capsys, command, "--out", "")
+    one_line_error(code, err, "--out is empty")
+    assert tree(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["run", "parity", "bench"])
 @pytest.mark.parametrize("seed", ["-1", str(2**64), str(2**32)])
 def test_9_seed_range(tmp_path, capsys, command, seed):
     code, err = harness(capsys, command, "--seed", seed, "--out", tmp_path / "out")
