@@ -23,6 +23,7 @@ from harness import environment, records
 from harness.backends import create_backend
 from harness.backends.base import BackendUnavailable
 from harness.config import Config
+from harness.costs import flops_per_token, time_to_target
 from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus
 from harness.errors import UsageError
 from harness.runner import Curves, Interrupted, summarize_times, train
@@ -44,12 +45,6 @@ def _stop_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the worker simply finishes its run
         pass
-
-
-def flops_per_token(config: Config, vocab_size: int) -> int:
-    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x d x n_ctx (attention), as Kaplan/PaLM."""
-    n = count_parameters(param_shapes(config, vocab_size), embeddings=False)
-    return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size
 
 
 class Worker:
@@ -186,6 +181,7 @@ class Worker:
         tokens = self.record["tokens_per_step"]
         timings.update(summarize_times(cv.time_s, tokens))
         timings["train_s"] = float(sum(cv.time_s))
+        self.record["time_to_target"] = time_to_target(self.config.target_val_loss, cv.evals, cv.step, cv.time_s)
         timings["eval_s"] = timings.get("eval_s", 0.0) + outcome.eval_s
         if timings.get("tokens_per_s"):
             timings["achieved_flops"] = timings["tokens_per_s"] * self.record["flops_per_token"]

@@ -310,10 +310,10 @@ def costs(rec: dict) -> dict[str, Any]:
 
 
 def _flops_per_token(rec: dict) -> int | None:
-    """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (worker.flops_per_token)."""
+    """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (harness.costs)."""
     try:
         from harness.config import Config
-        from harness.worker import flops_per_token
+        from harness.costs import flops_per_token
 
         return flops_per_token(Config(**rec["config"]), int(rec["data"]["vocab_size"]))
     except (KeyError, TypeError, ValueError):
