@@ -251,3 +251,38 @@ def test_ctrl_c_then_resume_continues_from_the_checkpoint(tmp_path: Path, tiny_c
     # resumed from the checkpoint, not from step 0: the steps before it keep their first-attempt timings
     assert after["steps"]["time_s"][:ckpt] == before["steps"]["time_s"][:ckpt]
     assert after["steps"]["loss"][:ckpt] == before["steps"]["loss"][:ckpt]
+
+
+# --- time to target and cost formulas ---------------------------------------------------------------------------------
+def test_time_to_target_first_crossing_or_never():
+    from harness.costs import time_to_target
+    from harness.report.tables import fmt_target
+
+    evals = [{"step": 0, "val_loss": 4.0, "time_s": 0.5}, {"step": 2, "val_loss": 2.9, "time_s": 0.5},
+             {"step": 4, "val_loss": 2.5, "time_s": 0.5}, {"step": 6, "val_loss": 2.4, "time_s": 0.5}]
+    steps, times = list(range(6)), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    hit = time_to_target(2.5, evals, steps, times)
+    assert hit == {"target_val_loss": 2.5, "reached": True, "step": 4, "val_loss": 2.5, "train_s": 10.0,
+                   "train_eval_s": 11.5}
+    miss = time_to_target(2.0, evals, steps, times)
+    assert miss["reached"] is False and miss["step"] is None and miss["train_s"] is None
+    assert time_to_target(None, evals, steps, times) is None
+    assert fmt_target({"time_to_target": hit}) == "10 s (step 4; target 2.5)"
+    assert fmt_target({"time_to_target": miss}) == "not reached (target 2)"
+    # a record from before the field existed: computed from its curves and the config's target
+    old = {"config": {"target_val_loss": 2.5}, "evals": evals, "steps": {"step": steps, "time_s": times}}
+    assert "step 4" in fmt_target(old)
+
+
+def test_models_do_not_import_the_layers_above_them():
+    """python_impl is the oracle: it may use the shared shapes/config, never the backend layer that adapts it."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "python_impl"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(("harness.backends", "harness.worker", "harness.runner",
+                                            "harness.launch", "harness.report", "harness.sweep")), (path.name, name)
