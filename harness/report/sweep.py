@@ -242,7 +242,7 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
 
     out = Path(out)
     m = mf.Manifest.load(out, sweep_id)
-    df = load_runs(out, sweep_id=sweep_id)
+    df = load_runs(out, sweep_id=sweep_id).sort_values("cell", kind="stable")  # the spec's order of backends
     states: dict[str, int] = {}
     for cell in m.cells:
         states[cell["status"]] = states.get(cell["status"], 0) + 1
