@@ -119,3 +119,54 @@ def test_scancel_mid_run_then_resume_from_the_checkpoint(partition: str, tmp_pat
     # continued from the checkpoint: the steps before it keep the first job's timings and losses
     assert after["steps"]["time_s"][:ckpt] == before["steps"]["time_s"][:ckpt]
     assert after["steps"]["loss"][:ckpt] == before["steps"]["loss"][:ckpt]
+
+
+def test_time_limit_signal_requeues_the_cell_and_it_resumes(partition: str, tmp_path: Path, tiny_config):
+    """SLURM's pre-time-limit signal (USR2, as submitit's own `_interrupt(timeout=True)` sends it): submitit calls
+    CellJob.checkpoint(), requeues the same job, and the cell continues from its checkpoint without `--resume`."""
+    out = tmp_path / "out"
+    sub = run_cli("sweep", "--configs", str(tiny_config(interval=1000)), "--backends", "numpy", "--seeds", "1",
+                  "--steps", "4000", "--checkpoint-every", "100", "--threads", "1", "--no-text", "--no-report",
+                  "--executor", "slurm", "--partition", partition, "--no-wait", "--out", str(out))
+    assert sub.returncode == 0, sub.stderr
+    (cell,) = _manifest(out)["cells"]
+    job = cell["job_ids"][0]
+    path = out / "runs" / cell["run_id"] / "numpy.json"
+
+    def record() -> dict:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    deadline = time.monotonic() + 180
+    while (record().get("checkpoint") or {}).get("step", 0) < 200:
+        assert time.monotonic() < deadline, "the cell never checkpointed"
+        time.sleep(0.3)
+    before = record()
+    ckpt = before["checkpoint"]["step"]
+    subprocess.run(["scancel", job, "--signal", "USR2"], check=True)
+    # SLURM holds a requeued job back for about two minutes (its begin time); let it start now instead
+    deadline = time.monotonic() + 60
+    while True:
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+        if q.stdout.strip().startswith("PENDING"):
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+            break
+        assert time.monotonic() < deadline, f"the job was not requeued ({q.stdout.strip()})"
+        time.sleep(0.3)
+    deadline = time.monotonic() + 240
+    while record().get("status") != "completed" or not record().get("resumed_at"):
+        assert time.monotonic() < deadline, f"the requeued cell did not complete: {record().get('status')}"
+        time.sleep(0.5)
+    rec = record()
+    assert len(rec["steps"]["loss"]) == 4000
+    # continued from a checkpoint, not from step 0: the first attempt's timings and losses are kept
+    assert rec["steps"]["time_s"][:ckpt] == before["steps"]["time_s"][:ckpt]
+    assert rec["steps"]["loss"][:ckpt] == before["steps"]["loss"][:ckpt]
+    assert len(_manifest(out)["cells"][0]["job_ids"]) == 1  # requeued as the same job, not resubmitted by us
+    folder = out / "sweeps" / _manifest(out)["sweep_id"] / "slurm"
+    log = "".join(p.read_text(errors="replace") for p in folder.glob(f"{job}_*log.err"))
+    assert "timed-out" in log or "preempted" in log, log[-2000:]  # submitit's handler ran and requeued the job
+    status = run_cli("sweep", "--status", _manifest(out)["sweep_id"], "--out", str(out))
+    assert status.returncode == 0 and "1 completed" in status.stdout, status.stdout
