@@ -286,3 +286,17 @@ def test_models_do_not_import_the_layers_above_them():
             for name in names:
                 assert not name.startswith(("harness.backends", "harness.worker", "harness.runner",
                                             "harness.launch", "harness.report", "harness.sweep")), (path.name, name)
+
+
+def test_parallel_cells_are_marked_contended(tmp_path: Path, tiny_config):
+    out = tmp_path / "out"
+    proc = run_cli("sweep", "--configs", str(tiny_config()), "--backends", "numpy", "--seeds", "2", "--steps", "20",
+                   "--jobs", "2", "--no-text", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 at a time on this machine (timings contended)" in proc.stderr
+    doc = _manifest(out)
+    assert [c["status"] for c in doc["cells"]] == ["completed"] * 2 and all(c["contended"] for c in doc["cells"])
+    from harness.results import load_runs
+
+    assert load_runs(out)["contended"].all()
+    assert "timings are contended" in (out / f"sweep-{doc['sweep_id']}.html").read_text()

@@ -204,7 +204,7 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
 
 
 def refresh(m: mf.Manifest) -> list[dict]:
-    """Each cell's state now: from squeue for SLURM jobs still alive, else from its RunRecord; saves the manifest."""
+    """Each cell's state now (from squeue for SLURM jobs still alive, else from its RunRecord), set in `m` in memory."""
     alive: dict[str, str] = {}
     if m.doc["executor"]["kind"] == "slurm":
         from harness.sweep.slurm import is_alive, job_states
@@ -229,7 +229,7 @@ def refresh(m: mf.Manifest) -> list[dict]:
 
 
 def _local_alive(m: mf.Manifest) -> bool:
-    """Whether the local sweep process that wrote the manifest still runs (its pid, on this host)."""
+    """Whether the `harness sweep` process that owns the manifest still runs (its pid, on this host)."""
     import os
     import socket
 
@@ -300,8 +300,7 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--{chosen[0]} takes a sweep id, not a sweep file; drop {args.spec}")
     if args.status:
         m = mf.Manifest.load(args.out, args.status)
-        print_status(m)
-        m.save()
+        print_status(m)  # reads only: the sweep process that owns the manifest may be writing it
         return 0
     if args.report:
         m = mf.Manifest.load(args.out, args.report)
@@ -350,9 +349,9 @@ def resume(args: argparse.Namespace) -> int:
         check_cluster(m.doc["executor"].get("slurm", {}).get("partition"))
     if args.jobs and m.doc["executor"]["kind"] == "local":
         m.doc["executor"]["jobs"] = args.jobs
-    if m.doc["executor"]["kind"] == "local" and _local_alive(m):
-        raise UsageError(f"sweep {m.sweep_id} is still running in process {m.doc['owner']['pid']}; wait for it or "
-                         "stop it first")
+    if _local_alive(m):
+        raise UsageError(f"sweep {m.sweep_id} is still running (or waiting for its jobs) in process "
+                         f"{m.doc['owner']['pid']}; wait for it or stop it first")
     corpus = load_corpus(m.doc["data"]["path"])
     if corpus.sha256 != m.doc["data"]["sha256"]:
         raise UsageError(f"data file {corpus.path!r} changed since the sweep started; restore it")
