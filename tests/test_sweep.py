@@ -300,3 +300,26 @@ def test_parallel_cells_are_marked_contended(tmp_path: Path, tiny_config):
 
     assert load_runs(out)["contended"].all()
     assert "timings are contended" in (out / f"sweep-{doc['sweep_id']}.html").read_text()
+
+
+def test_scaling_fit_and_crossover_on_known_power_laws():
+    """step time = c x^k exactly: the fit returns k, and the crossing of the two lines is where they are equal."""
+    from harness.report.sweep import comparisons, scaling
+
+    x = np.array([1e3, 1e4, 1e5, 1e6])
+    rows = []
+    for backend, c, k in (("torch", 1e-6, 0.5), ("numpy", 1e-8, 1.0)):
+        for i, xi in enumerate(x):
+            t = c * xi ** k
+            rows.append({"status": "completed", "backend": backend, "device": "cpu", "label": f"s{i}", "seed": 1,
+                         "flops_per_token": xi, "step_median_s": t, "tokens_per_s": 1000 / t,
+                         "final_val_loss": 2.0, "contended": False})
+    sc = scaling(pd.DataFrame(rows))
+    assert sc["fits"]["torch (cpu)"]["step"][0] == pytest.approx(0.5)
+    assert sc["fits"]["numpy (cpu)"]["rate"][0] == pytest.approx(-1.0)
+    (line,) = sc["crossings"]
+    assert "cross at 1e+04 FLOPs per token, inside" in line  # 1e-6 x^0.5 = 1e-8 x  <=>  x = 1e4
+    assert "below it numpy (cpu) is faster, above it torch (cpu)" in line
+    (small,) = [c for c in comparisons(pd.DataFrame(rows)) if c["label"] == "s0"]
+    assert small["speed"].estimate == pytest.approx(1e-5 / 3.1622776601683795e-05)  # numpy/torch step time at 1e3
+    assert small["sentence"].startswith("numpy is 3.16x (one seed: no interval) faster than torch on s0 (cpu)")

@@ -66,7 +66,10 @@ def group_table(df: pd.DataFrame) -> pd.DataFrame:
             if col == "target_train_s":
                 reached = int(g["target_reached"].fillna(False).astype(bool).sum())
                 text = _interval_text(g.loc[g["target_reached"].fillna(False).astype(bool), col], fmt)
-                row[head] = f"{text}; reached {reached}/{len(g)}" if g["target_val_loss"].notna().any() else "—"
+                if not g["target_val_loss"].notna().any():
+                    row[head] = tables.DASH
+                else:
+                    row[head] = f"{text}; reached {reached}/{len(g)}" if reached else f"not reached (0/{len(g)})"
             else:
                 row[head] = _interval_text(g[col], fmt)
         rows.append(row)
@@ -155,9 +158,11 @@ def scaling(df: pd.DataFrame) -> dict[str, Any] | None:
             continue
         x = (cb / ca) ** (1.0 / (ka - kb))  # ca x^ka = cb x^kb
         where = "inside" if lo <= x <= hi else "outside"
-        faster_small = na if ca * lo ** ka < cb * lo ** kb else nb
+        below = x / 2  # which backend the fits make faster on each side of the crossing
+        fast_below, fast_above = (na, nb) if ca * below ** ka < cb * below ** kb else (nb, na)
         crossings.append(f"The fitted step-time lines of {na} and {nb} cross at {x:.3g} FLOPs per token, {where} the "
-                         f"measured range [{lo:.3g}, {hi:.3g}]; below it {faster_small} is faster.")
+                         f"measured range [{lo:.3g}, {hi:.3g}]: below it {fast_below} is faster, above it "
+                         f"{fast_above}.")
     rows = [{"backend": name, "points": len(f["x"]), "step time ∝ FLOPs^k: k": f"{f['step'][0]:.2f}",
              "tokens/s ∝ FLOPs^k: k": f"{f['rate'][0]:.2f}" if f["rate"] else tables.DASH} for name, f in fits.items()]
     if not crossings and len(fits) > 1:
@@ -209,7 +214,7 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
     result = []
     for (label, device), g in done.groupby(["label", "device"], sort=False):
         with plt.rc_context(figures.RC):
-            fig, ax = plt.subplots(figsize=(7, 3.6))
+            fig, ax = plt.subplots(figsize=(10, 3.6))
             for backend, gb in g.groupby("backend", sort=False):
                 curves = []
                 for _, r in gb.iterrows():
