@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness import records
+from harness import records, stats
 
 # Loss agreement with dropout on (DESIGN.md, "Parity"): the frameworks' dropout streams differ, so the final
 # validation losses can only agree statistically. Two backends "agree" when their validation losses at the last
@@ -386,7 +386,8 @@ def compare_pair(ra: dict, rb: dict) -> PairComparison:
         if d.size >= 2:
             cmp.tail_steps = int(d.size)
             cmp.tail_mean = float(d.mean())
-            cmp.tail_ci = float(1.96 * d.std(ddof=1) / math.sqrt(d.size))
+            ci = stats.mean_ci(d.tolist())  # Student t: with few steps, 1.96 would be too narrow
+            cmp.tail_ci = float(ci.hi - ci.estimate)
     ta, tb = costs(ra)["tokens_per_s"], costs(rb)["tokens_per_s"]
     if ta and tb:
         cmp.speed_ratio = ta / tb
