@@ -98,6 +98,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     for key in ("partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min"):
         if getattr(args, key) is not None:
             slurm[key] = getattr(args, key)
+    if slurm.get("mem_gb") is not None and not (isinstance(slurm["mem_gb"], (int, float)) and slurm["mem_gb"] > 0):
+        raise UsageError(f"mem_gb must be a positive number of GB, got {slurm['mem_gb']!r}")
     if args.sbatch:
         slurm["sbatch"] = list(slurm.get("sbatch", [])) + args.sbatch
     executor = {"kind": args.executor or doc.get("executor", "local"), "jobs": args.jobs or doc.get("jobs", 1),
