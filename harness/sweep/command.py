@@ -168,7 +168,7 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
     """Give every cell of `todo` a run directory (spec.json) and run them; the manifest follows every event."""
     spec = m.doc["spec"]
     total = len(todo)
-    done = [0]
+    done, started = [0], [0]
     contended = m.doc["executor"]["kind"] == "local" and m.doc["executor"].get("jobs", 1) > 1
     for cell in todo:
         if not cell.get("run_id"):
@@ -185,7 +185,8 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
             cell["attempts"] = cell.get("attempts", 0) + 1
             cell["status"] = "running"
             cell["contended"] = cell.get("contended") or contended
-            print(f"[{done[0] + 1}/{total}] {cell['key']}: run {cell['run_id']}", file=sys.stderr, flush=True)
+            started[0] += 1
+            print(f"[{started[0]}/{total}] {cell['key']}: run {cell['run_id']}", file=sys.stderr, flush=True)
         elif event == "queued":
             cell["attempts"] = cell.get("attempts", 0) + 1
             cell["status"] = "queued"
