@@ -53,6 +53,7 @@ from harness.config import SIZES, Config, load_config, seed_arg
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
 from harness.runner import Curves, train
+from harness.stats import median_ci as _median_ci
 from harness.weights import init_weights
 
 SCHEMA = "nanogpt-parity/bench"
@@ -486,16 +487,6 @@ def _measure(job: Job) -> dict:
         result["backend_info"]["sdpa"] = _sdpa_flags()
     result["checks"] = checks(result)
     return result
-
-
-def _median_ci(values: list[float], n_boot: int = 2000) -> list[float]:
-    """A 95% bootstrap interval of the median (fixed seed): how far noise alone could move it."""
-    if len(values) < 2:
-        return [values[0], values[0]] if values else []
-    rng = np.random.default_rng(0)
-    data = np.asarray(values, dtype=np.float64)
-    medians = np.median(data[rng.integers(0, len(data), size=(n_boot, len(data)))], axis=1)
-    return [float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))]
 
 
 def _sdpa_flags() -> dict:

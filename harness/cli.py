@@ -355,6 +355,12 @@ def build_parser() -> Parser:
     bench.add_arguments(p)
     p.set_defaults(func=bench.command)
 
+    from harness import sweep
+
+    p = sub.add_parser("sweep", help="many runs over sizes, backends, seeds and fields, locally or on SLURM")
+    sweep.add_arguments(p)
+    p.set_defaults(func=sweep.command)
+
     p = sub.add_parser("doctor", help="report what is installed (Python, torch, CUDA, Julia, Flux) and what to do")
     p.set_defaults(func=cmd_doctor)
 

@@ -73,6 +73,8 @@ class Config:
     eval_batches: int
     # schedule override: when set, train exactly this many steps instead of `epochs` epochs
     steps: int | None = None
+    # [eval] target_val_loss (optional): time to target is the training time until the validation loss reaches it
+    target_val_loss: float | None = None
 
     @property
     def head_size(self) -> int:
@@ -105,6 +107,10 @@ class Config:
                 raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps <= 0):
             raise UsageError(f"{where}: steps must be a positive integer, got {self.steps!r}")
+        if self.target_val_loss is not None and (
+                not isinstance(self.target_val_loss, (int, float)) or isinstance(self.target_val_loss, bool)
+                or not math.isfinite(self.target_val_loss) or self.target_val_loss <= 0):
+            raise UsageError(f"{where}: target_val_loss must be a positive number, got {self.target_val_loss!r}")
         if self.n_embd % self.n_head:
             raise UsageError(f"{where}: n_head={self.n_head} does not divide n_embd={self.n_embd}; "
                              "choose a head count that divides the embedding width")
@@ -133,6 +139,7 @@ _SECTIONS = {
               "grad_clip"),
     "eval": ("interval", "batches"),
 }
+_OPTIONAL = {"eval": ("target_val_loss",)}  # keys a TOML may leave out (read into the field of the same name)
 
 
 def _from_mapping(doc: dict, source: str) -> Config:
@@ -145,15 +152,16 @@ def _from_mapping(doc: dict, source: str) -> Config:
         table = doc.get(section)
         if not isinstance(table, dict):
             raise UsageError(f"{source}: missing section [{section}]; copy one from `harness sizes --toml small`")
-        extra = set(table) - set(keys)
+        extra = set(table) - set(keys) - set(_OPTIONAL.get(section, ()))
         if extra:
             raise UsageError(f"{source}: unknown key(s) {', '.join(sorted(extra))} in [{section}]; "
-                             f"allowed: {', '.join(keys)}")
+                             f"allowed: {', '.join((*keys, *_OPTIONAL.get(section, ())))}")
         for key in keys:
             if key not in table:
                 raise UsageError(f"{source}: missing {key} in [{section}]; "
                                  "copy the full preset from `harness sizes --toml small`")
             fields[key if section != "eval" else f"eval_{key}"] = table[key]
+        fields.update({key: table[key] for key in _OPTIONAL.get(section, ()) if key in table})
     config = Config(**fields)  # type: ignore[arg-type]
     config.validate()
     return config

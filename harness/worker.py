@@ -96,7 +96,8 @@ import numpy as np  # noqa: E402
 from harness import environment, records  # noqa: E402
 from harness.backends import create_backend  # noqa: E402
 from harness.backends.base import BackendUnavailable  # noqa: E402
-from harness.config import Config, check_seed, config_from_dict  # noqa: E402
+from harness.config import check_seed, config_from_dict  # noqa: E402
+from harness.costs import flops_per_token, time_to_target  # noqa: E402
 from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
@@ -127,12 +128,6 @@ def critical() -> Iterator[None]:
         if not _critical["depth"] and _critical["pending"]:
             name, _critical["pending"] = _critical["pending"], None
             raise Interrupted(name)
-
-
-def flops_per_token(config: Config, vocab_size: int) -> int:
-    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x d x n_ctx (attention), as Kaplan/PaLM."""
-    n = count_parameters(param_shapes(config, vocab_size), embeddings=False)
-    return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size
 
 
 def _now() -> str:
@@ -344,6 +339,7 @@ class Worker:
         tokens = self.record["tokens_per_step"]
         timings.update(summarize_times(cv.time_s, tokens))
         timings["train_s"] = float(sum(cv.time_s))
+        self.record["time_to_target"] = time_to_target(self.config.target_val_loss, cv.evals, cv.step, cv.time_s)
         timings["eval_s"] = timings.get("eval_s", 0.0) + outcome.eval_s
         if timings.get("tokens_per_s"):
             timings["achieved_flops"] = timings["tokens_per_s"] * self.record["flops_per_token"]

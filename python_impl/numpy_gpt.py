@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.base import BackendUnavailable
 from harness.config import Config
 from harness.weights import decays
 
@@ -40,10 +39,14 @@ GELU_C = math.sqrt(2.0 / math.pi)  # constant of the tanh approximation of GELU
 # --------------------------------------------------------------------------------------------------- device
 
 
+class DeviceUnavailable(RuntimeError):
+    """The requested device cannot run here (the backend turns this into its own error for the user)."""
+
+
 def use_device(device: str) -> Any:
     """Select the array module for `device` ("cpu": NumPy, "cuda": CuPy) and return it.
 
-    Raises BackendUnavailable for "cuda" without a working CuPy, and for any other device.
+    Raises DeviceUnavailable for "cuda" without a working CuPy, and for any other device.
     """
     global xp
     if device == "cpu":
@@ -54,15 +57,15 @@ def use_device(device: str) -> Any:
         try:
             import cupy
         except ImportError:
-            raise BackendUnavailable(hint) from None
+            raise DeviceUnavailable(hint) from None
         try:
             if cupy.cuda.runtime.getDeviceCount() < 1:
                 raise RuntimeError("no CUDA device")
         except Exception as exc:  # CuPy installed, but no driver or no GPU
-            raise BackendUnavailable(f"{hint} (CuPy found no usable GPU: {exc})") from None
+            raise DeviceUnavailable(f"{hint} (CuPy found no usable GPU: {exc})") from None
         xp = cupy
         return xp
-    raise BackendUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu (or cuda with CuPy)")
+    raise DeviceUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu (or cuda with CuPy)")
 
 
 def to_numpy(a: Array) -> np.ndarray:

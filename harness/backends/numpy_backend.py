@@ -24,6 +24,14 @@ from python_impl import numpy_gpt
 DTYPES = ("float64", "float32")
 
 
+def _use_device(device: str) -> object:
+    """numpy_gpt.use_device, with the model's plain DeviceUnavailable turned into the backend layer's error."""
+    try:
+        return numpy_gpt.use_device(device)
+    except numpy_gpt.DeviceUnavailable as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
 def _cpu_name() -> str:
     """The CPU model from /proc/cpuinfo (Linux), else what the platform module knows."""
     try:
@@ -61,7 +69,7 @@ class NumpyBackend:
                                      "(or cuda with CuPy)")
         previous = numpy_gpt.xp
         try:
-            numpy_gpt.use_device("cuda")
+            _use_device("cuda")
         finally:
             numpy_gpt.xp = previous
 
@@ -70,7 +78,7 @@ class NumpyBackend:
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
               seed: int) -> None:
         """Copy the canonical `weights` into `dtype` arrays on `device`, create AdamW and the dropout RNG."""
-        xp = numpy_gpt.use_device(device)
+        xp = _use_device(device)
         expected = param_shapes(config, vocab_size)
         if set(weights) != set(expected):
             missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness import records
+from harness import records, stats
 
 # Loss agreement with dropout on (DESIGN.md, "Parity"): the frameworks' dropout streams differ, so the final
 # validation losses can only agree statistically. Two backends "agree" when their validation losses at the last
@@ -310,10 +310,10 @@ def costs(rec: dict) -> dict[str, Any]:
 
 
 def _flops_per_token(rec: dict) -> int | None:
-    """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (worker.flops_per_token)."""
+    """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (harness.costs)."""
     try:
         from harness.config import Config
-        from harness.worker import flops_per_token
+        from harness.costs import flops_per_token
 
         return flops_per_token(Config(**rec["config"]), int(rec["data"]["vocab_size"]))
     except (KeyError, TypeError, ValueError):
@@ -386,7 +386,8 @@ def compare_pair(ra: dict, rb: dict) -> PairComparison:
         if d.size >= 2:
             cmp.tail_steps = int(d.size)
             cmp.tail_mean = float(d.mean())
-            cmp.tail_ci = float(1.96 * d.std(ddof=1) / math.sqrt(d.size))
+            ci = stats.mean_ci(d.tolist())  # Student t: with few steps, 1.96 would be too narrow
+            cmp.tail_ci = float(ci.hi - ci.estimate)
     ta, tb = costs(ra)["tokens_per_s"], costs(rb)["tokens_per_s"]
     if ta and tb:
         cmp.speed_ratio = ta / tb

@@ -262,6 +262,7 @@ def cost_table(view: RunView) -> Markup:
             "steady step time, IQR": fmt_seconds(c["step_iqr_s"]),
             "training tokens/s (median step)": fmt_rate(c["tokens_per_s"]),
             "training time (sum of steps)": fmt_seconds(c["train_s"]),
+            "time to target val loss (training time; step)": fmt_target(rec),
             "evaluation time": fmt_seconds(c["eval_s"]),
             "generation tokens/s (batched)": fmt_rate(c["generation_tokens_per_s"]),
             "total wall clock (worker)": fmt_seconds(c["wall_s"]),
@@ -275,6 +276,22 @@ def cost_table(view: RunView) -> Markup:
     df = pd.DataFrame(rows).fillna(DASH)
     df.index.name = "cost"
     return html_table(df, "costs")
+
+
+def fmt_target(rec: dict) -> str:
+    """'12.3 s (step 200; target 2.55)', 'not reached (target 2.55)', or a dash when the config sets no target."""
+    from harness.costs import time_to_target
+
+    ttt = rec.get("time_to_target")
+    target = (rec.get("config") or {}).get("target_val_loss")
+    if ttt is None and target is not None:  # a record from before time to target was recorded
+        steps = rec.get("steps") or {}
+        ttt = time_to_target(target, rec.get("evals") or [], steps.get("step", []), steps.get("time_s", []))
+    if not ttt:
+        return DASH
+    if not ttt["reached"]:
+        return f"not reached (target {ttt['target_val_loss']:g})"
+    return f"{fmt_seconds(ttt['train_s'])} (step {ttt['step']:,}; target {ttt['target_val_loss']:g})"
 
 
 def text_table(view: RunView) -> Markup | None:

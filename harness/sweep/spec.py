@@ -1,0 +1,263 @@
+"""A sweep spec (a TOML file, or the same from flags) and the cells it expands to.
+
+Axes: `sizes` and/or `configs` (TOML files), `backends`, `seeds` (a count or a list), `devices`, `precision`,
+`dtype`, and any config field as a list under `[fields]`. Cells are the cross product; every cell is validated
+(its Config, its backend, device and options) before anything is written. When `n_embd` is swept and `d_hidden` is
+not, `d_hidden` keeps the preset's ratio to `n_embd` (4 in every preset); every other field keeps its value and
+must stay valid (e.g. `n_head` must divide every `n_embd`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from harness.config import SIZES, Config, load_config
+from harness.errors import UsageError
+
+DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
+MAX_CELLS_WITHOUT_YES = 300
+PRECISION_BACKENDS = ("torch", "flux")  # the backends that take a matmul precision option
+TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "precision", "dtype", "steps", "epochs",
+            "eval_interval", "checkpoint_every", "threads", "text", "fields", "slurm", "executor", "jobs"}
+SLURM_KEYS = {"partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "sbatch"}
+# Config fields a sweep may not list: the name is the cell's label, steps/epochs are the schedule (top level)
+NOT_SWEEPABLE = {"name", "steps", "epochs"}
+FIELDS = {f.name for f in dataclasses.fields(Config)} - NOT_SWEEPABLE
+
+
+@dataclass
+class SweepSpec:
+    """What to run: the axes of the cross product and the schedule shared by every cell."""
+
+    name: str = "sweep"
+    sizes: list[str] = field(default_factory=list)
+    configs: list[str] = field(default_factory=list)  # TOML paths (absolute once parsed)
+    backends: list[str] = field(default_factory=lambda: ["torch"])
+    seeds: list[int] = field(default_factory=lambda: [DEFAULT_SEED])
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    precision: list[str | None] = field(default_factory=lambda: [None])
+    dtype: list[str | None] = field(default_factory=lambda: [None])
+    fields: dict[str, list[Any]] = field(default_factory=dict)
+    steps: int | None = None
+    epochs: int | None = None
+    eval_interval: int | None = None
+    checkpoint_every: int = 0
+    threads: int | None = None
+    text: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Cell:
+    """One backend run of the sweep: a validated config, a backend, a seed, a device and backend options."""
+
+    index: int
+    config: Config
+    source: str  # the size preset or the config file the cell starts from
+    backend: str
+    seed: int
+    device: str
+    options: dict[str, Any]
+    overrides: dict[str, Any]  # the swept fields' values (as listed, before scaling)
+
+    @property
+    def group(self) -> str:
+        """Everything but the seed: the cells of one group differ only in their seed."""
+        opts = "".join(f",{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.config.name}/{self.backend}/{self.device}{opts}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}/seed={self.seed}"
+
+
+def _list(value: Any, what: str, kind: type | tuple[type, ...] = str) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise UsageError(f"sweep axis {what} is empty; list at least one value or leave it out")
+    for v in values:
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+            raise UsageError(f"sweep axis {what}: {v!r} is not a {getattr(kind, '__name__', kind)}; fix the value")
+    if len(set(map(repr, values))) != len(values):
+        raise UsageError(f"sweep axis {what} lists a value twice ({values}); name each value once")
+    return values
+
+
+def parse_seeds(value: Any) -> list[int]:
+    """`3` -> [1337, 1338, 1339]; `[1, 2]` -> [1, 2]; also the flag text "3" or "1,2"."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            ints = [int(p) for p in parts]
+        except ValueError:
+            raise UsageError(f"--seeds {value!r}: give a count (3) or a list of whole numbers (1,2,3)") from None
+        value = ints[0] if len(ints) == 1 and "," not in value else ints
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise UsageError(f"seeds = {value}: the number of seeds must be positive")
+        return [DEFAULT_SEED + i for i in range(value)]
+    seeds = _list(value, "seeds", int)
+    if any(s < 0 for s in seeds):
+        raise UsageError(f"seeds {seeds}: seeds must be >= 0")
+    return seeds
+
+
+def parse_value(text: str) -> Any:
+    """A flag value as TOML reads it: 16 -> int, 0.01 -> float, true -> bool, anything else a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_set(items: list[str]) -> dict[str, list[Any]]:
+    """`--set learning_rate=0.003,0.01` (repeatable) -> {"learning_rate": [0.003, 0.01]}."""
+    fields: dict[str, list[Any]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise UsageError(f"--set {item!r}: write FIELD=V1,V2 (e.g. --set learning_rate=0.003,0.01)")
+        name = name.strip()
+        if name in fields:
+            raise UsageError(f"--set {name} given twice; list all its values in one --set {name}=V1,V2")
+        fields[name] = [parse_value(v.strip()) for v in values.split(",")]
+    return fields
+
+
+def _positive(value: Any, what: str, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UsageError(f"sweep {what} must be a positive whole number, got {value!r}")
+    return value
+
+
+def load_toml(path: Path) -> tuple[dict, Path]:
+    """The TOML document of a sweep file (checked for unknown keys) and the directory its paths are relative to."""
+    if not path.is_file():
+        raise UsageError(f"sweep file {str(path)!r} does not exist; pass the path of a TOML file")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
+    unknown = set(doc) - TOP_KEYS
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
+    slurm = doc.get("slurm", {})
+    if not isinstance(slurm, dict) or set(slurm) - SLURM_KEYS:
+        raise UsageError(f"{path}: unknown key(s) in [slurm]: {', '.join(sorted(set(slurm) - SLURM_KEYS))}; "
+                         f"allowed: {', '.join(sorted(SLURM_KEYS))}")
+    if not isinstance(doc.get("fields", {}), dict):
+        raise UsageError(f"{path}: [fields] must be a table of FIELD = [values]")
+    return doc, path.parent
+
+
+def build_spec(doc: dict, base: Path) -> SweepSpec:
+    """A SweepSpec from a mapping (the TOML document, with the flags already merged in)."""
+    spec = SweepSpec()
+    if "name" in doc:
+        if not isinstance(doc["name"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", doc["name"]):
+            raise UsageError(f"sweep name {doc['name']!r}: use 1-40 letters, digits, '.', '_' or '-'")
+        spec.name = doc["name"]
+    if "sizes" in doc:
+        spec.sizes = _list(doc["sizes"], "sizes")
+        for s in spec.sizes:
+            if s not in SIZES:
+                raise UsageError(f"unknown size {s!r} in the sweep; choose from {', '.join(SIZES)}")
+    if "configs" in doc:
+        spec.configs = [str((base / p).resolve()) if not Path(p).is_absolute() else p
+                        for p in _list(doc["configs"], "configs")]
+    if not spec.sizes and not spec.configs:
+        spec.sizes = ["small"]
+    if "backends" in doc:
+        spec.backends = _list(doc["backends"], "backends")
+    if "seeds" in doc:
+        spec.seeds = parse_seeds(doc["seeds"])
+    if "devices" in doc:
+        spec.devices = _list(doc["devices"], "devices")
+    for key in ("precision", "dtype"):
+        if key in doc:
+            setattr(spec, key, _list(doc[key], key))
+    fields = doc.get("fields", {})
+    for name, values in fields.items():
+        if name not in FIELDS:
+            hint = " (set it at the top level of the sweep)" if name in NOT_SWEEPABLE else ""
+            raise UsageError(f"unknown config field {name!r} in the sweep{hint}; sweepable fields: "
+                             f"{', '.join(sorted(FIELDS))}")
+        spec.fields[name] = _list(values, f"fields.{name}", (int, float, str))
+    if doc.get("steps") is not None and doc.get("epochs") is not None:
+        raise UsageError("the sweep sets both steps and epochs; keep one")
+    spec.steps = _positive(doc.get("steps"), "steps")
+    spec.epochs = _positive(doc.get("epochs"), "epochs")
+    spec.eval_interval = _positive(doc.get("eval_interval"), "eval_interval")
+    spec.checkpoint_every = _positive(doc.get("checkpoint_every"), "checkpoint_every") or 0
+    spec.threads = _positive(doc.get("threads"), "threads")
+    if "text" in doc:
+        if not isinstance(doc["text"], bool):
+            raise UsageError(f"sweep text must be true or false, got {doc['text']!r}")
+        spec.text = doc["text"]
+    return spec
+
+
+def _base_configs(spec: SweepSpec) -> list[tuple[str, Config]]:
+    bases = [(size, load_config(size)) for size in spec.sizes]
+    bases += [(path, load_config(path=path)) for path in spec.configs]
+    names = [c.name for _, c in bases]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two sweep configs share the name {sorted(n for n in names if names.count(n) > 1)[0]!r}; "
+                         "give each config file its own `name`")
+    return bases
+
+
+def _label(name: str, overrides: dict[str, Any]) -> str:
+    parts = [name] + [f"{k}{v}" for k, v in overrides.items()]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts))
+
+
+def expand(spec: SweepSpec) -> list[Cell]:
+    """The cells of `spec` (the cross product of every axis), each Config validated; raises UsageError."""
+    cells: list[Cell] = []
+    names = list(spec.fields)
+    for source, base in _base_configs(spec):
+        schedule: dict[str, Any] = {}
+        if spec.steps is not None:
+            schedule["steps"] = spec.steps
+        if spec.epochs is not None:
+            schedule.update(epochs=spec.epochs, steps=None)
+        if spec.eval_interval is not None:
+            schedule["eval_interval"] = spec.eval_interval
+        for values in itertools.product(*(spec.fields[n] for n in names)):
+            overrides = dict(zip(names, values))
+            changes = dict(schedule, **overrides)
+            if "n_embd" in overrides and "d_hidden" not in overrides and isinstance(overrides["n_embd"], int):
+                changes["d_hidden"] = max(1, round(base.d_hidden * overrides["n_embd"] / base.n_embd))
+            label = _label(base.name, overrides)
+            try:
+                config = base.replace(name=label, **changes)
+            except TypeError as exc:  # a value of the wrong type that dataclasses.replace let through
+                raise UsageError(f"sweep cell {label}: {exc}") from None
+            # seeds outermost, backends innermost: the cells that a paired comparison sets side by side run
+            # next to each other, so slow drift of the machine hits both alike
+            for seed in spec.seeds:
+                for device in spec.devices:
+                    for dtype in spec.dtype:
+                        for backend in spec.backends:
+                            precisions = spec.precision if backend in PRECISION_BACKENDS else [None]
+                            for precision in precisions:
+                                options = {k: v for k, v in (("dtype", dtype), ("precision", precision)) if v}
+                                cells.append(Cell(len(cells), config, source, backend, seed, device, options,
+                                                  overrides))
+    return cells

@@ -1,0 +1,325 @@
+"""`harness sweep`: spec parsing, bad input, interval statistics, a local sweep end to end, Ctrl-C and --resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import data_path, run_cli
+
+from harness import stats
+from harness.errors import UsageError
+from harness.sweep.spec import DEFAULT_SEED, build_spec, expand, parse_seeds, parse_set
+
+# --- statistics ------------------------------------------------------------------------------------------------------
+# Two-sided 95 % critical values t_{0.975, df} from the printed Student-t table (NIST/SEMATECH e-Handbook 1.3.6.7.2)
+T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+           15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 100: 1.984}
+
+
+def test_t_quantile_matches_the_printed_table():
+    for df, value in T_TABLE.items():
+        assert stats.t_quantile(0.975, df) == pytest.approx(value, abs=6e-4), df
+    assert stats.t_quantile(0.995, 5) == pytest.approx(4.032, abs=6e-4)
+    assert stats.t_quantile(0.025, 4) == pytest.approx(-2.776, abs=6e-4)
+    assert stats.t_quantile(0.975, 10_000) == pytest.approx(1.960, abs=1e-3)  # tends to the normal quantile
+
+
+def test_t_cdf_agrees_with_integrating_the_density():
+    """An independent computation: the t density integrated numerically (trapezoid on a fine grid)."""
+    for df in (1, 2, 3, 7, 25):
+        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+        for t in (0.3, 1.0, 2.5):
+            x = np.linspace(0.0, t, 20001)
+            pdf = c * (1 + x * x / df) ** (-(df + 1) / 2)
+            area = float(np.sum((pdf[1:] + pdf[:-1]) * np.diff(x)) / 2)
+            assert stats.t_cdf(t, df) == pytest.approx(0.5 + area, abs=1e-8), (df, t)
+
+
+def test_mean_ci_and_paired_intervals_by_hand():
+    values = [2.0, 2.5, 3.0, 4.5]
+    m, s = sum(values) / 4, math.sqrt(sum((v - 3.0) ** 2 for v in values) / 3)
+    ci = stats.mean_ci(values)
+    half = 3.182 * s / 2  # t_{0.975,3} * s / sqrt(4)
+    assert (ci.estimate, ci.n) == (m, 4)
+    assert ci.lo == pytest.approx(m - half, abs=1e-3) and ci.hi == pytest.approx(m + half, abs=1e-3)
+    single = stats.mean_ci([1.5])
+    assert single.lo is None and single.hi is None and "no interval" in single.fmt()
+    # ratios: geometric mean, interval from the t interval of the log ratios
+    a, b = [2.0, 2.2, 1.9], [1.0, 1.0, 1.0]
+    logs = [math.log(x) for x in a]
+    lm, ls = sum(logs) / 3, math.sqrt(sum((v - sum(logs) / 3) ** 2 for v in logs) / 2)
+    r = stats.paired_ratio(a, b)
+    assert r.estimate == pytest.approx(math.exp(lm))
+    assert r.lo == pytest.approx(math.exp(lm - 4.303 * ls / math.sqrt(3)), rel=1e-3)
+    assert r.hi == pytest.approx(math.exp(lm + 4.303 * ls / math.sqrt(3)), rel=1e-3)
+    d = stats.paired_difference([3.0, 4.0, 5.0], [1.0, 1.0, 1.0])
+    assert d.estimate == pytest.approx(3.0) and d.lo == pytest.approx(3.0 - 4.303 / math.sqrt(3), abs=1e-3)
+    k, c = stats.loglog_fit([1, 10, 100], [2, 20 ** 1, 200])
+    assert k == pytest.approx(1.0) and c == pytest.approx(2.0)
+
+
+# --- spec ------------------------------------------------------------------------------------------------------------
+def test_spec_cross_product_and_scaling(tmp_path: Path):
+    spec = build_spec({"sizes": ["small"], "backends": ["torch", "numpy"], "seeds": 2, "steps": 5,
+                       "fields": {"n_embd": [16, 32], "learning_rate": [0.003, 0.01]}, "precision": ["fp32", "tf32"]},
+                      tmp_path)
+    cells = expand(spec)
+    # torch: 2 precisions; numpy ignores precision: (2 + 1) backends-options x 2 n_embd x 2 lr x 2 seeds
+    assert len(cells) == 3 * 2 * 2 * 2
+    assert len({c.key for c in cells}) == len(cells)
+    assert {c.seed for c in cells} == {DEFAULT_SEED, DEFAULT_SEED + 1}
+    wide = [c for c in cells if c.overrides["n_embd"] == 32]
+    assert {c.config.d_hidden for c in wide} == {128}  # the preset's 4x ratio follows n_embd
+    assert all(c.config.steps == 5 for c in cells)
+    assert cells[0].config.name == "small-n_embd16-learning_rate0.003"
+    assert parse_seeds("3") == [1337, 1338, 1339] and parse_seeds("4,7") == [4, 7] and parse_seeds([5]) == [5]
+    assert parse_set(["learning_rate=0.003,0.01", "scheme=random"]) == {"learning_rate": [0.003, 0.01],
+                                                                       "scheme": ["random"]}
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"backends": []}, "empty"),
+    ({"fields": {"colour": [1, 2]}}, "unknown config field 'colour'"),
+    ({"fields": {"steps": [1, 2]}}, "top level"),
+    ({"fields": {"n_head": [3]}}, "n_head=3 does not divide"),
+    ({"fields": {"dropout": [0.1, 1.5]}}, "dropout must be in"),
+    ({"sizes": ["huge"]}, "unknown size"),
+    ({"seeds": 0}, "positive"),
+    ({"seeds": [1, 1]}, "twice"),
+    ({"steps": 5, "epochs": 2}, "both steps and epochs"),
+    ({"name": "a b"}, "sweep name"),
+])
+def test_spec_rejects(doc: dict, match: str, tmp_path: Path):
+    with pytest.raises(UsageError, match=match):
+        expand(build_spec(doc, tmp_path))
+
+
+# --- command line: bad input ----------------------------------------------------------------------------------------
+def _one_line_exit_2(proc: subprocess.CompletedProcess, needle: str, out: Path) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists(), "bad input must write nothing"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backends", "torch,jax"], "unknown backend 'jax'"),
+    (["--set", "n_head=3"], "does not divide"),
+    (["--set", "colour=1,2"], "unknown config field"),
+    (["--set", "learning_rate"], "FIELD=V1,V2"),
+    (["--seeds", "x"], "--seeds"),
+    (["--seeds", "301"], "--yes"),
+    (["--resume", "20990101-000000-nope-0000"], "no sweep"),
+    (["--status", "20990101-000000-nope-0000"], "no sweep"),
+    (["--executor", "slurm", "--partition", "debug"], "sbatch"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(args: list[str], needle: str, tmp_path: Path, tiny_config):
+    out = tmp_path / "out"
+    env = {"PATH": str(tmp_path)} if "slurm" in args else None  # no sbatch anywhere on PATH
+    proc = run_cli("sweep", "--configs", str(tiny_config()), "--steps", "2", "--out", str(out), *args, env=env)
+    _one_line_exit_2(proc, needle, out)
+
+
+def test_bad_sweep_file(tmp_path: Path):
+    out = tmp_path / "out"
+    spec = tmp_path / "grid.toml"
+    spec.write_text('sizes = ["small"]\ncolours = ["red"]\n')
+    _one_line_exit_2(run_cli("sweep", str(spec), "--out", str(out)), "unknown key(s) colours", out)
+    spec.write_text('sizes = ["small"]\n[fields]\nlearning_rate = []\n')
+    _one_line_exit_2(run_cli("sweep", str(spec), "--out", str(out)), "empty", out)
+
+
+# --- a local sweep end to end ---------------------------------------------------------------------------------------
+def _manifest(out: Path) -> dict:
+    (path,) = (out / "sweeps").glob("*/sweep.json")
+    return json.loads(path.read_text())
+
+
+def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
+    """Two backends x two seeds on a tiny config: records, manifest, CSV, intervals in the report, time to target."""
+    from harness.results import load_runs
+
+    out = tmp_path / "out"
+    spec = tmp_path / "grid.toml"
+    spec.write_text(f'configs = ["{tiny_config(interval=10)}"]\nbackends = ["torch", "numpy"]\nseeds = 2\n'
+                    'steps = 30\ntext = false\n[fields]\ntarget_val_loss = [3.3]\n')
+    proc = run_cli("sweep", str(spec), "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "4 cells (2 groups x 2 seeds)" in proc.stderr
+    doc = _manifest(out)
+    assert [c["status"] for c in doc["cells"]] == ["completed"] * 4
+    assert all(c["attempts"] == 1 and c["run_id"] for c in doc["cells"])
+    df = load_runs(out, sweep_id=doc["sweep_id"])
+    assert len(df) == 4 and set(df["backend"]) == {"torch", "numpy"} and (df["status"] == "completed").all()
+    csv = pd.read_csv(out / f"sweep-{doc['sweep_id']}.csv")
+    assert list(csv.columns) == list(df.columns) and len(csv) == 4
+    # identical weights and batches, dropout 0: the backends agree per seed
+    for seed, g in df.groupby("seed"):
+        assert g["final_val_loss"].max() - g["final_val_loss"].min() < 1e-4, seed
+    # time to target from the record equals the sum of the step times before the evaluation that reached it
+    for _, r in df.iterrows():
+        rec = json.loads((out / "runs" / r["run_id"] / f"{r['backend']}.json").read_text())
+        ttt = rec["time_to_target"]
+        first = next(e for e in rec["evals"] if e["val_loss"] <= 3.3)
+        assert ttt["reached"] and ttt["step"] == first["step"] == r["target_step"]
+        assert ttt["train_s"] == pytest.approx(sum(t for s, t in zip(rec["steps"]["step"], rec["steps"]["time_s"])
+                                                   if s < first["step"]))
+    # the report's interval for torch's final val loss, recomputed from the CSV by hand
+    torch = csv[csv["backend"] == "torch"]["final_val_loss"].to_numpy()
+    half = T_TABLE[1] * torch.std(ddof=1) / math.sqrt(2)
+    page = (out / f"sweep-{doc['sweep_id']}.html").read_text()
+    shown = re.search(rf"{torch.mean():.4f} \[([0-9.]+), ([0-9.]+)\]", page)
+    assert shown, "the torch group's final val loss interval is not in the report"
+    assert float(shown.group(1)) == pytest.approx(torch.mean() - half, abs=2e-4)  # the table's t has 3 decimals
+    assert float(shown.group(2)) == pytest.approx(torch.mean() + half, abs=2e-4)
+    assert "faster than" in page and "2 seeds" in page
+    assert f"sweep-{doc['sweep_id']}.html" in (out / "index.html").read_text()
+    status = run_cli("sweep", "--status", doc["sweep_id"], "--out", str(out))
+    assert status.returncode == 0 and "4 completed" in status.stdout
+    again = run_cli("sweep", "--resume", doc["sweep_id"], "--out", str(out), "--no-report")
+    assert again.returncode == 0 and "0 of 4 cells to run" in again.stderr  # nothing runs twice
+
+
+def _wait_for(predicate, timeout: float = 120, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _record(out: Path, cell: dict) -> dict | None:
+    if not cell.get("run_id"):
+        return None
+    path = out / "runs" / cell["run_id"] / f"{cell['backend']}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_ctrl_c_then_resume_continues_from_the_checkpoint(tmp_path: Path, tiny_config):
+    """Ctrl-C mid-cell: that cell is interrupted, the next never starts; --resume finishes both, each once."""
+    out = tmp_path / "out"
+    env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "harness.cli", "sweep", "--configs", str(tiny_config(interval=1000)),
+           "--backends", "numpy", "--seeds", "2", "--steps", "4000", "--checkpoint-every", "100", "--no-text",
+           "--quiet", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def checkpointed() -> bool:
+            try:
+                rec = _record(out, _manifest(out)["cells"][0])
+            except (ValueError, OSError):
+                return False
+            return bool(rec and (rec.get("checkpoint") or {}).get("step", 0) >= 200)
+
+        _wait_for(checkpointed, what="the first cell's checkpoint")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    doc = _manifest(out)
+    first, second = doc["cells"]
+    assert (first["status"], second["status"]) == ("interrupted", "pending"), err
+    before = _record(out, first)
+    assert before["status"] == "interrupted"
+    ckpt = before["checkpoint"]["step"]
+    assert 0 < ckpt < 4000
+    res = run_cli("sweep", "--resume", doc["sweep_id"], "--out", str(out), "--no-report", "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert "2 of 2 cells to run" in res.stderr
+    doc = _manifest(out)
+    assert [c["status"] for c in doc["cells"]] == ["completed", "completed"]
+    assert [c["attempts"] for c in doc["cells"]] == [2, 1]
+    after = _record(out, doc["cells"][0])
+    assert after["resumed_at"] and len(after["steps"]["loss"]) == 4000
+    # resumed from the checkpoint, not from step 0: the steps before it keep their first-attempt timings
+    assert after["steps"]["time_s"][:ckpt] == before["steps"]["time_s"][:ckpt]
+    assert after["steps"]["loss"][:ckpt] == before["steps"]["loss"][:ckpt]
+
+
+# --- time to target and cost formulas ---------------------------------------------------------------------------------
+def test_time_to_target_first_crossing_or_never():
+    from harness.costs import time_to_target
+    from harness.report.tables import fmt_target
+
+    evals = [{"step": 0, "val_loss": 4.0, "time_s": 0.5}, {"step": 2, "val_loss": 2.9, "time_s": 0.5},
+             {"step": 4, "val_loss": 2.5, "time_s": 0.5}, {"step": 6, "val_loss": 2.4, "time_s": 0.5}]
+    steps, times = list(range(6)), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    hit = time_to_target(2.5, evals, steps, times)
+    assert hit == {"target_val_loss": 2.5, "reached": True, "step": 4, "val_loss": 2.5, "train_s": 10.0,
+                   "train_eval_s": 11.5}
+    miss = time_to_target(2.0, evals, steps, times)
+    assert miss["reached"] is False and miss["step"] is None and miss["train_s"] is None
+    assert time_to_target(None, evals, steps, times) is None
+    assert fmt_target({"time_to_target": hit}) == "10 s (step 4; target 2.5)"
+    assert fmt_target({"time_to_target": miss}) == "not reached (target 2)"
+    # a record from before the field existed: computed from its curves and the config's target
+    old = {"config": {"target_val_loss": 2.5}, "evals": evals, "steps": {"step": steps, "time_s": times}}
+    assert "step 4" in fmt_target(old)
+
+
+def test_models_do_not_import_the_layers_above_them():
+    """python_impl is the oracle: it may use the shared shapes/config, never the backend layer that adapts it."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "python_impl"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(("harness.backends", "harness.worker", "harness.runner",
+                                            "harness.launch", "harness.report", "harness.sweep")), (path.name, name)
+
+
+def test_parallel_cells_are_marked_contended(tmp_path: Path, tiny_config):
+    out = tmp_path / "out"
+    proc = run_cli("sweep", "--configs", str(tiny_config()), "--backends", "numpy", "--seeds", "2", "--steps", "20",
+                   "--jobs", "2", "--no-text", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 at a time on this machine (timings contended)" in proc.stderr
+    doc = _manifest(out)
+    assert [c["status"] for c in doc["cells"]] == ["completed"] * 2 and all(c["contended"] for c in doc["cells"])
+    from harness.results import load_runs
+
+    assert load_runs(out)["contended"].all()
+    assert "timings are contended" in (out / f"sweep-{doc['sweep_id']}.html").read_text()
+
+
+def test_scaling_fit_and_crossover_on_known_power_laws():
+    """step time = c x^k exactly: the fit returns k, and the crossing of the two lines is where they are equal."""
+    from harness.report.sweep import comparisons, scaling
+
+    x = np.array([1e3, 1e4, 1e5, 1e6])
+    rows = []
+    for backend, c, k in (("torch", 1e-6, 0.5), ("numpy", 1e-8, 1.0)):
+        for i, xi in enumerate(x):
+            t = c * xi ** k
+            rows.append({"status": "completed", "backend": backend, "device": "cpu", "label": f"s{i}", "seed": 1,
+                         "flops_per_token": xi, "step_median_s": t, "tokens_per_s": 1000 / t,
+                         "final_val_loss": 2.0, "contended": False})
+    sc = scaling(pd.DataFrame(rows))
+    assert sc["fits"]["torch (cpu)"]["step"][0] == pytest.approx(0.5)
+    assert sc["fits"]["numpy (cpu)"]["rate"][0] == pytest.approx(-1.0)
+    (line,) = sc["crossings"]
+    assert "cross at 1e+04 FLOPs per token, inside" in line  # 1e-6 x^0.5 = 1e-8 x  <=>  x = 1e4
+    assert "below it numpy (cpu) is faster, above it torch (cpu)" in line
+    (small,) = [c for c in comparisons(pd.DataFrame(rows)) if c["label"] == "s0"]
+    assert small["speed"].estimate == pytest.approx(1e-5 / 3.1622776601683795e-05)  # numpy/torch step time at 1e3
+    assert small["sentence"].startswith("numpy is 3.16x (one seed: no interval) faster than torch on s0 (cpu)")
