@@ -135,7 +135,7 @@ def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
     runner = bench.runner_repeat(backend, config, stream, 0, steps)
 
     bare = bench.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
-    floor = bare.repeat(bare.tensors([stream.batch(k) for k in range(steps)]))
+    floor = bare.repeat([stream.batch(k) for k in range(steps)])
 
     assert len(runner.losses) == len(floor.losses) == steps
     assert len(runner.step_s) == len(floor.step_s) == steps
