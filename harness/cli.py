@@ -29,14 +29,22 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES) -> None:
-    """Options shared by run, parity and bench: what to train on what data, and where to write."""
+def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES, per_backend_device: bool = False) -> None:
+    """Options shared by run, parity and bench: what to train on what data, and where to write.
+
+    With `per_backend_device` (parity), --device is repeatable and takes DEVICE or NAME=DEVICE
+    (harness.devices.parse_devices)."""
     p.add_argument("--size", default="small", choices=sizes, metavar="SIZE",
                    help=f"size preset: {', '.join(sizes)} (default small)")
     p.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`)")
     p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
                    "Shakespeare, downloaded once into the user cache)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    if per_backend_device:
+        p.add_argument("--device", action="append", metavar="DEVICE|NAME=DEVICE",
+                       help="cpu (default) or cuda for every backend, or NAME=DEVICE for one (repeatable), e.g. "
+                            "--device torch=cuda: torch on the GPU, the other backend on the CPU")
+    else:
+        p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     p.add_argument("--seed", type=int, default=1337, help="seed of the weights, batches and sampling (1337)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     p.add_argument("--dtype", choices=("float32", "float64"),
@@ -246,7 +254,7 @@ def build_parser() -> Parser:
     from harness import bench, parity
 
     p = sub.add_parser("parity", help="check that two backends compute the same thing (dropout 0)")
-    add_common(p)
+    add_common(p, per_backend_device=True)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)
 

@@ -39,6 +39,11 @@ class Plan:
     parity: bool = False
     progress: bool = True
     threads: int | None = None
+    devices: dict[str, str] = field(default_factory=dict)  # per-backend devices (parity); others use `device`
+
+    def device_of(self, backend: str) -> str:
+        """The device backend `backend` runs on."""
+        return self.devices.get(backend, self.device)
 
 
 def preflight(plan: Plan) -> None:
@@ -46,15 +51,18 @@ def preflight(plan: Plan) -> None:
     check_names(plan.backends)
     if len(set(plan.backends)) != len(plan.backends):
         raise UsageError(f"backend listed twice in {', '.join(plan.backends)}; name each backend once")
-    if plan.device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown device {plan.device!r}; use cpu or cuda")
+    for device in {plan.device, *plan.devices.values()}:
+        if device not in ("cpu", "cuda"):
+            raise UsageError(f"unknown device {device!r}; use cpu or cuda")
     check_fits(plan.corpus, plan.config.block_size, plan.config.batch_size)
     records.check_writable(plan.out)
     for name in plan.backends:
         cls = backend_class(name)
         try:
-            cls.check_available(plan.device)
-            cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision) without a device
+            cls.check_available(plan.device_of(name))
+            instance = cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision)
+            if hasattr(instance, "check_device"):
+                instance.check_device(plan.device_of(name))  # options that need a device (--precision bf16)
         except BackendUnavailable as exc:
             raise UsageError(str(exc)) from None
 
@@ -66,6 +74,7 @@ def write_spec(plan: Plan) -> str:
         "schema": SPEC_SCHEMA, "run_id": run_id, "label": plan.config.name,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": plan.config.to_dict(), "seed": plan.seed, "device": plan.device,
+        "devices": {name: plan.device_of(name) for name in plan.backends},
         "data": {"path": plan.corpus.path, "sha256": plan.corpus.sha256},
         "backends": plan.backends, "backend_options": plan.backend_options,
         "checkpoint_every": plan.checkpoint_every, "text": plan.text, "parity": plan.parity,

@@ -60,6 +60,7 @@ class Worker:
         self.spec = json.loads((directory / "spec.json").read_text(encoding="utf-8"))
         self.config = Config(**self.spec["config"])
         self.seed = int(self.spec["seed"])
+        self.device = (self.spec.get("devices") or {}).get(backend_name) or self.spec["device"]  # parity: per backend
         self.curves = Curves()
         self.last_persist = 0.0
 
@@ -88,7 +89,7 @@ class Worker:
             "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "finished_at": None, "error": None,
             "config": c.to_dict(), "config_hash": c.config_hash(), "seed": self.seed,
-            "device": self.spec["device"], "data": corpus.describe(),
+            "device": self.device, "data": corpus.describe(),
             "fingerprints": {"weights": fingerprint(self.weights), "batches": self.stream.fingerprint(),
                              "eval_batches": eval_fp},
             "environment": environment.capture(),
@@ -166,7 +167,7 @@ class Worker:
         options = self.spec["backend_options"].get(self.name, {})
         self.backend = create_backend(self.name, **options)
         t0 = time.perf_counter()
-        self.backend.setup(self.config, self.weights, corpus.vocab_size, self.spec["device"], self.seed)
+        self.backend.setup(self.config, self.weights, corpus.vocab_size, self.device, self.seed)
         setup_s = time.perf_counter() - t0
         self.record["backend_info"] = self.backend.describe()
         start = self.resume() if resume else 0
@@ -182,7 +183,8 @@ class Worker:
                         progress=progress, label=label)
         cv = self.curves
         if cv.time_s and start == 0:
-            timings["first_step_s"] = cv.time_s[0]  # includes JIT/compilation: reported apart from the steady state
+            timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s
+        timings["compile_s"] = outcome.compile_s  # the backend's warm-up before step 0 (None: it has none)
         tokens = self.record["tokens_per_step"]
         timings.update(summarize_times(cv.time_s, tokens))
         timings["train_s"] = float(sum(cv.time_s))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -92,6 +92,7 @@ class TorchBackend:
     """nanoGPT in PyTorch: SDPA attention, AdamW with decay on >= 2-D weights, global-norm clipping."""
 
     name = "torch"
+    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.devices.parity_options)
 
     def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool = False,
                  parity: bool = False):
