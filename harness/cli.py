@@ -232,9 +232,10 @@ def build_parser() -> Parser:
     p.add_argument("--both", action="store_true", help="same as --backend torch --backend flux")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help="save model+optimizer every N steps")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run from its checkpoints")
-    p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (time to first step "
-                   "includes the compile)")
-    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on CUDA: matmul precision (fp32)")
+    p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (compiled before step "
+                   "0, recorded as compile_s)")
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on a CUDA GPU of compute capability "
+                   "8.0+: matmul precision (fp32)")
     p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per backend (OMP, OpenBLAS, "
                    "MKL, Julia); default: the frameworks' own choice")
     p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
