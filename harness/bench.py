@@ -422,7 +422,7 @@ def _measure(job: Job) -> dict:
     backend.setup(config, weights, corpus.vocab_size, job.device, job.seed)
     setup_s = time.perf_counter() - t0
     # the same one-off warm-up `harness run` does before step 0 (torch --compile: the compile), timed apart
-    compile_s = runner.warm_up(backend, *stream.batch(0))
+    compile_s = runner.warm_up(backend, stream, 0)
     first_round = None
     if job.warmup:
         first_step_s = runner_repeat(backend, config, stream, 0, job.warmup).step_s[0]

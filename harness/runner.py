@@ -50,17 +50,17 @@ def device_clock(backend: Backend) -> DeviceClock | None:
     return get() if callable(get) else None
 
 
-def warm_up(backend: Backend, x: np.ndarray, y: np.ndarray) -> float | None:
+def warm_up(backend: Backend, stream: BatchStream, step: int) -> float | None:
     """Run the backend's one-off warm-up (torch --compile: compile the training and evaluation graphs) on batch
-    (x, y) without changing its parameters, optimizer or dropout stream; returns its seconds, or None when the
-    backend has none. `harness run` and `harness bench` both call it once before step 0, so that neither the
-    step-0 evaluation nor the first step absorbs the compile, and both record it as `compile_s`."""
-    fn = getattr(backend, "warm_up", None)
-    if not callable(fn):
+    `step` without changing its parameters, optimizer or dropout stream; returns its seconds, or None when the
+    backend has nothing to warm up (`backend.needs_warm_up` false or absent: then not even the batch is fetched).
+    `harness run` and `harness bench` both call it once before step 0, so that neither the step-0 evaluation nor
+    the first step absorbs the compile, and both record it as `compile_s`."""
+    if not getattr(backend, "needs_warm_up", False):
         return None
     t0 = time.perf_counter()
-    done = fn(x, y)
-    return time.perf_counter() - t0 if done else None
+    backend.warm_up(*stream.batch(step))
+    return time.perf_counter() - t0
 
 
 class Interrupted(Exception):
@@ -170,7 +170,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     status = "completed"
     try:
         if start_step < total_steps:
-            compile_s = warm_up(backend, *stream.batch(start_step))
+            compile_s = warm_up(backend, stream, start_step)
         for step in range(start_step, total_steps):
             if step % config.eval_interval == 0:
                 failure = flush() if pending else None  # never evaluate a model that already diverged

@@ -138,18 +138,32 @@ def test_torch_clock_is_cuda_events_only_on_cuda() -> None:
     assert isinstance(backend.device_clock(), CudaEventClock)
 
 
+def test_batches_go_to_cuda_pinned_and_non_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy both the runner's step and the bench floor make (finding 2): pinned, then non-blocking on CUDA;
+    a plain tensor on the CPU."""
+    from harness.backends.torch_backend import to_device
+
+    calls: list = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: calls.append("pin") or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **kw: calls.append(("to", *a, kw)) or self)
+    a = np.arange(6).reshape(2, 3)
+    assert to_device(a, torch.device("cpu")).dtype == torch.int64 and calls == []
+    to_device(a, torch.device("cuda"))
+    assert calls == ["pin", ("to", torch.device("cuda"), {"non_blocking": True})]
+
+
 # --- finding 4: compile warm-up before step 0, apart from eval_s and the first step ------------------------------
 def test_warm_up_runs_once_before_the_step0_evaluation() -> None:
     """Planted bug: warming up after the first evaluation (or never) puts the compile into eval_s / first_step_s."""
     calls: list[str] = []
 
     class Compiled(ClockBackend):
-        warmed = False
+        needs_warm_up = True
 
         def warm_up(self, x, y) -> bool:
             calls.append("warm_up")
-            done, self.warmed = not self.warmed, True
-            return done
+            self.needs_warm_up = False
+            return True
 
         def eval_loss(self, x, y) -> float:
             calls.append("eval")
@@ -159,7 +173,8 @@ def test_warm_up_runs_once_before_the_step0_evaluation() -> None:
     backend = Compiled(None, [0.0] * 4)
     evals = {"val": [stream_for(config).batch(0)], "train": [stream_for(config).batch(1)]}
     outcome = runner.train(backend, config, stream_for(config), evals, runner.Curves(), 4, progress=False)
-    assert calls[0] == "warm_up" and outcome.compile_s is not None and outcome.compile_s >= 0
+    assert calls[0] == "warm_up" and calls.count("warm_up") == 1
+    assert outcome.compile_s is not None and outcome.compile_s >= 0
     outcome = runner.train(backend, config, stream_for(config), evals, runner.Curves(), 6, start_step=4,
                            progress=False)
     assert outcome.compile_s is None  # nothing left to compile

@@ -104,7 +104,7 @@ class TorchBackend:
             raise UsageError("torch backend: --precision tf32/bf16 needs --dtype float32")
         self.dtype, self.precision, self.compile = DTYPES[dtype], precision, compile
         self.parity = parity  # `harness parity`: single-tensor AdamW, math attention on CUDA
-        self._warm = not compile  # torch.compile's graphs are built by warm_up(), once
+        self.needs_warm_up = compile  # torch.compile's graphs are built by warm_up(), once (harness.runner.warm_up)
 
     def check_device(self, device: str) -> None:
         """UsageError when this configuration cannot run on `device` (tf32/bf16 on the CPU or before Ampere)."""
@@ -171,7 +171,7 @@ class TorchBackend:
         """With --compile, build the compiled evaluation and training graphs once, before step 0: a no-grad forward
         in eval mode and a forward + backward in train mode on (x, y). No parameter, optimizer or RNG state changes
         (gradients are dropped, the dropout generators restored). Returns False when there is nothing to do."""
-        if self._warm:
+        if not self.needs_warm_up:
             return False
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.device) if self._cuda else None
@@ -188,7 +188,7 @@ class TorchBackend:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, self.device)
-        self._warm = True
+        self.needs_warm_up = False
         return True
 
     # --- training ----------------------------------------------------------------------------------------------
