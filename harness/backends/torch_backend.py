@@ -157,6 +157,8 @@ class TorchBackend:
         return sdpa_kernel(self._kernels)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
+        if self._kernels is None and self.precision != "bf16":
+            return contextlib.nullcontext()  # the common case: nothing to enter, every step
         stack = contextlib.ExitStack()
         stack.enter_context(self._attention())
         if self.precision == "bf16":
