@@ -5,12 +5,12 @@ For every requested backend and size, four things are measured in one process, i
 all of them alike, and summarised by medians:
 
 (a) **runner**: the backend driven by `harness.runner.train` (progress off, no evaluation batches) on the
-    corpus's BatchStream, exactly as `harness run` drives it: batch fetch, per-step clock and synchronisation,
-    loss bookkeeping (device losses are fetched every FLUSH_EVERY steps);
+    corpus's BatchStream, exactly as `harness run` drives it: batch fetch, per-step timing (host clock on the CPU,
+    CUDA events without a per-step sync on CUDA), loss bookkeeping (device losses fetched every FLUSH_EVERY steps);
 (b) **bare**: the same work with no harness code, the floor. For torch a hand-written loop (GPT loaded with the
-    same weights, torch.optim.AdamW with the same two parameter groups, clip_grad_norm_) over a pre-built list of
-    tensors already on the device; for other backends a loop calling `backend.train_step` over pre-built NumPy
-    batches;
+    same weights, torch.optim.AdamW with the same two parameter groups and flags, clip_grad_norm_) over pre-built
+    NumPy batches, each copied to the device inside the step exactly as the torch backend copies it (pinned,
+    non-blocking on CUDA); for other backends a loop calling `backend.train_step` over pre-built NumPy batches;
 (c) **stream**: `BatchStream.batch` alone;
 (d) **harness only**: the runner driving a backend whose step does nothing, i.e. the harness's own cost per step
     (with warm caches, so a lower bound; it is steady where (a)/(b) is noisy).
@@ -19,9 +19,10 @@ The overhead ratio is the median over rounds of runner time / bare time for the 
 rounds cancel slow drift; odd rounds run bare first). On the CPU it is process CPU time: every cost of either loop
 is CPU work of this process, and CPU time leaves out the time other processes hold the cores, which on a shared
 machine swamps a 1% difference in wall time; on CUDA, whose work is not CPU time, it is wall time. Both are
-recorded (`overhead_ratio_cpu_time`, `overhead_ratio_wall`). Both loops read the clock around every step (and
-synchronise on CUDA, which per-step times need), so the ratio is the cost of the harness's own Python, not of
-timing.
+recorded (`overhead_ratio_cpu_time`, `overhead_ratio_wall`). Both loops time every step the same way (host clock,
+or CUDA events with no per-step sync), so the ratio is the cost of the harness's own Python, not of timing. A
+compiled model (`--compile`) is compiled once per measurement, after `torch._dynamo.reset()`, before any timed step
+(`compile_s`), exactly as `harness run` does before step 0.
 
 torch and numpy are measured in this process (one after the other, never at once). flux always runs in a
 child process (`python -m harness.bench`), because juliacall must be imported before torch; `--isolate` does the
@@ -31,6 +32,7 @@ same for every backend (then the peak RSS figure is that configuration's own, no
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import math
@@ -46,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from harness import environment, records
+from harness import environment, records, runner
 from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
 from harness.cli import out_arg
 from harness.config import SIZES, Config, load_config, seed_arg
@@ -70,7 +72,7 @@ TARGETS = {
     "stream_x_step_min": 50.0,
 }
 RESULT_FIELDS = ("backend", "size", "device", "status", "config", "tokens_per_step", "steps", "warmup", "repeats",
-                 "isolated", "setup_s", "first_step_s", "runner", "bare", "overhead_ratio", "overhead_pct",
+                 "isolated", "setup_s", "compile_s", "first_step_s", "runner", "bare", "overhead_ratio", "overhead_pct",
                  "overhead_basis", "overhead_ratio_ci95", "overhead_ratio_wall", "overhead_ratio_cpu_time",
                  "stream", "harness_only", "memory", "backend_info", "checks")
 TIMING_FIELDS = ("step_ms_median", "step_ms_p90", "loop_ms_per_step_median", "loop_ms_per_step", "tokens_per_s")
@@ -177,7 +179,9 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
         cls = backend_class(name)  # importing a backend module imports no framework (flux: juliacall is lazy)
         try:
             cls.check_available(args.device)
-            cls(**backend_options(args, name))  # validates dtype / precision without a device
+            instance = cls(**backend_options(args, name))  # validates dtype / precision without a device
+            if hasattr(instance, "check_device"):
+                instance.check_device(args.device)  # e.g. --precision bf16 on the CPU or a pre-Ampere GPU
         except BackendUnavailable as exc:
             raise UsageError(str(exc)) from None
     corpus = load_corpus(args.data)
@@ -201,6 +205,7 @@ class Timed:
     step_s: list[float]
     losses: list[float]
     cpu_s: float = math.nan
+    compile_s: float | None = None
 
 
 def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int, steps: int) -> Timed:
@@ -211,44 +216,61 @@ def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int,
     curves = Curves()
     c0, t0 = time.process_time(), time.perf_counter()
     outcome = train(backend, config, stream, {}, curves, start + steps, start_step=start, progress=False)
-    wall, cpu = time.perf_counter() - t0 - outcome.eval_s, time.process_time() - c0
+    wall = time.perf_counter() - t0 - outcome.eval_s - (outcome.compile_s or 0.0)
+    cpu = time.process_time() - c0
     if outcome.status != "completed":
         raise RuntimeError(f"runner-driven {backend.name} did not complete: {outcome.status}")
-    return Timed(wall, list(curves.time_s), list(curves.loss), cpu)
+    return Timed(wall, list(curves.time_s), list(curves.loss), cpu, outcome.compile_s)
 
 
 def backend_repeat(backend: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]], lr: float,
-                   sync_each_step: bool = True) -> Timed:
-    """(b) for backends other than torch: `backend.train_step` over pre-built NumPy batches, nothing else."""
+                   sync_each_step: bool = False) -> Timed:
+    """(b) for backends other than torch: `backend.train_step` over pre-built NumPy batches, nothing else.
+
+    Steps are timed as the runner times them: with the backend's device clock (no per-step sync) where it has one,
+    else on the host; `sync_each_step` synchronises after every step instead (what that costs on a GPU).
+    """
+    clock = None if sync_each_step else runner.device_clock(backend)
     losses: list[Any] = []
-    times: list[float] = []
+    times: list[Any] = []
     c_start, t_start = time.process_time(), time.perf_counter()
     for x, y in batches:
+        if clock is not None:
+            start = clock.mark()
+            losses.append(backend.train_step(x, y, lr))
+            times.append((start, clock.mark()))
+            continue
         t0 = time.perf_counter()
         losses.append(backend.train_step(x, y, lr))
-        if sync_each_step:
-            backend.synchronize()
+        backend.synchronize()
         times.append(time.perf_counter() - t0)
     values = backend.losses_to_floats(losses)
-    return Timed(time.perf_counter() - t_start, times, values, time.process_time() - c_start)
+    wall = time.perf_counter() - t_start
+    step_s = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in times]
+    return Timed(wall, step_s, values, time.process_time() - c_start)
 
 
 class BareTorch:
     """(b) for torch: the hand-written floor. No harness code runs between its steps.
 
     python_impl.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
-    tensors of 2 or more dimensions), global-norm clipping; batches are pre-built tensors already on the device.
-    Numerics flags (TF32) are process-global and were set by the torch backend's setup, so both loops share them.
+    tensors of 2 or more dimensions) with the same implementation flags, global-norm clipping. Each step copies its
+    batch to the device exactly as the torch backend's step does (`torch_backend.to_device`: pinned host memory,
+    non-blocking copy on CUDA), and steps are timed as the runner times them (CUDA events, no per-step sync, on
+    CUDA). Numerics flags (TF32) are process-global and were set by the torch backend's setup, so both loops share
+    them.
     """
 
     def __init__(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str, seed: int,
-                 dtype: str = "float32", precision: str = "fp32", compile: bool = False):
+                 dtype: str = "float32", precision: str = "fp32", compile: bool = False, parity: bool = False):
         import torch
 
+        from harness.backends.torch_backend import CudaEventClock, adamw_flags, to_device
         from python_impl.torch_gpt import GPT
 
-        self.torch = torch
+        self.torch, self.to_device = torch, to_device
         self.device = torch.device(device)
+        self.clock = CudaEventClock() if self.device.type == "cuda" else None
         torch.manual_seed(seed)
         model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
                     config.d_hidden, config.dropout)
@@ -258,45 +280,49 @@ class BareTorch:
         groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": config.weight_decay},
                   {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2),
-                                           eps=config.eps, fused=self.device.type == "cuda")
+                                           eps=config.eps, **adamw_flags(self.device.type, parity))
         self.clip = config.grad_clip
         self.forward = torch.compile(self.model) if compile else self.model
         self.bf16 = precision == "bf16"
 
-    def tensors(self, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[tuple[Any, Any]]:
-        """The batches as int64 tensors on the device (built once, outside the timed loop)."""
-        return [(self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(self.device),
-                 self.torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)).to(self.device))
-                for x, y in batches]
+    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
+        """Copy, forward, backward, clip and AdamW step over `batches`; losses stay on the device until the end.
 
-    def repeat(self, batches: Sequence[tuple[Any, Any]], sync_each_step: bool = True) -> Timed:
-        """Forward, backward, clip and AdamW step over `batches`; losses stay on the device until the end."""
-        torch = self.torch
-        cuda = self.device.type == "cuda"
-        sync = sync_each_step and cuda
+        On CUDA steps are timed with events (no per-step sync) unless `sync_each_step`, which synchronises after
+        every step and times on the host (what the per-step sync costs)."""
+        torch, to_device, device = self.torch, self.to_device, self.device
+        cuda = device.type == "cuda"
+        clock = None if sync_each_step else self.clock
         model, forward, optimizer, params, clip = self.model, self.forward, self.optimizer, self.params, self.clip
         model.train()
         losses = []
-        times = []
+        times: list[Any] = []
         c_start, t_start = time.process_time(), time.perf_counter()
         for x, y in batches:
+            start = clock.mark() if clock is not None else None
             t0 = time.perf_counter()
+            tx, ty = to_device(x, device), to_device(y, device)
             if self.bf16:
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
-                    _, loss = forward(x, y)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                    _, loss = forward(tx, ty)
             else:
-                _, loss = forward(x, y)
+                _, loss = forward(tx, ty)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             optimizer.step()
             losses.append(loss.detach())
-            if sync:
-                torch.cuda.synchronize(self.device)
+            if clock is not None:
+                times.append((start, clock.mark()))
+                continue
+            if cuda:
+                torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
         values = [float(v) for v in torch.stack(losses).double().cpu().tolist()] if losses else []
-        return Timed(time.perf_counter() - t_start, times, values, time.process_time() - c_start)
+        wall = time.perf_counter() - t_start
+        step_s = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in times]
+        return Timed(wall, step_s, values, time.process_time() - c_start)
 
 
 class NullBackend:
@@ -353,8 +379,22 @@ def _say(job: Job, text: str) -> None:
         print(f"bench {job.backend}/{job.size} {job.device}: {text}", file=sys.stderr, flush=True)
 
 
+def reset_compiler() -> None:
+    """Forget every torch.compile graph and guard of earlier measurements in this process (torch._dynamo.reset()).
+
+    Without it, the second size compiled in one process finds the first size's graph, fails its shape guards and
+    recompiles with dynamic shapes ("automatic dynamic"), a graph `harness run` (one size per process) never uses.
+    """
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 def measure(job: Job) -> dict:
     """Measure (a) runner, (b) bare, (c) stream and (d) harness only for one backend and size, in this process."""
+    gc.collect()  # the previous measurement's models go now, so their cached device blocks can be released
+    if job.options.get("compile"):
+        reset_compiler()  # each compiled measurement starts as a fresh process would
     if job.backend == "torch" and job.threads:
         import torch
 
@@ -377,15 +417,20 @@ def _measure(job: Job) -> dict:
     stream_c = BatchStream(corpus.train, config.block_size, config.batch_size, job.seed, config.scheme)
     rss_before = _current_rss()
 
-    # (a) set up and warm up first, and read the memory before the bare loop's model exists
+    # (a) set up, compile (if asked) and warm up first; read the memory after steps have run and before the bare
+    # loop's model exists
     backend = create_backend(job.backend, **job.options)
     t0 = time.perf_counter()
     backend.setup(config, weights, corpus.vocab_size, job.device, job.seed)
     setup_s = time.perf_counter() - t0
-    first_step_s = None
+    # the same one-off warm-up `harness run` does before step 0 (torch --compile: the compile), timed apart
+    compile_s = runner.warm_up(backend, stream, 0)
+    first_round = None
     if job.warmup:
-        warm = runner_repeat(backend, config, stream, 0, job.warmup)
-        first_step_s = warm.step_s[0]  # time to first step, synchronised: includes JIT / torch.compile
+        first_step_s = runner_repeat(backend, config, stream, 0, job.warmup).step_s[0]
+    else:  # no warm-up: the first timed runner round runs now, so that memory is read after steps, not before any
+        first_round = runner_repeat(backend, config, stream, 0, job.steps)
+        first_step_s = first_round.step_s[0]
     memory = dict(backend.memory())
     rss_after = _current_rss()
     if memory.get("kind") == "rss":
@@ -394,22 +439,24 @@ def _measure(job: Job) -> dict:
     if rss_before is not None and rss_after is not None:
         memory["rss_growth_bytes"] = rss_after - rss_before
 
-    # (b) the floor, over pre-built batches (the first `steps` of the stream)
+    # (b) the floor, over pre-built NumPy batches (the first `steps` of the stream), copied to the device per step
     batches = [stream.batch(k) for k in range(job.steps)]
     if job.backend == "torch":
         opts = job.options
         bare = BareTorch(config, weights, corpus.vocab_size, job.device, job.seed, dtype=opts.get("dtype", "float32"),
-                         precision=opts.get("precision", "fp32"), compile=bool(opts.get("compile")))
-        tensors = bare.tensors(batches)
+                         precision=opts.get("precision", "fp32"), compile=bool(opts.get("compile")),
+                         parity=bool(opts.get("parity")))
 
-        def bare_repeat(sync_each_step: bool = True) -> Timed:
-            return bare.repeat(tensors, sync_each_step)
+        def bare_repeat(sync_each_step: bool = False) -> Timed:
+            return bare.repeat(batches, sync_each_step)
 
-        warm_batches = bare.tensors([stream.batch(k) for k in range(job.warmup)])
+        warm_batches = [stream.batch(k) for k in range(job.warmup)]
+        if opts.get("compile") and not warm_batches:
+            warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile
         if warm_batches:
             bare.repeat(warm_batches)
     else:
-        def bare_repeat(sync_each_step: bool = True) -> Timed:
+        def bare_repeat(sync_each_step: bool = False) -> Timed:
             return backend_repeat(backend, batches, lr, sync_each_step)
 
         if job.warmup:
@@ -421,12 +468,15 @@ def _measure(job: Job) -> dict:
     runs_null: list[float] = []
     runs_a: list[Timed] = []
     runs_b: list[Timed] = []
-    runs_nosync: list[Timed] = []
+    runs_sync: list[Timed] = []
     stream_s: list[float] = []
     _say(job, f"{job.repeats} rounds of {job.steps} steps (runner, bare, stream, harness only)")
     last_said = time.monotonic()
     for r in range(job.repeats):
-        if r % 2 == 0:  # A B, then B A: whatever comes first in a round is not always the same loop
+        if r == 0 and first_round is not None:  # run before the bare model existed (--warmup 0)
+            a, first_round = first_round, None
+            b = bare_repeat()
+        elif r % 2 == 0:  # A B, then B A: whatever comes first in a round is not always the same loop
             a = runner_repeat(backend, config, stream, job.warmup + r * job.steps, job.steps)
             b = bare_repeat()
         else:
@@ -434,8 +484,8 @@ def _measure(job: Job) -> dict:
             a = runner_repeat(backend, config, stream, job.warmup + r * job.steps, job.steps)
         runs_a.append(a)
         runs_b.append(b)
-        if job.device == "cuda":  # what per-step synchronisation costs on an asynchronous device
-            runs_nosync.append(bare_repeat(sync_each_step=False))
+        if job.device == "cuda":  # what a per-step synchronisation would cost on an asynchronous device
+            runs_sync.append(bare_repeat(sync_each_step=True))
         c = stream_repeat(stream_c, r * n_stream, n_stream)
         stream_s.extend(c)
         runs_null.append(runner_repeat(null, config, stream_n, r * n_stream, n_stream).wall_s / n_stream)
@@ -465,7 +515,9 @@ def _measure(job: Job) -> dict:
         "backend": job.backend, "size": job.size, "device": job.device, "status": "completed",
         "config": job.config, "tokens_per_step": tokens, "steps": job.steps, "warmup": job.warmup,
         "repeats": job.repeats, "isolated": job.isolated, "options": job.options,
-        "setup_s": setup_s, "first_step_s": first_step_s if first_step_s is not None else runs_a[0].step_s[0],
+        "setup_s": setup_s, "compile_s": compile_s, "first_step_s": first_step_s,
+        "step_timing": "cuda events, no per-step sync" if job.device == "cuda" and job.backend == "torch"
+        else "host clock",
         "runner": runner_t, "bare": bare_t,
         "overhead_ratio": ratio, "overhead_pct": (ratio - 1) * 100, "overhead_basis": basis,
         "overhead_ratio_ci95": ci,
@@ -481,8 +533,8 @@ def _measure(job: Job) -> dict:
                          "steps_timed": n_stream * job.repeats},
         "memory": memory, "backend_info": backend.describe(),
     }
-    if runs_nosync:
-        result["bare_nosync"] = _timing(runs_nosync, job.steps, tokens)
+    if runs_sync:
+        result["bare_sync_each_step"] = _timing(runs_sync, job.steps, tokens)
     if job.backend == "torch" and job.device == "cuda":
         result["backend_info"]["sdpa"] = _sdpa_flags()
     result["checks"] = checks(result)

@@ -37,14 +37,22 @@ def out_arg(text: str) -> Path:
     return Path(text)
 
 
-def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES) -> None:
-    """Options shared by run, parity and bench: what to train on what data, and where to write."""
+def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES, per_backend_device: bool = False) -> None:
+    """Options shared by run, parity and bench: what to train on what data, and where to write.
+
+    With `per_backend_device` (parity), --device is repeatable and takes DEVICE or NAME=DEVICE
+    (harness.devices.parse_devices)."""
     p.add_argument("--size", default="small", choices=sizes, metavar="SIZE",
                    help=f"size preset: {', '.join(sizes)} (default small)")
     p.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`)")
     p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
                    "Shakespeare, downloaded once into the user cache)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    if per_backend_device:
+        p.add_argument("--device", action="append", metavar="DEVICE|NAME=DEVICE",
+                       help="cpu (default) or cuda for every backend, or NAME=DEVICE for one (repeatable), e.g. "
+                            "--device torch=cuda: torch on the GPU, the other backend on the CPU")
+    else:
+        p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and sampling, "
                    "0 to 2**32-1 (1337)")
     p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
@@ -320,9 +328,10 @@ def build_parser() -> Parser:
     p.add_argument("--both", action="store_true", help="same as --backend torch --backend flux")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help="save model+optimizer every N steps")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run from its checkpoints")
-    p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (time to first step "
-                   "includes the compile)")
-    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on CUDA: matmul precision (fp32)")
+    p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (compiled before step "
+                   "0, recorded as compile_s)")
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on a CUDA GPU of compute capability "
+                   "8.0+: matmul precision (fp32)")
     p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per backend (OMP, OpenBLAS, "
                    "MKL, Julia); default: the frameworks' own choice")
     p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
@@ -347,7 +356,7 @@ def build_parser() -> Parser:
     from harness import bench, parity
 
     p = sub.add_parser("parity", help="check that two backends compute the same thing (dropout 0)")
-    add_common(p)
+    add_common(p, per_backend_device=True)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)
 

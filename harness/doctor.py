@@ -30,19 +30,66 @@ def _dist_version(name: str) -> str | None:
 
 
 def _torch_row() -> tuple[str, str, str]:
+    """torch's version and whether --device cuda can work: a CPU-only build (torch.version.cuda is None) needs a
+    CUDA build; a CUDA build that sees no GPU has a driver or device problem."""
     if importlib.util.find_spec("torch") is None:
         return ("torch", "missing", "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu "
                                     "(or a CUDA build for --device cuda)")
     try:
         import torch
 
-        cuda = torch.cuda.is_available()
-        gpu = f"available: {torch.cuda.get_device_name(0)}" if cuda else "not available"
-        detail = f"{torch.__version__}, CUDA {gpu}"
-        return ("torch", detail, "" if cuda or shutil.which("nvidia-smi") is None
-                else "a GPU is present but this torch has no CUDA: install a CUDA build of torch for --device cuda")
+        built = getattr(torch.version, "cuda", None)
+        if built is None:
+            gpu_here = shutil.which("nvidia-smi") is not None
+            return ("torch", f"{torch.__version__}, CPU-only build (no CUDA)",
+                    "a GPU is present: install a CUDA build of torch for --device cuda" if gpu_here else "")
+        if not torch.cuda.is_available():
+            return ("torch", f"{torch.__version__}, CUDA {built} build, but no usable GPU",
+                    "the driver or the device is the problem: check `nvidia-smi` (a driver recent enough for "
+                    f"CUDA {built}) and CUDA_VISIBLE_DEVICES")
+        cap = torch.cuda.get_device_capability(0)
+        return ("torch", f"{torch.__version__}, CUDA {built}: {torch.cuda.get_device_name(0)} "
+                         f"(compute capability {cap[0]}.{cap[1]})",
+                "" if tuple(cap) >= (8, 0) else "pre-Ampere GPU: --precision tf32/bf16 are refused, fp32 only")
     except Exception as exc:  # a broken install is reported, not raised
         return ("torch", f"broken ({type(exc).__name__}: {exc})", "reinstall torch")
+
+
+def _cupy_row() -> tuple[str, str, str]:
+    """CuPy (the numpy backend on --device cuda): installed, and able to compile and run what the backend needs."""
+    if importlib.util.find_spec("cupy") is None:
+        return ("CuPy (numpy backend on cuda)", "not installed",
+                "only needed for --backend numpy --device cuda: pip install 'cupy-cuda12x[ctk]'")
+    from harness.backends.base import BackendUnavailable
+    from harness.backends.numpy_backend import NumpyBackend
+
+    version = _dist_version("cupy") or next((v for v in (_dist_version("cupy-cuda12x"),
+                                                          _dist_version("cupy-cuda13x")) if v), "?")
+    try:
+        NumpyBackend.check_available("cuda")
+    except BackendUnavailable as exc:
+        return ("CuPy (numpy backend on cuda)", f"{version}, not ready", str(exc).removeprefix("numpy backend: "))
+    except Exception as exc:  # a broken install is reported, not raised
+        return ("CuPy (numpy backend on cuda)", f"{version}, broken ({type(exc).__name__})", "reinstall CuPy")
+    return ("CuPy (numpy backend on cuda)", f"{version}, ready (kernel, float64 matmul, scatter_add ran)", "")
+
+
+def _compile_row() -> tuple[str, str, str]:
+    """What `--compile` needs: torch's Inductor compiles generated C++ (CPU) with a C/C++ compiler, and on CUDA
+    Triton, which also builds a small C helper at first use."""
+    import os
+
+    compiler = os.environ.get("CXX") or os.environ.get("CC")
+    compiler = shutil.which(compiler) if compiler else None
+    compiler = compiler or next((p for p in map(shutil.which, ("g++", "c++", "clang++", "gcc", "cc", "clang")) if p),
+                                None)
+    triton = _dist_version("triton")
+    status = f"C compiler: {compiler or 'none'}; triton: {triton or 'not installed'}"
+    if compiler is None:
+        return ("--compile prerequisites", status, "install a C/C++ compiler (e.g. apt install g++) for torch.compile")
+    return ("--compile prerequisites", status,
+            "" if triton or not shutil.which("nvidia-smi") else "for --compile on CUDA install triton (CUDA torch "
+            "wheels bring it)")
 
 
 def _gpu_row() -> tuple[str, str, str]:
@@ -97,6 +144,8 @@ def rows() -> list[tuple[str, str, str]]:
         out.append(("  Julia packages", f"not installed ({', '.join(JULIA_PACKAGES[:6])}, ...)",
                     "run `harness setup julia`" if st["juliacall"] else ""))
     out.append(_gpu_row())
+    out.append(_cupy_row())
+    out.append(_compile_row())
     reason = flux.unavailable_reason("cpu")
     out.append(("flux backend (cpu)", "ready" if reason is None else "unavailable", reason or ""))
     return out

@@ -55,6 +55,11 @@ class Plan:
     progress: bool = True
     threads: int | None = None
     allow_large: bool = False  # skip the memory-estimate refusal
+    devices: dict[str, str] = field(default_factory=dict)  # per-backend devices (parity); others use `device`
+
+    def device_of(self, backend: str) -> str:
+        """The device backend `backend` runs on."""
+        return self.devices.get(backend, self.device)
 
 
 # --- memory estimate ------------------------------------------------------------------------------------------
@@ -133,8 +138,9 @@ def preflight(plan: Plan) -> None:
     check_names(plan.backends)
     if len(set(plan.backends)) != len(plan.backends):
         raise UsageError(f"backend listed twice in {', '.join(plan.backends)}; name each backend once")
-    if plan.device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown device {plan.device!r}; use cpu or cuda")
+    for device in {plan.device, *plan.devices.values()}:
+        if device not in ("cpu", "cuda"):
+            raise UsageError(f"unknown device {device!r}; use cpu or cuda")
     check_seed(plan.seed)
     plan.config.validate()
     check_fits(plan.corpus, plan.config.block_size, plan.config.batch_size)
@@ -143,8 +149,10 @@ def preflight(plan: Plan) -> None:
     for name in plan.backends:
         cls = backend_class(name)
         try:
-            cls.check_available(plan.device)
-            cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision) without a device
+            cls.check_available(plan.device_of(name))
+            instance = cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision)
+            if hasattr(instance, "check_device"):
+                instance.check_device(plan.device_of(name))  # options that need a device (--precision bf16)
         except BackendUnavailable as exc:
             raise UsageError(str(exc)) from None
 
@@ -181,6 +189,7 @@ def write_spec(plan: Plan) -> str:
             "schema": SPEC_SCHEMA, "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
             "label": plan.config.name, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "config": plan.config.to_dict(), "seed": plan.seed, "device": plan.device,
+            "devices": {name: plan.device_of(name) for name in plan.backends},
             "data": {"path": c.path, "sha256": c.sha256, "n_chars": c.n_chars, "vocab_size": c.vocab_size,
                      "vocab": c.vocab, "bom_stripped": c.bom_stripped, "line_endings": c.line_endings,
                      "line_endings_changed": c.line_endings_changed},

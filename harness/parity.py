@@ -387,6 +387,7 @@ def command(args: argparse.Namespace) -> int:
     from harness import launch, records
     from harness.config import load_config
     from harness.data import load_corpus
+    from harness.devices import parity_options, parse_devices
 
     # --- validate everything before anything is written ---
     backends = parse_backends(args.backends)
@@ -395,13 +396,16 @@ def command(args: argparse.Namespace) -> int:
     dtypes, options = {}, {}
     for name in backends:
         dtypes[name], options[name] = backend_dtype(name, args.dtype)
+        options[name].update(parity_options(name))  # torch: single-tensor AdamW, math attention on CUDA
+    device, devices = parse_devices(args.device, backends)  # --device DEVICE or NAME=DEVICE (repeatable)
     pair = precision_pair(*(dtypes[n] for n in backends))
     tolerances, tol_source = resolve_tolerances(args, pair)
     config = load_config(args.size, args.config).replace(dropout=0.0, steps=args.steps)
     corpus = load_corpus(args.data)
     progress = not getattr(args, "quiet", False)
-    plan = launch.Plan(config=config, corpus=corpus, backends=backends, device=args.device, seed=args.seed,
-                       out=args.out, backend_options=options, text=False, parity=True, progress=progress)
+    plan = launch.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
+                       out=args.out, backend_options=options, text=False, parity=True, progress=progress,
+                       devices=devices)
     try:
         launch.preflight(plan)
     except ImportError as exc:  # a registered backend whose module or framework is not installed
@@ -411,13 +415,13 @@ def command(args: argparse.Namespace) -> int:
     run_id = launch.write_spec(plan)
     directory = records.run_dir(plan.out, run_id)
     print(f"parity {run_id}: {config.name}, {args.steps} steps, dropout 0, {backends[0]} ({dtypes[backends[0]]}) "
-          f"vs {backends[1]} ({dtypes[backends[1]]}) on {args.device}", file=sys.stderr)
+          f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}", file=sys.stderr)
     codes = launch.execute(directory, backends, progress=progress)
     record: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": config.to_dict(), "config_name": config.name, "steps": args.steps, "seed": args.seed,
-        "device": args.device, "backends": backends, "dtypes": dtypes, "precision_pair": pair,
+        "device": device, "devices": devices, "backends": backends, "dtypes": dtypes, "precision_pair": pair,
         "tolerances": asdict(tolerances), "tolerance_source": tol_source,
         "data": {"path": corpus.path, "sha256": corpus.sha256}, "worker_exit_codes": codes,
         "files": {n: {"record": f"{n}.json", "probe": f"{n}.probe.npz"} for n in backends},

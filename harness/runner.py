@@ -1,8 +1,18 @@
 """The training loop every backend runs under: same batches, same evaluation points, same records.
 
-It times each step (after a device synchronisation), keeps losses on the device until a flush point,
-evaluates on the fixed batches, checkpoints, and turns Ctrl-C / SIGTERM / a non-finite loss into a
-record status instead of a lost run.
+It times each step, keeps losses on the device until a flush point, evaluates on the fixed batches,
+checkpoints, and turns Ctrl-C / SIGTERM / a non-finite loss into a record status instead of a lost run.
+
+What a step time is:
+- on a synchronous device (CPU) or a backend without a device clock: host wall time of `train_step` plus
+  `synchronize()` (a no-op there), read with `time.perf_counter`;
+- on an asynchronous device whose backend offers `device_clock()` (torch on CUDA: CUDA events): the time on the
+  device's stream from an event recorded just before the step's work was queued to one recorded just after it.
+  The host never waits for the device between steps; the events are read at the next flush (every FLUSH_EVERY
+  steps, an evaluation, a checkpoint, the end), where one synchronisation fetches the losses anyway. When the
+  device is the bottleneck that is the device's time for the step's kernels; when the host is (small models), it
+  is the time from queueing the step's first kernel to the end of its last, so host launch overhead counts and the
+  harness's own work between steps does not (as on the CPU, where the batch fetch is outside the step).
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -21,6 +32,35 @@ from harness.data import BatchStream
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart
 WARMUP_STEPS = 10  # steps left out of the steady-state statistics (JIT, allocator and cache warm-up)
+
+
+class DeviceClock(Protocol):
+    """Timing markers on an asynchronous device's stream (torch: CUDA events), read without a per-step sync."""
+
+    def mark(self) -> Any:
+        """Record a marker on the device's stream now (no synchronisation) and return it."""
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        """Seconds between two markers; waits for `end` to complete if it has not (at most once per flush)."""
+
+
+def device_clock(backend: Backend) -> DeviceClock | None:
+    """The backend's device clock (`backend.device_clock()`), or None: then steps are timed on the host."""
+    get = getattr(backend, "device_clock", None)
+    return get() if callable(get) else None
+
+
+def warm_up(backend: Backend, stream: BatchStream, step: int) -> float | None:
+    """Run the backend's one-off warm-up (torch --compile: compile the training and evaluation graphs) on batch
+    `step` without changing its parameters, optimizer or dropout stream; returns its seconds, or None when the
+    backend has nothing to warm up (`backend.needs_warm_up` false or absent: then not even the batch is fetched).
+    `harness run` and `harness bench` both call it once before step 0, so that neither the step-0 evaluation nor
+    the first step absorbs the compile, and both record it as `compile_s`."""
+    if not getattr(backend, "needs_warm_up", False):
+        return None
+    t0 = time.perf_counter()
+    backend.warm_up(*stream.batch(step))
+    return time.perf_counter() - t0
 
 
 class Interrupted(Exception):
@@ -67,6 +107,7 @@ class Outcome:
     steps_done: int
     eval_s: float
     train_s: float
+    compile_s: float | None = None  # the backend's warm-up (torch --compile), before step 0; None: none
 
 
 def train(backend: Backend, config: Config, stream: BatchStream,
@@ -81,28 +122,37 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     """
     tokens_per_step = config.batch_size * config.block_size
     lr = config.learning_rate
+    clock = device_clock(backend)
     pending: list = []  # losses still on the device
+    pending_t: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
     pending_from = start_step
     eval_s = train_s = 0.0
     step = start_step
     bar = tqdm(total=total_steps, initial=start_step, desc=label, unit="step", disable=not progress,
                dynamic_ncols=True, mininterval=0.5)
+    compile_s = None
 
     def flush() -> str | None:
-        """Fetch pending losses; return a failure status at the first non-finite one."""
-        nonlocal pending, pending_from
-        values = backend.losses_to_floats(pending)
+        """Fetch pending losses (and device step times); return a failure status at the first non-finite loss."""
+        nonlocal pending, pending_t, pending_from, train_s
+        values = backend.losses_to_floats(pending)  # one synchronisation: every marker below is complete
+        times = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in pending_t[:len(values)]]
+        n_ok = len(values)
+        failure = None
         for k, v in enumerate(values):
             if not math.isfinite(v):
-                n_ok = k  # keep the steps before the bad one, and the bad one itself for the record
-                curves.loss.extend(values[:n_ok + 1])
-                del curves.time_s[len(curves.loss):]
-                del curves.step[len(curves.loss):]
-                return f"failed: non-finite loss at step {pending_from + k}"
-        curves.loss.extend(values)
-        pending, pending_from = [], pending_from + len(values)
+                n_ok = k + 1  # keep the steps before the bad one, and the bad one itself for the record
+                failure = f"failed: non-finite loss at step {pending_from + k}"
+                break
+        curves.loss.extend(values[:n_ok])
+        curves.time_s.extend(times[:n_ok])
+        train_s += sum(times[:n_ok])
+        del curves.step[len(curves.loss):]
+        pending, pending_t, pending_from = [], [], pending_from + len(values)
+        if failure:
+            return failure
         if values:
-            recent = curves.time_s[-len(values):]
+            recent = times
             bar.set_postfix(loss=f"{values[-1]:.4f}", tok_s=f"{tokens_per_step * len(recent) / sum(recent):,.0f}",
                             refresh=False)
         return None
@@ -119,6 +169,8 @@ def train(backend: Backend, config: Config, stream: BatchStream,
 
     status = "completed"
     try:
+        if start_step < total_steps:
+            compile_s = warm_up(backend, stream, start_step)
         for step in range(start_step, total_steps):
             if step % config.eval_interval == 0:
                 failure = flush() if pending else None  # never evaluate a model that already diverged
@@ -127,13 +179,16 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                     break
                 do_eval(step)
             x, y = stream.batch(step)
-            t0 = time.perf_counter()
-            loss = backend.train_step(x, y, lr)
-            backend.synchronize()
-            dt = time.perf_counter() - t0
-            train_s += dt
+            if clock is None:  # synchronous device: host clock around the step and its (no-op) sync
+                t0 = time.perf_counter()
+                loss = backend.train_step(x, y, lr)
+                backend.synchronize()
+                pending_t.append(time.perf_counter() - t0)
+            else:  # asynchronous device: markers on its stream, no host sync per step
+                start = clock.mark()
+                loss = backend.train_step(x, y, lr)
+                pending_t.append((start, clock.mark()))  # read at the flush, after its one synchronisation
             curves.step.append(step)
-            curves.time_s.append(dt)
             pending.append(loss)
             bar.update(1)
             done = step + 1
@@ -158,4 +213,4 @@ def train(backend: Backend, config: Config, stream: BatchStream,
         status = failure or status
     finally:
         bar.close()
-    return Outcome(status=status, steps_done=len(curves.loss), eval_s=eval_s, train_s=train_s)
+    return Outcome(status=status, steps_done=len(curves.loss), eval_s=eval_s, train_s=train_s, compile_s=compile_s)

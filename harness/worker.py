@@ -146,6 +146,7 @@ class Worker:
                              f"{', '.join(self.spec['backends'])})")
         self.config = config_from_dict(self.spec["config"], str(self.paths.spec))
         self.seed = check_seed(self.spec["seed"], "seed in spec.json")
+        self.device = (self.spec.get("devices") or {}).get(backend_name) or self.spec["device"]  # parity: per backend
         self.curves = Curves()
         self.last_persist = 0.0
         self.record: dict | None = None
@@ -185,7 +186,7 @@ class Worker:
             "backend_options": self.spec["backend_options"].get(self.name, {}),
             "status": Status.RUNNING.value, "started_at": _now(), "finished_at": None, "error": None,
             "config": c.to_dict(), "config_hash": c.config_hash(), "seed": self.seed,
-            "device": self.spec["device"], "data": corpus.describe(),
+            "device": self.device, "data": corpus.describe(),
             "fingerprints": {"weights": fingerprint(self.weights), "batches": self.stream.fingerprint(),
                              "eval_batches": eval_fp},
             "environment": environment.capture(),
@@ -310,7 +311,7 @@ class Worker:
         options = self.spec["backend_options"].get(self.name, {})
         self.backend = create_backend(self.name, **options)
         t0 = time.perf_counter()
-        self.backend.setup(self.config, self.weights, corpus.vocab_size, self.spec["device"], self.seed)
+        self.backend.setup(self.config, self.weights, corpus.vocab_size, self.device, self.seed)
         setup_s = time.perf_counter() - t0
         start, carry = self.resume() if resume else (0, {})
         pause_at("before-record")
@@ -335,7 +336,8 @@ class Worker:
                         progress=progress, label=label)
         cv = self.curves
         if cv.time_s and start == 0:
-            timings["first_step_s"] = cv.time_s[0]  # includes JIT/compilation: reported apart from the steady state
+            timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s
+        timings["compile_s"] = outcome.compile_s  # the backend's warm-up before step 0 (None: it has none)
         tokens = self.record["tokens_per_step"]
         timings.update(summarize_times(cv.time_s, tokens))
         timings["train_s"] = float(sum(cv.time_s))

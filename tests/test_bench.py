@@ -135,7 +135,7 @@ def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
     runner = bench.runner_repeat(backend, config, stream, 0, steps)
 
     bare = bench.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
-    floor = bare.repeat(bare.tensors([stream.batch(k) for k in range(steps)]))
+    floor = bare.repeat([stream.batch(k) for k in range(steps)])
 
     assert len(runner.losses) == len(floor.losses) == steps
     assert len(runner.step_s) == len(floor.step_s) == steps
@@ -173,6 +173,7 @@ BAD = [
     (["--repeats", "-2"], "--repeats"),
     (["--warmup", "1.5"], "--warmup"),
     (["--device", "tpu"], "--device"),
+    (["--precision", "bf16"], "needs a CUDA GPU"),
     (["--data", "/nonexistent/corpus.txt"], "does not exist"),
 ]
 
@@ -188,6 +189,60 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, text_file: Path, c
     assert len(lines) == 1 and expected in lines[0], stderr
     assert "Traceback" not in stderr and not stdout
     assert not out.exists()
+
+
+def test_floor_and_runner_make_the_same_copy(text_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both loops copy each step's batch to the device inside the timed step, through the same function (pinned,
+    non-blocking on CUDA). Planted bug: a floor over tensors built before the loop makes no copies."""
+    from harness.backends import torch_backend
+
+    copies: list[tuple] = []
+    real = torch_backend.to_device
+    monkeypatch.setattr(torch_backend, "to_device", lambda a, device: copies.append(a.shape) or real(a, device))
+    config = load_config("small").replace(dropout=0.0)
+    corpus = load_corpus(text_file)
+    weights = init_weights(config, corpus.vocab_size, SEED)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
+    backend = torch_backend.TorchBackend()
+    backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
+    bench.runner_repeat(backend, config, stream, 0, 3)
+    runner_copies, copies[:] = list(copies), []
+    bare = bench.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare.repeat([stream.batch(k) for k in range(3)])
+    assert copies == runner_copies == [(config.batch_size, config.block_size)] * 6
+
+
+def test_warmup_0_reads_memory_after_steps(text_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --warmup 0 memory is read after the first timed runner round and before the bare model exists, and
+    compile_s is in the result. Planted bug: reading it right after setup sees no step at all."""
+    from harness.backends.torch_backend import TorchBackend
+
+    order: list[str] = []
+
+    class Counting(TorchBackend):
+        steps = 0
+
+        def train_step(self, x, y, lr):
+            Counting.steps += 1
+            return super().train_step(x, y, lr)
+
+        def memory(self):
+            order.append(f"memory after {Counting.steps} steps")
+            return super().memory()
+
+    class Bare(bench.BareTorch):
+        def __init__(self, *a, **kw):
+            order.append("bare model")
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(bench, "create_backend", lambda name, **opts: Counting(**opts))
+    monkeypatch.setattr(bench, "BareTorch", Bare)
+    config = load_config("small")
+    job = bench.Job("torch", "small", config.to_dict(), str(text_file), "cpu", SEED, steps=2, warmup=0, repeats=1,
+                    progress=False)
+    result = bench.measure(job)
+    assert order[:2] == ["memory after 2 steps", "bare model"]
+    assert result["compile_s"] is None and result["first_step_s"] > 0 and len(result["overhead_ratios"]) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --device cuda is valid here")

@@ -433,8 +433,9 @@ class FluxBackend:
     def eval_loss(self, x: np.ndarray, y: np.ndarray) -> float:
         return float(self._mod.eval_loss(self._state, tokens_to_flux(x), tokens_to_flux(y)))
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        return logits_from_flux(_numpy(self._mod.logits(self._state, tokens_to_flux(x))))
+    def logits(self, x: np.ndarray, last_only: bool = False) -> np.ndarray:
+        out = logits_from_flux(_numpy(self._mod.logits(self._state, tokens_to_flux(x))))
+        return out[:, -1:, :] if last_only else out
 
     def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         g = self._mod.gradients(self._state, tokens_to_flux(x), tokens_to_flux(y))

@@ -1,8 +1,10 @@
 """The NumPy reference backend: python_impl.numpy_gpt (hand-written backward, AdamW) behind the Backend protocol.
 
 float64 by default (the oracle), float32 on request. `--device cuda` runs the same code on CuPy when it is
-installed. Dropout masks come from the backend's own seeded NumPy Generator, whose state is part of the
-checkpoint, so a resumed run continues exactly.
+installed and ready (`cupy_ready`: a kernel compiles, float64 matmul and cupyx.scatter_add run). On the CPU dropout
+masks come from the backend's own seeded NumPy Generator, whose state is part of the checkpoint; on CUDA they are
+drawn on the device (`DeviceDropoutRNG`, reseeded from (seed, step) each step, since CuPy's RNG state cannot be
+saved), so a resumed run continues exactly on either.
 """
 
 from __future__ import annotations
@@ -22,6 +24,69 @@ from harness.weights import param_shapes
 from python_impl import numpy_gpt
 
 DTYPES = ("float64", "float32")
+CUPY_FIX = ("install the CuPy wheel for your CUDA with its CUDA components (pip install 'cupy-cuda12x[ctk]', "
+            "or cupy-cuda13x[ctk] for CUDA 13), or use --device cpu")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def cupy_ready(cupy: Any) -> None:
+    """Raise BackendUnavailable unless CuPy can run what the backend needs: a freshly compiled elementwise kernel
+    (NVRTC and the CUDA headers), a float64 matmul (cuBLAS) and cupyx.scatter_add (the embedding gradient).
+
+    Without this, a CuPy install that finds a GPU but cannot compile kernels fails at the first kernel inside the
+    worker, with a traceback, after the run directory exists.
+    """
+    def elementwise() -> bool:
+        kernel = cupy.ElementwiseKernel("float64 x", "float64 y", "y = 2 * x + 1", "harness_ready_check")
+        return bool((cupy.asnumpy(kernel(cupy.arange(4, dtype=cupy.float64))) == [1, 3, 5, 7]).all())
+
+    def matmul() -> bool:
+        a = cupy.asarray(np.arange(6, dtype=np.float64).reshape(2, 3))
+        return bool(np.array_equal(cupy.asnumpy(a @ a.T), [[5.0, 14.0], [14.0, 50.0]]))
+
+    def scatter_add() -> bool:
+        import cupyx
+
+        target = cupy.zeros(3, dtype=cupy.float64)
+        cupyx.scatter_add(target, cupy.asarray(np.array([0, 0, 2])), cupy.ones(3, dtype=cupy.float64))
+        return bool(np.array_equal(cupy.asnumpy(target), [2.0, 0.0, 1.0]))
+
+    for what, check in (("compile and run an elementwise kernel (NVRTC or the CUDA headers missing?)", elementwise),
+                        ("run a float64 matmul (cuBLAS)", matmul), ("run cupyx.scatter_add", scatter_add)):
+        try:
+            ok = check()
+        except Exception as exc:  # CompileException, CUDARuntimeError, ImportError, ...
+            raise BackendUnavailable(f"numpy backend: CuPy cannot {what}: {_one_line(exc)}; {CUPY_FIX}") from None
+        if not ok:
+            raise BackendUnavailable(f"numpy backend: CuPy can {what.split(' (')[0][4:]} but got a wrong result; "
+                                     f"{CUPY_FIX}")
+
+
+class DeviceDropoutRNG:
+    """Dropout uniforms drawn on the GPU (numpy_gpt calls `rng.random(shape)`): no host draw, no host-to-device copy.
+
+    CuPy's random states cannot be serialised, so instead of one stream the generator is reseeded at each training
+    step from (seed, step) (cuRAND Philox, cheap to seed): step k's masks depend only on the seed and k, and a run
+    resumed from a checkpoint draws exactly what an uninterrupted one draws.
+    """
+
+    def __init__(self, cupy: Any, seed: int) -> None:
+        self.cupy, self.seed = cupy, int(seed)
+        self.state: Any = None
+
+    def start_step(self, step: int) -> None:
+        """Reseed for training step `step` (0-based)."""
+        derived = int(np.random.SeedSequence([self.seed, int(step)]).generate_state(1, np.uint64)[0] >> 1)
+        method = self.cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10
+        self.state = self.cupy.random.RandomState(seed=derived, method=method)
+
+    def random(self, shape: tuple[int, ...]) -> Any:
+        """Uniforms in [0, 1), float64, on the device."""
+        return self.state.random_sample(shape, dtype=np.float64)
 
 
 def _use_device(device: str) -> object:
@@ -57,7 +122,8 @@ class NumpyBackend:
         self.device = "cpu"
         self.params: dict[str, Any] = {}
         self.optimizer: numpy_gpt.AdamW | None = None
-        self.rng: np.random.Generator | None = None
+        self.rng: np.random.Generator | DeviceDropoutRNG | None = None
+        self._peak_used = 0  # CuPy: the highest pool used-bytes figure sampled (after each step's backward pass)
 
     @classmethod
     def check_available(cls, device: str) -> None:
@@ -69,7 +135,7 @@ class NumpyBackend:
                                      "(or cuda with CuPy)")
         previous = numpy_gpt.xp
         try:
-            _use_device("cuda")
+            cupy_ready(_use_device("cuda"))
         finally:
             numpy_gpt.xp = previous
 
@@ -91,12 +157,21 @@ class NumpyBackend:
         self.params = {name: xp.array(weights[name], dtype=self.dtype) for name in expected}
         self.optimizer = numpy_gpt.AdamW(self.params, betas=(config.beta1, config.beta2), eps=config.eps,
                                          weight_decay=config.weight_decay)
-        self.rng = np.random.Generator(np.random.PCG64(seed))
+        if xp is np:
+            self.rng = np.random.Generator(np.random.PCG64(seed))
+        else:
+            self.rng = DeviceDropoutRNG(xp, seed)
+            self._pool = xp.get_default_memory_pool()
+            self._peak_used = int(self._pool.used_bytes())
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """Forward with dropout, backward, global-norm clipping (if grad_clip > 0), AdamW; returns the loss."""
         config, optimizer = self._ready()
+        if isinstance(self.rng, DeviceDropoutRNG):
+            self.rng.start_step(optimizer.t)  # t = steps done so far, restored from checkpoints
         loss, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config, self.rng)
+        if numpy_gpt.xp is not np:  # a host-side counter (no sync): parameters, moments and gradients are all live
+            self._peak_used = max(self._peak_used, int(self._pool.used_bytes()))
         if config.grad_clip > 0:
             numpy_gpt.clip_grad_norm(grads, config.grad_clip)
         optimizer.step(self.params, grads, lr)
@@ -116,10 +191,12 @@ class NumpyBackend:
         config, _ = self._ready()
         return float(numpy_gpt.loss_only(self.params, self._tokens(x), self._tokens(y), config))
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """(B, T, V) logits, dropout off, in the backend's dtype."""
+    def logits(self, x: np.ndarray, last_only: bool = False) -> np.ndarray:
+        """(B, T, V) logits, dropout off, in the backend's dtype; with `last_only` (B, 1, V): only the last position
+        is copied to the host (generation)."""
         config, _ = self._ready()
-        return numpy_gpt.to_numpy(numpy_gpt.gpt_forward(self.params, self._tokens(x), config)[0])
+        logits = numpy_gpt.gpt_forward(self.params, self._tokens(x), config)[0]
+        return numpy_gpt.to_numpy(logits[:, -1:, :] if last_only else logits)
 
     def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         """Gradients of the mean loss: dropout off, no clipping, no update."""
@@ -132,12 +209,22 @@ class NumpyBackend:
         return {name: numpy_gpt.to_numpy(p) for name, p in self.params.items()}
 
     def memory(self) -> dict[str, Any]:
-        """Peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
+        """On the CPU the peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS).
+
+        Under CuPy, device memory: `peak_bytes` is the highest CuPy pool used-bytes figure sampled after each step's
+        backward pass (a lower bound of the true peak: the step's activations are freed by then);
+        `peak_reserved_bytes` the pool's total (it never shrinks, so it is its peak: an upper bound); the host's
+        peak RSS is `rss_peak_bytes`."""
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        info: dict[str, Any] = {"kind": "rss", "peak_bytes": int(maxrss if sys.platform == "darwin" else maxrss * 1024)}
-        if numpy_gpt.xp is not np:
-            info["device_pool_bytes"] = int(numpy_gpt.xp.get_default_memory_pool().total_bytes())
-        return info
+        rss = int(maxrss if sys.platform == "darwin" else maxrss * 1024)
+        if numpy_gpt.xp is np:
+            return {"kind": "rss", "peak_bytes": rss}
+        pool = numpy_gpt.xp.get_default_memory_pool()
+        used = int(pool.used_bytes())
+        self._peak_used = max(self._peak_used, used)
+        return {"kind": "device", "peak_bytes": self._peak_used, "peak_reserved_bytes": int(pool.total_bytes()),
+                "used_bytes_now": used, "rss_peak_bytes": rss,
+                "peak_basis": "CuPy pool used bytes sampled after each backward pass (lower bound)"}
 
     def describe(self) -> dict[str, Any]:
         """Framework, version, device and dtype."""
@@ -163,8 +250,9 @@ class NumpyBackend:
             state[f"adam_v/{name}"] = numpy_gpt.to_numpy(optimizer.v[name])
         state["adam_t"] = np.array(optimizer.t, dtype=np.int64)
         assert self.rng is not None
-        rng_json = json.dumps(self.rng.bit_generator.state).encode()
-        state["rng/state"] = np.frombuffer(rng_json, dtype=np.uint8).copy()
+        if isinstance(self.rng, np.random.Generator):  # the device RNG needs no state: it is reseeded per step
+            rng_json = json.dumps(self.rng.bit_generator.state).encode()
+            state["rng/state"] = np.frombuffer(rng_json, dtype=np.uint8).copy()
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -184,7 +272,7 @@ class NumpyBackend:
         if "adam_t" not in state:
             raise ValueError("numpy backend: checkpoint lacks 'adam_t'")
         optimizer.t = int(state["adam_t"])
-        if "rng/state" in state and self.rng is not None:
+        if "rng/state" in state and isinstance(self.rng, np.random.Generator):
             self.rng.bit_generator.state = json.loads(np.asarray(state["rng/state"], dtype=np.uint8).tobytes())
 
     # ------------------------------------------------------------------------------------------ helpers

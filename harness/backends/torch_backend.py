@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -17,14 +17,85 @@ from python_impl.torch_gpt import GPT
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 PRECISIONS = ("fp32", "tf32", "bf16")
+MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
+
+
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch as int64 on `device`: the copy every training step makes (runner and bench floor alike).
+
+    On CUDA the host tensor is pinned first, so the host-to-device copy is asynchronous (non_blocking) and overlaps
+    with the work already queued.
+    """
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+def adamw_flags(device_type: str, parity: bool) -> dict[str, bool]:
+    """AdamW implementation flags: fused on CUDA for speed; in parity mode the single-tensor loop on every device
+    (the fused kernel computes the bias corrections in float32 and orders the operations differently from the
+    reference it is compared with)."""
+    if parity:
+        return {"fused": False, "foreach": False}
+    return {"fused": True} if device_type == "cuda" else {}
+
+
+def attention_kernels(device_type: str, parity: bool) -> list | None:
+    """SDPA kernels allowed: None = torch's choice; in parity mode on CUDA the math kernel only (the fp32
+    memory-efficient kernel on sm80+ may use 3xTF32 matmuls). On the CPU torch's choice is kept: the parity
+    tolerances in docs/parity.md were measured with it."""
+    if parity and device_type == "cuda":
+        from torch.nn.attention import SDPBackend
+
+        return [SDPBackend.MATH]
+    return None
+
+
+def reset_device_memory(device: torch.device) -> None:
+    """Return cached blocks to the driver, then reset the peak counters: in one process (bench) the previous
+    configuration's cached blocks would otherwise count in this one's reserved peak."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def check_precision(precision: str, device: str) -> None:
+    """UsageError unless `precision` can run on `device`: tf32/bf16 need a CUDA GPU of compute capability 8.0+."""
+    need = MIN_CAPABILITY.get(precision)
+    if need is None:
+        return
+    if device != "cuda":
+        raise UsageError(f"torch backend: --precision {precision} needs a CUDA GPU (Ampere or newer); on the "
+                         f"{device} use --precision fp32")
+    cap = tuple(torch.cuda.get_device_capability(0))
+    if cap < need:
+        raise UsageError(f"torch backend: --precision {precision} needs compute capability "
+                         f"{need[0]}.{need[1]}+ (Ampere or newer), this GPU has {cap[0]}.{cap[1]}; "
+                         "use --precision fp32")
+
+
+class CudaEventClock:
+    """Step timing with CUDA events on the current stream: recorded without a sync, read after one."""
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed_s(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()  # complete already after the flush's sync; cheap then
+        return start.elapsed_time(end) / 1e3
 
 
 class TorchBackend:
     """nanoGPT in PyTorch: SDPA attention, AdamW with decay on >= 2-D weights, global-norm clipping."""
 
     name = "torch"
+    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.devices.parity_options)
 
-    def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool = False):
+    def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool = False,
+                 parity: bool = False):
         if dtype not in DTYPES:
             raise UsageError(f"torch backend: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if precision not in PRECISIONS:
@@ -32,6 +103,12 @@ class TorchBackend:
         if precision != "fp32" and dtype != "float32":
             raise UsageError("torch backend: --precision tf32/bf16 needs --dtype float32")
         self.dtype, self.precision, self.compile = DTYPES[dtype], precision, compile
+        self.parity = parity  # `harness parity`: single-tensor AdamW, math attention on CUDA
+        self.needs_warm_up = compile  # torch.compile's graphs are built by warm_up(), once (harness.runner.warm_up)
+
+    def check_device(self, device: str) -> None:
+        """UsageError when this configuration cannot run on `device` (tf32/bf16 on the CPU or before Ampere)."""
+        check_precision(self.precision, device)
 
     @classmethod
     def check_available(cls, device: str) -> None:
@@ -45,6 +122,7 @@ class TorchBackend:
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
               seed: int) -> None:
         self.check_available(device)
+        check_precision(self.precision, device)
         self.config, self.device = config, torch.device(device)
         torch.manual_seed(seed)  # the dropout stream
         # TF32 off unless asked for: parity needs plain fp32 matmuls on Ampere+ GPUs
@@ -59,25 +137,61 @@ class TorchBackend:
             {"params": [p for n, p in named if decays(n, tuple(p.shape))], "weight_decay": config.weight_decay},
             {"params": [p for n, p in named if not decays(n, tuple(p.shape))], "weight_decay": 0.0},
         ]
-        fused = self.device.type == "cuda"  # one kernel for the whole update on CUDA
         self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2),
-                                           eps=config.eps, fused=fused)
+                                           eps=config.eps, **adamw_flags(self.device.type, self.parity))
+        self._kernels = attention_kernels(self.device.type, self.parity)
         self.forward = torch.compile(self.model) if self.compile else self.model
         self._params = [p for _, p in named]  # for clipping: walking the module tree each step costs ~0.1 ms
         self._cuda = self.device.type == "cuda"
-        if self._cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
+        reset_device_memory(self.device)
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-        if self._cuda:  # pinned host memory lets the copy overlap with queued GPU work
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
+        return to_device(a, self.device)
+
+    def _attention(self) -> contextlib.AbstractContextManager:
+        """The SDPA kernel restriction of parity mode on CUDA (math only); nothing otherwise."""
+        if self._kernels is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(self._kernels)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
+        if self._kernels is None and self.precision != "bf16":
+            return contextlib.nullcontext()  # the common case: nothing to enter, every step
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._attention())
         if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16))
+        return stack
+
+    def device_clock(self) -> CudaEventClock | None:
+        """CUDA events for the runner's step times (no sync per step); None on the CPU (host clock)."""
+        return CudaEventClock() if self._cuda else None
+
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> bool:
+        """With --compile, build the compiled evaluation and training graphs once, before step 0: a no-grad forward
+        in eval mode and a forward + backward in train mode on (x, y). No parameter, optimizer or RNG state changes
+        (gradients are dropped, the dropout generators restored). Returns False when there is nothing to do."""
+        if not self.needs_warm_up:
+            return False
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self._cuda else None
+        tx, ty = self._tensor(x), self._tensor(y)
+        with torch.no_grad(), self._autocast():
+            self.model.eval()
+            self.forward(tx, ty)
+        self.model.train()
+        with self._autocast():
+            _, loss = self.forward(tx, ty)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.synchronize()
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, self.device)
+        self.needs_warm_up = False
+        return True
 
     # --- training ----------------------------------------------------------------------------------------------
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> torch.Tensor | float:
@@ -114,16 +228,21 @@ class TorchBackend:
         return float(loss)
 
     @torch.no_grad()
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: np.ndarray, last_only: bool = False) -> np.ndarray:
+        """(B, T, V) logits; with `last_only` (B, 1, V), the last position only: generation copies just that to
+        the host per token."""
         self.model.eval()
         with self._autocast():
             logits, _ = self.forward(self._tensor(x))
+        if last_only:
+            logits = logits[:, -1:, :]
         return logits.float().cpu().numpy() if logits.dtype == torch.bfloat16 else logits.cpu().numpy()
 
     def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         self.model.eval()  # dropout off
         self.model.zero_grad(set_to_none=True)
-        _, loss = self.model(self._tensor(x), self._tensor(y))
+        with self._attention():
+            _, loss = self.model(self._tensor(x), self._tensor(y))
         loss.backward()
         grads = {n: p.grad.detach().cpu().numpy().copy() for n, p in self.model.named_parameters()}
         self.model.zero_grad(set_to_none=True)
@@ -143,7 +262,12 @@ class TorchBackend:
         info = {"framework": "pytorch", "version": torch.__version__, "device": self.device.type,
                 "dtype": str(self.dtype).replace("torch.", ""), "precision": self.precision,
                 "compile": self.compile, "threads": torch.get_num_threads(),
-                "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32}
+                "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+                "parity_mode": self.parity,
+                "adamw": "fused" if self.optimizer.defaults.get("fused") else
+                ("foreach" if self.optimizer.defaults.get("foreach") else "single-tensor"),
+                "sdpa_kernels": [k.name for k in self._kernels] if self._kernels else "torch's choice",
+                "step_timing": "cuda events" if self._cuda else "host clock"}
         if self._cuda:
             props = torch.cuda.get_device_properties(self.device)
             info.update(device_name=props.name, cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),

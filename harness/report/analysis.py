@@ -296,7 +296,7 @@ def costs(rec: dict) -> dict[str, Any]:
     memory = rec.get("memory") or {}
     text = rec.get("text") or {}
     return {
-        "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"),
+        "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"), "compile_s": t.get("compile_s"),
         "step_median_s": t.get("step_median_s"), "step_p10_s": t.get("step_p10_s"),
         "step_p90_s": t.get("step_p90_s"), "step_iqr_s": t.get("step_iqr_s"),
         "steady_steps": t.get("steady_steps"), "warmup_steps": t.get("warmup_steps"),

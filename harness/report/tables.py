@@ -256,7 +256,8 @@ def cost_table(view: RunView) -> Markup:
         steady = f" over {c['steady_steps']:,} steps" if c["steady_steps"] else ""
         rows[rec["backend"]] = {
             "setup (model build, weights to device)": fmt_seconds(c["setup_s"]),
-            "time to first step (includes compilation)": fmt_seconds(c["first_step_s"]),
+            "compile before step 0 (--compile)": fmt_seconds(c.get("compile_s")),
+            "time to first step (JIT warm-up; not --compile)": fmt_seconds(c["first_step_s"]),
             f"steady step time, median{steady}": fmt_seconds(c["step_median_s"]),
             "steady step time, p10 – p90": f"{fmt_seconds(c['step_p10_s'])} – {fmt_seconds(c['step_p90_s'])}",
             "steady step time, IQR": fmt_seconds(c["step_iqr_s"]),
