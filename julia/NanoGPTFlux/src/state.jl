@@ -157,8 +157,13 @@ function getpath(x, path::Tuple)
     return x
 end
 
-# `d[key]` as a Float32 Array, checked against the expected Flux-layout size.
-function fetch_array(d::AbstractDict, key::String, shape::Tuple)
+# `d[key]` as an Array of element type `T`, checked against the expected Flux-layout size.
+function fetch_array(
+    d::AbstractDict,
+    key::String,
+    shape::Tuple,
+    ::Type{T} = Float32,
+) where {T}
     haskey(d, key) || throw(ArgumentError("missing array \"$key\""))
     a = d[key]
     a isa AbstractArray || throw(ArgumentError("\"$key\" is a $(typeof(a)), not an array"))
@@ -166,7 +171,7 @@ function fetch_array(d::AbstractDict, key::String, shape::Tuple)
         throw(DimensionMismatch(
             "\"$key\": expected size $shape (Flux layout), got $(size(a))",
         ))
-    return Array{Float32}(a)
+    return Array{T}(a)
 end
 
 function build_model(c::Config, arrays::AbstractDict, rng)
@@ -279,7 +284,7 @@ mutable struct FluxState{M}
 end
 
 """
-    build(cfg::AbstractDict, params::AbstractDict) -> FluxState
+    build(cfg::AbstractDict, params::AbstractDict; float_type = Float32) -> FluxState
 
 `cfg` maps String keys (Symbols also accepted) to values: `vocab_size`, `n_embd`, `n_head`,
 `n_layer`, `block_size`, `d_hidden` (Int); `dropout`, `weight_decay`, `beta1`, `beta2`, `eps`,
@@ -292,8 +297,16 @@ CUDA so that the memory figures count little garbage; default 1 on CUDA, 0 = nev
 
 `params` maps every canonical name (e.g. "h.0.attn.c_attn.weight") to an array already in the
 Flux layout; the arrays are copied (as Float32) and moved to the device.
+
+`float_type = Float64` builds the same model in double precision: the package's tests use it to
+compare with the float64 NumPy oracle and for finite differences. The Python bridge always
+uses Float32, and [`parameters`](@ref) and [`gradients`](@ref) return Float32 copies.
 """
-function build(cfg::AbstractDict, params::AbstractDict)
+function build(
+    cfg::AbstractDict,
+    params::AbstractDict;
+    float_type::Type{<:AbstractFloat} = Float32,
+)
     c = parse_config(cfg)
     if c.device === :cuda
         cuda_functional() ||
@@ -312,8 +325,8 @@ function build(cfg::AbstractDict, params::AbstractDict)
         throw(ArgumentError(
             "build: \"decay\" names unknown parameter(s) $(join(sort!(collect(setdiff(c.decay, known))), ", "))",
         ))
-    arrays = Dict{String, Array{Float32}}(
-        spec.name => fetch_array(params, spec.name, spec.shape)
+    arrays = Dict{String, Array{float_type}}(
+        spec.name => fetch_array(params, spec.name, spec.shape, float_type)
         for spec in specs
     )
     model = build_model(c, arrays, dropout_rng(c.device, c.seed))
