@@ -407,8 +407,8 @@ end
 
 The harness's dropout keep-masks as the model takes them (see `GPT`): `masks` maps "emb",
 "h.{i}.attn" and "h.{i}.mlp" (i from 0) to Bool (or 0/1) arrays of size (n_embd, T, B), the Flux
-layout of the harness's (B, T, n_embd) masks; they are copied as the parameters' element type to
-the device, with q = 1 - dropout.
+layout of the harness's (B, T, n_embd) masks; they are copied to the device as Float32 0/1 arrays,
+with q = 1 - dropout (Float32).
 """
 function keep_masks(c::Config, masks::AbstractDict, T::Integer, B::Integer)
     expected = [

@@ -480,7 +480,9 @@ end
         x, y = fixture_tokens(fx)
         masks = fixture_masks(fx)
         _, g = loss_and_grads(s, x, y, masks)
-        f() = first(loss_and_grads(s, x, y, masks))
+        idx, onehot, mask = NG.device_batch(s, x, y)
+        keeps = NG.keeps_for(s, masks, idx)
+        f() = NG.loss(s.model, idx, onehot, mask, keeps)
         rng = Random.Xoshiro(42)
         h = 1.0e-6
         for (spec, p) in zip(s.specs, s.params)
