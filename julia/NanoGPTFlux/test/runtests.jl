@@ -302,7 +302,7 @@ end
     @testset "the harness's dropout masks replace the model's dropout" begin
         x, y = tiny_batch(tiny_cfg())
         T, B = size(x)
-        # dropout 0 in the config and all-ones masks: exactly the plain gradients
+        # dropout 0 in the config and all-ones masks: the plain gradients (x .* 1 ./ 1)
         cfg0 = tiny_cfg()
         s0 = build(cfg0, tiny_params(cfg0))
         ones_masks = Dict{String, Any}(
