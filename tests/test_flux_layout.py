@@ -5,7 +5,9 @@ column-major reshapes (`order="F"`, as Julia's `reshape`), 1-based token ids use
 rows split [q; k; v], heads as `reshape(x, hs, nh, T, B)` (NNlib's split_heads), NNlib's score layout
 (kv_len, q_len, head, batch) with the causal mask m[j, i] = j <= i, softmax over keys (dims=1). Its logits must
 match the PyTorch backend's within 1e-5: if they do, the only thing left to Julia is executing the same
-index arithmetic.
+index arithmetic. With the harness's dropout keep-masks converted by `masks_to_flux`, applied as NanoGPTFlux does
+(`x .* keep ./ (1 - p)` after the embedding sum and after each output projection), it must match the NumPy oracle
+given the same masks.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from harness.backends.flux_layout import (
     from_flux,
     logits_from_flux,
     logits_to_flux,
+    masks_from_flux,
+    masks_to_flux,
     to_flux,
     tokens_from_flux,
     tokens_to_flux,
 )
 from harness.config import load_config
 from harness.weights import init_weights, param_shapes
+from python_impl import numpy_gpt
 
 VOCAB = 65
 
@@ -66,12 +71,20 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> np.n
     return y.reshape(d, T, B, order="F")
 
 
-def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_head: int) -> np.ndarray:
-    """NanoGPTFlux's GPT(idx, mask) in NumPy (float64): Flux-layout weights, (T, B) 1-based ids -> (V, T, B)."""
+def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_head: int,
+                 keeps: dict[str, np.ndarray] | None = None, p_drop: float = 0.0) -> np.ndarray:
+    """NanoGPTFlux's GPT(idx, mask[, keeps]) in NumPy (float64): Flux-layout weights, (T, B) 1-based ids -> (V, T, B).
+
+    `keeps`: Flux-layout (C, T, B) keep-masks by site, applied as `apply_dropout` does: x .* keep ./ (1 - p_drop).
+    """
     f = {k: np.asarray(v, dtype=np.float64) for k, v in fw.items()}
+
+    def drop(x: np.ndarray, site: str) -> np.ndarray:
+        return x if keeps is None else x * keeps[site] / (1 - p_drop)
+
     T = ids_tb.shape[0]
     x = f["wte.weight"][:, ids_tb - 1]  # Embedding: gather columns of the (d, V) table, 1-based ids
-    x = x + f["wpe.weight"][:, :T][:, :, None]  # wpe[:, 1:T] broadcast over the batch
+    x = drop(x + f["wpe.weight"][:, :T][:, :, None], "emb")  # wpe[:, 1:T] broadcast over the batch
     for layer in range(n_layer):
         p = f"h.{layer}."
         h = _layernorm(f[p + "ln_1.weight"], f[p + "ln_1.bias"], x)
@@ -79,10 +92,10 @@ def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_
         d = x.shape[0]
         q, k, v = qkv[:d], qkv[d:2 * d], qkv[2 * d:]  # qkv[1:d], qkv[d+1:2d], qkv[2d+1:3d]
         y = _attention(q, k, v, n_head)
-        x = x + _dense(f[p + "attn.c_proj.weight"], f[p + "attn.c_proj.bias"], y)
+        x = x + drop(_dense(f[p + "attn.c_proj.weight"], f[p + "attn.c_proj.bias"], y), p + "attn")
         h = _layernorm(f[p + "ln_2.weight"], f[p + "ln_2.bias"], x)
         h = _gelu_tanh(_dense(f[p + "mlp.c_fc.weight"], f[p + "mlp.c_fc.bias"], h))
-        x = x + _dense(f[p + "mlp.c_proj.weight"], f[p + "mlp.c_proj.bias"], h)
+        x = x + drop(_dense(f[p + "mlp.c_proj.weight"], f[p + "mlp.c_proj.bias"], h), p + "mlp")
     x = _layernorm(f["ln_f.weight"], f["ln_f.bias"], x)
     return _dense(f["lm_head.weight"], f["lm_head.bias"], x)
 
@@ -178,3 +191,89 @@ def test_flux_layout_forward_is_causal():
     changed = flux_forward(to_flux(w), tokens_to_flux(x2), config.n_layer, config.n_head)
     np.testing.assert_allclose(changed[:, :12], base[:, :12], atol=1e-12)
     assert not np.allclose(changed[:, 12:], base[:, 12:])
+
+
+class MaskReplay:
+    """Stands in for the NumPy oracle's dropout Generator and hands it the given masks, in forward order.
+
+    numpy_gpt.dropout_forward keeps an entry where `rng.random(shape) >= p`: 1.0 where the mask keeps and 0.0 where
+    it drops reproduce the mask exactly for any 0 < p < 1.
+    """
+
+    def __init__(self, masks: dict[str, np.ndarray], n_layer: int):
+        order = ["emb"] + [f"h.{i}.{site}" for i in range(n_layer) for site in ("attn", "mlp")]
+        self._queue = [masks[k] for k in order]
+
+    def random(self, shape: tuple[int, ...]) -> np.ndarray:
+        mask = self._queue.pop(0)
+        assert mask.shape == tuple(shape)
+        return np.where(mask, 1.0, 0.0)
+
+
+def _harness_masks(config, B: int, T: int, seed: int = 9) -> dict[str, np.ndarray]:
+    """Keep-masks of the shared-mask contract: bool (B, T, C) per site, kept with probability 1 - dropout."""
+    rng = np.random.default_rng(seed)
+    sites = ["emb"] + [f"h.{i}.{site}" for i in range(config.n_layer) for site in ("attn", "mlp")]
+    return {k: rng.random((B, T, config.n_embd)) >= config.dropout for k in sites}
+
+
+def test_masks_to_flux_layout():
+    config, _ = _weights()
+    masks = _harness_masks(config.replace(dropout=0.3), B=3, T=7)
+    fm = masks_to_flux(masks)
+    assert set(fm) == set(masks)
+    for name, m in fm.items():
+        assert m.shape == (config.n_embd, 7, 3) and m.dtype == np.bool_ and m.flags.f_contiguous, name
+        b, t, c = 2, 5, 11
+        assert m[c, t, b] == masks[name][b, t, c]
+        np.testing.assert_array_equal(m, masks[name].transpose(2, 1, 0))
+    back = masks_from_flux(fm)
+    for name, m in masks.items():
+        np.testing.assert_array_equal(back[name], m)
+        assert back[name].flags.c_contiguous
+    with pytest.raises(ValueError, match="unknown dropout mask"):
+        masks_to_flux({"h.0.attn_probs": masks["emb"]})
+    with pytest.raises(ValueError, match="bool"):
+        masks_to_flux({"emb": masks["emb"].astype(np.float32)})
+    with pytest.raises(ValueError, match="shape"):
+        masks_to_flux({"emb": masks["emb"], "h.0.mlp": masks["h.0.mlp"][:, :3]})
+
+
+def _masked_case(T: int = 9, B: int = 2):
+    config, w = _weights(n_layer=2)
+    config = config.replace(dropout=0.25)
+    w = _noisy(w)
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, VOCAB, size=(B, T))
+    masks = _harness_masks(config, B, T)
+    params = {k: np.asarray(v, dtype=np.float64) for k, v in w.items()}
+    expected, _ = numpy_gpt.gpt_forward(params, x, config, MaskReplay(masks, config.n_layer))
+    return config, w, x, masks, expected
+
+
+def test_flux_layout_forward_with_masks_matches_oracle():
+    """The masks converted by masks_to_flux, applied where NanoGPTFlux applies them, give the oracle's logits."""
+    config, w, x, masks, expected = _masked_case()
+    got = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head,
+                                        masks_to_flux(masks), config.dropout))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    plain, _ = numpy_gpt.gpt_forward({k: np.asarray(v, dtype=np.float64) for k, v in w.items()}, x, config)
+    assert not np.allclose(got, plain, atol=1e-3)  # the masks matter at this size
+
+
+@pytest.mark.parametrize("wrong", ["reshape", "time_reversed", "sites_swapped", "scaled_by_p"])
+def test_flux_layout_forward_with_wrong_masks_fails(wrong):
+    """A wrong conversion (or wrong scaling) of the same masks is caught by the check above."""
+    config, w, x, masks, expected = _masked_case()
+    fm = masks_to_flux(masks)
+    p_drop = config.dropout
+    if wrong == "reshape":  # the same bits in the Flux shape, without the transpose
+        fm = {k: np.asfortranarray(m.reshape(fm[k].shape)) for k, m in masks.items()}
+    elif wrong == "time_reversed":
+        fm = {k: np.asfortranarray(m[:, ::-1, :]) for k, m in fm.items()}
+    elif wrong == "sites_swapped":
+        fm = {**fm, "h.0.attn": fm["h.0.mlp"], "h.0.mlp": fm["h.0.attn"]}
+    elif wrong == "scaled_by_p":
+        p_drop = 1 - config.dropout  # x * keep / p instead of / (1 - p)
+    got = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head, fm, p_drop))
+    assert not np.allclose(got, expected, rtol=0, atol=1e-6)

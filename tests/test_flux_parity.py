@@ -94,6 +94,27 @@ BRIDGE_SCRIPT = textwrap.dedent("""
     assert losses[-1] < losses[0]
     info = b.describe()
     assert info["device"] == "cpu" and "compile_time_s" in info, info
+
+    # the harness's dropout masks (bool (B, T, C)) through masks_to_flux: the NumPy oracle's gradients
+    from python_impl import numpy_gpt
+    cfg_d = config.replace(dropout=0.25)
+    sites = ["emb"] + [f"h.{i}.{s}" for i in range(cfg_d.n_layer) for s in ("attn", "mlp")]
+    masks = {k: rng.random((4, 64, cfg_d.n_embd)) >= 0.25 for k in sites}
+
+    class Replay:  # the oracle's dropout draws replaced by the masks, in forward order
+        def __init__(self):
+            self.queue = [masks[k] for k in sites]
+
+        def random(self, shape):
+            return np.where(self.queue.pop(0), 1.0, 0.0)
+
+    _, ref = numpy_gpt.loss_and_gradients({k: v.astype(np.float64) for k, v in w.items()}, x, y, cfg_d, Replay())
+    bd = FluxBackend()
+    bd.setup(cfg_d, w, V, "cpu", 0)
+    gm = bd.gradients(x, y, masks)
+    for k in w:
+        assert np.abs(gm[k] - ref[k]).max() <= 1e-4 * np.abs(ref[k]).max() + 1e-8, k
+    assert bd.train_step(x, y, 1e-2, masks) > 0 and int(bd.state_dict()["adam_t"]) == 1
     print("bridge ok", losses[0], losses[-1], info["compile_time_s"])
 """)
 

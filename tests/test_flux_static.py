@@ -103,3 +103,39 @@ def test_bridge_calls_exported_functions():
     julia_src = "\n".join(p.read_text(encoding="utf-8") for p in (PKG_DIR / "src").glob("*.jl"))
     for name in exported:
         assert re.search(rf"^(function\s+)?{re.escape(name)}\(", julia_src, re.M), f"{name} is exported but not defined"
+
+
+def _julia_source() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted((PKG_DIR / "src").glob("*.jl")))
+
+
+def test_bridge_hands_masks_to_julia():
+    """The shared-mask contract: train_step/gradients take masks=None, and the Julia methods take them last."""
+    import inspect
+
+    from harness.backends.flux import FluxBackend
+
+    for method in (FluxBackend.train_step, FluxBackend.gradients):
+        param = inspect.signature(method).parameters["masks"]
+        assert param.default is None, method.__name__
+    src = _julia_source()
+    for name in ("train_step!", "gradients"):
+        m = re.search(rf"^function {re.escape(name)}\((.*?)\n\)", src, re.S | re.M)
+        assert m, name
+        assert m.group(1).rstrip().rstrip(",").endswith("masks::Union{Nothing, AbstractDict} = nothing"), name
+    # the Julia model's mask sites are the harness's: "emb", "h.{i}.attn", "h.{i}.mlp" (i from 0)
+    assert '"emb"' in src and '"h.$(i - 1).$(site)"' in src and 'site in ("attn", "mlp")' in src
+
+
+def test_julia_uses_its_own_adamw_and_the_native_cuda_rng():
+    """Names the review flagged: Optimisers' AdamW (Float32 bias corrections) and CUDA.default_rng() (deprecated in
+    CUDA.jl 6.0) are gone, except default_rng() as the CUDA.jl 5 fallback of cuda_native_rng()."""
+    src = _julia_source()
+    assert "Optimisers.AdamW" not in src
+    assert re.search(r"struct TorchAdamW <: Optimisers\.AbstractRule", src)
+    assert "Optimisers.init(::TorchAdamW" in src and "Optimisers.apply!(o::TorchAdamW" in src
+    assert "Float64(lr)" in src  # adjust! gets a Float64 learning rate
+    body = re.search(r"function cuda_native_rng\(\)(.*?)\nend", src, re.S)
+    assert body and "native_rng()" in body.group(1)
+    assert src.count("CUDA.default_rng()") - src.count("`CUDA.default_rng()`") == 1  # code, not docs
+    assert "cuda_native_rng()" in re.search(r"function dropout_rng\(.*?\nend", src, re.S).group(0)

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
-from harness.backends.flux_layout import from_flux, logits_from_flux, to_flux, tokens_to_flux
+from harness.backends.flux_layout import from_flux, logits_from_flux, masks_to_flux, to_flux, tokens_to_flux
 from harness.config import Config
+from harness.weights import decays
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +43,9 @@ JULIA_COMPAT = "1.10"  # also in harness/juliapkg.json and julia/NanoGPTFlux/Pro
 JULIA_DOWNLOAD_HOST = ("julialang-s3.julialang.org", 443)  # juliapkg downloads Julia from here
 JULIA_PKG_SERVER = ("pkg.julialang.org", 443)  # Julia's package server (registry and packages)
 NETWORK_TIMEOUT_S = 2.0
+# On CUDA, GC.gc(false) after every GC_EVERY-th training step: Julia frees GPU arrays only when its GC runs, so
+# without it the CUDA pool's peak would count arbitrarily many steps of garbage (see memory()).
+GC_EVERY = 1
 SETUP_HINT = ("install Julia 1.10+ and set PYTHON_JULIAPKG_EXE=/path/to/julia, "
               "or run `harness setup julia` on a machine with internet")
 
@@ -402,7 +406,9 @@ class FluxBackend:
             "dropout": float(config.dropout), "learning_rate": float(config.learning_rate),
             "weight_decay": float(config.weight_decay), "beta1": float(config.beta1), "beta2": float(config.beta2),
             "eps": float(config.eps), "grad_clip": float(config.grad_clip), "seed": int(seed),
-            "device": device, "tf32": self.tf32,
+            "device": device, "tf32": self.tf32, "gc_every": GC_EVERY,
+            # which parameters AdamW decays: harness/weights.py decides, Julia only reads the list
+            "decay": ",".join(name for name, w in weights.items() if decays(name, tuple(np.shape(w)))),
         })
         try:
             self._state = self._mod.build(cfg, self._jdict(to_flux(weights)))
@@ -420,8 +426,15 @@ class FluxBackend:
         return d
 
     # --- training ----------------------------------------------------------------------------------------------
-    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        return float(self._mod.train_step_b(self._state, tokens_to_flux(x), tokens_to_flux(y), float(lr)))
+    def _masks(self, masks: dict[str, np.ndarray] | None) -> tuple[Any, ...]:
+        """() without masks, else (a Julia Dict of the Flux-layout keep-masks,): the optional last argument."""
+        return () if masks is None else (self._jdict(masks_to_flux(masks)),)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: dict[str, np.ndarray] | None = None) -> float:
+        """One step; `masks` (harness.masks, bool (B, T, C)) replace the model's own dropout when given."""
+        return float(self._mod.train_step_b(self._state, tokens_to_flux(x), tokens_to_flux(y), float(lr),
+                                            *self._masks(masks)))
 
     def losses_to_floats(self, losses: list[Any]) -> list[float]:
         return [float(v) for v in losses]
@@ -437,14 +450,19 @@ class FluxBackend:
         out = logits_from_flux(_numpy(self._mod.logits(self._state, tokens_to_flux(x))))
         return out[:, -1:, :] if last_only else out
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        g = self._mod.gradients(self._state, tokens_to_flux(x), tokens_to_flux(y))
+    def gradients(self, x: np.ndarray, y: np.ndarray,
+                  masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Gradients, no clipping, no update; dropout off, or exactly the harness's `masks` when given."""
+        g = self._mod.gradients(self._state, tokens_to_flux(x), tokens_to_flux(y), *self._masks(masks))
         return from_flux({k: _numpy(v) for k, v in _pydict(g).items()})
 
     def parameters(self) -> dict[str, np.ndarray]:
         return from_flux({k: _numpy(v) for k, v in _pydict(self._mod.parameters(self._state)).items()})
 
     def memory(self) -> dict[str, Any]:
+        """CPU: the process's peak RSS. CUDA: the CUDA.jl pool's high-water mark of bytes in use, which counts
+        garbage Julia has not collected yet (GC.gc(false) runs after every `gc_every`-th step); the dict says so in
+        "peak_bytes_meaning": an upper bound of the live-tensor peak torch's max_memory_allocated reports."""
         from harness.environment import peak_rss_bytes
 
         if self.device != "cuda":

@@ -7,7 +7,9 @@ The Flux layout is what the Julia package NanoGPTFlux stores:
   `Embedding` stores (dim, vocab), so a token's vector is a column);
 - vectors (biases, LayerNorm weights) are unchanged;
 - token ids: canonical (B, T) 0-based -> (T, B) 1-based;
-- logits: Flux (V, T, B) -> canonical (B, T, V).
+- logits: Flux (V, T, B) -> canonical (B, T, V);
+- dropout keep-masks (harness.masks): canonical bool (B, T, C) -> Flux bool (C, T, B), the layout of the
+  activations they multiply in the Flux model.
 
 Arrays handed to Julia are Fortran-ordered (column-major), the memory order Julia expects, so the
 juliacall wrapper reads them with unit stride; arrays coming back are C-ordered float32.
@@ -15,9 +17,14 @@ juliacall wrapper reads them with unit stride; arrays coming back are C-ordered 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
+
+# The dropout sites of the shared-mask contract (harness/masks.py): after the embedding sum, after block i's
+# attention output projection and after its MLP output projection.
+MASK_KEY = re.compile(r"emb|h\.\d+\.(attn|mlp)")
 
 # Parameters whose Flux array is the transpose of the canonical one.
 TRANSPOSED = ("wte.weight", "wpe.weight")
@@ -77,3 +84,30 @@ def logits_from_flux(arr: np.ndarray) -> np.ndarray:
 def logits_to_flux(arr: np.ndarray) -> np.ndarray:
     """Canonical logits (B, T, V) -> Flux (V, T, B), Fortran-ordered."""
     return np.asfortranarray(np.asarray(arr, dtype=np.float32).transpose(2, 1, 0))
+
+
+def masks_to_flux(masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Harness keep-masks {site: bool (B, T, C)} -> Flux layout {site: bool (C, T, B)}, Fortran-ordered (copies).
+
+    The Flux model's activations are (C, T, B), column-major, so entry [c, t, b] of the result is entry [b, t, c]
+    of the harness's mask. Sites are "emb", "h.{i}.attn" and "h.{i}.mlp"; anything else, a non-bool array or masks
+    of different shapes raise ValueError.
+    """
+    out: dict[str, np.ndarray] = {}
+    shape = None
+    for name, mask in masks.items():
+        if not MASK_KEY.fullmatch(name):
+            raise ValueError(f"unknown dropout mask {name!r}; expected 'emb', 'h.<i>.attn' or 'h.<i>.mlp'")
+        m = np.asarray(mask)
+        if m.dtype != np.bool_ or m.ndim != 3:
+            raise ValueError(f"dropout mask {name!r} must be a bool (B, T, C) array, got {m.dtype} {m.shape}")
+        if shape is not None and m.shape != shape:
+            raise ValueError(f"dropout mask {name!r} has shape {m.shape}, the others {shape}")
+        shape = m.shape
+        out[name] = np.asfortranarray(m.transpose(2, 1, 0))
+    return out
+
+
+def masks_from_flux(masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Flux-layout keep-masks {site: (C, T, B)} -> harness layout {site: bool (B, T, C)}, C-ordered (copies)."""
+    return {name: np.ascontiguousarray(np.asarray(m, dtype=bool).transpose(2, 1, 0)) for name, m in masks.items()}

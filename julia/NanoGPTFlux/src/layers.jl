@@ -37,6 +37,27 @@ dropout rrule would still draw a mask there), and no random numbers are consumed
 maybe_dropout(d::Flux.Dropout, x) = (d.active === true && d.p > 0) ? d(x) : x
 
 """
+    KeepMask(keep, q)
+
+A dropout keep-mask drawn by the harness (shared by every backend in parity mode): `keep` holds
+1 (keep) or 0 (drop) for every entry of the activations it applies to, `q = 1 - p`.
+"""
+struct KeepMask{A <: AbstractArray, T <: Real}
+    keep::A
+    q::T
+end
+
+"""
+    apply_dropout(d::Flux.Dropout, x, keep)
+
+Dropout at one of the model's three places. With a [`KeepMask`](@ref) it is inverted dropout
+with exactly that mask, `x * keep / (1 - p)`, whether or not `d` is switched on; with `nothing`
+it is [`maybe_dropout`](@ref)`(d, x)`, the model's own dropout.
+"""
+apply_dropout(d::Flux.Dropout, x, ::Nothing) = maybe_dropout(d, x)
+apply_dropout(::Flux.Dropout, x, k::KeepMask) = x .* k.keep ./ k.q
+
+"""
     CausalSelfAttention(c_attn, c_proj, drop, n_head)
 
 Causal multi-head self-attention with one fused qkv `Dense(d => 3d)` whose output rows are split
@@ -53,14 +74,19 @@ end
 
 Flux.@layer CausalSelfAttention
 
-function (a::CausalSelfAttention)(x::AbstractArray{<:Real, 3}, mask::AbstractMatrix{Bool})
+function (a::CausalSelfAttention)(
+    x::AbstractArray{<:Real, 3},
+    mask::AbstractMatrix{Bool},
+    keep = nothing,
+)
     d = size(x, 1)
     qkv = a.c_attn(x)
     q = qkv[1:d, :, :]
     k = qkv[(d + 1):(2d), :, :]
     v = qkv[(2d + 1):(3d), :, :]
     y, _ = NNlib.dot_product_attention(q, k, v; mask = mask, nheads = a.n_head)
-    return maybe_dropout(a.drop, a.c_proj(y))
+    # dropout after the output projection, never on the attention probabilities
+    return apply_dropout(a.drop, a.c_proj(y), keep)
 end
 
 """
@@ -76,12 +102,18 @@ end
 
 Flux.@layer MLP
 
-(m::MLP)(x::AbstractArray) = maybe_dropout(m.drop, m.c_proj(m.c_fc(x)))
+(m::MLP)(x::AbstractArray, keep = nothing) = apply_dropout(
+    m.drop,
+    m.c_proj(m.c_fc(x)),
+    keep,
+)
 
 """
     Block(ln_1, attn, ln_2, mlp)
 
-Pre-LayerNorm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+Pre-LayerNorm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`. Called as
+`block(x, mask, keeps)` with `keeps` either `nothing` (the layers' own dropout) or
+`(attn = KeepMask, mlp = KeepMask)`, the harness's masks for the two dropout places.
 """
 struct Block{L, A, M}
     ln_1::L
@@ -92,9 +124,13 @@ end
 
 Flux.@layer Block
 
-function (b::Block)(x::AbstractArray{<:Real, 3}, mask::AbstractMatrix{Bool})
-    h = x .+ b.attn(b.ln_1(x), mask)
-    return h .+ b.mlp(b.ln_2(h))
+function (b::Block)(
+    x::AbstractArray{<:Real, 3},
+    mask::AbstractMatrix{Bool},
+    keeps = nothing,
+)
+    h = x .+ b.attn(b.ln_1(x), mask, keeps === nothing ? nothing : keeps.attn)
+    return h .+ b.mlp(b.ln_2(h), keeps === nothing ? nothing : keeps.mlp)
 end
 
 """
@@ -103,7 +139,9 @@ end
 Token embedding (`Flux.Embedding`, weight (d, V)) plus the learned position table `wpe` (d, n),
 dropout, the blocks (a `Tuple`), the final LayerNorm and an untied `lm_head` `Dense(d => V)` with
 bias. Called as `model(idx, mask)` with 1-based token ids `idx` (T, B) and the causal mask (T, T);
-returns logits (V, T, B).
+returns logits (V, T, B). `model(idx, mask, keeps)` applies the harness's dropout masks instead of
+the layers' own dropout: `keeps = (emb = KeepMask, blocks = ((attn = …, mlp = …), …))` (see
+[`keep_masks`](@ref)).
 """
 struct GPT{E, P, D, B <: Tuple, L, H}
     wte::E
@@ -116,19 +154,25 @@ end
 
 Flux.@layer GPT
 
-apply_blocks(::Tuple{}, x, mask) = x
-apply_blocks(blocks::Tuple, x, mask) = apply_blocks(
+# The blocks in turn; `keeps` is `nothing` or a tuple with one entry per remaining block.
+apply_blocks(::Tuple{}, x, mask, keeps) = x
+apply_blocks(blocks::Tuple, x, mask, keeps) = apply_blocks(
     Base.tail(blocks),
-    first(blocks)(x, mask),
+    first(blocks)(x, mask, keeps === nothing ? nothing : first(keeps)),
     mask,
+    keeps === nothing ? nothing : Base.tail(keeps),
 )
 
-function (m::GPT)(idx::AbstractMatrix{<:Integer}, mask::AbstractMatrix{Bool})
+function (m::GPT)(
+    idx::AbstractMatrix{<:Integer},
+    mask::AbstractMatrix{Bool},
+    keeps = nothing,
+)
     T = size(idx, 1)
     tok = m.wte(idx)
     pos = m.wpe[:, 1:T]
-    x = maybe_dropout(m.drop, tok .+ pos)
-    x = apply_blocks(m.blocks, x, mask)
+    x = apply_dropout(m.drop, tok .+ pos, keeps === nothing ? nothing : keeps.emb)
+    x = apply_blocks(m.blocks, x, mask, keeps === nothing ? nothing : keeps.blocks)
     return m.lm_head(m.ln_f(x))
 end
 
@@ -155,9 +199,12 @@ convention `true` = keep is what `dot_product_attention` expects).
 causal_mask(T::Integer) = Bool[i <= j for i in 1:T, j in 1:T]
 
 """
-    loss(m, idx, onehot, mask) -> Float32
+    loss(m, idx, onehot, mask, keeps = nothing) -> Float32
 
 Mean cross-entropy over all T·B positions: `Flux.Losses.logitcrossentropy` of the (V, T, B) logits
 against the (V, T, B) one-hot targets.
 """
-loss(m::GPT, idx, onehot, mask) = Flux.Losses.logitcrossentropy(m(idx, mask), onehot)
+loss(m::GPT, idx, onehot, mask, keeps = nothing) = Flux.Losses.logitcrossentropy(
+    m(idx, mask, keeps),
+    onehot,
+)

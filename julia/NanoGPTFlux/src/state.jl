@@ -20,6 +20,8 @@ struct Config
     seed::Int
     device::Symbol
     tf32::Bool
+    decay::Union{Nothing, Set{String}}
+    gc_every::Int
 end
 
 # A value of `cfg` by its String key (or the same name as a Symbol), converted to `T`.
@@ -56,13 +58,23 @@ function parse_config(cfg::AbstractDict)
         cfg_value(cfg, "seed", Int),
         Symbol(device),
         cfg_value(cfg, "tf32", Bool, false),
+        parse_decay(cfg_value(cfg, "decay", String, "")),
+        cfg_value(cfg, "gc_every", Int, device == "cuda" ? 1 : 0),
     )
     c.n_embd % c.n_head == 0 ||
         throw(ArgumentError("build: n_head=$(c.n_head) does not divide n_embd=$(c.n_embd)"))
     0 <= c.dropout < 1 ||
         throw(ArgumentError("build: dropout must be in [0, 1), got $(c.dropout)"))
+    c.gc_every >= 0 ||
+        throw(ArgumentError("build: gc_every must be >= 0, got $(c.gc_every)"))
     return c
 end
+
+# "decay": the comma-separated names of the parameters AdamW decays (harness/weights.py decides);
+# empty or absent: nanoGPT's rule, every parameter with two or more dimensions.
+parse_decay(s::AbstractString) = isempty(strip(s)) ?
+    nothing :
+    Set{String}(strip(n) for n in split(s, ','))
 
 """
 One parameter: its canonical name, where it lives in the model (and in a Zygote gradient of the
@@ -145,8 +157,13 @@ function getpath(x, path::Tuple)
     return x
 end
 
-# `d[key]` as a Float32 Array, checked against the expected Flux-layout size.
-function fetch_array(d::AbstractDict, key::String, shape::Tuple)
+# `d[key]` as an Array of element type `T`, checked against the expected Flux-layout size.
+function fetch_array(
+    d::AbstractDict,
+    key::String,
+    shape::Tuple,
+    ::Type{T} = Float32,
+) where {T}
     haskey(d, key) || throw(ArgumentError("missing array \"$key\""))
     a = d[key]
     a isa AbstractArray || throw(ArgumentError("\"$key\" is a $(typeof(a)), not an array"))
@@ -154,7 +171,7 @@ function fetch_array(d::AbstractDict, key::String, shape::Tuple)
         throw(DimensionMismatch(
             "\"$key\": expected size $shape (Flux layout), got $(size(a))",
         ))
-    return Array{Float32}(a)
+    return Array{T}(a)
 end
 
 function build_model(c::Config, arrays::AbstractDict, rng)
@@ -187,21 +204,69 @@ function build_model(c::Config, arrays::AbstractDict, rng)
 end
 
 """
-    adamw_rule(c::Config, nd::Integer)
+    TorchAdamW(eta, beta, lambda, epsilon)
 
-PyTorch's AdamW (`couple=true`: `x -= η * (m̂ / (√v̂ + ϵ) + λ * x)`); weight decay only for
-tensors with `nd >= 2` dimensions (embeddings and Dense weights), as nanoGPT.
+`torch.optim.AdamW` (single-tensor path, amsgrad off) as an Optimisers.jl rule, in the same order
+of operations as torch and the NumPy oracle (python_impl/numpy_gpt.py `AdamW`). At step t (an
+integer kept in the state, from 1):
+
+    p *= 1 - eta * lambda                          decoupled decay (skipped when lambda == 0)
+    m += (1 - β₁) (g - m)                          torch's lerp
+    v  = β₂ v + (1 - β₂) g²
+    p -= eta / (1 - β₁ᵗ) * m / (√v / √(1 - β₂ᵗ) + ϵ)
+
+The bias corrections `1 - βᵗ` are computed in Float64 from the integer t, as torch and the oracle
+do (Optimisers' own `AdamW` keeps βᵗ as a running product in the parameters' element type). The
+hyper-parameters are Float64 fields, so `Optimisers.adjust!(leaf, eta)` rebuilds the rule with any
+real `eta` (Optimisers >= 0.4.5 rebuilds it through `ConstructionBase.constructorof`).
+
+`apply!` scales the parameter in place for the decay and returns the Adam step, which
+`Optimisers.update!` subtracts (`x .= x .- step`): use it with `update!` only.
 """
-function adamw_rule(c::Config, nd::Integer)
-    λ = nd >= 2 ? c.weight_decay : 0.0
-    return Optimisers.AdamW(;
-        eta = c.learning_rate,
-        beta = (c.beta1, c.beta2),
-        lambda = λ,
-        epsilon = c.eps,
-        couple = true,
-    )
+struct TorchAdamW <: Optimisers.AbstractRule
+    eta::Float64
+    beta::Tuple{Float64, Float64}
+    lambda::Float64
+    epsilon::Float64
 end
+
+Optimisers.init(::TorchAdamW, x::AbstractArray) = (zero(x), zero(x), 0)
+
+function Optimisers.apply!(o::TorchAdamW, state, x::AbstractArray{T}, dx) where {T}
+    m, v, t = state
+    t += 1
+    β₁, β₂ = o.beta
+    bias_correction1 = 1 - β₁^t # Float64, as torch's Python-float arithmetic
+    bias_correction2_sqrt = sqrt(1 - β₂^t)
+    step_size = o.eta / bias_correction1
+    o.lambda != 0 && (x .*= T(1 - o.eta * o.lambda))
+    m .+= T(1 - β₁) .* (dx .- m)
+    v .= v .* T(β₂) .+ T(1 - β₂) .* dx .* dx
+    step = T(step_size) .* (m ./ (sqrt.(v) ./ T(bias_correction2_sqrt) .+ T(o.epsilon)))
+    return (m, v, t), step
+end
+
+"""
+    decays(c::Config, spec::ParamSpec) -> Bool
+
+Whether AdamW decays this parameter: listed in `c.decay` when the harness gave the list (from
+harness/weights.py `decays`), else nanoGPT's rule (two or more dimensions).
+"""
+decays(c::Config, spec::ParamSpec) = c.decay === nothing ?
+    length(spec.shape) >= 2 :
+    spec.name in c.decay
+
+"""
+    adamw_rule(c::Config, decay::Bool) -> TorchAdamW
+
+The AdamW rule of one parameter: weight decay `c.weight_decay` where `decay`, else none.
+"""
+adamw_rule(c::Config, decay::Bool) = TorchAdamW(
+    c.learning_rate,
+    (c.beta1, c.beta2),
+    decay ? c.weight_decay : 0.0,
+    c.eps,
+)
 
 """
 The state [`build`](@ref) returns: the model, its parameters (references into the model, in the
@@ -219,18 +284,29 @@ mutable struct FluxState{M}
 end
 
 """
-    build(cfg::AbstractDict, params::AbstractDict) -> FluxState
+    build(cfg::AbstractDict, params::AbstractDict; float_type = Float32) -> FluxState
 
 `cfg` maps String keys (Symbols also accepted) to values: `vocab_size`, `n_embd`, `n_head`,
 `n_layer`, `block_size`, `d_hidden` (Int); `dropout`, `weight_decay`, `beta1`, `beta2`, `eps`,
 `grad_clip` (Real; `grad_clip` 0 disables clipping); `seed` (Int, dropout RNG); `device`
 ("cpu" or "cuda"); `tf32` (Bool, default false); `learning_rate` (optional, only the initial
-`eta`: [`train_step!`](@ref) sets the rate of every step).
+`eta`: [`train_step!`](@ref) sets the rate of every step); `decay` (optional String, the
+comma-separated names of the parameters AdamW decays; default: those with two or more
+dimensions); `gc_every` (optional Int, `GC.gc(false)` after every `gc_every`-th training step on
+CUDA so that the memory figures count little garbage; default 1 on CUDA, 0 = never).
 
 `params` maps every canonical name (e.g. "h.0.attn.c_attn.weight") to an array already in the
 Flux layout; the arrays are copied (as Float32) and moved to the device.
+
+`float_type = Float64` builds the same model in double precision: the package's tests use it to
+compare with the float64 NumPy oracle and for finite differences. The Python bridge always
+uses Float32, and [`parameters`](@ref) and [`gradients`](@ref) return Float32 copies.
 """
-function build(cfg::AbstractDict, params::AbstractDict)
+function build(
+    cfg::AbstractDict,
+    params::AbstractDict;
+    float_type::Type{<:AbstractFloat} = Float32,
+)
     c = parse_config(cfg)
     if c.device === :cuda
         cuda_functional() ||
@@ -244,13 +320,21 @@ function build(cfg::AbstractDict, params::AbstractDict)
     unknown = sort!([string(k) for k in keys(params) if !(string(k) in known)])
     isempty(unknown) ||
         throw(ArgumentError("build: unknown parameter(s) $(join(unknown, ", "))"))
-    arrays = Dict{String, Array{Float32}}(
-        spec.name => fetch_array(params, spec.name, spec.shape)
+    c.decay === nothing ||
+        issubset(c.decay, known) ||
+        throw(ArgumentError(
+            "build: \"decay\" names unknown parameter(s) $(join(sort!(collect(setdiff(c.decay, known))), ", "))",
+        ))
+    arrays = Dict{String, Array{float_type}}(
+        spec.name => fetch_array(params, spec.name, spec.shape, float_type)
         for spec in specs
     )
     model = build_model(c, arrays, dropout_rng(c.device, c.seed))
     plist = Any[getpath(model, spec.path) for spec in specs]
-    leaves = Any[Optimisers.setup(adamw_rule(c, ndims(p)), p) for p in plist]
+    leaves = Any[
+        Optimisers.setup(adamw_rule(c, decays(c, spec)), p)
+        for (spec, p) in zip(specs, plist)
+    ]
     return FluxState(model, c, specs, plist, leaves, Dict{Int, Any}(), 0)
 end
 
@@ -299,46 +383,87 @@ collect_grads(s::FluxState, g) = Any[
 ]
 
 """
-    clip_global_norm!(grads, max_norm) -> Float32
+    clip_global_norm!(grads, max_norm) -> AbstractVector
 
 `torch.nn.utils.clip_grad_norm_`: total = ‖(‖g₁‖, ‖g₂‖, …)‖₂; every gradient is scaled in place by
-min(1, max_norm / (total + 1e-6)). Returns the total norm before clipping.
+min(1, max_norm / (total + 1e-6)) (also when that is 1, as torch). The norms, the total and the
+coefficient stay one-element arrays on the gradients' device (reductions with `dims`), so
+clipping never waits for the GPU. Returns the total norm before clipping as such an array.
 """
 function clip_global_norm!(grads::AbstractVector, max_norm::Real)
-    norms = Float32[sqrt(sum(abs2, g)) for g in grads]
-    total = sqrt(sum(abs2, norms))
-    coef = Float32(max_norm) / (total + 1.0f-6)
-    if coef < 1
-        for g in grads
-            g .*= coef
-        end
+    # ‖g‖ of each gradient as a one-element vector: sum with `dims` keeps the result on the device
+    norms = [sqrt.(vec(sum(abs2, g; dims = 1:ndims(g)))) for g in grads]
+    total = sqrt.(sum(n -> abs2.(n), norms))
+    T = eltype(total)
+    coef = min.(T(max_norm) ./ (total .+ T(1.0e-6)), one(T))
+    for g in grads
+        g .*= coef # a one-element vector broadcasts over any shape
     end
     return total
 end
 
-function step!(s::FluxState, idx, onehot, mask, lr::Real)
+"""
+    keep_masks(c::Config, masks::AbstractDict, T::Integer, B::Integer)
+
+The harness's dropout keep-masks as the model takes them (see `GPT`): `masks` maps "emb",
+"h.{i}.attn" and "h.{i}.mlp" (i from 0) to Bool (or 0/1) arrays of size (n_embd, T, B), the Flux
+layout of the harness's (B, T, n_embd) masks; they are copied to the device as Float32 0/1 arrays,
+with q = 1 - dropout (Float32).
+"""
+function keep_masks(c::Config, masks::AbstractDict, T::Integer, B::Integer)
+    expected = [
+        "emb"
+        ["h.$(i - 1).$(site)" for i in 1:(c.n_layer) for site in ("attn", "mlp")]
+    ]
+    unknown = sort!([string(k) for k in keys(masks) if !(string(k) in expected)])
+    isempty(unknown) ||
+        throw(ArgumentError("unknown dropout mask(s) $(join(unknown, ", "))"))
+    q = Float32(1 - c.dropout)
+    function keep(key)
+        a = fetch_array(masks, key, (c.n_embd, T, B))
+        all(v -> v == 0 || v == 1, a) ||
+            throw(ArgumentError("dropout mask \"$key\" has entries other than 0 and 1"))
+        return KeepMask(to_device(c.device, a), q)
+    end
+    blocks = ntuple(
+        i -> (attn = keep("h.$(i - 1).attn"), mlp = keep("h.$(i - 1).mlp")),
+        c.n_layer,
+    )
+    return (emb = keep("emb"), blocks = blocks)
+end
+
+keeps_for(::FluxState, ::Nothing, idx) = nothing
+keeps_for(s::FluxState, masks::AbstractDict, idx) = keep_masks(s.cfg, masks, size(idx)...)
+
+function step!(s::FluxState, idx, onehot, mask, lr::Real, keeps)
     model = s.model
-    set_dropout!(model, true)
+    keeps === nothing && set_dropout!(model, true) # given masks replace the layers' dropout
     res = try
-        Zygote.withgradient(m -> loss(m, idx, onehot, mask), model)
+        Zygote.withgradient(m -> loss(m, idx, onehot, mask, keeps), model)
     finally
         set_dropout!(model, false)
     end
     grads = collect_grads(s, res.grad[1])
     s.cfg.grad_clip > 0 && clip_global_norm!(grads, s.cfg.grad_clip)
-    Optimisers.adjust!(s.leaves, lr)
+    eta = Float64(lr) # the rule's field type; Optimisers >= 0.4.5 rebuilds the rule with it
     for i in eachindex(s.params, s.leaves, grads)
+        Optimisers.adjust!(s.leaves[i], eta)
         Optimisers.update!(s.leaves[i], s.params[i], grads[i])
     end
     s.step += 1
+    s.cfg.device === :cuda &&
+        s.cfg.gc_every > 0 &&
+        s.step % s.cfg.gc_every == 0 &&
+        GC.gc(false)
     return Float32(res.val)
 end
 
 """
-    train_step!(s::FluxState, x, y, lr::Real) -> Float32
+    train_step!(s::FluxState, x, y, lr::Real, masks = nothing) -> Float32
 
 One training step on the batch `x`, `y` (integer (T, B) matrices of 1-based token ids): forward
-and backward with dropout active, global-norm clipping when `grad_clip > 0`, then AdamW with
+and backward with dropout (the harness's `masks`, see [`keep_masks`](@ref), else the model's own
+dropout), global-norm clipping when `grad_clip > 0`, then AdamW ([`TorchAdamW`](@ref)) with
 learning rate `lr` (set on every leaf with `Optimisers.adjust!`, which keeps each leaf's λ).
 Returns the loss of the batch before the update.
 """
@@ -347,9 +472,10 @@ function train_step!(
     x::AbstractMatrix{<:Integer},
     y::AbstractMatrix{<:Integer},
     lr::Real,
+    masks::Union{Nothing, AbstractDict} = nothing,
 )
     idx, onehot, mask = device_batch(s, x, y)
-    return step!(s, idx, onehot, mask, lr)
+    return step!(s, idx, onehot, mask, lr, keeps_for(s, masks, idx))
 end
 
 """
@@ -373,13 +499,20 @@ function logits(s::FluxState, x::AbstractMatrix{<:Integer})
 end
 
 """
-    gradients(s::FluxState, x, y) -> Dict{String,Array{Float32}}
+    gradients(s::FluxState, x, y, masks = nothing) -> Dict{String,Array{Float32}}
 
-Gradients of the mean loss by canonical name, Flux layout, dropout off, no clipping, no update.
+Gradients of the mean loss by canonical name, Flux layout, no clipping, no update; dropout off,
+or with exactly the harness's `masks` (see [`keep_masks`](@ref)).
 """
-function gradients(s::FluxState, x::AbstractMatrix{<:Integer}, y::AbstractMatrix{<:Integer})
+function gradients(
+    s::FluxState,
+    x::AbstractMatrix{<:Integer},
+    y::AbstractMatrix{<:Integer},
+    masks::Union{Nothing, AbstractDict} = nothing,
+)
     idx, onehot, mask = device_batch(s, x, y)
-    g = Zygote.gradient(m -> loss(m, idx, onehot, mask), s.model)[1]
+    keeps = keeps_for(s, masks, idx)
+    g = Zygote.gradient(m -> loss(m, idx, onehot, mask, keeps), s.model)[1]
     grads = collect_grads(s, g)
     return Dict{String, Array{Float32}}(
         spec.name => Array(gi)
@@ -425,22 +558,11 @@ function opt_state(s::FluxState)
     return d
 end
 
-# (β₁, β₂) raised to the power t + 1 by repeated Float32 multiplication, exactly as Optimisers'
-# AdamW state holds them after t steps (init stores β, every step multiplies by β).
-function beta_power(beta::Tuple{Real, Real}, t::Integer)
-    b = Float32.(beta)
-    bt = b
-    for _ in 1:t
-        bt = bt .* b
-    end
-    return bt
-end
-
 """
     load_opt_state!(s::FluxState, d::AbstractDict)
 
-Restore what [`opt_state`](@ref) returned (moments copied in place, step count and the bias
-correction powers rebuilt from "adam_t").
+Restore what [`opt_state`](@ref) returned (moments copied in place, the step count of every
+leaf's [`TorchAdamW`](@ref) state set from "adam_t").
 """
 function load_opt_state!(s::FluxState, d::AbstractDict)
     haskey(d, "adam_t") || throw(ArgumentError("missing \"adam_t\""))
@@ -450,7 +572,7 @@ function load_opt_state!(s::FluxState, d::AbstractDict)
         m, v, _ = leaf.state
         copyto!(m, fetch_array(d, "adam_m/" * spec.name, spec.shape))
         copyto!(v, fetch_array(d, "adam_v/" * spec.name, spec.shape))
-        leaf.state = (m, v, beta_power(leaf.rule.beta, t))
+        leaf.state = (m, v, t)
     end
     s.step = t
     return nothing
@@ -459,12 +581,13 @@ end
 """
     memory_stats(s::FluxState) -> Dict{String,Any}
 
-On CUDA the memory pool's figures (`peak_bytes` = MEMPOOL_ATTR_USED_MEM_HIGH, see
-[`reset_peak!`](@ref)); on the CPU the peak resident set size of the whole process
+On CUDA the memory pool's figures (`peak_bytes` = MEMPOOL_ATTR_USED_MEM_HIGH, live arrays plus
+uncollected garbage, with the forced-GC period `gc_every` and what the figure means; see
+`device_memory_stats` and [`reset_peak!`](@ref)); on the CPU the peak resident set size of the whole process
 (`Sys.maxrss()`, Python included, cannot be reset).
 """
 function memory_stats(s::FluxState)
-    s.cfg.device === :cuda && return device_memory_stats()
+    s.cfg.device === :cuda && return device_memory_stats(s.cfg.gc_every)
     return Dict{String, Any}(
         "kind" => "rss",
         "peak_bytes" => Int(Sys.maxrss()),

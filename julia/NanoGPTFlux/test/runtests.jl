@@ -49,6 +49,114 @@ function tiny_batch(cfg; T = 10, B = 3, seed = 1)
     return rand(rng, 1:V, T, B), rand(rng, 1:V, T, B)
 end
 
+# Harness-style keep-masks in the Flux layout (n_embd, T, B), 0/1, one per dropout place.
+function tiny_masks(cfg, T, B; p = 0.5, seed = 2)
+    rng = Random.Xoshiro(seed)
+    sites = ["emb"; ["h.$(i - 1).$(s)" for i in 1:cfg["n_layer"] for s in ("attn", "mlp")]]
+    return Dict{String, Any}(s => rand(rng, cfg["n_embd"], T, B) .>= p for s in sites)
+end
+
+# ---------------------------------------------------------------------------------------------
+# The outside reference: fixture.txt, written by make_fixture.py from the NumPy float64 oracle
+# (python_impl/numpy_gpt.py). Format: `config KEY VALUE`, `scalar NAME VALUE`, and `array NAME
+# DIMS...` followed by one line of values in column-major order; arrays in the Flux layout.
+# ---------------------------------------------------------------------------------------------
+
+struct Fixture
+    cfg::Dict{String, Any}
+    scalars::Dict{String, Float64}
+    arrays::Dict{String, Array{Float64}}
+end
+
+config_value(s::AbstractString) = something(
+    tryparse(Int, s),
+    tryparse(Float64, s),
+    String(s),
+)
+
+function read_fixture(path::AbstractString)
+    cfg = Dict{String, Any}()
+    scalars = Dict{String, Float64}()
+    arrays = Dict{String, Array{Float64}}()
+    lines = readlines(path)
+    i = 1
+    while i <= length(lines)
+        words = split(lines[i])
+        i += 1
+        (isempty(words) || startswith(words[1], "#")) && continue
+        if words[1] == "config"
+            cfg[String(words[2])] = config_value(words[3])
+        elseif words[1] == "scalar"
+            scalars[String(words[2])] = parse(Float64, words[3])
+        elseif words[1] == "array"
+            dims = Tuple(parse.(Int, words[3:end]))
+            values = parse.(Float64, split(lines[i]))
+            i += 1
+            arrays[String(words[2])] = reshape(values, dims)
+        else
+            error("fixture.txt: unknown line $(lines[i - 1])")
+        end
+    end
+    return Fixture(cfg, scalars, arrays)
+end
+
+const FIXTURE = read_fixture(joinpath(@__DIR__, "fixture.txt"))
+
+fixture_cfg(fx::Fixture) = merge(
+    fx.cfg,
+    Dict{String, Any}("seed" => 0, "device" => "cpu", "tf32" => false),
+)
+
+# The fixture's weights are Float32 values: exactly those, as `T`.
+function fixture_params(fx::Fixture, ::Type{T}) where {T}
+    c = NG.parse_config(fixture_cfg(fx))
+    return Dict{String, Any}(
+        spec.name => T.(Float32.(fx.arrays["param/" * spec.name]))
+        for spec in NG.param_specs(c)
+    )
+end
+
+fixture_masks(fx::Fixture) = Dict{String, Any}(
+    k[6:end] => a
+    for (k, a) in fx.arrays
+    if startswith(k, "mask/")
+)
+
+fixture_tokens(fx::Fixture) = Int.(fx.arrays["x"]), Int.(fx.arrays["y"])
+
+# ‖a - b‖∞ ≤ rtol ‖b‖∞ + atol: one scale per array, as the harness's parity tolerances.
+close_to(a, b; rtol, atol = 0.0) = maximum(abs, a .- b) <= rtol * maximum(abs, b) + atol
+
+# The TorchAdamW rule on the fixture's fixed arrays, as element type `T`, learning rate changed
+# with `adjust!` before every step: (parameter, m, v, step) after each of the three steps.
+function adamw_trace(fx::AbstractDict, k::String, eps::Real, ::Type{T} = Float64) where {T}
+    β₁, β₂, _, λ = fx["adamw/hyper"]
+    lrs = fx["adamw/lr"]
+    p = T.(fx["adamw/param0/$k"])
+    rule = NG.TorchAdamW(lrs[1], (β₁, β₂), k == "a" ? λ : 0.0, eps)
+    leaf = NG.Optimisers.setup(rule, p)
+    trace = Any[]
+    for t in 1:3
+        NG.Optimisers.adjust!(leaf, T(lrs[t])) # any Real: the rule's fields are Float64
+        NG.Optimisers.update!(leaf, p, T.(fx["adamw/grad$t/$k"]))
+        m, v, step = leaf.state
+        push!(trace, (copy(p), copy(m), copy(v), step))
+    end
+    return trace
+end
+
+# Loss and gradients (any element type, no conversion) of a state's model on one batch.
+function loss_and_grads(s, x, y, masks = nothing)
+    idx, onehot, mask = NG.device_batch(s, x, y)
+    keeps = NG.keeps_for(s, masks, idx)
+    res = NG.Zygote.withgradient(m -> NG.loss(m, idx, onehot, mask, keeps), s.model)
+    g = Dict(
+        spec.name => NG.dense_grad(NG.getpath(res.grad[1], spec.path), p)
+        for (spec, p) in zip(s.specs, s.params)
+    )
+    return res.val, g
+end
+
 @testset "NanoGPTFlux" begin
     @testset "shapes and layout" begin
         cfg = tiny_cfg()
@@ -181,8 +289,214 @@ end
             @test st["adam_m/" * name] ≈ 0.1 .* coef .* gw rtol = 1.0e-4 atol = 1.0e-12
         end
         grads = Any[copy(a) for a in values(g)]
-        @test NG.clip_global_norm!(grads, max_norm) ≈ total rtol = 1.0e-5
+        norm = NG.clip_global_norm!(grads, max_norm)
+        @test norm isa Vector{Float32} &&
+            length(norm) == 1 # stays an array (on the GPU: no sync)
+        @test only(norm) ≈ total rtol = 1.0e-5
         @test sqrt(sum(sum(abs2, Float64.(a)) for a in grads)) ≈ max_norm rtol = 1.0e-4
+        small = Any[1.0f-4 .* copy(a) for a in values(g)] # below max_norm: unchanged
+        NG.clip_global_norm!(small, max_norm)
+        @test all(small[i] == 1.0f-4 .* a for (i, a) in enumerate(values(g)))
+    end
+
+    @testset "the harness's dropout masks replace the model's dropout" begin
+        x, y = tiny_batch(tiny_cfg())
+        T, B = size(x)
+        # dropout 0 in the config and all-ones masks: the plain gradients (x .* 1 ./ 1)
+        cfg0 = tiny_cfg()
+        s0 = build(cfg0, tiny_params(cfg0))
+        ones_masks = Dict{String, Any}(
+            k => trues(size(m))
+            for (k, m) in tiny_masks(cfg0, T, B)
+        )
+        g_ones, g_plain = gradients(s0, x, y, ones_masks), gradients(s0, x, y)
+        @test all(g_ones[k] ≈ g_plain[k] for k in keys(g_plain))
+        # dropout 0.5: the masks decide, deterministically, and differ from no dropout
+        cfg = tiny_cfg(; dropout = 0.5)
+        params = tiny_params(cfg)
+        s = build(cfg, params)
+        masks = tiny_masks(cfg, T, B)
+        g1 = gradients(s, x, y, masks)
+        @test g1 == gradients(s, x, y, masks)
+        @test g1 != gradients(s, x, y)
+        @test !s.model.drop.active
+        # x .* keep ./ (1 - p) at the embedding: with only "emb" dropping, a dropped entry of the
+        # embedding sum gets no gradient through wpe from that position
+        keep_emb = Dict{String, Any}(k => trues(size(m)) for (k, m) in masks)
+        keep_emb["emb"] = trues(8, T, B)
+        keep_emb["emb"][:, 3, :] .= false # position 3 dropped in every sequence
+        @test all(iszero, gradients(s, x, y, keep_emb)["wpe.weight"][:, 3])
+        @test !all(iszero, gradients(s, x, y, keep_emb)["wpe.weight"][:, 2])
+        # training steps with masks are deterministic
+        s2 = build(cfg, params)
+        @test train_step!(s, x, y, 1.0e-2, masks) == train_step!(s2, x, y, 1.0e-2, masks)
+        @test parameters(s) == parameters(s2)
+        # bad masks
+        @test_throws ArgumentError gradients(s, x, y, delete!(copy(masks), "h.1.mlp"))
+        @test_throws ArgumentError gradients(
+            s,
+            x,
+            y,
+            merge(masks, Dict{String, Any}("h.0.attn_probs" => masks["emb"])),
+        )
+        @test_throws DimensionMismatch gradients(
+            s,
+            x,
+            y,
+            merge(masks, Dict{String, Any}("emb" => trues(8, B, T))),
+        )
+        @test_throws ArgumentError gradients(
+            s,
+            x,
+            y,
+            merge(masks, Dict{String, Any}("emb" => fill(0.5, 8, T, B))),
+        )
+    end
+
+    @testset "weight decay on the parameters the harness names" begin
+        cfg = merge(tiny_cfg(), Dict{String, Any}("decay" => "wte.weight,h.0.ln_1.bias"))
+        s = build(cfg, tiny_params(cfg))
+        λ = Dict(spec.name => leaf.rule.lambda for (spec, leaf) in zip(s.specs, s.leaves))
+        @test λ["wte.weight"] == 0.1 && λ["h.0.ln_1.bias"] == 0.1
+        @test λ["lm_head.weight"] == 0.0 && λ["h.0.ln_1.weight"] == 0.0
+        s_default = build(
+            tiny_cfg(),
+            tiny_params(tiny_cfg()),
+        ) # no list: two or more dimensions
+        @test all(
+            leaf.rule.lambda == (length(spec.shape) >= 2 ? 0.1 : 0.0)
+            for (spec, leaf) in zip(s_default.specs, s_default.leaves)
+        )
+        @test_throws ArgumentError build(
+            merge(tiny_cfg(), Dict{String, Any}("decay" => "wte.weight,nope")),
+            tiny_params(tiny_cfg()),
+        )
+    end
+
+    @testset "TorchAdamW equals the NumPy oracle's AdamW (fixed arrays)" begin
+        fx = FIXTURE.arrays
+        ϵ = fx["adamw/hyper"][3]
+        for k in ("a", "b")
+            # "a" decayed, "b" not
+            trace = adamw_trace(fx, k, ϵ)
+            for t in 1:3
+                p, m, v, step = trace[t]
+                @test step == t
+                @test close_to(p, fx["adamw/step$t/param/$k"]; rtol = 1.0e-11)
+                @test close_to(m, fx["adamw/step$t/adam_m/$k"]; rtol = 1.0e-11)
+                @test close_to(v, fx["adamw/step$t/adam_v/$k"]; rtol = 1.0e-11)
+            end
+            # Float32 arrays: the same to Float32 rounding
+            @test close_to(
+                adamw_trace(fx, k, ϵ, Float32)[3][1],
+                fx["adamw/step3/param/$k"];
+                rtol = 1.0e-6,
+            )
+        end
+        # the check is sharp: the gradients are of the order of eps, so eps 1e-8 misses it
+        @test !close_to(
+            adamw_trace(fx, "b", 1.0e-8)[3][1],
+            fx["adamw/step3/param/b"];
+            rtol = 1.0e-6,
+        )
+    end
+
+    @testset "outside reference: the NumPy oracle, Float64 model" begin
+        fx = FIXTURE
+        cfg = fixture_cfg(fx)
+        s = build(cfg, fixture_params(fx, Float64); float_type = Float64)
+        x, y = fixture_tokens(fx)
+        masks = fixture_masks(fx)
+        @test length(masks) == 1 + 2 * cfg["n_layer"]
+        @test close_to(logits(s, x), fx.arrays["logits"]; rtol = 1.0e-10)
+        l, g = loss_and_grads(s, x, y)
+        @test l ≈ fx.scalars["loss"] rtol = 1.0e-10
+        for spec in s.specs
+            @test close_to(g[spec.name], fx.arrays["grad/" * spec.name]; rtol = 1.0e-9)
+        end
+        l, g = loss_and_grads(s, x, y, masks)
+        @test l ≈ fx.scalars["loss_masked"] rtol = 1.0e-10
+        for spec in s.specs
+            @test close_to(
+                g[spec.name],
+                fx.arrays["grad_masked/" * spec.name];
+                rtol = 1.0e-9,
+            )
+        end
+        # two full steps: masks, clipping (active: the fixture checks), AdamW with decay
+        for step in 1:2
+            loss = train_step!(s, x, y, fx.scalars["lr_$step"], masks)
+            @test loss ≈ fx.scalars["loss_step_$step"] rtol = 1.0e-6 # returned as Float32
+            st = opt_state(s)
+            @test st["adam_t"] == step
+            for (spec, p) in zip(s.specs, s.params)
+                @test close_to(p, fx.arrays["step$step/param/" * spec.name]; rtol = 1.0e-9)
+                @test close_to(
+                    st["adam_m/" * spec.name],
+                    fx.arrays["step$step/adam_m/" * spec.name];
+                    rtol = 1.0e-9,
+                )
+                @test close_to(
+                    st["adam_v/" * spec.name],
+                    fx.arrays["step$step/adam_v/" * spec.name];
+                    rtol = 1.0e-9,
+                )
+            end
+        end
+    end
+
+    @testset "outside reference: the NumPy oracle, Float32 model (the bridge's path)" begin
+        fx = FIXTURE
+        s = build(fixture_cfg(fx), fixture_params(fx, Float32))
+        x, y = fixture_tokens(fx)
+        masks = fixture_masks(fx)
+        @test close_to(logits(s, x), fx.arrays["logits"]; rtol = 1.0e-5)
+        @test eval_loss(s, x, y) ≈ fx.scalars["loss"] rtol = 1.0e-5
+        g = gradients(s, x, y)
+        gm = gradients(s, x, y, masks)
+        for spec in s.specs
+            @test close_to(g[spec.name], fx.arrays["grad/" * spec.name]; rtol = 1.0e-4)
+            @test close_to(
+                gm[spec.name],
+                fx.arrays["grad_masked/" * spec.name];
+                rtol = 1.0e-4,
+            )
+        end
+        for step in 1:2
+            lr = fx.scalars["lr_$step"]
+            @test train_step!(s, x, y, lr, masks) ≈
+                fx.scalars["loss_step_$step"] rtol = 1.0e-5
+            p = parameters(s)
+            for spec in s.specs
+                ref = fx.arrays["step$step/param/" * spec.name]
+                @test close_to(p[spec.name], ref; rtol = 1.0e-4, atol = 1.0e-3 * lr)
+            end
+        end
+    end
+
+    @testset "finite differences agree with the gradients (Float64 model, with masks)" begin
+        fx = FIXTURE
+        s = build(fixture_cfg(fx), fixture_params(fx, Float64); float_type = Float64)
+        x, y = fixture_tokens(fx)
+        masks = fixture_masks(fx)
+        _, g = loss_and_grads(s, x, y, masks)
+        idx, onehot, mask = NG.device_batch(s, x, y)
+        keeps = NG.keeps_for(s, masks, idx)
+        f() = NG.loss(s.model, idx, onehot, mask, keeps)
+        rng = Random.Xoshiro(42)
+        h = 1.0e-6
+        for (spec, p) in zip(s.specs, s.params)
+            # p is the model's own array
+            for i in unique(rand(rng, 1:length(p), 3))
+                p0 = p[i]
+                p[i] = p0 + h
+                up = f()
+                p[i] = p0 - h
+                down = f()
+                p[i] = p0
+                @test g[spec.name][i] ≈ (up - down) / 2h rtol = 1.0e-5 atol = 1.0e-8
+            end
+        end
     end
 
     @testset "training lowers the loss on a repeated batch" begin
@@ -241,9 +555,15 @@ end
             @test logits(s_gpu, x) ≈ logits(s_cpu, x) rtol = 1.0e-4 atol = 1.0e-5
             @test train_step!(s_gpu, x, y, 1.0e-2) ≈
                 train_step!(s_cpu, x, y, 1.0e-2) rtol = 1.0e-5
+            masks = tiny_masks(cfg, size(x)...)
+            g_gpu, g_cpu = gradients(s_gpu, x, y, masks), gradients(s_cpu, x, y, masks)
+            @test all(close_to(g_gpu[k], g_cpu[k]; rtol = 1.0e-4) for k in keys(g_cpu))
             reset_peak!(s_gpu)
-            @test memory_stats(s_gpu)["kind"] == "device"
+            stats = memory_stats(s_gpu)
+            @test stats["kind"] == "device" && stats["gc_every"] == 1
+            @test haskey(stats, "peak_bytes_meaning")
             @test describe(s_gpu)["math_mode"] == "DEFAULT_MATH"
+            @test NG.cuda_native_rng() isa Random.AbstractRNG
         end
     else
         @info "CUDA.jl finds no GPU: the CUDA testset is skipped"
