@@ -321,6 +321,7 @@ def test_cli_names_planted_clipping_bug(tmp_path: Path) -> None:
     opt = rec["results"]["optimizer"]
     assert opt["first_bad"]["step"] == 1 and f"{opt['first_bad']['parameter']} " in lines[0]
     assert opt["cause"].startswith("gradient clipping") and rec["opt_steps"] == 3 and rec["threads"] == 1
+    assert rec["backend_info"]["torch"]["threads"] == 1  # --threads reached the worker
     assert "FAIL: logits" not in proc.stdout and "FAIL: gradient" not in proc.stdout
 
 
