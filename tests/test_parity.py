@@ -269,9 +269,11 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, s
 def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     steps = 50
     code, out, err = run_cli(["parity", "--size", "small", "--steps", str(steps), "--backends", "torch,numpy",
-                              "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
+                              "--data", DATA, "--out", str(tmp_path), "--quiet", "--per-parameter"], capsys)
     assert code == 0, out + err
     assert "PASS: torch (float32) and numpy (float64)" in out
+    assert "optimizer steps 1..3 rel err" in out  # the table's depth-3 row
+    assert "update   adam_m   adam_v" in out and "h.0.attn.c_attn.bias" in out  # --per-parameter: depth 3 too
     run_dirs = list((tmp_path / "runs").iterdir())
     assert len(run_dirs) == 1
     path = run_dirs[0] / "parity.json"
