@@ -327,7 +327,8 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
     Both backends start the step from the same state (everything agreed before it) and, when `gradients_agree`,
     with the same gradient, so the difference is the optimizer's. In the order tested:
     the gradients already differ -> not the optimizer; m off by one common factor f for every parameter and v by
-    f^2 -> gradient clipping; m off by alpha * p -> coupled (L2) weight decay; m agrees, v off by one common
+    f^2 -> gradient clipping; each parameter's m off by its own factor -> clipping per parameter; m off by
+    alpha * p -> coupled (L2) weight decay; m agrees, v off by one common
     factor -> beta2; then on the updates: only 1-D parameters differ -> weight decay on biases/LayerNorm; one
     common factor -> bias correction (factor changing with t) or the learning rate (constant); only the decayed
     matrices, by alpha * p -> the decoupled weight decay; concentrated where v is small -> eps.
@@ -361,6 +362,12 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                         f"({f:.3g} in m, {fv:.3g} = its square in v); check the max norm and the global-norm "
                         "computation")
             return f"the gradient fed to AdamW is scaled by one common factor {f:.3g} (m) for every parameter"
+        if step == 1:
+            own = [_common_factor(np.ravel(qa["adam_m"][n]), np.ravel(qb["adam_m"][n])) for n in m_over]
+            if all(rest_n < EXPLAINED for _, rest_n in own):
+                lo, hi = min(f_n for f_n, _ in own), max(f_n for f_n, _ in own)
+                return (f"gradient clipping per parameter: each parameter's m is scaled by its own factor ({lo:.3g} "
+                        f"to {hi:.3g}) instead of one global-norm factor")
         with_p = [n for n in m_names if n in base]
         d = _concat(qa["adam_m"], with_p) - _concat(qb["adam_m"], with_p)
         alpha, rest = _proportional_to(d, _concat(base, with_p))

@@ -353,3 +353,44 @@ def test_new_options_bad_input_exit_2(args: list[str], message: str, tmp_path: P
     assert code == 2 and stdout == "" and not out.exists()
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], stderr
+
+
+def synthetic_probe(rng: np.random.Generator, steps: int = 2) -> dict[str, np.ndarray]:
+    """A probe of two parameters (a matrix w, a vector b) after `steps` plain AdamW steps (lr 0.01, wd 0.1)."""
+    p = {"w": rng.standard_normal((4, 5)) * 0.02, "b": rng.standard_normal(5) * 0.02}
+    m = {n: np.zeros_like(v) for n, v in p.items()}
+    v2 = {n: np.zeros_like(v) for n, v in p.items()}
+    probe = {f"grad/{n}": rng.standard_normal(a.shape) for n, a in p.items()}
+    probe.update({f"opt/0/param/{n}": a.copy() for n, a in p.items()})
+    for t in range(1, steps + 1):
+        for n in p:
+            g = probe[f"grad/{n}"] if t == 1 else rng.standard_normal(p[n].shape)
+            m[n] = 0.9 * m[n] + 0.1 * g
+            v2[n] = 0.999 * v2[n] + 0.001 * g * g
+            if n == "w":
+                p[n] = p[n] * (1 - 0.01 * 0.1)
+            p[n] = p[n] - 0.01 / (1 - 0.9**t) * m[n] / (np.sqrt(v2[n] / (1 - 0.999**t)) + 1e-8)
+            probe.update({f"opt/{t}/param/{n}": p[n].copy(), f"opt/{t}/adam_m/{n}": m[n].copy(),
+                          f"opt/{t}/adam_v/{n}": v2[n].copy()})
+    return probe
+
+
+def test_diagnosis_of_synthetic_patterns() -> None:
+    """The causes no planted torch bug above reaches: per-parameter clipping, a constant step-size factor and
+    the decoupled decay strength, on hand-made AdamW states."""
+    b = synthetic_probe(np.random.default_rng(0))
+    clip = dict(b)  # every parameter's m scaled by its own factor, v by its square
+    for n, f in (("w", 0.5), ("b", 0.8)):
+        clip[f"opt/1/adam_m/{n}"] = f * b[f"opt/1/adam_m/{n}"]
+        clip[f"opt/1/adam_v/{n}"] = f * f * b[f"opt/1/adam_v/{n}"]
+    assert parity.diagnose_optimizer(clip, b, 1, 1e-6).startswith("gradient clipping per parameter")
+    lr = dict(b)  # every update twice as large, at every step
+    for t in (1, 2):
+        for n in ("w", "b"):
+            step = b[f"opt/{t}/param/{n}"] - b[f"opt/{t - 1}/param/{n}"]
+            lr[f"opt/{t}/param/{n}"] = lr[f"opt/{t - 1}/param/{n}"] + 2 * step
+    assert parity.diagnose_optimizer(lr, b, 1, 1e-6).startswith("the step size")
+    decay = dict(b)  # the matrix decays by an extra 0.05 lr-scaled step
+    decay["opt/1/param/w"] = b["opt/1/param/w"] - 0.01 * 0.05 * b["opt/0/param/w"]
+    assert parity.diagnose_optimizer(decay, b, 1, 1e-6).startswith("decoupled weight decay on the matrices")
+    assert parity.diagnose_optimizer(b, b, 1, 1e-6, gradients_agree=False).startswith("the gradients already")
