@@ -457,7 +457,7 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
 
 
 def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
-                       backends: tuple[str, str], r: ParityResult, grads_ok: bool, cause: str | None) -> None:
+                       backends: tuple[str, str], r: ParityResult, grads_ok: bool) -> None:
     """Depth 3 into `r`: per step and parameter, the relative error of the update and of m and v."""
     a, b = backends
     sa, sb = opt_steps(probe_a), opt_steps(probe_b)
@@ -485,7 +485,7 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
         if bad and r.opt_first_bad is None:
             q, n, e = max(bad, key=lambda t: (not math.isfinite(t[2]), t[2] if math.isfinite(t[2]) else 0.0))
             r.opt_first_bad = (k, q, n)
-            r.opt_cause = cause or diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok)
+            r.opt_cause = diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok)
             what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v"}[q]
             params = {p for _, p, _ in bad}
             more = f" ({len(params) - 1} more parameter(s) over tol)" if len(params) > 1 else ""
@@ -525,7 +525,6 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
     r.grad_rel_err, r.worst_grad, r.worst_grad_rel_err = _compare_grads(
         _grads(probe_a), _grads(probe_b), tolerances.grad, "gradient", (a, b), fail, required=True)
     grads_ok = all(_within(e, tolerances.grad) for e in r.grad_rel_err.values())
-    cause = None
     if any(k.startswith(DROPOUT_GRAD_PREFIX) for k in (*probe_a, *probe_b)):
         r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err = _compare_grads(
             _grads(probe_a, DROPOUT_GRAD_PREFIX), _grads(probe_b, DROPOUT_GRAD_PREFIX), tolerances.grad,
@@ -534,7 +533,7 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
                    if grads_ok and r.grad_rel_err else None))
         grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
     # (c) the optimizer step
-    _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok, cause)
+    _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok)
     # (d) the training-loss curve
     r.loss_steps = min(len(losses_a), len(losses_b))
     if len(losses_a) != len(losses_b):
