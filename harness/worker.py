@@ -100,10 +100,12 @@ from harness.config import check_seed, config_from_dict  # noqa: E402
 from harness.costs import flops_per_token, time_to_target  # noqa: E402
 from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
+from harness.masks import dropout_masks  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.runner import Curves, Interrupted, summarize_times, train  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
+OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
 _critical = {"depth": 0, "pending": None}
@@ -251,11 +253,28 @@ class Worker:
             self.persist()
 
     def save_probe(self) -> None:
-        """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`."""
+        """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`; with
+        dropout also the gradients under the step-0 masks (`dropout_grad/`); the parameters before step 1."""
         x, y = self.stream.batch(0)
         arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y}
         arrays.update({f"grad/{k}": np.asarray(v) for k, v in self.backend.gradients(x, y).items()})
+        if self.masks:
+            arrays.update({f"dropout_grad/{k}": np.asarray(v)
+                           for k, v in self.backend.gradients(x, y, masks=self.masks(0)).items()})
+        arrays.update({f"opt/0/param/{k}": np.asarray(v) for k, v in self.backend.parameters().items()})
+        self.probe = arrays
         records.atomic_write_npz(self.paths.probe(self.name), arrays)
+
+    def save_opt_step(self, done: int) -> None:
+        """Parity: after training step `done` (1..opt_steps), the parameters and AdamW moments into the probe
+        (`opt/<done>/param|adam_m|adam_v/<name>`); written once the last of them is in."""
+        if not hasattr(self, "probe") or done > self.opt_steps:
+            return
+        state = self.backend.state_dict()
+        self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
+                           if k.startswith(("param/", "adam_m/", "adam_v/"))})
+        if done == min(self.opt_steps, self.total_steps):
+            records.atomic_write_npz(self.paths.probe(self.name), self.probe)
 
     def resume(self) -> tuple[int, dict]:
         """Restore the backend and the curves from the checkpoint; returns the step to continue from and what the
@@ -323,7 +342,11 @@ class Worker:
         record["timings"] = dict(carry.get("timings") or {})
         record["checkpoint"] = carry.get("checkpoint")
         self.record = record
-        if self.spec.get("parity") and start == 0:
+        parity = self.spec.get("parity")  # True, or {"opt_steps": K} from `harness parity`
+        self.opt_steps = int(parity.get("opt_steps", OPT_STEPS)) if isinstance(parity, dict) else OPT_STEPS
+        self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
+                      if parity and self.config.dropout > 0 else None)  # the harness draws every mask
+        if parity and start == 0:
             self.save_probe()
         timings = self.record["timings"]
         timings["setup_s"] = setup_s
@@ -333,7 +356,8 @@ class Worker:
         outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
                         start_step=start, on_flush=self.maybe_persist,
                         checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,
-                        progress=progress, label=label)
+                        progress=progress, label=label, masks=self.masks,
+                        after_step=self.save_opt_step if parity else None)
         cv = self.curves
         if cv.time_s and start == 0:
             timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s

@@ -164,12 +164,15 @@ class NumpyBackend:
             self._pool = xp.get_default_memory_pool()
             self._peak_used = int(self._pool.used_bytes())
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """Forward with dropout, backward, global-norm clipping (if grad_clip > 0), AdamW; returns the loss."""
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: dict[str, np.ndarray] | None = None) -> float:
+        """Forward with dropout (the harness's `masks` if given), backward, global-norm clipping (if
+        grad_clip > 0), AdamW; returns the loss."""
         config, optimizer = self._ready()
         if isinstance(self.rng, DeviceDropoutRNG):
             self.rng.start_step(optimizer.t)  # t = steps done so far, restored from checkpoints
-        loss, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config, self.rng)
+        loss, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config, self.rng,
+                                                   masks)
         if numpy_gpt.xp is not np:  # a host-side counter (no sync): parameters, moments and gradients are all live
             self._peak_used = max(self._peak_used, int(self._pool.used_bytes()))
         if config.grad_clip > 0:
@@ -198,10 +201,12 @@ class NumpyBackend:
         logits = numpy_gpt.gpt_forward(self.params, self._tokens(x), config)[0]
         return numpy_gpt.to_numpy(logits[:, -1:, :] if last_only else logits)
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        """Gradients of the mean loss: dropout off, no clipping, no update."""
+    def gradients(self, x: np.ndarray, y: np.ndarray,
+                  masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Gradients of the mean loss: dropout off (or exactly the given `masks`), no clipping, no update."""
         config, _ = self._ready()
-        _, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config)
+        _, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config,
+                                                masks=masks)
         return {name: numpy_gpt.to_numpy(grads[name]) for name in self.params}
 
     def parameters(self) -> dict[str, np.ndarray]:
