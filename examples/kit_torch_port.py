@@ -93,7 +93,8 @@ class Port:
 
     def loss(self, x: np.ndarray, y: np.ndarray, masks: dict | None = None, step: int = 0) -> torch.Tensor:
         logits = self.logits(x, masks, step)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(np.asarray(y, np.int64)).reshape(-1))
+        targets = torch.from_numpy(np.asarray(y, dtype=np.int64)).reshape(-1)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)  # mean over all B*T positions
 
     def gradients(self, x: np.ndarray, y: np.ndarray, masks: dict | None, step: int) -> tuple[float, dict]:
         for t in self.p.values():

@@ -295,8 +295,9 @@ code, pre {{ font-family: ui-monospace, monospace; }}
 <h1>nanoGPT conformance kit: check</h1>
 <p class="banner">{'PASS' if ok else 'FAIL'}: {e(verdict['summary'])}</p>
 <p>Kit <code>{e(verdict['kit'])}</code> ({e(str(verdict['config_name']))}, {verdict['steps']} steps, dropout
-{verdict['dropout']:g}, seed {verdict['seed']}); results <code>{e(verdict['results_file'])}</code>, {e(verdict['dtype'])}
-against the float64 oracle; tolerances of the {e(verdict['precision_pair'])} pair, as <code>harness parity</code>.</p>
+{verdict['dropout']:g}, seed {verdict['seed']}); results <code>{e(verdict['results_file'])}</code>,
+{e(verdict['dtype'])} against the float64 oracle; tolerances of the {e(verdict['precision_pair'])} pair,
+as <code>harness parity</code>.</p>
 <table><tr><th>check</th><th>value</th><th>tolerance</th><th>result</th><th>where</th></tr>{body_rows}</table>
 {diag_html}
 {'<h2>Failures</h2><ul>' + fails + '</ul>' if fails else ''}
