@@ -245,7 +245,7 @@ def build_parser() -> Parser:
 
     from harness import bench, parity
 
-    p = sub.add_parser("parity", help="check that two backends compute the same thing (dropout 0)")
+    p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth")
     add_common(p)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)

@@ -1,13 +1,21 @@
 """`harness parity`: do two backends compute the same thing? (DESIGN.md, "Parity")
 
-Parity mode trains both backends with dropout 0 from the same canonical weights on the same batches, each in its
-own worker process (harness.launch), and compares them at three depths, in float64:
+Parity mode trains both backends from the same canonical weights on the same batches (dropout 0, or the same
+harness-drawn dropout masks), each in its own worker process (harness.launch), and compares them at four depths,
+in float64:
 
 1. step-0 logits on the first training batch: max absolute difference;
 2. step-0 gradients of the mean loss, per parameter: relative error ||ga - gb|| / max(||ga||, ||gb||, tiny),
    the worst parameter named;
-3. the per-step training loss over N steps: max absolute deviation and the step where it peaks, plus the
+3. the optimizer step: after each of the first K training steps (forward, backward, clip, AdamW), each
+   parameter's update and AdamW moments m and v, per parameter and step (relative error, as the gradients); a
+   failure names the worst parameter and, where the pattern tells, the likely cause (`diagnose_optimizer`);
+4. the per-step training loss over N steps: max absolute deviation and the step where it peaks, plus the
    final evaluation's validation loss.
+
+With `--dropout P` the harness draws every dropout mask (harness.masks) and hands the same masks to both backends,
+so the training steps, the optimizer check and an extra step-0 gradient check under the step-0 masks
+(`dropout_grad/`) compare dropout placement and scaling exactly.
 
 The comparison itself is the pure function `compare`, so tests (and other tools) can feed it the output of
 in-process backends. Default tolerances depend on the precision pair and the size preset; they were measured
@@ -36,15 +44,22 @@ DEFAULT_STEPS = 50
 DEFAULT_BACKENDS = "torch,numpy"
 TINY = 1e-300  # floor of the relative error's denominator: two all-zero gradients agree exactly
 GRAD_PREFIX = "grad/"
+DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's step-0 dropout masks
+OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>: the state after training step k (k = 0: params only)
+OPT_QUANTITIES = ("update", "adam_m", "adam_v")  # update = param after step k - param after step k - 1
+DEFAULT_OPT_STEPS = 3
+EXPLAINED = 0.1  # a pattern "explains" a difference when it leaves less than this fraction of it unexplained
 
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Pass thresholds: logits max |diff|, worst per-parameter gradient relative error, loss max |diff|."""
+    """Pass thresholds: logits max |diff|, worst per-parameter gradient relative error, loss max |diff|, and the
+    worst per-parameter relative error of the optimizer step (updates and AdamW moments)."""
 
     logits: float
     grad: float
     loss: float
+    opt: float
 
     def validate(self) -> None:
         """Raise UsageError unless every tolerance is a finite number >= 0."""
@@ -61,23 +76,25 @@ class Tolerances:
 # float32/float64. The loss tolerance depends on the size: medium and large pass through an unstable phase at
 # lr 0.01 where any rounding difference grows by up to 1e5-1e6, so float32 pairs check the training loop sharply only
 # on small; the float64/float64 pair checks it sharply on every size.
+OPT64, OPT32 = 1e-12, 1e-3  # placeholders until measured
 DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
     "float64/float64": {
-        "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13),
-        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-7),
-        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12),
+        "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13, opt=OPT64),
+        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-7, opt=OPT64),
+        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12, opt=OPT64),
     },
     "float32/float64": {
-        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5),
-        "medium": Tolerances(logits=1e-5, grad=1e-5, loss=1.0),
-        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2),
+        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5, opt=OPT32),
+        "medium": Tolerances(logits=1e-5, grad=1e-5, loss=1.0, opt=OPT32),
+        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=OPT32),
     },
     "float32/float32": {
-        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5),
-        "medium": Tolerances(logits=1e-5, grad=1e-4, loss=10.0),
-        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2),
+        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5, opt=OPT32),
+        "medium": Tolerances(logits=1e-5, grad=1e-4, loss=10.0, opt=OPT32),
+        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=OPT32),
     },
 }
+TOL_KEYS = ("logits", "grad", "loss", "opt")
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured
 
 # A backend's default dtype when it is not said otherwise (used only if its class cannot be inspected).
@@ -98,7 +115,7 @@ def default_tolerances(pair: str, size: str | None = None) -> Tolerances:
     table = DEFAULT_TOLERANCES.get(pair, DEFAULT_TOLERANCES[LOOSEST])
     if size in table:
         return table[size]
-    return Tolerances(**{k: max(getattr(t, k) for t in table.values()) for k in ("logits", "grad", "loss")})
+    return Tolerances(**{k: max(getattr(t, k) for t in table.values()) for k in TOL_KEYS})
 
 
 # --- the comparison (pure) ---------------------------------------------------------------------------------------
@@ -162,6 +179,15 @@ class ParityResult:
     loss_abs_dev: list[float] = field(default_factory=list)
     val_loss: dict[str, float] | None = None
     val_loss_abs_diff: float | None = None
+    dropout_grad_rel_err: dict[str, float] = field(default_factory=dict)  # under the step-0 masks (dropout > 0)
+    worst_dropout_grad: str | None = None
+    worst_dropout_grad_rel_err: float = math.nan
+    # depth 3: {step k: {"update" | "adam_m" | "adam_v": {name: rel err}}}
+    opt_rel_err: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+    worst_opt: tuple[int, str, str] | None = None  # (step, quantity, parameter)
+    worst_opt_rel_err: float = math.nan
+    opt_first_bad: tuple[int, str, str] | None = None  # the worst at the first step out of tolerance
+    opt_cause: str | None = None
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -179,9 +205,17 @@ class ParityResult:
              "where": where},
             {"check": "step-0 gradient rel err (worst)", "value": self.worst_grad_rel_err, "tolerance": t.grad,
              "where": self.worst_grad or ""},
-            {"check": "training loss max |diff|", "value": self.loss_max_abs_dev, "tolerance": t.loss,
-             "where": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""},
         ]
+        if self.dropout_grad_rel_err:
+            rows.append({"check": "step-0 gradient rel err, dropout masks", "value": self.worst_dropout_grad_rel_err,
+                         "tolerance": t.grad, "where": self.worst_dropout_grad or ""})
+        if self.opt_rel_err:
+            wo = self.worst_opt
+            rows.append({"check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
+                         "value": self.worst_opt_rel_err, "tolerance": t.opt,
+                         "where": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
+        rows.append({"check": "training loss max |diff|", "value": self.loss_max_abs_dev, "tolerance": t.loss,
+                     "where": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""})
         if self.val_loss_abs_diff is not None:
             rows.append({"check": "final val loss |diff|", "value": self.val_loss_abs_diff, "tolerance": t.loss,
                          "where": ", ".join(f"{k} {v:.6f}" for k, v in (self.val_loss or {}).items())})
@@ -200,11 +234,254 @@ class ParityResult:
             "loss": {"max_abs_dev": self.loss_max_abs_dev, "peak_step": self.loss_peak_step,
                      "steps": self.loss_steps, "abs_dev": list(self.loss_abs_dev)},
             "val_loss": {"values": self.val_loss, "abs_diff": self.val_loss_abs_diff},
+            "dropout_gradients": {"worst": self.worst_dropout_grad, "worst_rel_err": self.worst_dropout_grad_rel_err,
+                                  "rel_err": dict(self.dropout_grad_rel_err)} if self.dropout_grad_rel_err else None,
+            "optimizer": {
+                "steps": sorted(self.opt_rel_err),
+                "worst": dict(zip(("step", "quantity", "parameter"), self.worst_opt)) if self.worst_opt else None,
+                "worst_rel_err": self.worst_opt_rel_err,
+                "first_bad": (dict(zip(("step", "quantity", "parameter"), self.opt_first_bad))
+                              if self.opt_first_bad else None),
+                "cause": self.opt_cause,
+                "rel_err": {str(k): v for k, v in self.opt_rel_err.items()},
+            } if self.opt_rel_err else None,
         }
 
 
-def _grads(probe: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k[len(GRAD_PREFIX):]: v for k, v in probe.items() if k.startswith(GRAD_PREFIX)}
+def _grads(probe: Mapping[str, np.ndarray], prefix: str = GRAD_PREFIX) -> dict[str, np.ndarray]:
+    return {k[len(prefix):]: v for k, v in probe.items() if k.startswith(prefix)}
+
+
+# --- the optimizer step (depth 3) ----------------------------------------------------------------------------------
+def opt_steps(probe: Mapping[str, np.ndarray]) -> list[int]:
+    """The training steps k >= 1 whose optimizer state the probe holds (`opt/<k>/...`), ascending."""
+    steps = {int(k.split("/")[1]) for k in probe if k.startswith(OPT_PREFIX) and k.split("/")[1].isdigit()}
+    return sorted(k for k in steps if k >= 1)
+
+
+def opt_state(probe: Mapping[str, np.ndarray], step: int) -> dict[str, dict[str, np.ndarray]]:
+    """{"param" | "adam_m" | "adam_v": {name: array}} after training step `step` (0: before the first step)."""
+    out: dict[str, dict[str, np.ndarray]] = {"param": {}, "adam_m": {}, "adam_v": {}}
+    head = f"{OPT_PREFIX}{step}/"
+    for key, value in probe.items():
+        if key.startswith(head):
+            kind, _, name = key[len(head):].partition("/")
+            if kind in out:
+                out[kind][name] = np.asarray(value, dtype=np.float64)
+    return out
+
+
+def opt_quantities(probe: Mapping[str, np.ndarray], step: int) -> dict[str, dict[str, np.ndarray]]:
+    """What depth 3 grades after training step `step`: {"update": p_k - p_(k-1), "adam_m": m_k, "adam_v": v_k},
+    each {name: float64 array}. Without the parameters of step k - 1 the update is the parameter p_k itself."""
+    now, before = opt_state(probe, step), opt_state(probe, step - 1)
+    update = {n: (p - before["param"][n] if n in before["param"] and before["param"][n].shape == p.shape else p)
+              for n, p in now["param"].items()}
+    return {"update": update, "adam_m": now["adam_m"], "adam_v": now["adam_v"]}
+
+
+def _concat(arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
+    return np.concatenate([np.ravel(arrays[n]) for n in names]) if names else np.zeros(0)
+
+
+def _common_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """The least-squares factor f with a ~ f b, and the fraction ||a - f b|| / ||a - b|| of the difference it
+    leaves unexplained (0: a is exactly a scaled b; nan when a == b)."""
+    bb = float(b @ b)
+    f = float(a @ b) / bb if bb > 0 else math.nan
+    diff = float(np.linalg.norm(a - b))
+    if not (diff > 0 and math.isfinite(f)):
+        return f, math.nan
+    return f, float(np.linalg.norm(a - f * b)) / diff
+
+
+def _typical_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """The median ratio f = a/b over the larger half of |b|, and the fraction of those elements whose ratio lies
+    within 1 % of f (robust against the few elements a second effect, e.g. eps, moves)."""
+    mag = np.abs(b)
+    live = mag > 0
+    if live.sum() < 2:
+        return math.nan, 0.0
+    big = live & (mag >= np.median(mag[live]))
+    ratio = a[big] / b[big]
+    f = float(np.median(ratio))
+    return f, float(np.mean(np.abs(ratio - f) <= 0.01 * abs(f)))
+
+
+def _proportional_to(d: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """alpha with d ~ alpha p (least squares) and the fraction of d it leaves unexplained."""
+    pp = float(p @ p)
+    nd = float(np.linalg.norm(d))
+    if pp == 0 or nd == 0:
+        return math.nan, math.nan
+    alpha = float(d @ p) / pp
+    return alpha, float(np.linalg.norm(d - alpha * p)) / nd
+
+
+def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], step: int,
+                       tol: float, gradients_agree: bool = True) -> str:
+    """The likely cause of a difference first seen after training step `step`, from its pattern.
+
+    Both backends start the step from the same state (everything agreed before it) and, when `gradients_agree`,
+    with the same gradient, so the difference is the optimizer's. In the order tested:
+    the gradients already differ -> not the optimizer; m off by one common factor f for every parameter and v by
+    f^2 -> gradient clipping; m off by alpha * p -> coupled (L2) weight decay; m agrees, v off by one common
+    factor -> beta2; then on the updates: only 1-D parameters differ -> weight decay on biases/LayerNorm; one
+    common factor -> bias correction (factor changing with t) or the learning rate (constant); only the decayed
+    matrices, by alpha * p -> the decoupled weight decay; concentrated where v is small -> eps.
+    """
+    if not gradients_agree:
+        return ("the gradients already differ (see the gradient check): the optimizer step inherits it; fix the "
+                "forward/backward pass first")
+    qa, qb = opt_quantities(probe_a, step), opt_quantities(probe_b, step)
+    base = opt_state(probe_b, step - 1)["param"]
+    names = [n for n in qb["update"] if n in qa["update"] and np.shape(qa["update"][n]) == np.shape(qb["update"][n])]
+    if not names:
+        return "no parameters in common"
+
+    def over(q: str, subset: Sequence[str] = names) -> list[str]:
+        return [n for n in subset if n in qa[q] and n in qb[q] and not _within(relative_error(qa[q][n], qb[q][n]),
+                                                                                tol)]
+
+    one_d = [n for n in names if np.ndim(qb["update"][n]) < 2]
+    matrices = [n for n in names if np.ndim(qb["update"][n]) >= 2]
+    m_names = [n for n in names if n in qa["adam_m"] and n in qb["adam_m"]]
+    v_names = [n for n in names if n in qa["adam_v"] and n in qb["adam_v"]]
+    m_over, v_over = over("adam_m", m_names), over("adam_v", v_names)
+    if m_over:
+        ma, mb = _concat(qa["adam_m"], m_names), _concat(qb["adam_m"], m_names)
+        f, rest = _common_factor(ma, mb)
+        if step == 1 and rest < EXPLAINED:
+            va, vb = _concat(qa["adam_v"], v_names), _concat(qb["adam_v"], v_names)
+            fv, _ = _common_factor(va, vb)
+            if v_names and math.isfinite(fv) and abs(fv - f * f) <= 0.05 * f * f:
+                return (f"gradient clipping: every parameter's gradient entered AdamW scaled by one common factor "
+                        f"({f:.3g} in m, {fv:.3g} = its square in v); check the max norm and the global-norm "
+                        "computation")
+            return f"the gradient fed to AdamW is scaled by one common factor {f:.3g} (m) for every parameter"
+        with_p = [n for n in m_names if n in base]
+        d = _concat(qa["adam_m"], with_p) - _concat(qb["adam_m"], with_p)
+        alpha, rest = _proportional_to(d, _concat(base, with_p))
+        if rest < EXPLAINED:
+            return (f"coupled (L2) weight decay: m differs by {alpha:.3g} x the parameter on all parameters (weight "
+                    "decay added to the gradient instead of applied to the weights)")
+        mat = [n for n in with_p if n in matrices]
+        if mat and not [n for n in m_over if n not in mat]:
+            d = _concat(qa["adam_m"], mat) - _concat(qb["adam_m"], mat)
+            alpha, rest = _proportional_to(d, _concat(base, mat))
+            if rest < EXPLAINED:
+                return (f"coupled (L2) weight decay: m differs by {alpha:.3g} x the parameter on the decayed "
+                        "matrices (weight decay added to the gradient instead of applied to the weights, AdamW)")
+        return "the first moment m differs: beta1, or the gradient fed to AdamW"
+    if v_over:
+        va, vb = _concat(qa["adam_v"], v_names), _concat(qb["adam_v"], v_names)
+        fv, rest = _common_factor(va, vb)
+        if rest < EXPLAINED:
+            return (f"beta2: m agrees but v differs by one common factor {fv:.3g} for every parameter "
+                    f"(after step {step})")
+        return "the second moment v differs (beta2, or the squared gradient) while m agrees"
+    u_over = over("update")
+    if not u_over:
+        return "no single pattern (the parameters differ, the updates and moments do not)"
+    if not [n for n in u_over if n in matrices]:
+        return ("weight decay applied to 1-D parameters (biases, LayerNorm weights): only 1-D parameters' updates "
+                f"differ ({', '.join(u_over[:3])}{', ...' if len(u_over) > 3 else ''})")
+    ua, ub = _concat(qa["update"], names), _concat(qb["update"], names)
+    f, share = _typical_factor(ua, ub)
+    if share >= 1 - EXPLAINED and abs(f - 1) > 0.01:
+        factors = []
+        for k in opt_steps(probe_b):
+            a_k, b_k = opt_quantities(probe_a, k)["update"], opt_quantities(probe_b, k)["update"]
+            common = [n for n in names if n in a_k and n in b_k]
+            factors.append(_typical_factor(_concat(a_k, common), _concat(b_k, common))[0])
+        shown = ", ".join(f"{x:.3g}" for x in factors)
+        if len(factors) > 1 and max(factors) - min(factors) > 0.02 * abs(factors[0]):
+            return (f"bias correction: every parameter's update is off by one common factor that changes with t "
+                    f"({shown} at steps 1..{len(factors)}); a missing correction gives (1-beta1^t)/sqrt(1-beta2^t)")
+        return (f"the step size: every parameter's update is off by one common factor ({shown} at steps "
+                f"1..{len(factors)}): learning rate or bias correction (missing: 3.16 at t=1 for betas 0.9, 0.999)")
+    if not [n for n in u_over if n in one_d]:
+        with_p = [n for n in matrices if n in base]
+        d = _concat(qa["update"], with_p) - _concat(qb["update"], with_p)
+        alpha, rest = _proportional_to(d, _concat(base, with_p))
+        if rest < EXPLAINED:
+            return f"decoupled weight decay on the matrices: the update differs by {alpha:.3g} x the parameter"
+    # eps: where sqrt(v) is small the update is most sensitive to eps
+    s = np.sqrt(np.maximum(_concat(qb["adam_v"], v_names), 0.0)) if v_names else np.zeros(0)
+    if v_names and s.size == ua.size:
+        r = np.abs(ua - ub) / np.maximum(np.abs(ub), 1e-300)
+        live = s > 0
+        if live.sum() >= 20:
+            low, high = np.quantile(s[live], [0.1, 0.5])
+            small, large = np.median(r[live & (s <= low)]), np.median(r[live & (s >= high)])
+            if small > 10 * large and small > tol:
+                return (f"eps: the updates differ most where v is small (median relative difference {small:.2g} in "
+                        f"the smallest tenth of sqrt(v), {large:.2g} in the upper half)")
+    return "the update rule differs (learning rate, bias correction, eps or weight decay)"
+
+
+def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: float, what: str,
+                   backends: tuple[str, str], fail: Any, required: bool = False, cause: str | None = None
+                   ) -> tuple[dict[str, float], str | None, float]:
+    """Per-parameter relative errors of two gradient sets, the worst one, and FAIL lines through `fail`."""
+    a, b = backends
+    errs: dict[str, float] = {}
+    for name in sorted(set(ga) ^ set(gb)):
+        fail(f"FAIL: {what} {name} missing from the {a if name not in ga else b} probe")
+    for name in [n for n in ga if n in gb]:
+        if np.shape(ga[name]) != np.shape(gb[name]):
+            fail(f"FAIL: {what} {name} shapes differ: {a} {np.shape(ga[name])} vs {b} {np.shape(gb[name])}")
+            errs[name] = math.nan
+        else:
+            errs[name] = relative_error(ga[name], gb[name])
+    if required and not ga and not gb:
+        fail("FAIL: no gradients in either probe")
+    if not errs:
+        return errs, None, math.nan
+    worst = max(errs, key=lambda n: (not math.isfinite(errs[n]), errs[n]))
+    over = [n for n, e in errs.items() if not _within(e, tol)]
+    if over:
+        more = f" ({len(over) - 1} more parameter(s) over tol)" if len(over) > 1 else ""
+        fail(f"FAIL: {what} {worst} rel err {_fmt(errs[worst])} > tol {tol:g}{more}"
+             + (f"; {cause}" if cause else ""))
+    return errs, worst, errs[worst]
+
+
+def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
+                       backends: tuple[str, str], r: ParityResult, grads_ok: bool, cause: str | None) -> None:
+    """Depth 3 into `r`: per step and parameter, the relative error of the update and of m and v."""
+    a, b = backends
+    sa, sb = opt_steps(probe_a), opt_steps(probe_b)
+    if not sa and not sb:
+        return  # probes from before the optimizer check (or a kit that does not ask for it)
+    if sa != sb:
+        r.failures.append(f"FAIL: optimizer steps recorded differ: {a} {sa} vs {b} {sb}")
+    worst_key = (False, -1.0)
+    for k in [k for k in sa if k in sb]:
+        qa, qb = opt_quantities(probe_a, k), opt_quantities(probe_b, k)
+        step_err: dict[str, dict[str, float]] = {}
+        for q in OPT_QUANTITIES:
+            errs = step_err[q] = {}
+            for name in sorted(set(qa[q]) ^ set(qb[q])):
+                r.failures.append(f"FAIL: optimizer step {k} {q} of {name} missing from the "
+                                  f"{a if name not in qa[q] else b} probe")
+            for name in [n for n in qa[q] if n in qb[q]]:
+                shape_ok = np.shape(qa[q][name]) == np.shape(qb[q][name])
+                errs[name] = relative_error(qa[q][name], qb[q][name]) if shape_ok else math.nan
+                key = (not math.isfinite(errs[name]), errs[name] if math.isfinite(errs[name]) else 0.0)
+                if key > worst_key:
+                    worst_key, r.worst_opt, r.worst_opt_rel_err = key, (k, q, name), errs[name]
+        r.opt_rel_err[k] = step_err
+        bad = [(q, n, e) for q, errs in step_err.items() for n, e in errs.items() if not _within(e, tol)]
+        if bad and r.opt_first_bad is None:
+            q, n, e = max(bad, key=lambda t: (not math.isfinite(t[2]), t[2] if math.isfinite(t[2]) else 0.0))
+            r.opt_first_bad = (k, q, n)
+            r.opt_cause = cause or diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok)
+            what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v"}[q]
+            params = {p for _, p, _ in bad}
+            more = f" ({len(params) - 1} more parameter(s) over tol)" if len(params) > 1 else ""
+            r.failures.append(f"FAIL: optimizer step {k}: {n} {what} rel err {_fmt(e)} > tol {tol:g}{more}; "
+                              f"likely cause: {r.opt_cause}")
 
 
 def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
@@ -213,9 +490,12 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
     """Compare two backends' step-0 probes and training-loss curves, in float64.
 
     A probe maps "logits" (B, T, V), "x", "y" (the batch) and "grad/<canonical name>" to arrays, as the worker's
-    `<backend>.probe.npz`. `losses_*` are the per-step training losses, `val_losses` the two final validation
-    losses (checked against the loss tolerance). Every deviation beyond its tolerance, a NaN, a missing or
-    misshapen array or a different batch is a failure, named in `result.failures`.
+    `<backend>.probe.npz`; optionally "dropout_grad/<name>" (gradients under the step-0 dropout masks) and
+    "opt/<k>/param|adam_m|adam_v/<name>" (the state after training step k; k = 0: the parameters before it),
+    graded by depth 3 with `tolerances.opt` and `diagnose_optimizer`. `losses_*` are the per-step training
+    losses, `val_losses` the two final validation losses (checked against the loss tolerance). Every deviation
+    beyond its tolerance, a NaN, a missing or misshapen array or a different batch is a failure, named in
+    `result.failures`.
     """
     a, b = backends
     r = ParityResult(backends=(a, b), tolerances=tolerances)
@@ -232,27 +512,21 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
         r.logits_max_abs, r.logits_where = max_abs_diff(probe_a["logits"], probe_b["logits"])
         if not _within(r.logits_max_abs, tolerances.logits):
             fail(f"FAIL: logits max abs diff {_fmt(r.logits_max_abs)} > tol {tolerances.logits:g}")
-    # (b) gradients
-    ga, gb = _grads(probe_a), _grads(probe_b)
-    for name in sorted(set(ga) ^ set(gb)):
-        fail(f"FAIL: gradient {name} missing from the {a if name not in ga else b} probe")
-    for name in [n for n in ga if n in gb]:
-        if np.shape(ga[name]) != np.shape(gb[name]):
-            fail(f"FAIL: gradient {name} shapes differ: {a} {np.shape(ga[name])} vs {b} {np.shape(gb[name])}")
-            r.grad_rel_err[name] = math.nan
-        else:
-            r.grad_rel_err[name] = relative_error(ga[name], gb[name])
-    if not ga and not gb:
-        fail("FAIL: no gradients in either probe")
-    if r.grad_rel_err:
-        r.worst_grad = max(r.grad_rel_err, key=lambda n: (not math.isfinite(r.grad_rel_err[n]), r.grad_rel_err[n]))
-        r.worst_grad_rel_err = r.grad_rel_err[r.worst_grad]
-        over = [n for n, e in r.grad_rel_err.items() if not _within(e, tolerances.grad)]
-        if over:
-            more = f" ({len(over) - 1} more parameter(s) over tol)" if len(over) > 1 else ""
-            fail(f"FAIL: gradient {r.worst_grad} rel err {_fmt(r.worst_grad_rel_err)} > tol {tolerances.grad:g}"
-                 + more)
-    # (c) the training-loss curve
+    # (b) gradients (and, with dropout, the gradients under the harness's step-0 masks)
+    r.grad_rel_err, r.worst_grad, r.worst_grad_rel_err = _compare_grads(
+        _grads(probe_a), _grads(probe_b), tolerances.grad, "gradient", (a, b), fail, required=True)
+    grads_ok = all(_within(e, tolerances.grad) for e in r.grad_rel_err.values())
+    cause = None
+    if any(k.startswith(DROPOUT_GRAD_PREFIX) for k in (*probe_a, *probe_b)):
+        r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err = _compare_grads(
+            _grads(probe_a, DROPOUT_GRAD_PREFIX), _grads(probe_b, DROPOUT_GRAD_PREFIX), tolerances.grad,
+            "gradient with dropout masks", (a, b), fail,
+            cause=("likely cause: dropout (placement or scaling; the gradients agree with dropout off)"
+                   if grads_ok and r.grad_rel_err else None))
+        grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
+    # (c) the optimizer step
+    _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok, cause)
+    # (d) the training-loss curve
     r.loss_steps = min(len(losses_a), len(losses_b))
     if len(losses_a) != len(losses_b):
         fail(f"FAIL: training ran {len(losses_a)} steps in {a} but {len(losses_b)} in {b}")
@@ -292,6 +566,20 @@ def format_gradients(result: ParityResult) -> str:
     return df.to_string()
 
 
+def format_optimizer(result: ParityResult) -> str:
+    """Per-parameter optimizer-step relative errors (update, m, v; worst over the steps) as text, worst first."""
+    import pandas as pd
+
+    names = sorted({n for step in result.opt_rel_err.values() for errs in step.values() for n in errs})
+    table = {q: [max((step[q].get(n, 0.0) for step in result.opt_rel_err.values()),
+                     key=lambda e: (not math.isfinite(e), e if math.isfinite(e) else 0.0)) for n in names]
+             for q in OPT_QUANTITIES}
+    df = pd.DataFrame(table, index=names)
+    df = df.loc[df.max(axis=1).sort_values(ascending=False).index].map(_fmt)
+    df.index.name = "parameter"
+    return df.to_string()
+
+
 # --- the command -------------------------------------------------------------------------------------------------
 def _float(text: str) -> float:
     # parsed loosely here, validated in `command` (a UsageError: one line, exit 2, nothing written)
@@ -316,7 +604,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tol-loss", type=_float, metavar="X",
                    help="max abs difference of the per-step training loss and the final val loss "
                         "(default: measured)")
-    p.add_argument("--per-parameter", action="store_true", help="also print every parameter's gradient error")
+    p.add_argument("--tol-opt", type=_float, metavar="X",
+                   help="max relative error of any parameter's update or AdamW moment after each of the first "
+                        "--opt-steps steps (default: measured)")
+    p.add_argument("--opt-steps", type=int, default=DEFAULT_OPT_STEPS, metavar="K",
+                   help=f"training steps after which the optimizer state is compared ({DEFAULT_OPT_STEPS})")
+    p.add_argument("--dropout", type=_float, default=0.0, metavar="P",
+                   help="dropout probability; with P > 0 the harness draws every mask and hands the same masks to "
+                        "both backends (0)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads per backend (OMP, OpenBLAS, MKL, Julia); default: the frameworks' own choice")
+    p.add_argument("--per-parameter", action="store_true",
+                   help="also print every parameter's gradient and optimizer-step error")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -363,7 +662,7 @@ def resolve_tolerances(args: argparse.Namespace, pair: str) -> tuple[Tolerances,
     base = default_tolerances(pair, size)
     where = f"default ({pair} pair, {size} preset)" if size else f"default ({pair} pair, loosest over the presets)"
     chosen, source = {}, {}
-    for key in ("logits", "grad", "loss"):
+    for key in TOL_KEYS:
         given = getattr(args, f"tol_{key}", None)
         chosen[key] = getattr(base, key) if given is None else given
         source[key] = where if given is None else "command line"
@@ -392,16 +691,26 @@ def command(args: argparse.Namespace) -> int:
     backends = parse_backends(args.backends)
     if not isinstance(args.steps, int) or args.steps <= 0:
         raise UsageError(f"--steps must be a positive whole number, got {args.steps!r}")
+    opt_k = getattr(args, "opt_steps", DEFAULT_OPT_STEPS)
+    if not isinstance(opt_k, int) or opt_k < 0:
+        raise UsageError(f"--opt-steps must be a whole number >= 0, got {opt_k!r}")
+    dropout = getattr(args, "dropout", 0.0) or 0.0
+    if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
+        raise UsageError(f"--dropout must be a number in [0, 1), got {dropout!r}")
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be a positive whole number, got {threads!r}")
     dtypes, options = {}, {}
     for name in backends:
         dtypes[name], options[name] = backend_dtype(name, args.dtype)
     pair = precision_pair(*(dtypes[n] for n in backends))
     tolerances, tol_source = resolve_tolerances(args, pair)
-    config = load_config(args.size, args.config).replace(dropout=0.0, steps=args.steps)
+    config = load_config(args.size, args.config).replace(dropout=dropout, steps=args.steps)
     corpus = load_corpus(args.data)
     progress = not getattr(args, "quiet", False)
     plan = launch.Plan(config=config, corpus=corpus, backends=backends, device=args.device, seed=args.seed,
-                       out=args.out, backend_options=options, text=False, parity=True, progress=progress)
+                       out=args.out, backend_options=options, text=False, parity={"opt_steps": opt_k},
+                       progress=progress, threads=threads)
     try:
         launch.preflight(plan)
     except ImportError as exc:  # a registered backend whose module or framework is not installed
@@ -410,13 +719,15 @@ def command(args: argparse.Namespace) -> int:
     # --- run ---
     run_id = launch.write_spec(plan)
     directory = records.run_dir(plan.out, run_id)
-    print(f"parity {run_id}: {config.name}, {args.steps} steps, dropout 0, {backends[0]} ({dtypes[backends[0]]}) "
+    drop = f"dropout {dropout:g} (shared masks)" if dropout else "dropout 0"
+    print(f"parity {run_id}: {config.name}, {args.steps} steps, {drop}, {backends[0]} ({dtypes[backends[0]]}) "
           f"vs {backends[1]} ({dtypes[backends[1]]}) on {args.device}", file=sys.stderr)
-    codes = launch.execute(directory, backends, progress=progress)
+    codes = launch.execute(directory, backends, progress=progress, threads=threads)
     record: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": config.to_dict(), "config_name": config.name, "steps": args.steps, "seed": args.seed,
+        "dropout": dropout, "opt_steps": opt_k, "threads": threads,
         "device": args.device, "backends": backends, "dtypes": dtypes, "precision_pair": pair,
         "tolerances": asdict(tolerances), "tolerance_source": tol_source,
         "data": {"path": corpus.path, "sha256": corpus.sha256}, "worker_exit_codes": codes,
@@ -469,6 +780,9 @@ def command(args: argparse.Namespace) -> int:
     if getattr(args, "per_parameter", False):
         print()
         print(format_gradients(result))
+        if result.opt_rel_err:
+            print()
+            print(format_optimizer(result))
     for line in result.failures:
         print(line)
     if result.passed:

@@ -73,11 +73,14 @@ def train(backend: Backend, config: Config, stream: BatchStream,
           eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]], curves: Curves, total_steps: int,
           start_step: int = 0, on_flush: Callable[[int], None] | None = None,
           checkpoint_every: int = 0, on_checkpoint: Callable[[int], None] | None = None,
-          progress: bool = True, label: str = "") -> Outcome:
+          progress: bool = True, label: str = "", masks: Callable[[int], dict] | None = None,
+          after_step: Callable[[int], None] | None = None) -> Outcome:
     """Train from `start_step` to `total_steps`, appending to `curves`; never raises for Ctrl-C or NaN.
 
     Evaluation happens before step 0, every `config.eval_interval` steps and after the last step. `on_flush(k)`
     is called when the curves hold every step before k (to persist them); `on_checkpoint(k)` after k updates.
+    Parity mode: `masks(step)` gives the harness's dropout masks of a step (handed to `train_step`), and
+    `after_step(k)` is called after k updates (to record the optimizer state).
     """
     tokens_per_step = config.batch_size * config.block_size
     lr = config.learning_rate
@@ -127,8 +130,12 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                     break
                 do_eval(step)
             x, y = stream.batch(step)
+            step_masks = masks(step) if masks else None  # drawn outside the timed region
             t0 = time.perf_counter()
-            loss = backend.train_step(x, y, lr)
+            if step_masks is None:
+                loss = backend.train_step(x, y, lr)
+            else:
+                loss = backend.train_step(x, y, lr, masks=step_masks)
             backend.synchronize()
             dt = time.perf_counter() - t0
             train_s += dt
@@ -137,6 +144,8 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             pending.append(loss)
             bar.update(1)
             done = step + 1
+            if after_step:
+                after_step(done)
             # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
             if (isinstance(loss, float) or len(pending) >= FLUSH_EVERY or done == total_steps
                     or (checkpoint_every and done % checkpoint_every == 0)):

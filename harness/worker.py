@@ -25,9 +25,11 @@ from harness.backends.base import BackendUnavailable
 from harness.config import Config
 from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus
 from harness.errors import UsageError
+from harness.masks import dropout_masks
 from harness.runner import Curves, Interrupted, summarize_times, train
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes
 
+OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
 
@@ -128,11 +130,28 @@ class Worker:
         self.persist()
 
     def save_probe(self) -> None:
-        """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`."""
+        """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`; with
+        dropout also the gradients under the step-0 masks (`dropout_grad/`); the parameters before step 1."""
         x, y = self.stream.batch(0)
         arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y}
         arrays.update({f"grad/{k}": np.asarray(v) for k, v in self.backend.gradients(x, y).items()})
+        if self.masks:
+            arrays.update({f"dropout_grad/{k}": np.asarray(v)
+                           for k, v in self.backend.gradients(x, y, masks=self.masks(0)).items()})
+        arrays.update({f"opt/0/param/{k}": np.asarray(v) for k, v in self.backend.parameters().items()})
+        self.probe = arrays
         records.atomic_write_npz(self.dir / f"{self.name}.probe.npz", arrays)
+
+    def save_opt_step(self, done: int) -> None:
+        """Parity: after training step `done` (1..opt_steps), the parameters and AdamW moments into the probe
+        (`opt/<done>/param|adam_m|adam_v/<name>`); written once the last of them is in."""
+        if not hasattr(self, "probe") or done > self.opt_steps:
+            return
+        state = self.backend.state_dict()
+        self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
+                           if k.startswith(("param/", "adam_m/", "adam_v/"))})
+        if done == min(self.opt_steps, self.total_steps):
+            records.atomic_write_npz(self.dir / f"{self.name}.probe.npz", self.probe)
 
     def resume(self) -> int:
         """Restore the backend and the curves from the checkpoint; returns the step to continue from."""
@@ -170,7 +189,11 @@ class Worker:
         setup_s = time.perf_counter() - t0
         self.record["backend_info"] = self.backend.describe()
         start = self.resume() if resume else 0
-        if self.spec.get("parity") and start == 0:
+        parity = self.spec.get("parity")  # True, or {"opt_steps": K} from `harness parity`
+        self.opt_steps = int(parity.get("opt_steps", OPT_STEPS)) if isinstance(parity, dict) else OPT_STEPS
+        self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
+                      if parity and self.config.dropout > 0 else None)  # the harness draws every mask
+        if parity and start == 0:
             self.save_probe()
         timings = self.record["timings"]
         timings["setup_s"] = setup_s
@@ -179,7 +202,8 @@ class Worker:
         outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
                         start_step=start, on_flush=self.maybe_persist,
                         checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,
-                        progress=progress, label=label)
+                        progress=progress, label=label, masks=self.masks,
+                        after_step=self.save_opt_step if parity else None)
         cv = self.curves
         if cv.time_s and start == 0:
             timings["first_step_s"] = cv.time_s[0]  # includes JIT/compilation: reported apart from the steady state

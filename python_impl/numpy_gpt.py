@@ -156,14 +156,19 @@ def gelu_backward(dout: Array, cache: Cache) -> Array:
     return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx)
 
 
-def dropout_forward(x: Array, p: float, rng: np.random.Generator | None) -> tuple[Array, Cache]:
+def dropout_forward(x: Array, p: float, rng: np.random.Generator | None,
+                    keep: np.ndarray | None = None) -> tuple[Array, Cache]:
     """Inverted dropout: zero each entry with probability p and scale the rest by 1/(1-p), so E[out] = x.
 
-    With `rng` None (evaluation) or p == 0 it is the identity and draws nothing.
+    `keep` (a bool keep-mask of x's shape, drawn by the harness in parity mode) is applied as given, whatever
+    `rng`; otherwise, with `rng` None (evaluation) or p == 0 it is the identity and draws nothing.
     """
-    if rng is None or p == 0:
-        return x, None
-    keep = rng.random(x.shape) >= p  # float64 uniforms on the host: same masks for every dtype and device
+    if keep is None:
+        if rng is None or p == 0:
+            return x, None
+        keep = rng.random(x.shape) >= p  # float64 uniforms on the host: same masks for every dtype and device
+    elif keep.shape != x.shape:
+        raise ValueError(f"dropout mask of shape {keep.shape} for activations of shape {x.shape}")
     mask = xp.asarray(keep, dtype=x.dtype) * (1.0 / (1.0 - p))
     return x * mask, mask
 
@@ -284,20 +289,26 @@ def cross_entropy_backward(dloss: float | Array, cache: Cache) -> Array:
 
 
 def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Config,
-                  rng: np.random.Generator | None) -> tuple[Array, Cache]:
-    """Pre-LayerNorm transformer block: x + drop(attn(ln_1(x))), then x + drop(mlp(ln_2(x)))."""
+                  rng: np.random.Generator | None, masks: dict[str, np.ndarray] | None = None
+                  ) -> tuple[Array, Cache]:
+    """Pre-LayerNorm transformer block: x + drop(attn(ln_1(x))), then x + drop(mlp(ln_2(x))).
+
+    `masks` are the harness's keep-masks by site ("h.{i}.attn", "h.{i}.mlp"; see gpt_forward).
+    """
     def p(name: str) -> Array:
         return params[prefix + name]
+
+    masks = masks or {}
 
     h, ln1_cache = layernorm_forward(x, p("ln_1.weight"), p("ln_1.bias"))
     a, attn_cache = attention_forward(h, p("attn.c_attn.weight"), p("attn.c_attn.bias"),
                                       p("attn.c_proj.weight"), p("attn.c_proj.bias"), config.n_head)
-    a, drop1_cache = dropout_forward(a, config.dropout, rng)
+    a, drop1_cache = dropout_forward(a, config.dropout, rng, masks.get(prefix + "attn"))
     x = x + a
     h, ln2_cache = layernorm_forward(x, p("ln_2.weight"), p("ln_2.bias"))
     m, mlp_cache = mlp_forward(h, p("mlp.c_fc.weight"), p("mlp.c_fc.bias"),
                                p("mlp.c_proj.weight"), p("mlp.c_proj.bias"))
-    m, drop2_cache = dropout_forward(m, config.dropout, rng)
+    m, drop2_cache = dropout_forward(m, config.dropout, rng, masks.get(prefix + "mlp"))
     return x + m, (ln1_cache, attn_cache, drop1_cache, ln2_cache, mlp_cache, drop2_cache)
 
 
@@ -320,16 +331,21 @@ def block_backward(dout: Array, cache: Cache, prefix: str) -> tuple[Array, dict[
 
 
 def gpt_forward(params: dict[str, Array], idx: Array, config: Config,
-                rng: np.random.Generator | None = None) -> tuple[Array, Cache]:
-    """Logits (B, T, V) for token ids idx (B, T). Dropout is active iff `rng` is given (training)."""
+                rng: np.random.Generator | None = None, masks: dict[str, np.ndarray] | None = None
+                ) -> tuple[Array, Cache]:
+    """Logits (B, T, V) for token ids idx (B, T). Dropout is active iff `rng` is given (training).
+
+    `masks` (harness.masks.dropout_masks, keys "emb", "h.{i}.attn", "h.{i}.mlp"): dropout with exactly these
+    keep-masks instead of drawing from `rng`.
+    """
     T = idx.shape[1]
     if T > config.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {config.block_size}")
     x, emb_cache = embedding_forward(idx, params["wte.weight"], params["wpe.weight"])
-    x, drop_cache = dropout_forward(x, config.dropout, rng)
+    x, drop_cache = dropout_forward(x, config.dropout, rng, (masks or {}).get("emb"))
     block_caches = []
     for i in range(config.n_layer):
-        x, c = block_forward(x, params, f"h.{i}.", config, rng)
+        x, c = block_forward(x, params, f"h.{i}.", config, rng, masks)
         block_caches.append(c)
     h, lnf_cache = layernorm_forward(x, params["ln_f.weight"], params["ln_f.bias"])
     logits, head_cache = linear_forward(h, params["lm_head.weight"], params["lm_head.bias"])
@@ -351,9 +367,10 @@ def gpt_backward(dlogits: Array, cache: Cache) -> dict[str, Array]:
 
 
 def loss_and_gradients(params: dict[str, Array], idx: Array, targets: Array, config: Config,
-                       rng: np.random.Generator | None = None) -> tuple[Array, dict[str, Array]]:
-    """Mean cross-entropy (0-d array) and the gradients of every parameter; dropout iff `rng` is given."""
-    logits, cache = gpt_forward(params, idx, config, rng)
+                       rng: np.random.Generator | None = None, masks: dict[str, np.ndarray] | None = None
+                       ) -> tuple[Array, dict[str, Array]]:
+    """Mean cross-entropy (0-d array) and the gradients of every parameter; dropout iff `rng` or `masks` given."""
+    logits, cache = gpt_forward(params, idx, config, rng, masks)
     loss, ce_cache = cross_entropy_forward(logits, targets)
     grads = gpt_backward(cross_entropy_backward(1.0, ce_cache), cache)
     return loss, grads

@@ -2,6 +2,9 @@
 
 Parameter names equal the harness's canonical names (harness/weights.py), so canonical weights load with
 `load_state_dict` and gradients come back under the same names without any mapping.
+
+`forward(idx, targets, masks)` takes optional dropout keep-masks drawn by the harness (harness/masks.py), so that
+two backends drop the same activations in `harness parity --dropout P`; without them, nn.Dropout's own RNG.
 """
 
 from __future__ import annotations
@@ -11,15 +14,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout, or with a given keep-mask (True = keep) inverted dropout x * mask / (1 - p), in any mode."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None:
+            return super().forward(x)
+        return x * mask / (1 - self.p)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
         self.n_head = n_head
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)  # fused q, k, v: rows [q; k; v]
         self.c_proj = nn.Linear(n_embd, n_embd)
-        self.resid_dropout = nn.Dropout(dropout)
+        self.resid_dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs): head h owns features h*hs:(h+1)*hs
@@ -27,7 +39,7 @@ class CausalSelfAttention(nn.Module):
         # softmax(q k^T / sqrt(hs) + causal mask) v; no dropout on the attention probabilities (DESIGN.md)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y), mask)  # after the output projection, before the residual add
 
 
 class MLP(nn.Module):
@@ -35,11 +47,11 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(n_embd, d_hidden)
         self.c_proj = nn.Linear(d_hidden, n_embd)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # tanh GELU: the same form in every backend (NNlib's default `gelu` is the tanh form too)
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")), mask)
 
 
 class Block(nn.Module):
@@ -50,9 +62,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
         self.mlp = MLP(n_embd, d_hidden, dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))  # pre-LayerNorm residual blocks
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                mlp_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask)  # pre-LayerNorm residual blocks
+        return x + self.mlp(self.ln_2(x), mlp_mask)
 
 
 class GPT(nn.Module):
@@ -64,19 +77,20 @@ class GPT(nn.Module):
         self.block_size = block_size
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.h = nn.ModuleList(Block(n_embd, n_head, d_hidden, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
         self.lm_head = nn.Linear(n_embd, vocab_size)
         # Weights are never initialised here: the harness hands every backend the same canonical arrays.
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                masks: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        masks = masks or {}  # keep-masks by site ("emb", "h.{i}.attn", "h.{i}.mlp"); absent: nn.Dropout's own
         T = idx.shape[1]
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.h:
-            x = block(x)
+        x = self.drop(self.wte(idx) + self.wpe(pos), masks.get("emb"))
+        for i, block in enumerate(self.h):
+            x = block(x, masks.get(f"h.{i}.attn"), masks.get(f"h.{i}.mlp"))
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

@@ -28,7 +28,7 @@ from harness.parity import (
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = os.environ.get("HARNESS_DATA") or str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
-LOOSE = Tolerances(logits=1.0, grad=1.0, loss=1.0)
+LOOSE = Tolerances(logits=1.0, grad=1.0, loss=1.0, opt=1.0)
 
 
 # ------------------------------------------------------------------------------------------ hand-made arrays
@@ -86,7 +86,7 @@ def test_loss_deviation_peak_and_curve() -> None:
 
 def test_compare_identical_passes_with_zero_tolerance() -> None:
     p = make_probe(np.random.default_rng(0))
-    r = compare(p, dict(p), [3.0, 2.5], [3.0, 2.5], Tolerances(0.0, 0.0, 0.0), val_losses=(2.0, 2.0))
+    r = compare(p, dict(p), [3.0, 2.5], [3.0, 2.5], Tolerances(0.0, 0.0, 0.0, 0.0), val_losses=(2.0, 2.0))
     assert r.passed, r.failures
     assert r.logits_max_abs == 0.0 and r.worst_grad_rel_err == 0.0 and r.loss_max_abs_dev == 0.0
     assert r.val_loss_abs_diff == 0.0 and r.loss_steps == 2
@@ -97,12 +97,13 @@ def test_compare_names_the_worst_gradient() -> None:
     q = dict(p)
     q["grad/w"] = p["grad/w"] * (1 + 1e-3)  # relative error exactly 1e-3 / (1 + 1e-3)
     q["grad/b"] = p["grad/b"] * (1 + 1e-6)
-    r = compare(p, q, [1.0], [1.0], Tolerances(logits=1e-9, grad=1e-4, loss=1e-9), backends=("torch", "numpy"))
+    r = compare(p, q, [1.0], [1.0], Tolerances(logits=1e-9, grad=1e-4, loss=1e-9, opt=1e-9),
+                backends=("torch", "numpy"))
     assert r.worst_grad == "w"
     assert r.worst_grad_rel_err == pytest.approx(1e-3 / (1 + 1e-3), rel=1e-6)
     assert r.grad_rel_err["b"] == pytest.approx(1e-6 / (1 + 1e-6), rel=1e-4)
     assert r.failures == ["FAIL: gradient w rel err 1.0e-03 > tol 0.0001"]
-    assert compare(p, q, [1.0], [1.0], Tolerances(logits=1e-9, grad=1e-2, loss=1e-9)).passed
+    assert compare(p, q, [1.0], [1.0], Tolerances(logits=1e-9, grad=1e-2, loss=1e-9, opt=1e-9)).passed
 
 
 def test_compare_logits_loss_and_val_failures() -> None:
@@ -110,7 +111,7 @@ def test_compare_logits_loss_and_val_failures() -> None:
     q = dict(p)
     q["logits"] = p["logits"].copy()
     q["logits"][1, 0, 6] += 2e-3
-    r = compare(p, q, [4.0, 3.0, 2.0], [4.0, 3.0, 2.0 + 5e-4], Tolerances(logits=1e-3, grad=1e-4, loss=1e-4),
+    r = compare(p, q, [4.0, 3.0, 2.0], [4.0, 3.0, 2.0 + 5e-4], Tolerances(logits=1e-3, grad=1e-4, loss=1e-4, opt=1e-4),
                 val_losses=(1.5, 1.5 + 2e-4))
     assert r.logits_max_abs == pytest.approx(2e-3) and r.logits_where == (1, 0, 6)
     assert r.loss_max_abs_dev == pytest.approx(5e-4) and r.loss_peak_step == 2
@@ -147,7 +148,7 @@ def test_tolerance_defaults_and_validation() -> None:
         assert set(table) == {"small", "medium", "large"}
         for tol in table.values():
             tol.validate()
-    keys = ("logits", "grad", "loss")
+    keys = ("logits", "grad", "loss", "opt")
     pairs = ("float64/float64", "float32/float64", "float32/float32")
     for size in ("small", "medium", "large"):  # more float32 never means tighter tolerances
         t64, mixed, t32 = (default_tolerances(p, size) for p in pairs)
@@ -160,7 +161,7 @@ def test_tolerance_defaults_and_validation() -> None:
     assert default_tolerances("bfloat16/float32", "small") == DEFAULT_TOLERANCES["float32/float32"]["small"]
     for bad in (-1e-3, float("nan"), float("inf")):
         with pytest.raises(parity.UsageError):
-            Tolerances(logits=1e-3, grad=bad, loss=1e-3).validate()
+            Tolerances(logits=1e-3, grad=bad, loss=1e-3, opt=1e-3).validate()
 
 
 def test_resolve_tolerances_command_line_over_defaults() -> None:
@@ -169,9 +170,10 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
     args = argparse.Namespace(size="small", config=None, tol_logits=None, tol_grad=1e-3, tol_loss=None)
     tol, source = parity.resolve_tolerances(args, "float32/float64")
     small = default_tolerances("float32/float64", "small")
-    assert tol == Tolerances(logits=small.logits, grad=1e-3, loss=small.loss)
+    assert tol == Tolerances(logits=small.logits, grad=1e-3, loss=small.loss, opt=small.opt)
     assert source == {"logits": "default (float32/float64 pair, small preset)", "grad": "command line",
-                      "loss": "default (float32/float64 pair, small preset)"}
+                      "loss": "default (float32/float64 pair, small preset)",
+                      "opt": "default (float32/float64 pair, small preset)"}
     args.config = "mine.toml"  # a config of one's own: the loosest over the presets
     tol, source = parity.resolve_tolerances(args, "float32/float64")
     assert tol.loss == default_tolerances("float32/float64", None).loss
@@ -186,7 +188,7 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
 torch = pytest.importorskip("torch")
 
 
-def unscaled_attention(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def unscaled_attention(self: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with one planted bug: the 1/sqrt(head size) score scale is dropped."""
     F = torch.nn.functional
     B, T, C = x.shape
@@ -194,7 +196,7 @@ def unscaled_attention(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)  # the bug: scale 1, not 1/sqrt(hs)
     y = y.transpose(1, 2).contiguous().view(B, T, C)
-    return self.resid_dropout(self.c_proj(y))
+    return self.resid_dropout(self.c_proj(y), mask)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +282,7 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
     assert rec["backends"] == ["torch", "numpy"]
     assert rec["dtypes"] == {"torch": "float32", "numpy": "float64"} and rec["precision_pair"] == "float32/float64"
     tol = default_tolerances("float32/float64", "small")
-    assert rec["tolerances"] == {"logits": tol.logits, "grad": tol.grad, "loss": tol.loss}
+    assert rec["tolerances"] == {"logits": tol.logits, "grad": tol.grad, "loss": tol.loss, "opt": tol.opt}
     assert rec["tolerance_source"]["loss"] == "default (float32/float64 pair, small preset)"
     assert rec["config"]["dropout"] == 0.0 and rec["steps"] == steps
     res = rec["results"]
@@ -292,9 +294,13 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
     assert res["loss"]["steps"] == steps and len(res["loss"]["abs_dev"]) == steps
     assert res["loss"]["max_abs_dev"] == max(res["loss"]["abs_dev"]) <= tol.loss
     assert res["val_loss"]["abs_diff"] <= tol.loss
+    opt = res["optimizer"]  # depth 3: every parameter's update, m and v after each of the first 3 steps
+    assert opt["steps"] == [1, 2, 3] and opt["cause"] is None and 0 < opt["worst_rel_err"] <= tol.opt
+    assert all(len(opt["rel_err"][str(k)][q]) == 18 for k in (1, 2, 3) for q in ("update", "adam_m", "adam_v"))
+    assert res["dropout_gradients"] is None  # dropout 0: no masks
     # what the workers were asked to do: parity probes, no BLEU text step
     spec = json.loads((run_dirs[0] / "spec.json").read_text())
-    assert spec["parity"] is True and spec["text"] is False
+    assert spec["parity"] == {"opt_steps": parity.DEFAULT_OPT_STEPS} and spec["text"] is False
     for name in ("torch", "numpy"):
         assert (run_dirs[0] / f"{name}.probe.npz").is_file()
         worker_rec = json.loads((run_dirs[0] / f"{name}.json").read_text())
@@ -321,12 +327,12 @@ SITECUSTOMIZE = """
     import torch.nn.functional as F
     from python_impl import torch_gpt
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), mask)
 
     torch_gpt.CausalSelfAttention.forward = forward
 """

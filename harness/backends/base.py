@@ -27,8 +27,13 @@ class Backend(Protocol):
         `seed` seeds the backend's own dropout RNG (dropout masks differ between frameworks anyway).
         """
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> Any:
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: dict[str, np.ndarray] | None = None) -> Any:
         """One forward, backward, clip and AdamW update with dropout active; returns the loss.
+
+        `masks` (parity mode with dropout, harness.masks.dropout_masks): a bool keep-mask (B, T, C) per dropout
+        site ("emb", "h.{i}.attn", "h.{i}.mlp") that the backend applies as x * mask / (1 - p) instead of drawing
+        its own; None: the backend's own dropout.
 
         The loss may be a device scalar: `losses_to_floats` turns a list of them into floats, so the
         training loop need not synchronise with the device each step.
@@ -46,8 +51,12 @@ class Backend(Protocol):
     def logits(self, x: np.ndarray) -> np.ndarray:
         """(B, T, V) logits with dropout off, as float64 or float32 NumPy."""
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        """Gradients of the mean loss (dropout off, no update, no clipping), canonical names and shapes."""
+    def gradients(self, x: np.ndarray, y: np.ndarray,
+                  masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Gradients of the mean loss (no update, no clipping), canonical names and shapes.
+
+        Dropout off, unless `masks` are given (as in `train_step`): then exactly those masks are applied.
+        """
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Current parameters, canonical names and shapes."""

@@ -85,10 +85,13 @@ class NumpyBackend:
                                          weight_decay=config.weight_decay)
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """Forward with dropout, backward, global-norm clipping (if grad_clip > 0), AdamW; returns the loss."""
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: dict[str, np.ndarray] | None = None) -> float:
+        """Forward with dropout (the harness's `masks` if given), backward, global-norm clipping (if
+        grad_clip > 0), AdamW; returns the loss."""
         config, optimizer = self._ready()
-        loss, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config, self.rng)
+        loss, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config, self.rng,
+                                                   masks)
         if config.grad_clip > 0:
             numpy_gpt.clip_grad_norm(grads, config.grad_clip)
         optimizer.step(self.params, grads, lr)
@@ -113,10 +116,12 @@ class NumpyBackend:
         config, _ = self._ready()
         return numpy_gpt.to_numpy(numpy_gpt.gpt_forward(self.params, self._tokens(x), config)[0])
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        """Gradients of the mean loss: dropout off, no clipping, no update."""
+    def gradients(self, x: np.ndarray, y: np.ndarray,
+                  masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Gradients of the mean loss: dropout off (or exactly the given `masks`), no clipping, no update."""
         config, _ = self._ready()
-        _, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config)
+        _, grads = numpy_gpt.loss_and_gradients(self.params, self._tokens(x), self._tokens(y), config,
+                                                masks=masks)
         return {name: numpy_gpt.to_numpy(grads[name]) for name in self.params}
 
     def parameters(self) -> dict[str, np.ndarray]:

@@ -80,13 +80,20 @@ class TorchBackend:
         return contextlib.nullcontext()
 
     # --- training ----------------------------------------------------------------------------------------------
-    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> torch.Tensor | float:
+    def _masks(self, masks: dict[str, np.ndarray] | None) -> dict[str, torch.Tensor] | None:
+        """The harness's keep-masks as tensors of the model's dtype on its device (None: torch's own dropout)."""
+        if masks is None:
+            return None
+        return {k: torch.from_numpy(np.asarray(m)).to(device=self.device, dtype=self.dtype) for k, m in masks.items()}
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: dict[str, np.ndarray] | None = None) -> torch.Tensor | float:
         if not self.model.training:  # Module.train() walks every submodule: only when eval/logits/gradients left it
             self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with self._autocast():
-            _, loss = self.forward(self._tensor(x), self._tensor(y))
+            _, loss = self.forward(self._tensor(x), self._tensor(y), self._masks(masks))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.grad_clip > 0:
@@ -120,10 +127,11 @@ class TorchBackend:
             logits, _ = self.forward(self._tensor(x))
         return logits.float().cpu().numpy() if logits.dtype == torch.bfloat16 else logits.cpu().numpy()
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        self.model.eval()  # dropout off
+    def gradients(self, x: np.ndarray, y: np.ndarray,
+                  masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        self.model.eval()  # dropout off, unless the harness gives masks
         self.model.zero_grad(set_to_none=True)
-        _, loss = self.model(self._tensor(x), self._tensor(y))
+        _, loss = self.model(self._tensor(x), self._tensor(y), self._masks(masks))
         loss.backward()
         grads = {n: p.grad.detach().cpu().numpy().copy() for n, p in self.model.named_parameters()}
         self.model.zero_grad(set_to_none=True)

@@ -1,0 +1,353 @@
+"""The optimizer-step depth and the shared dropout masks of `harness parity`, proved by planting bugs.
+
+Every bug of issue 11 is planted in the torch backend (float32) and compared, exactly as `harness parity` does, with
+the unchanged NumPy float64 oracle on small and medium: the run must fail with a FAIL line that names a parameter
+and, for the optimizer bugs, the likely cause. Correct backends must pass, with dropout 0 and with dropout 0.2.
+In-process runs use the real training loop (harness.runner.train with the worker's mask and optimizer hooks);
+two end-to-end tests plant a bug in the worker processes of the real command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import parity
+from harness.config import load_config
+from harness.masks import dropout_masks, fingerprint, mask_keys
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = os.environ.get("HARNESS_DATA") or str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
+SEED = 1337
+OPT_STEPS = 3
+
+
+# ------------------------------------------------------------------------------------------ the masks
+
+
+def test_masks_contract() -> None:
+    config = load_config("medium").replace(dropout=0.2)
+    masks = dropout_masks(config, SEED, 0)
+    assert list(masks) == mask_keys(config) == ["emb", "h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]
+    for m in masks.values():
+        assert m.dtype == bool and m.shape == (config.batch_size, config.block_size, config.n_embd)
+    keep = np.mean([m.mean() for m in masks.values()])
+    assert abs(keep - 0.8) < 0.005  # kept with probability 1 - p
+    again = dropout_masks(config, SEED, 0)
+    assert fingerprint(again) == fingerprint(masks)  # a function of (seed, step) only
+    assert fingerprint(dropout_masks(config, SEED, 1)) != fingerprint(masks)
+    assert fingerprint(dropout_masks(config, SEED + 1, 0)) != fingerprint(masks)
+    assert not np.array_equal(masks["emb"], masks["h.0.attn"])  # every site its own mask
+    assert all(m.all() for m in dropout_masks(config.replace(dropout=0.0), SEED, 0).values())
+
+
+def test_numpy_dropout_applies_the_given_mask() -> None:
+    from python_impl import numpy_gpt
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4))
+    keep = rng.random((2, 3, 4)) >= 0.25
+    out, cache = numpy_gpt.dropout_forward(x, 0.25, None, keep)  # applied even without an rng (gradients)
+    np.testing.assert_allclose(out, x * keep / 0.75, rtol=1e-15)
+    np.testing.assert_allclose(numpy_gpt.dropout_backward(np.ones_like(x), cache), keep / 0.75, rtol=1e-15)
+    with pytest.raises(ValueError, match="mask of shape"):
+        numpy_gpt.dropout_forward(x, 0.25, None, keep[:, :2])
+
+
+# ------------------------------------------------------------------------------------------ in-process parity
+
+
+def parity_run(backend: object, size: str, dropout: float, plant: Callable[[object], None] | None = None
+               ) -> tuple[dict[str, np.ndarray], list[float]]:
+    """What a parity worker measures, in process: the probe (with `opt/<k>/...` after each of the first
+    OPT_STEPS training steps) and the losses of those steps, through the real training loop."""
+    from harness.data import BatchStream, load_corpus
+    from harness.runner import Curves, train
+    from harness.weights import init_weights
+
+    corpus = load_corpus(DATA)
+    config = load_config(size).replace(dropout=dropout, steps=OPT_STEPS)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
+    backend.setup(config, init_weights(config, corpus.vocab_size, SEED), corpus.vocab_size, "cpu", SEED)
+    if plant:
+        plant(backend)
+    masks = (lambda step: dropout_masks(config, SEED, step)) if dropout else None
+    x, y = stream.batch(0)
+    probe = {"logits": backend.logits(x), "x": x, "y": y}
+    probe.update({f"grad/{k}": v for k, v in backend.gradients(x, y).items()})
+    if masks:
+        probe.update({f"dropout_grad/{k}": v for k, v in backend.gradients(x, y, masks=masks(0)).items()})
+    probe.update({f"opt/0/param/{k}": v for k, v in backend.parameters().items()})
+
+    def after_step(done: int) -> None:
+        probe.update({f"opt/{done}/{k}": v for k, v in backend.state_dict().items()
+                      if k.startswith(("param/", "adam_m/", "adam_v/"))})
+
+    curves = Curves()
+    outcome = train(backend, config, stream, {}, curves, OPT_STEPS, progress=False, masks=masks,
+                    after_step=after_step)
+    assert outcome.status == "completed"
+    return probe, curves.loss
+
+
+_REFERENCES: dict[tuple[str, float], tuple] = {}
+
+
+def reference(size: str, dropout: float) -> tuple[dict[str, np.ndarray], list[float]]:
+    """The NumPy float64 oracle's probe and losses (computed once per size and dropout)."""
+    from harness.backends.numpy_backend import NumpyBackend
+
+    if (size, dropout) not in _REFERENCES:
+        _REFERENCES[size, dropout] = parity_run(NumpyBackend(dtype="float64"), size, dropout)
+    return _REFERENCES[size, dropout]
+
+
+def torch_vs_numpy(size: str, dropout: float, dtype: str = "float32",
+                   plant: Callable[[object], None] | None = None) -> parity.ParityResult:
+    from harness.backends.torch_backend import TorchBackend
+
+    probe, losses = parity_run(TorchBackend(dtype=dtype), size, dropout, plant)
+    ref_probe, ref_losses = reference(size, dropout)
+    tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), size)
+    return parity.compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"))
+
+
+@pytest.mark.parametrize("size", ["small", "medium"])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_correct_backends_pass_every_depth(size: str, dropout: float) -> None:
+    result = torch_vs_numpy(size, dropout)
+    assert result.passed, result.failures
+    assert sorted(result.opt_rel_err) == [1, 2, 3] and result.opt_cause is None
+    assert 0 < result.worst_opt_rel_err <= result.tolerances.opt
+    assert bool(result.dropout_grad_rel_err) == (dropout > 0)
+
+
+# ------------------------------------------------------------------------------------------ planted optimizer bugs
+
+
+class AdamWWithoutBiasCorrection(torch.optim.Optimizer):
+    """torch.optim.AdamW's update with one planted bug: no bias correction of m and v."""
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float):
+        super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                st["step"] += 1
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                st["exp_avg"].lerp_(p.grad, 1 - b1)
+                st["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                p.addcdiv_(st["exp_avg"], st["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
+
+
+def plant_optimizer_bug(bug: str) -> Callable[[object], None]:
+    """A function that plants `bug` in a set-up TorchBackend (its optimizer or its config)."""
+
+    def plant(backend: object) -> None:
+        opt, c = backend.optimizer, backend.config
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+        if bug == "no bias correction":
+            backend.optimizer = AdamWWithoutBiasCorrection(groups, c.learning_rate, (c.beta1, c.beta2), c.eps)
+        elif bug == "decay on 1-D parameters":
+            opt.param_groups[1]["weight_decay"] = c.weight_decay  # the group of biases and LayerNorm weights
+        elif bug == "clip at 0.5":
+            backend.config = c.replace(grad_clip=0.5)
+        elif bug == "eps 1e-6":
+            for g in opt.param_groups:
+                g["eps"] = 1e-6
+        elif bug == "beta2 0.99":
+            for g in opt.param_groups:
+                g["betas"] = (c.beta1, 0.99)
+        elif bug == "coupled weight decay":  # torch.optim.Adam adds weight_decay * p to the gradient (L2)
+            backend.optimizer = torch.optim.Adam(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+        else:
+            raise ValueError(bug)
+
+    return plant
+
+
+OPTIMIZER_BUGS = {  # planted bug: what the FAIL line must say is the likely cause
+    "no bias correction": "likely cause: bias correction",
+    "decay on 1-D parameters": "likely cause: weight decay applied to 1-D parameters",
+    "clip at 0.5": "likely cause: gradient clipping",
+    "eps 1e-6": "likely cause: eps",
+    "beta2 0.99": "likely cause: beta2",
+    "coupled weight decay": "likely cause: coupled (L2) weight decay",
+}
+
+
+@pytest.mark.parametrize("size", ["small", "medium"])
+@pytest.mark.parametrize("bug", list(OPTIMIZER_BUGS))
+def test_planted_optimizer_bug_is_named(bug: str, size: str) -> None:
+    result = torch_vs_numpy(size, 0.0, plant=plant_optimizer_bug(bug))
+    assert not result.passed
+    # the forward and backward pass are untouched: logits and gradients still agree
+    assert not [f for f in result.failures if "logits" in f or "FAIL: gradient" in f], result.failures
+    (line,) = [f for f in result.failures if f.startswith("FAIL: optimizer step")]
+    step, quantity, name = result.opt_first_bad
+    assert step == 1 and f"FAIL: optimizer step 1: {name} " in line  # names the parameter
+    assert OPTIMIZER_BUGS[bug] in line, line
+    assert result.opt_rel_err[1][quantity][name] > 30 * result.tolerances.opt  # a wide margin, not noise
+
+
+def test_opt_depth_names_a_missing_parameter_and_skips_old_probes() -> None:
+    rng = np.random.default_rng(0)
+    p = {"logits": np.zeros((1, 1, 2)), "grad/w": rng.standard_normal(3), "opt/0/param/w": rng.standard_normal(3)}
+    for k in (1, 2):
+        p.update({f"opt/{k}/param/w": rng.standard_normal(3), f"opt/{k}/adam_m/w": rng.standard_normal(3),
+                  f"opt/{k}/adam_v/w": rng.random(3)})
+    tol = parity.Tolerances(0.0, 0.0, 0.0, 0.0)
+    same = parity.compare(p, dict(p), [1.0], [1.0], tol)
+    assert same.passed and same.worst_opt_rel_err == 0.0 and sorted(same.opt_rel_err) == [1, 2]
+    q = {k: v for k, v in p.items() if k != "opt/2/adam_v/w"}
+    assert "FAIL: optimizer step 2 adam_v of w missing from the b probe" in parity.compare(p, q, [1.0], [1.0],
+                                                                                          tol).failures
+    old = {k: v for k, v in p.items() if not k.startswith("opt/")}
+    assert parity.compare(old, dict(old), [1.0], [1.0], tol).opt_rel_err == {}  # a probe without depth 3
+
+
+# ------------------------------------------------------------------------------------------ planted dropout bugs
+
+
+def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
+                                       mask: torch.Tensor | None = None) -> torch.Tensor:
+    """CausalSelfAttention.forward with a planted bug: dropout on the attention probabilities (own RNG), none
+    on the output projection."""
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    p = self.resid_dropout.p if (mask is not None or self.training) else 0.0
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+    return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def attention_mask_before_projection(self: torch.nn.Module, x: torch.Tensor,
+                                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """CausalSelfAttention.forward with a planted bug: the dropout mask before the output projection."""
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+    return self.c_proj(self.resid_dropout(y, mask))
+
+
+def dropout_scaled_by_p(self: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Dropout.forward with a planted bug: kept entries scaled by p instead of 1/(1-p)."""
+    return torch.nn.Dropout.forward(self, x) if mask is None else x * mask * self.p
+
+
+DROPOUT_BUGS = {
+    "dropout on the attention probabilities": ("CausalSelfAttention", attention_dropout_on_probabilities),
+    "mask before the residual projection": ("CausalSelfAttention", attention_mask_before_projection),
+    "scaled by p instead of 1/(1-p)": ("Dropout", dropout_scaled_by_p),
+}
+
+
+@pytest.mark.parametrize("size", ["small", "medium"])
+@pytest.mark.parametrize("bug", list(DROPOUT_BUGS))
+def test_planted_dropout_bug_is_named(bug: str, size: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from python_impl import torch_gpt
+
+    cls, forward = DROPOUT_BUGS[bug]
+    monkeypatch.setattr(getattr(torch_gpt, cls), "forward", forward)
+    result = torch_vs_numpy(size, 0.2)
+    assert not result.passed
+    assert not [f for f in result.failures if "logits" in f], result.failures  # dropout off: still equal
+    (line,) = [f for f in result.failures if f.startswith("FAIL: gradient with dropout masks")]
+    assert f"FAIL: gradient with dropout masks {result.worst_dropout_grad} rel err" in line
+    assert "likely cause: dropout (placement or scaling" in line
+    assert result.worst_dropout_grad_rel_err > 1000 * result.tolerances.grad
+    (opt_line,) = [f for f in result.failures if f.startswith("FAIL: optimizer step 1:")]
+    assert "likely cause: the gradients already differ" in opt_line
+
+
+# ------------------------------------------------------------------------------------------ the command, end to end
+
+PLANT_CLIP = """
+    # Loaded by every Python process of the test (the CLI and both workers): plants clipping at half the max norm.
+    import torch
+    _clip = torch.nn.utils.clip_grad_norm_
+    torch.nn.utils.clip_grad_norm_ = lambda params, max_norm, *a, **kw: _clip(params, max_norm / 2, *a, **kw)
+"""
+
+PLANT_DROPOUT_SCALE = """
+    # Loaded by every Python process of the test: torch's shared-mask dropout scales by p instead of 1/(1-p).
+    from python_impl import torch_gpt
+
+    def forward(self, x, mask=None):
+        return super(torch_gpt.Dropout, self).forward(x) if mask is None else x * mask * self.p
+
+    torch_gpt.Dropout.forward = forward
+"""
+
+
+def run_planted(tmp_path: Path, plant: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(plant))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "parity", "--size", "small", "--steps", "3",
+                           "--data", DATA, "--out", str(out), "--quiet", "--threads", "1", *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+    (path,) = out.glob("runs/*/parity.json")
+    return proc, json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_cli_names_planted_clipping_bug(tmp_path: Path) -> None:
+    proc, rec = run_planted(tmp_path, PLANT_CLIP)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("FAIL: optimizer step 1: ")]
+    assert len(lines) == 1 and "likely cause: gradient clipping" in lines[0], proc.stdout
+    opt = rec["results"]["optimizer"]
+    assert opt["first_bad"]["step"] == 1 and f"{opt['first_bad']['parameter']} " in lines[0]
+    assert opt["cause"].startswith("gradient clipping") and rec["opt_steps"] == 3 and rec["threads"] == 1
+    assert "FAIL: logits" not in proc.stdout and "FAIL: gradient" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_cli_dropout_masks_catch_planted_scaling_bug(tmp_path: Path) -> None:
+    proc, rec = run_planted(tmp_path, PLANT_DROPOUT_SCALE, "--dropout", "0.2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "dropout 0.2 (shared masks)" in proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("FAIL: gradient with dropout masks ")]
+    assert "likely cause: dropout (placement or scaling" in line
+    assert rec["dropout"] == 0.2 and rec["config"]["dropout"] == 0.2
+    assert rec["results"]["dropout_gradients"]["worst"] in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dropout", "1.0"], "--dropout must be a number in [0, 1)"),
+    (["--dropout", "-0.1"], "--dropout must be a number in [0, 1)"),
+    (["--opt-steps", "-1"], "--opt-steps must be a whole number >= 0"),
+    (["--threads", "0"], "--threads must be a positive whole number"),
+    (["--tol-opt", "nan"], "--tol-opt must be a finite number >= 0"),
+])
+def test_new_options_bad_input_exit_2(args: list[str], message: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture) -> None:
+    from harness.cli import main
+
+    out = tmp_path / "out"
+    code = main(["parity", "--data", DATA, *args, "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 2 and stdout == "" and not out.exists()
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], stderr
