@@ -172,9 +172,12 @@ def main() -> None:
         logits = model.logits(x[0])  # dropout off
     if "logits" in depths:
         out["logits"] = logits.numpy()
-    _, grads = model.gradients(x[0], y[0], masks(0), 0)  # step-0 gradients: no clipping, masks of step 0
-    if "gradients" in depths:
+    if "gradients" in depths:  # step-0 gradients, dropout off, no clipping
+        _, grads = model.gradients(x[0], y[0], None, 0)
         out.update({f"grad/{n}": g.numpy() for n, g in grads.items()})
+        if all_masks is not None:  # and with the step-0 dropout masks
+            _, grads = model.gradients(x[0], y[0], masks(0), 0)
+            out.update({f"dropout_grad/{n}": g.numpy() for n, g in grads.items()})
     opt = AdamW(model.p, c, args.plant)
     max_norm = 0.5 if args.plant == "clip-0.5" else c["grad_clip"]
     losses = []

@@ -25,7 +25,7 @@ import numpy as np
 from harness.errors import UsageError
 from harness.kit.export import KINDS, MANIFEST, SCHEMA, SCHEMA_VERSION, opt_key, sha256
 
-DEPTHS = ("logits", "gradients", "optimizer", "loss")
+DEPTHS = ("logits", "gradients", "dropout_gradients", "optimizer", "loss")
 ORACLE, PORT = "oracle", "port"
 OPT_NAME = re.compile(r"^opt/(\d+)/(param|adam_m|adam_v)/(.+)$")
 
@@ -82,88 +82,91 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
 
 
 def _depth_of(name: str) -> str | None:
-    if name == "logits":
-        return "logits"
-    if name == "loss":
-        return "loss"
+    if name in ("logits", "loss"):
+        return name
     if name.startswith("grad/"):
         return "gradients"
+    if name.startswith("dropout_grad/"):
+        return "dropout_gradients"
     if OPT_NAME.match(name):
         return "optimizer"
     return None
 
 
 def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], params: list[str], steps: int,
-             dtype: str | None) -> tuple[dict[str, np.ndarray], list[str], str, int]:
-    """Check the results file; returns (results, depths given, precision, optimizer steps given)."""
-    names = ", ".join(["logits", "grad/<name>", "opt/<k>/param|adam_m|adam_v/<name>", "loss"])
+             dtype: str | None) -> tuple[list[str], str, int]:
+    """Check the results file against the kit; returns (depths given, precision, optimizer steps given).
+
+    Valid names are those of expected.npz (but logits_loss); a depth given is given whole: every parameter, and
+    for the optimizer every step 1..K for some K <= steps; `loss` may hold the first 1..steps losses.
+    """
+    valid = ["logits", "grad/<name>"] + (["dropout_grad/<name>"] if any(k.startswith("dropout_grad/")
+                                                                         for k in expected) else [])
+    names = ", ".join([*valid, "opt/<k>/param|adam_m|adam_v/<name>", "loss"])
     for key in results:
-        if _depth_of(key) is None:
-            raise UsageError(f"results: unknown array {key!r}; the names are {names} (README, 'Check your own port')")
-        if key.startswith("grad/") and key[5:] not in params:
-            raise UsageError(f"results: {key!r} names no parameter of this kit; parameters are {', '.join(params)}")
-        m = OPT_NAME.match(key)
-        if m and (m.group(3) not in params or not 1 <= int(m.group(1)) <= steps):
-            raise UsageError(f"results: {key!r}: k must be 1..{steps} and the name a parameter of this kit")
+        if key == "logits_loss" or key not in expected or _depth_of(key) is None:
+            m = OPT_NAME.match(key)
+            hint = (f"k must be 1..{steps} and the name a parameter of this kit" if m else
+                    f"the names are {names}; parameters: {', '.join(params)}")
+            raise UsageError(f"results: unknown array {key!r}; {hint} (README, 'Check your own port')")
     given = [d for d in DEPTHS if any(_depth_of(k) == d for k in results)]
     if not given:
         raise UsageError(f"results hold no arrays; write at least one depth: {names}")
-    opt_steps = 0
-    if "optimizer" in given:
-        opt_steps = max(int(OPT_NAME.match(k).group(1)) for k in results if OPT_NAME.match(k))  # type: ignore
+    opt_k = max((int(m.group(1)) for m in map(OPT_NAME.match, results) if m), default=0)
     required = ([f"grad/{n}" for n in params] if "gradients" in given else []) + \
-        [opt_key(k, kind, n) for k in range(1, opt_steps + 1) for kind in KINDS for n in params]
+        ([f"dropout_grad/{n}" for n in params] if "dropout_gradients" in given else []) + \
+        [opt_key(k, kind, n) for k in range(1, opt_k + 1) for kind in KINDS for n in params]
     for key in required:
         if key not in results:
             raise UsageError(f"results: {key!r} is missing (a depth is checked whole: every parameter"
-                             + (f", every step 1..{opt_steps}" if key.startswith("opt/") else "") + ")")
+                             + (f", every step 1..{opt_k}" if key.startswith("opt/") else "") + ")")
     float_dtypes = set()
     for key, value in results.items():
-        want = expected[key].shape if key != "loss" else (steps,)
+        want = expected[key].shape
         if key == "loss" and value.ndim == 1 and 0 < len(value) <= steps:
-            want = value.shape  # a port may check fewer steps
+            want = value.shape  # a port may check the first few steps only
         if value.shape != want:
-            raise UsageError(f"results: {key!r} has shape {value.shape}, expected {want} (canonical layout; "
-                             "README, 'Check your own port')")
+            raise UsageError(f"results: {key!r} has shape {value.shape}, expected {want} (canonical layout, "
+                             "README 'Check your own port')")
         if value.dtype not in (np.float32, np.float64):
             raise UsageError(f"results: {key!r} has dtype {value.dtype}; write float32 or float64")
         float_dtypes.add(str(value.dtype))
         bad = ~np.isfinite(value)
         if bad.any():
-            where = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), value.shape)) if value.ndim else ()
-            raise UsageError(f"results: {key!r} holds {value.flat[int(np.argmax(bad))]} at index {where}; "
-                             "a port that produces NaN or inf is broken before it can be compared")
+            first = int(np.argmax(bad))
+            where = tuple(int(i) for i in np.unravel_index(first, value.shape)) if value.ndim else ()
+            raise UsageError(f"results: {key!r} holds {value.flat[first]} at index {where}; a port that produces "
+                             "NaN or inf is broken before it can be compared")
     if dtype is None:
         if len(float_dtypes) > 1:
             raise UsageError("results mix float32 and float64 arrays; write one dtype or say which the port "
                              "computed in with --dtype")
         dtype = float_dtypes.pop()
     elif dtype == "float64" and "float32" in float_dtypes:
-        raise UsageError("--dtype float64 but the results hold float32 arrays; float32 arrays cannot carry "
-                         "float64 results: write float64 or pass --dtype float32")
-    return results, given, dtype, opt_steps
+        raise UsageError("--dtype float64 but the results hold float32 arrays, which cannot carry float64 "
+                         "results; write float64 or pass --dtype float32")
+    return given, dtype, opt_k
 
 
 # --- grading ------------------------------------------------------------------------------------------------------
-def grade(manifest: dict[str, Any], expected: dict[str, np.ndarray], results: dict[str, np.ndarray],
-          given: list[str], dtype: str, opt_steps: int) -> tuple[Any, Any]:
-    """harness.parity.compare of the oracle against the port; a depth not given compares the oracle with itself."""
+def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
+          dtype: str, opt_k: int) -> tuple[Any, Any]:
+    """harness.parity.compare of the oracle against the port, with harness.parity.default_tolerances of the port's
+    precision. A depth not given is the oracle's own values on both sides (reported "not given")."""
     from harness import parity
 
+    expected, weights = kit["expected.npz"], kit["weights.npz"]
     params = list(manifest["parameters"])
-    steps = int(manifest["steps"])
-    pair = parity.precision_pair(dtype, "float64")
-    tol = parity.default_tolerances(pair, manifest.get("size"))
-    k_max = opt_steps or steps
-    oracle = {"logits": expected["logits"], **{f"grad/{n}": expected[f"grad/{n}"] for n in params},
-              **{opt_key(k, kind, n): expected[opt_key(k, kind, n)]
-                 for k in range(1, k_max + 1) for kind in KINDS for n in params}}
+    tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), manifest.get("size"))
+    k_max = opt_k or int(manifest["steps"])
+    oracle = {key: value for key, value in expected.items() if key not in ("loss", "logits_loss")
+              and not (OPT_NAME.match(key) and int(OPT_NAME.match(key).group(1)) > k_max)}  # type: ignore[union-attr]
     port = {key: (results[key] if key in results else value) for key, value in oracle.items()}
+    for n in params:  # the state before step 1, the same on both sides: the kit's initial weights
+        oracle[opt_key(0, "param", n)] = port[opt_key(0, "param", n)] = np.asarray(weights[n], dtype=np.float64)
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
-    if "loss" in results:
-        exp_loss = exp_loss[:len(port_loss)]
-    result = parity.compare(oracle, port, exp_loss, port_loss, tol, backends=(ORACLE, PORT))
+    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT))
     return result, tol
 
 
@@ -171,11 +174,13 @@ def _depth_of_row(check: str) -> str:
     c = check.lower()
     if "logits" in c:
         return "logits"
+    if "dropout" in c:
+        return "dropout_gradients"
     if "gradient" in c:
         return "gradients"
-    if "loss" in c:
-        return "loss"
-    return "optimizer"
+    if "optimizer" in c:
+        return "optimizer"
+    return "loss"
 
 
 def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
@@ -186,10 +191,6 @@ def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
         if depth not in given:
             row = {**row, "value": math.nan, "result": "not given", "where": ""}
         rows.append({**row, "depth": depth})
-    if "optimizer" in given and not any(r["depth"] == "optimizer" for r in rows):
-        rows.append({"check": "optimizer step (param, adam_m, adam_v)", "value": math.nan, "tolerance": math.nan,
-                     "result": "not graded", "where": "harness.parity.compare has no optimizer depth in this version",
-                     "depth": "optimizer"})
     return rows
 
 
@@ -200,61 +201,51 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     from harness.parity import _fmt
 
     df = pd.DataFrame(rows).set_index("check")
-    df["value"] = [("-" if r["result"] in ("not given", "not graded") else _fmt(r["value"])) for r in rows]
+    df["value"] = [("-" if r["result"] in ("not given",) else _fmt(r["value"])) for r in rows]
     df["tolerance"] = df["tolerance"].map(lambda v: f"{v:g}")
     return df[["value", "tolerance", "result", "where"]].to_string()
 
 
-# What a broken depth usually means, in the order the depths are computed. The optimizer depth's own cause comes
-# from harness.parity when it names one.
+# What a broken depth usually means, where harness.parity does not say it itself.
 CAUSES = {
     "logits": "the forward pass: attention scale 1/sqrt(head size) or causal mask, q/k/v order in c_attn, head "
               "split, LayerNorm eps or variance, GELU form (tanh), a weight read in the wrong layout, token ids "
               "not shifted",
-    "gradients": "the backward pass of that parameter (or, with dropout, where the masks are applied and how "
-                 "kept values are scaled: x * mask / (1 - p))",
-    "optimizer": "the optimizer step: gradient clipping (global norm, max_norm / (norm + 1e-6)), AdamW's bias "
-                 "corrections, betas, eps, weight decay (decoupled, only on parameters with >= 2 dimensions)",
-    "loss": "the training step after step 0: clipping, AdamW (bias correction, betas, eps, decoupled decay on "
-            ">= 2-D parameters only) or the dropout masks of later steps",
+    "gradients": "the backward pass (the worst parameter is usually at or just before the broken layer)",
+    "dropout_gradients": "dropout (placement or scaling; the gradients agree with dropout off): masks on the "
+                         "embedding sum and after each c_proj, before the residual add, kept values x / (1 - p)",
+    "loss": "the training step after step 0 (clipping, AdamW) or the dropout masks of later steps; write the "
+            "optimizer depth (opt/<k>/...) to have the parameter named",
 }
 
 
-def backward_order(params: list[str]) -> list[str]:
-    """Parameters closest to the loss first: a backward-pass error reaches only the parameters before it."""
-    return list(reversed(params))
-
-
-def diagnose(result: Any, given: list[str], params: list[str]) -> dict[str, Any] | None:
-    """The first broken depth, its first broken parameter (closest to the loss) and the likely cause."""
-    from harness.parity import _within
-
-    failed = {r["depth"] for r in table_rows(result, given) if r["result"] == "FAIL"}
-    opt_failed = [f for f in result.failures if "opt" in f.lower() or "adam" in f.lower() or "param" in f.lower()]
+def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict[str, Any] | None:
+    """The first broken depth (in the order the model computes them), the parameter harness.parity names there
+    and the likely cause."""
+    failed = {r["depth"] for r in rows if r["result"] == "FAIL"}
+    if result.opt_first_bad is not None:
+        failed.add("optimizer")
     for depth in DEPTHS:
-        if depth == "optimizer" and depth in given:
-            named = getattr(result, "worst_opt", None) or getattr(result, "opt_parameter", None)
-            if opt_failed or depth in failed:
-                cause = getattr(result, "opt_cause", None) or getattr(result, "likely_cause", None) or CAUSES[depth]
-                return {"depth": depth, "parameter": named, "cause": cause,
-                        "detail": opt_failed[0] if opt_failed else ""}
-            continue
         if depth not in failed:
             continue
-        if depth == "gradients":
-            over = [n for n in backward_order(params) if not _within(result.grad_rel_err.get(n, math.nan),
-                                                                       result.tolerances.grad)]
-            name = over[0] if over else result.worst_grad
-            return {"depth": depth, "parameter": name, "cause": CAUSES[depth],
-                    "detail": f"first broken parameter from the loss backwards: {name} (rel err "
-                              f"{result.grad_rel_err.get(name, math.nan):.1e}); worst: {result.worst_grad}"}
         if depth == "logits":
-            where = result.logits_where
+            w = result.logits_where
             return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
-                    "detail": f"largest difference at batch row {where[0]}, position {where[1]}, token {where[2]}"
-                    if len(where) == 3 else ""}
+                    "detail": f"largest difference at batch row {w[0]}, position {w[1]}, token {w[2]}"
+                    if len(w) == 3 else ""}
+        if depth in ("gradients", "dropout_gradients"):
+            errs = result.grad_rel_err if depth == "gradients" else result.dropout_grad_rel_err
+            worst = result.worst_grad if depth == "gradients" else result.worst_dropout_grad
+            over = [n for n in params if not errs.get(n, math.nan) <= result.tolerances.grad]
+            return {"depth": depth, "parameter": worst, "cause": CAUSES[depth],
+                    "detail": f"worst rel err {errs.get(worst, math.nan):.1e}; {len(over)} of {len(params)} "
+                              "parameters over tolerance"}
+        if depth == "optimizer":
+            k, quantity, name = result.opt_first_bad
+            return {"depth": depth, "parameter": name, "cause": result.opt_cause,
+                    "detail": f"first at step {k}, {quantity} of {name}"}
         return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
-                "detail": f"first differs beyond tolerance at step {result.loss_peak_step}"}
+                "detail": f"largest deviation at step {result.loss_peak_step}"}
     return None
 
 
@@ -271,7 +262,7 @@ def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str)
     ok = verdict["verdict"] == "pass"
     body_rows = "".join(
         f"<tr class='{e(r['result'].replace(' ', '-'))}'><td>{e(r['check'])}</td>"
-        f"<td>{'-' if r['result'] in ('not given', 'not graded') else e(format(r['value'], '.2e'))}</td>"
+        f"<td>{'-' if r['result'] in ('not given',) else e(format(r['value'], '.2e'))}</td>"
         f"<td>{e(format(r['tolerance'], 'g'))}</td><td>{e(r['result'])}</td><td>{e(str(r['where']))}</td></tr>"
         for r in rows)
     grads = verdict["results"]["gradients"]["rel_err"] if "gradients" in verdict["depths_given"] else {}
@@ -317,7 +308,7 @@ def command(args: argparse.Namespace) -> int:
     params = list(manifest["parameters"])
     steps = int(manifest["steps"])
     results = _load_npz(args.results, "results file")
-    results, given, dtype, opt_steps = validate(results, expected, params, steps, args.dtype)
+    given, dtype, opt_steps = validate(results, expected, params, steps, args.dtype)
     html_path = args.html or args.results.with_suffix(".check.html")
     json_path = args.json or args.results.with_suffix(".check.json")
     for p in (html_path, json_path):
@@ -326,11 +317,12 @@ def command(args: argparse.Namespace) -> int:
         if p.resolve() in (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST))):
             raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
 
-    result, tol = grade(manifest, expected, results, given, dtype, opt_steps)
+    result, tol = grade(manifest, kit, results, dtype, opt_steps)
     rows = table_rows(result, given)
     table = format_table(rows)
-    diagnosis = diagnose(result, given, params)
-    missing = [d for d in DEPTHS if d not in given]
+    diagnosis = diagnose(result, rows, params)
+    offered = [d for d in DEPTHS if d != "dropout_gradients" or any(k.startswith("dropout_grad/") for k in expected)]
+    missing = [d for d in offered if d not in given]
     passed = result.passed
     summary = (f"the port agrees with the oracle at {', '.join(given)}" if passed
                else f"the port differs from the oracle: {result.failures[0].removeprefix('FAIL: ')}")
@@ -353,11 +345,15 @@ def command(args: argparse.Namespace) -> int:
     records.atomic_write_bytes(html_path, render_html(verdict, rows, table).encode())
 
     print(table)
-    if getattr(args, "per_parameter", False) and "gradients" in given:
-        from harness.parity import format_gradients
+    if getattr(args, "per_parameter", False):
+        from harness.parity import format_gradients, format_optimizer
 
-        print()
-        print(format_gradients(result))
+        if "gradients" in given:
+            print()
+            print(format_gradients(result))
+        if "optimizer" in given:
+            print()
+            print(format_optimizer(result))
     for line in result.failures:
         print(line)
     if diagnosis:

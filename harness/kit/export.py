@@ -36,16 +36,6 @@ def opt_key(k: int, kind: str, name: str) -> str:
     return f"opt/{k}/{kind}/{name}"
 
 
-def results_names(shapes: dict[str, tuple[int, ...]], steps: int) -> dict[str, list[str]]:
-    """Every name a results file may hold, by depth (the same names as the parity probe)."""
-    return {
-        "logits": ["logits"],
-        "gradients": [f"grad/{n}" for n in shapes],
-        "optimizer": [opt_key(k, kind, n) for k in range(1, steps + 1) for kind in KINDS for n in shapes],
-        "loss": ["loss"],
-    }
-
-
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     """An uncompressed NPZ (readable by NPZ.jl, cnpy, npyz and numpy alike), C-ordered arrays."""
     buf = io.BytesIO()
@@ -108,8 +98,11 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     say("oracle (numpy, float64): step-0 logits and gradients")
     expected: dict[str, np.ndarray] = {"logits": np.asarray(oracle.logits(x0), dtype=np.float64),
                                        "logits_loss": np.array(oracle.eval_loss(x0, y0), dtype=np.float64)}
-    grads = oracle.gradients(x0, y0, masks=masks[0]) if dropout else oracle.gradients(x0, y0)
+    grads = oracle.gradients(x0, y0)  # dropout off, as the parity probe's grad/
     expected.update({f"grad/{n}": np.asarray(grads[n], dtype=np.float64) for n in shapes})
+    if dropout:  # and under the step-0 masks, as the parity probe's dropout_grad/
+        grads = oracle.gradients(x0, y0, masks=masks[0])
+        expected.update({f"dropout_grad/{n}": np.asarray(grads[n], dtype=np.float64) for n in shapes})
     losses = []
     for k, (x, y) in enumerate(batches):
         if dropout:
@@ -178,8 +171,10 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                     "language adds 1); y is x shifted by one position",
             "logits": "step 0: forward of x[0] with the initial weights, dropout off",
             "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
-            "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, no clipping"
-                           + ("; dropout with masks[0]" if config.dropout > 0 else ""),
+            "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
+                           "off, no clipping",
+            **({"dropout_grad/<name>": "step 0: the same gradient with dropout, masks[0] applied"}
+               if config.dropout > 0 else {}),
             "loss": "loss[k]: the training loss of step k (0-based) before its update"
                     + (", dropout with masks[k]" if config.dropout > 0 else ""),
             "opt/<k>/param|adam_m|adam_v/<name>": "after k = 1..N full training steps (forward, backward, clip, "
@@ -188,8 +183,9 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "results": {
             "file": "one .npz; any subset of the depths, each complete; float32 or float64 (say which with "
                     "`harness kit check --dtype` if the arrays were upcast)",
-            "names": {"logits": "logits", "gradients": "grad/<name>", "optimizer": "opt/<k>/param|adam_m|adam_v/<name>",
-                      "loss": "loss"},
+            "names": {"logits": "logits", "gradients": "grad/<name>",
+                      **({"dropout_gradients": "dropout_grad/<name>"} if config.dropout > 0 else {}),
+                      "optimizer": "opt/<k>/param|adam_m|adam_v/<name> (k = 1..K, K <= steps)", "loss": "loss"},
             "shapes": "canonical (as in expected.npz), C order as numpy writes; NPZ.jl's npzwrite writes a Julia "
                       "array of the canonical shape correctly (it records Fortran order)",
         },
