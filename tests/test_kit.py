@@ -288,3 +288,32 @@ def test_tampered_or_incomplete_kit_exit_2(kit: Path, good: dict, tmp_path: Path
     code, _, err = check(capsys, bad, results)
     assert code == 2 and "has no manifest.json" in err
     assert not (tmp_path / "results.check.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ the Julia example
+# No Julia here: the example is checked statically against the package it calls and the kit it reads.
+JULIA_PORT = REPO / "examples" / "kit_flux_port.jl"
+
+
+def test_julia_port_calls_only_what_nanogptflux_exports_and_reads_real_manifest_keys(kit: Path) -> None:
+    import re
+
+    source = JULIA_PORT.read_text()
+    package = (REPO / "julia" / "NanoGPTFlux" / "src" / "NanoGPTFlux.jl").read_text()
+    exported = set(re.findall(r"[A-Za-z_!]+", package.split("export", 1)[1].split("include", 1)[0]))
+    called = set(re.findall(r"NanoGPTFlux\.([A-Za-z_!]+)\(", source))
+    assert called and called <= exported, called - exported
+    manifest = json.loads((kit / "manifest.json").read_text())
+    block = source.split("const CONFIG_KEYS = [", 1)[1].split("]", 1)[0]
+    assert set(re.findall(r'"(\w+)"', block)) <= set(manifest["config"])
+    for key in re.findall(r'manifest\["(\w+)"\]', source):
+        assert key in manifest, key
+    for name in re.findall(r'joinpath\(kit, "([\w.]+)"\)', source):
+        assert name == "manifest.json" or name in manifest["files"] or name == "masks.npz", name
+
+
+@pytest.mark.skipif(not __import__("shutil").which("fatou"), reason="fatou is not installed")
+def test_julia_port_is_fatou_clean() -> None:
+    for args in (["lint"], ["format", "--check"]):
+        proc = subprocess.run(["fatou", *args, str(JULIA_PORT)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
