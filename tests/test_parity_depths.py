@@ -204,7 +204,8 @@ def test_planted_optimizer_bug_is_named(bug: str, size: str) -> None:
     step, quantity, name = result.opt_first_bad
     assert step == 1 and f"FAIL: optimizer step 1: {name} " in line  # names the parameter
     assert OPTIMIZER_BUGS[bug] in line, line
-    assert result.opt_rel_err[1][quantity][name] > 30 * result.tolerances.opt  # a wide margin, not noise
+    # a wide margin: >= 5x the tolerance (>= 100x the worst deviation measured for a correct float32 backend)
+    assert result.opt_rel_err[1][quantity][name] >= 5 * result.tolerances.opt
 
 
 def test_opt_depth_names_a_missing_parameter_and_skips_old_probes() -> None:

@@ -205,6 +205,18 @@ def parity_checks(doc: dict) -> list[dict]:
          "tolerance": _num(tol.get("loss")),
          "where": f"step {loss.get('peak_step')} of {loss.get('steps')}" if loss.get("steps") else ""},
     ]
+    dgrads, opt = res.get("dropout_gradients") or {}, res.get("optimizer") or {}
+    if dgrads:
+        rows.insert(2, {"check": "step-0 gradients under the dropout masks, worst relative error",
+                        "value": _num(dgrads.get("worst_rel_err")), "tolerance": _num(tol.get("grad")),
+                        "where": dgrads.get("worst") or ""})
+    if opt:
+        w = opt.get("worst") or {}
+        rows.insert(len(rows) - 1, {
+            "check": "optimizer steps (update, m, v), worst relative error", "value": _num(opt.get("worst_rel_err")),
+            "tolerance": _num(tol.get("opt")),
+            "where": " ".join(str(w.get(k, "")) for k in ("step", "quantity", "parameter")).strip()
+            + (f"; likely cause: {opt['cause']}" if opt.get("cause") else "")})
     if val.get("abs_diff") is not None:
         rows.append({"check": "final validation loss, |diff|", "value": _num(val.get("abs_diff")),
                      "tolerance": _num(tol.get("loss")),
@@ -221,7 +233,8 @@ def parity_sentence(doc: dict) -> str:
     if str(doc.get("verdict", "")).lower() == "error":
         verdict = "ERROR (nothing compared)"
     context = [f"{doc['precision_pair']} pair" if doc.get("precision_pair") else "",
-               f"{doc['steps']} steps" if doc.get("steps") else "", "dropout 0"]
+               f"{doc['steps']} steps" if doc.get("steps") else "",
+               f"dropout {doc['dropout']:g}, shared masks" if doc.get("dropout") else "dropout 0"]
     rows = parity_checks(doc)
     parts = []
     for r in rows:
