@@ -183,7 +183,8 @@ def test_planted_bug_is_red_with_the_parameter_named(plant: str, request: pytest
     code, out, _ = check(capsys, kit, results)
     assert code == 1, out
     assert text in out, out
-    diagnosis = json.loads((tmp_path / "results.check.json").read_text())["diagnosis"]
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    diagnosis, tol = verdict["diagnosis"], verdict["tolerances"]
     shapes = json.loads((kit / "manifest.json").read_text())["parameters"]
     if plant == "attn-scale":
         assert diagnosis["depth"] == "logits"
@@ -199,6 +200,10 @@ def test_planted_bug_is_red_with_the_parameter_named(plant: str, request: pytest
     elif named:
         assert name.startswith(named), name
     assert "FAIL: logits" not in out  # caught where it is, not before
+    if which == "kit_drop":  # by a wide margin, not by noise
+        assert verdict["results"]["dropout_gradients"]["worst_rel_err"] > 100 * tol["grad"]
+    else:
+        assert verdict["results"]["optimizer"]["worst_rel_err"] > 10 * tol["opt"]
 
 
 def test_a_forward_only_port_checks_logits_alone(kit: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
