@@ -265,8 +265,13 @@ def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str)
         f"<td>{'-' if r['result'] in ('not given',) else e(format(r['value'], '.2e'))}</td>"
         f"<td>{e(format(r['tolerance'], 'g'))}</td><td>{e(r['result'])}</td><td>{e(str(r['where']))}</td></tr>"
         for r in rows)
-    grads = verdict["results"]["gradients"]["rel_err"] if "gradients" in verdict["depths_given"] else {}
-    grad_rows = "".join(f"<tr><td>{e(n)}</td><td>{v:.2e}</td></tr>" for n, v in grads.items())
+    res = verdict["results"]
+    cols = {title: res[key]["rel_err"] for key, title in (("gradients", "dropout off"),
+                                                          ("dropout_gradients", "dropout masks")) if res.get(key)}
+    names = list(next(iter(cols.values()))) if cols else []
+    grad_rows = ("<tr><th>parameter</th>" + "".join(f"<th>{e(t)}</th>" for t in cols) + "</tr>"
+                 + "".join(f"<tr><td>{e(n)}</td>" + "".join(f"<td>{c.get(n, math.nan):.2e}</td>" for c in cols.values())
+                           + "</tr>" for n in names))
     diag = verdict.get("diagnosis")
     diag_html = "" if not diag else (
         f"<h2>First broken</h2><p><b>{e(diag['depth'])}</b>"
@@ -292,8 +297,7 @@ as <code>harness parity</code>.</p>
 <table><tr><th>check</th><th>value</th><th>tolerance</th><th>result</th><th>where</th></tr>{body_rows}</table>
 {diag_html}
 {'<h2>Failures</h2><ul>' + fails + '</ul>' if fails else ''}
-{'<h2>Gradient relative error per parameter</h2><table><tr><th>parameter</th><th>rel err</th></tr>'
- + grad_rows + '</table>' if grad_rows else ''}
+{'<h2>Step-0 gradient relative error per parameter</h2><table>' + grad_rows + '</table>' if names else ''}
 <h2>As printed</h2><pre>{e(table)}</pre>
 </body></html>
 """
@@ -337,10 +341,14 @@ def command(args: argparse.Namespace) -> int:
         "optimizer_steps_given": opt_steps, "loss_steps_given": len(results["loss"]) if "loss" in results else 0,
         "failures": list(result.failures), "diagnosis": diagnosis, "results": result.to_dict(),
     }
+    for depth, key in (("logits", "logits"), ("gradients", "gradients"), ("dropout_gradients", "dropout_gradients"),
+                       ("optimizer", "optimizer"), ("loss", "loss")):
+        if depth not in given and key in verdict["results"]:
+            verdict["results"][key] = None  # the oracle compared with itself: nothing measured
     recorded = (manifest.get("tolerances") or {}).get(dtype)
     if recorded is not None and recorded != asdict(tol):
         print(f"note: this harness's measured tolerances for {dtype} differ from those recorded in the kit; "
-              "the harness's apply", file=sys.stderr)
+              "this harness's apply (export the kit again to record them)", file=sys.stderr)
     records.atomic_write_json(json_path, verdict)
     records.atomic_write_bytes(html_path, render_html(verdict, rows, table).encode())
 
