@@ -52,7 +52,7 @@ function run_kit(kit::AbstractString, out::AbstractString)
     x, y = batches["x"], batches["y"] # (steps, B, T), 0-based
     dropout = c["dropout"] > 0
     masks = dropout ? npzread(joinpath(kit, "masks.npz")) : nothing
-    masks_at(k) = dropout ? Dict(key => flux_mask(m, k) for (key, m) in masks) : nothing
+    masks_at(k) = Dict(key => flux_mask(m, k) for (key, m) in masks)
     cfg = Dict{String, Any}(key => c[key] for key in CONFIG_KEYS)
     cfg["vocab_size"] = manifest["vocab_size"]
     cfg["seed"] = manifest["seed"]
@@ -76,7 +76,13 @@ function run_kit(kit::AbstractString, out::AbstractString)
     losses = Float32[]
     for k in 1:manifest["steps"]
         xk, yk, lr = tokens(x, k), tokens(y, k), c["learning_rate"]
-        push!(losses, NanoGPTFlux.train_step!(s, xk, yk, lr, masks_at(k)))
+        # with dropout, the kit's masks replace Flux's own dropout
+        loss = if dropout
+            NanoGPTFlux.train_step!(s, xk, yk, lr, masks_at(k))
+        else
+            NanoGPTFlux.train_step!(s, xk, yk, lr)
+        end
+        push!(losses, loss)
         params, state = NanoGPTFlux.parameters(s), NanoGPTFlux.opt_state(s)
         for (name, p) in params
             results["opt/$k/param/$name"] = relayout(name, p)
