@@ -322,3 +322,16 @@ def test_julia_port_is_fatou_clean() -> None:
     for args in (["lint"], ["format", "--check"]):
         proc = subprocess.run(["fatou", *args, str(JULIA_PORT)], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_prefix_of_the_steps_is_checked(kit: Path, good: dict, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "results.npz"
+    np.savez(path, **{**{k: v for k, v in good.items() if not k.startswith("opt/3/")}, "loss": good["loss"][:2]})
+    code, out, _ = check(capsys, kit, path)
+    assert code == 0 and "optimizer steps 1..2" in out and " of 2\n" in out, out
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    assert verdict["optimizer_steps_given"] == 2 and verdict["loss_steps_given"] == 2
+    np.savez(path, **{**good, "opt/2/param/wte.weight": good["opt/2/param/wte.weight"] + 1e-3})
+    code, out, _ = check(capsys, kit, path)
+    assert code == 1 and "first broken: optimizer, parameter wte.weight (first at step 2" in out, out
