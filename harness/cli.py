@@ -370,6 +370,13 @@ def build_parser() -> Parser:
     sweep.add_arguments(p)
     p.set_defaults(func=sweep.command)
 
+    from harness import kit
+
+    p = sub.add_parser("kit", help="a conformance kit for any nanoGPT port: export inputs and the oracle's answers, "
+                       "check a port's results")
+    kit.add_arguments(p)
+    p.set_defaults(func=kit.command)
+
     p = sub.add_parser("doctor", help="report what is installed (Python, torch, CUDA, Julia, Flux) and what to do")
     p.set_defaults(func=cmd_doctor)
 

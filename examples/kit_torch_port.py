@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""A nanoGPT port checked from outside with the conformance kit: reads a kit, runs the model, writes results.
+
+This script is written as a stranger to the harness would write it: it imports only numpy and torch (nothing from
+the harness or its models) and learns everything from the kit's manifest.json and NPZ files.
+
+    harness kit export --size small --steps 5 --out kit/
+    python examples/kit_torch_port.py kit/ kit-results.npz --dtype float32
+    harness kit check kit/ kit-results.npz
+
+`--plant BUG` plants one known bug, to see the check name it (see PLANTS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+PLANTS = {
+    "attn-scale": "attention scores not scaled by 1/sqrt(head size)",
+    "no-bias-correction": "AdamW without the bias corrections 1 - beta^t",
+    "decay-1d": "weight decay on every parameter, also biases and LayerNorm weights",
+    "clip-0.5": "gradient clipping at global norm 0.5 instead of the manifest's grad_clip",
+    "eps-1e-6": "AdamW eps 1e-6 instead of the manifest's",
+    "beta2-0.99": "AdamW beta2 0.99 instead of the manifest's",
+    "coupled-decay": "L2 decay added to the gradient (Adam) instead of decoupled (AdamW)",
+    "dropout-on-attn-probs": "dropout on the attention probabilities (torch's own) instead of after c_proj",
+    "dropout-scale-p": "kept values scaled by 1/p instead of 1/(1-p)",
+    "dropout-before-proj": "the attention dropout mask applied before the output projection c_proj",
+}
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+class Port:
+    """nanoGPT as plain tensor code: parameters in a dict under the kit's (PyTorch) names and shapes."""
+
+    def __init__(self, manifest: dict, weights: dict[str, np.ndarray], dtype: torch.dtype, plant: str | None):
+        self.c = manifest["config"]
+        self.dtype, self.plant = dtype, plant
+        self.p = {n: torch.tensor(weights[n], dtype=dtype).requires_grad_(True) for n in manifest["parameters"]}
+
+    def drop(self, x: torch.Tensor, mask: np.ndarray | None) -> torch.Tensor:
+        if mask is None:
+            return x
+        keep = torch.from_numpy(np.asarray(mask)).to(x.dtype)
+        p = self.c["dropout"]
+        return x * keep / (p if self.plant == "dropout-scale-p" else 1 - p)  # inverted dropout
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return x @ self.p[name + ".weight"].T + self.p[name + ".bias"]
+
+    def layernorm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.p[name + ".weight"], self.p[name + ".bias"], eps=1e-5)
+
+    def attention(self, x: torch.Tensor, i: int, masks: dict | None, step: int) -> torch.Tensor:
+        B, T, C = x.shape
+        H = self.c["n_head"]
+        q, k, v = self.linear(x, f"h.{i}.attn.c_attn").split(C, dim=2)
+        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        scale = 1.0 if self.plant == "attn-scale" else 1.0 / math.sqrt(C // H)
+        scores = (q @ k.transpose(-2, -1)) * scale
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        mask = None if masks is None else masks[f"h.{i}.attn"]
+        if self.plant == "dropout-on-attn-probs" and mask is not None:
+            g = torch.Generator().manual_seed(step)
+            keep = (torch.rand(probs.shape, generator=g) >= self.c["dropout"]).to(probs.dtype)
+            probs, mask = probs * keep / (1 - self.c["dropout"]), None
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)
+        if self.plant == "dropout-before-proj":
+            return self.linear(self.drop(y, mask), f"h.{i}.attn.c_proj")
+        return self.drop(self.linear(y, f"h.{i}.attn.c_proj"), mask)
+
+    def logits(self, idx: np.ndarray, masks: dict | None = None, step: int = 0) -> torch.Tensor:
+        x_ids = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+        T = x_ids.shape[1]
+        x = self.drop(self.p["wte.weight"][x_ids] + self.p["wpe.weight"][:T], None if masks is None else masks["emb"])
+        for i in range(self.c["n_layer"]):
+            x = x + self.attention(self.layernorm(x, f"h.{i}.ln_1"), i, masks, step)
+            h = F.gelu(self.linear(self.layernorm(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"), approximate="tanh")
+            x = x + self.drop(self.linear(h, f"h.{i}.mlp.c_proj"), None if masks is None else masks[f"h.{i}.mlp"])
+        return self.linear(self.layernorm(x, "ln_f"), "lm_head")
+
+    def loss(self, x: np.ndarray, y: np.ndarray, masks: dict | None = None, step: int = 0) -> torch.Tensor:
+        logits = self.logits(x, masks, step)
+        targets = torch.from_numpy(np.asarray(y, dtype=np.int64)).reshape(-1)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)  # mean over all B*T positions
+
+    def gradients(self, x: np.ndarray, y: np.ndarray, masks: dict | None, step: int) -> tuple[float, dict]:
+        for t in self.p.values():
+            t.grad = None
+        loss = self.loss(x, y, masks, step)
+        loss.backward()
+        return float(loss.detach()), {n: t.grad.detach().clone() for n, t in self.p.items()}
+
+
+class AdamW:
+    """PyTorch's AdamW written out (decoupled decay on >= 2-D parameters), with the plants."""
+
+    def __init__(self, params: dict[str, torch.Tensor], c: dict, plant: str | None):
+        self.lr, self.wd, self.plant = c["learning_rate"], c["weight_decay"], plant
+        self.b1 = c["beta1"]
+        self.b2 = 0.99 if plant == "beta2-0.99" else c["beta2"]
+        self.eps = 1e-6 if plant == "eps-1e-6" else c["eps"]
+        self.m = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.v = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
+        self.t += 1
+        if self.plant == "no-bias-correction":
+            step_size, bc2_sqrt = self.lr, 1.0
+        else:
+            step_size, bc2_sqrt = self.lr / (1 - self.b1 ** self.t), (1 - self.b2 ** self.t) ** 0.5
+        for n, p in params.items():
+            g, m, v = grads[n], self.m[n], self.v[n]
+            decays = p.ndim >= 2 or self.plant == "decay-1d"
+            if decays and self.plant == "coupled-decay":
+                g = g + self.wd * p
+            elif decays:
+                p.mul_(1 - self.lr * self.wd)
+            m.lerp_(g, 1 - self.b1)
+            v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+            p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(self.eps), value=-step_size)
+
+
+def clip_(grads: dict[str, torch.Tensor], max_norm: float) -> None:
+    """Global-norm clipping as torch.nn.utils.clip_grad_norm_."""
+    if max_norm <= 0:
+        return
+    total = torch.stack([g.norm() for g in grads.values()]).norm()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads.values():
+        g.mul_(coef)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kit", type=Path)
+    ap.add_argument("out", type=Path, help="results .npz to write")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--plant", choices=sorted(PLANTS), help="plant one known bug")
+    ap.add_argument("--depths", default="logits,gradients,optimizer,loss",
+                    help="which depths to write (comma-separated subset)")
+    args = ap.parse_args()
+    depths = set(args.depths.split(","))
+    torch.set_num_threads(1)
+
+    manifest = json.loads((args.kit / "manifest.json").read_text())
+    c = manifest["config"]
+    batches = load_npz(args.kit / "batches.npz")
+    all_masks = load_npz(args.kit / "masks.npz") if c["dropout"] > 0 else None
+    x, y = batches["x"], batches["y"]  # (steps, B, T), 0-based ids
+
+    def masks(k: int) -> dict | None:
+        return None if all_masks is None else {key: v[k] for key, v in all_masks.items()}
+
+    model = Port(manifest, load_npz(args.kit / "weights.npz"), getattr(torch, args.dtype), args.plant)
+    out: dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        logits = model.logits(x[0])  # dropout off
+    if "logits" in depths:
+        out["logits"] = logits.numpy()
+    if "gradients" in depths:  # step-0 gradients, dropout off, no clipping
+        _, grads = model.gradients(x[0], y[0], None, 0)
+        out.update({f"grad/{n}": g.numpy() for n, g in grads.items()})
+        if all_masks is not None:  # and with the step-0 dropout masks
+            _, grads = model.gradients(x[0], y[0], masks(0), 0)
+            out.update({f"dropout_grad/{n}": g.numpy() for n, g in grads.items()})
+    opt = AdamW(model.p, c, args.plant)
+    max_norm = 0.5 if args.plant == "clip-0.5" else c["grad_clip"]
+    losses = []
+    for k in range(manifest["steps"]):
+        loss, grads = model.gradients(x[k], y[k], masks(k), k)
+        losses.append(loss)
+        clip_(grads, max_norm)
+        opt.step(model.p, grads)
+        if "optimizer" in depths:
+            for n, p in model.p.items():
+                out[f"opt/{k + 1}/param/{n}"] = p.detach().clone().numpy()
+                out[f"opt/{k + 1}/adam_m/{n}"] = opt.m[n].clone().numpy()
+                out[f"opt/{k + 1}/adam_v/{n}"] = opt.v[n].clone().numpy()
+    if "loss" in depths:
+        out["loss"] = np.asarray(losses, dtype=args.dtype)
+    np.savez(args.out, **out)
+    print(f"wrote {args.out}: {len(out)} arrays ({args.dtype}{', plant ' + args.plant if args.plant else ''})")
+
+
+if __name__ == "__main__":
+    main()

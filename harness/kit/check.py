@@ -1,0 +1,376 @@
+"""`harness kit check KIT RESULTS`: grade a port's results against a kit with harness.parity's comparison.
+
+The results file is one NPZ holding any subset of the four depths (logits; grad/<name>; opt/<k>/...; loss), each
+complete. It is validated first (unknown or missing names, shapes, dtypes, NaN: one line, exit 2), the kit's files
+against the sha256s of its manifest, then `harness.parity.compare` grades it against the oracle's float64 answers
+with `harness.parity.default_tolerances` of the port's precision (the same code and numbers as `harness parity`).
+A depth the results do not hold is handed to the comparison as the oracle's own values and reported "not given".
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import re
+import sys
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UsageError
+from harness.kit.export import KINDS, MANIFEST, SCHEMA, SCHEMA_VERSION, opt_key, sha256
+
+DEPTHS = ("logits", "gradients", "dropout_gradients", "optimizer", "loss")
+ORACLE, PORT = "oracle", "port"
+OPT_NAME = re.compile(r"^opt/(\d+)/(param|adam_m|adam_v)/(.+)$")
+
+
+# --- reading ------------------------------------------------------------------------------------------------------
+def _load_npz(path: Path, what: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise UsageError(f"{what} {str(path)!r} is a single .npy array, not an .npz archive; write all "
+                                 "arrays into one .npz (numpy.savez, NPZ.jl npzwrite with a Dict)")
+            return {k: f[k] for k in f.files}
+    except UsageError:
+        raise
+    except FileNotFoundError:
+        raise UsageError(f"{what} {str(path)!r} does not exist; pass the path of an .npz file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {str(path)!r} is a directory; pass the path of an .npz file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise UsageError(f"{what} {str(path)!r} is not a readable .npz file ({str(exc).splitlines()[0]}); "
+                         "write it with numpy.savez or NPZ.jl's npzwrite") from None
+
+
+def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    """The manifest and every file of a kit, each verified against its sha256; UsageError if anything is off."""
+    path = kit / MANIFEST
+    if not kit.is_dir():
+        raise UsageError(f"kit {str(kit)!r} is not a directory; pass the directory `harness kit export` wrote")
+    if not path.is_file():
+        raise UsageError(f"kit {str(kit)!r} has no {MANIFEST} (not a kit, or an interrupted export); "
+                         "export it again with `harness kit export`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc}); export the kit again") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise UsageError(f"{path} is not a kit manifest (schema {SCHEMA!r}); export the kit again")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(f"{path} has kit schema version {manifest.get('schema_version')!r}, this harness reads "
+                         f"version {SCHEMA_VERSION}; export the kit again with this harness")
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for name, entry in (manifest.get("files") or {}).items():
+        file = kit / name
+        if not file.is_file():
+            raise UsageError(f"kit file {name} is missing from {str(kit)!r}; export the kit again")
+        blob = file.read_bytes()
+        if sha256(blob) != entry.get("sha256"):
+            raise UsageError(f"kit file {name} does not match its sha256 in {MANIFEST} (the kit was changed or "
+                             "damaged); export it again")
+        arrays[name] = _load_npz(file, "kit file")
+    if "expected.npz" not in arrays:
+        raise UsageError(f"{path} lists no expected.npz; export the kit again")
+    return manifest, arrays
+
+
+def _depth_of(name: str) -> str | None:
+    if name in ("logits", "loss"):
+        return name
+    if name.startswith("grad/"):
+        return "gradients"
+    if name.startswith("dropout_grad/"):
+        return "dropout_gradients"
+    if OPT_NAME.match(name):
+        return "optimizer"
+    return None
+
+
+def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], params: list[str], steps: int,
+             dtype: str | None) -> tuple[list[str], str, int]:
+    """Check the results file against the kit; returns (depths given, precision, optimizer steps given).
+
+    Valid names are those of expected.npz (but logits_loss); a depth given is given whole: every parameter, and
+    for the optimizer every step 1..K for some K <= steps; `loss` may hold the first 1..steps losses.
+    """
+    valid = ["logits", "grad/<name>"] + (["dropout_grad/<name>"] if any(k.startswith("dropout_grad/")
+                                                                         for k in expected) else [])
+    names = ", ".join([*valid, "opt/<k>/param|adam_m|adam_v/<name>", "loss"])
+    for key in results:
+        if key == "logits_loss" or key not in expected or _depth_of(key) is None:
+            m = OPT_NAME.match(key)
+            hint = (f"k must be 1..{steps} and the name a parameter of this kit" if m else
+                    f"the names are {names}; parameters: {', '.join(params)}")
+            raise UsageError(f"results: unknown array {key!r}; {hint} (README, 'Check your own port')")
+    given = [d for d in DEPTHS if any(_depth_of(k) == d for k in results)]
+    if not given:
+        raise UsageError(f"results hold no arrays; write at least one depth: {names}")
+    opt_k = max((int(m.group(1)) for m in map(OPT_NAME.match, results) if m), default=0)
+    required = ([f"grad/{n}" for n in params] if "gradients" in given else []) + \
+        ([f"dropout_grad/{n}" for n in params] if "dropout_gradients" in given else []) + \
+        [opt_key(k, kind, n) for k in range(1, opt_k + 1) for kind in KINDS for n in params]
+    for key in required:
+        if key not in results:
+            raise UsageError(f"results: {key!r} is missing (a depth is checked whole: every parameter"
+                             + (f", every step 1..{opt_k}" if key.startswith("opt/") else "") + ")")
+    float_dtypes = set()
+    for key, value in results.items():
+        want = expected[key].shape
+        if key == "loss" and value.ndim == 1 and 0 < len(value) <= steps:
+            want = value.shape  # a port may check the first few steps only
+        if value.shape != want:
+            raise UsageError(f"results: {key!r} has shape {value.shape}, expected {want} (canonical layout, "
+                             "README 'Check your own port')")
+        if value.dtype not in (np.float32, np.float64):
+            raise UsageError(f"results: {key!r} has dtype {value.dtype}; write float32 or float64")
+        float_dtypes.add(str(value.dtype))
+        bad = ~np.isfinite(value)
+        if bad.any():
+            first = int(np.argmax(bad))
+            where = tuple(int(i) for i in np.unravel_index(first, value.shape)) if value.ndim else ()
+            raise UsageError(f"results: {key!r} holds {value.flat[first]} at index {where}; a port that produces "
+                             "NaN or inf is broken before it can be compared")
+    if dtype is None:
+        if len(float_dtypes) > 1:
+            raise UsageError("results mix float32 and float64 arrays; write one dtype or say which the port "
+                             "computed in with --dtype")
+        dtype = float_dtypes.pop()
+    elif dtype == "float64" and "float32" in float_dtypes:
+        raise UsageError("--dtype float64 but the results hold float32 arrays, which cannot carry float64 "
+                         "results; write float64 or pass --dtype float32")
+    return given, dtype, opt_k
+
+
+# --- grading ------------------------------------------------------------------------------------------------------
+def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
+          dtype: str, opt_k: int) -> tuple[Any, Any]:
+    """harness.parity.compare of the oracle against the port, with harness.parity.default_tolerances of the port's
+    precision. A depth not given is the oracle's own values on both sides (reported "not given")."""
+    from harness import parity
+
+    expected, weights = kit["expected.npz"], kit["weights.npz"]
+    params = list(manifest["parameters"])
+    tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), manifest.get("size"))
+    k_max = opt_k or int(manifest["steps"])
+    oracle = {key: value for key, value in expected.items() if key not in ("loss", "logits_loss")
+              and not (OPT_NAME.match(key) and int(OPT_NAME.match(key).group(1)) > k_max)}  # type: ignore[union-attr]
+    port = {key: (results[key] if key in results else value) for key, value in oracle.items()}
+    for n in params:  # the state before step 1, the same on both sides: the kit's initial weights
+        oracle[opt_key(0, "param", n)] = port[opt_key(0, "param", n)] = np.asarray(weights[n], dtype=np.float64)
+    exp_loss = [float(v) for v in expected["loss"]]
+    port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
+    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT))
+    return result, tol
+
+
+def _depth_of_row(check: str) -> str:
+    c = check.lower()
+    if "logits" in c:
+        return "logits"
+    if "dropout" in c:
+        return "dropout_gradients"
+    if "gradient" in c:
+        return "gradients"
+    if "optimizer" in c:
+        return "optimizer"
+    return "loss"
+
+
+def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
+    """parity's summary rows; a depth the port did not give is marked so (its comparison was the oracle itself)."""
+    rows = []
+    for row in result.rows():
+        depth = _depth_of_row(row["check"])
+        if depth not in given:
+            row = {**row, "value": math.nan, "result": "not given", "where": ""}
+        rows.append({**row, "depth": depth})
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The same table as `harness parity` prints (pandas), with "not given" for the depths left out."""
+    import pandas as pd
+
+    from harness.parity import _fmt
+
+    df = pd.DataFrame(rows).set_index("check")
+    df["value"] = [("-" if r["result"] in ("not given",) else _fmt(r["value"])) for r in rows]
+    df["tolerance"] = df["tolerance"].map(lambda v: f"{v:g}")
+    return df[["value", "tolerance", "result", "where"]].to_string()
+
+
+# What a broken depth usually means, where harness.parity does not say it itself.
+CAUSES = {
+    "logits": "the forward pass: attention scale 1/sqrt(head size) or causal mask, q/k/v order in c_attn, head "
+              "split, LayerNorm eps or variance, GELU form (tanh), a weight read in the wrong layout, token ids "
+              "not shifted",
+    "gradients": "the backward pass (the worst parameter is usually at or just before the broken layer)",
+    "dropout_gradients": "dropout (placement or scaling; the gradients agree with dropout off): masks on the "
+                         "embedding sum and after each c_proj, before the residual add, kept values x / (1 - p)",
+    "loss": "the training step after step 0 (clipping, AdamW) or the dropout masks of later steps; write the "
+            "optimizer depth (opt/<k>/...) to have the parameter named",
+}
+
+
+def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict[str, Any] | None:
+    """The first broken depth (in the order the model computes them), the parameter harness.parity names there
+    and the likely cause."""
+    failed = {r["depth"] for r in rows if r["result"] == "FAIL"}
+    if result.opt_first_bad is not None:
+        failed.add("optimizer")
+    for depth in DEPTHS:
+        if depth not in failed:
+            continue
+        if depth == "logits":
+            w = result.logits_where
+            return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
+                    "detail": f"largest difference at batch row {w[0]}, position {w[1]}, token {w[2]}"
+                    if len(w) == 3 else ""}
+        if depth in ("gradients", "dropout_gradients"):
+            errs = result.grad_rel_err if depth == "gradients" else result.dropout_grad_rel_err
+            worst = result.worst_grad if depth == "gradients" else result.worst_dropout_grad
+            over = [n for n in params if not errs.get(n, math.nan) <= result.tolerances.grad]
+            return {"depth": depth, "parameter": worst, "cause": CAUSES[depth],
+                    "detail": f"worst rel err {errs.get(worst, math.nan):.1e}; {len(over)} of {len(params)} "
+                              "parameters over tolerance"}
+        if depth == "optimizer":
+            k, quantity, name = result.opt_first_bad
+            return {"depth": depth, "parameter": name, "cause": result.opt_cause,
+                    "detail": f"first at step {k}, {quantity} of {name}"}
+        return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
+                "detail": f"largest deviation at step {result.loss_peak_step}"}
+    return None
+
+
+# --- writing ------------------------------------------------------------------------------------------------------
+def _verdict_json(path: Path, verdict: dict[str, Any]) -> None:
+    from harness import records
+
+    records.atomic_write_json(path, verdict)
+
+
+def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str) -> str:
+    """A small self-contained page (inline CSS, no scripts, no external files)."""
+    e = html.escape
+    ok = verdict["verdict"] == "pass"
+    body_rows = "".join(
+        f"<tr class='{e(r['result'].replace(' ', '-'))}'><td>{e(r['check'])}</td>"
+        f"<td>{'-' if r['result'] in ('not given',) else e(format(r['value'], '.2e'))}</td>"
+        f"<td>{e(format(r['tolerance'], 'g'))}</td><td>{e(r['result'])}</td><td>{e(str(r['where']))}</td></tr>"
+        for r in rows)
+    res = verdict["results"]
+    cols = {title: res[key]["rel_err"] for key, title in (("gradients", "dropout off"),
+                                                          ("dropout_gradients", "dropout masks")) if res.get(key)}
+    names = list(next(iter(cols.values()))) if cols else []
+    grad_rows = ("<tr><th>parameter</th>" + "".join(f"<th>{e(t)}</th>" for t in cols) + "</tr>"
+                 + "".join(f"<tr><td>{e(n)}</td>" + "".join(f"<td>{c.get(n, math.nan):.2e}</td>" for c in cols.values())
+                           + "</tr>" for n in names))
+    diag = verdict.get("diagnosis")
+    diag_html = "" if not diag else (
+        f"<h2>First broken</h2><p><b>{e(diag['depth'])}</b>"
+        + (f": parameter <code>{e(str(diag['parameter']))}</code>" if diag.get("parameter") else "")
+        + f"</p><p>{e(diag.get('detail') or '')}</p><p>Likely cause: {e(str(diag['cause']))}</p>")
+    fails = "".join(f"<li>{e(f)}</li>" for f in verdict["failures"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>kit check: {e(verdict['verdict'])}</title>
+<style>
+body {{ font: 15px/1.45 system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }}
+.banner {{ padding: .6rem 1rem; border-radius: 6px; font-weight: 600; color: #fff;
+          background: {'#2e7d32' if ok else '#c62828'}; }}
+table {{ border-collapse: collapse; margin: 1rem 0; }} td, th {{ border: 1px solid #ccc; padding: .25rem .6rem; }}
+tr.FAIL td {{ background: #fdecea; }} tr.ok td {{ background: #edf7ed; }} tr.not-given td {{ color: #888; }}
+code, pre {{ font-family: ui-monospace, monospace; }}
+</style></head><body>
+<h1>nanoGPT conformance kit: check</h1>
+<p class="banner">{'PASS' if ok else 'FAIL'}: {e(verdict['summary'])}</p>
+<p>Kit <code>{e(verdict['kit'])}</code> ({e(str(verdict['config_name']))}, {verdict['steps']} steps, dropout
+{verdict['dropout']:g}, seed {verdict['seed']}); results <code>{e(verdict['results_file'])}</code>,
+{e(verdict['dtype'])} against the float64 oracle; tolerances of the {e(verdict['precision_pair'])} pair,
+as <code>harness parity</code>.</p>
+<table><tr><th>check</th><th>value</th><th>tolerance</th><th>result</th><th>where</th></tr>{body_rows}</table>
+{diag_html}
+{'<h2>Failures</h2><ul>' + fails + '</ul>' if fails else ''}
+{'<h2>Step-0 gradient relative error per parameter</h2><table>' + grad_rows + '</table>' if names else ''}
+<h2>As printed</h2><pre>{e(table)}</pre>
+</body></html>
+"""
+
+
+def command(args: argparse.Namespace) -> int:
+    """`harness kit check`: 0 pass, 1 fail, 2 malformed kit or results (one line, nothing written)."""
+    from harness import records
+
+    manifest, kit = load_kit(args.kit)
+    expected = kit["expected.npz"]
+    params = list(manifest["parameters"])
+    steps = int(manifest["steps"])
+    results = _load_npz(args.results, "results file")
+    given, dtype, opt_steps = validate(results, expected, params, steps, args.dtype)
+    html_path = args.html or args.results.with_suffix(".check.html")
+    json_path = args.json or args.results.with_suffix(".check.json")
+    for p in (html_path, json_path):
+        if not p.resolve().parent.is_dir():
+            raise UsageError(f"cannot write {str(p)!r}: its directory does not exist; create it or pass another path")
+        if p.resolve() in (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST))):
+            raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
+
+    result, tol = grade(manifest, kit, results, dtype, opt_steps)
+    rows = table_rows(result, given)
+    table = format_table(rows)
+    diagnosis = diagnose(result, rows, params)
+    offered = [d for d in DEPTHS if d != "dropout_gradients" or any(k.startswith("dropout_grad/") for k in expected)]
+    missing = [d for d in offered if d not in given]
+    passed = result.passed
+    summary = (f"the port agrees with the oracle at {', '.join(given)}" if passed
+               else f"the port differs from the oracle: {result.failures[0].removeprefix('FAIL: ')}")
+    cfg = manifest["config"]
+    verdict: dict[str, Any] = {
+        "schema": "nanogpt-parity/kit-check", "schema_version": 1,
+        "verdict": "pass" if passed else "fail", "summary": summary,
+        "kit": str(args.kit), "results_file": str(args.results), "config_name": cfg.get("name"),
+        "size": manifest.get("size"), "steps": steps, "seed": manifest.get("seed"), "dropout": cfg.get("dropout"),
+        "dtype": dtype, "precision_pair": f"{dtype}/float64" if dtype == "float32" else "float64/float64",
+        "tolerances": asdict(tol), "depths_given": given, "depths_not_given": missing,
+        "optimizer_steps_given": opt_steps, "loss_steps_given": len(results["loss"]) if "loss" in results else 0,
+        "failures": list(result.failures), "diagnosis": diagnosis, "results": result.to_dict(),
+    }
+    for depth, key in (("logits", "logits"), ("gradients", "gradients"), ("dropout_gradients", "dropout_gradients"),
+                       ("optimizer", "optimizer"), ("loss", "loss")):
+        if depth not in given and key in verdict["results"]:
+            verdict["results"][key] = None  # the oracle compared with itself: nothing measured
+    recorded = (manifest.get("tolerances") or {}).get(dtype)
+    if recorded is not None and recorded != asdict(tol):
+        print(f"note: this harness's measured tolerances for {dtype} differ from those recorded in the kit; "
+              "this harness's apply (export the kit again to record them)", file=sys.stderr)
+    records.atomic_write_json(json_path, verdict)
+    records.atomic_write_bytes(html_path, render_html(verdict, rows, table).encode())
+
+    print(table)
+    if getattr(args, "per_parameter", False):
+        from harness.parity import format_gradients, format_optimizer
+
+        if "gradients" in given:
+            print()
+            print(format_gradients(result))
+        if "optimizer" in given:
+            print()
+            print(format_optimizer(result))
+    for line in result.failures:
+        print(line)
+    if diagnosis:
+        named = f", parameter {diagnosis['parameter']}" if diagnosis.get("parameter") else ""
+        print(f"first broken: {diagnosis['depth']}{named}" + (f" ({diagnosis['detail']})" if diagnosis.get("detail")
+                                                               else ""))
+        print(f"likely cause: {diagnosis['cause']}")
+    if missing:
+        print(f"not given: {', '.join(missing)} (not checked)")
+    print(f"{'PASS' if passed else 'FAIL'}: {summary} ({dtype} results vs the float64 oracle)")
+    print(f"check page: {html_path}\ncheck verdict: {json_path}")
+    return 0 if passed else 1

@@ -1,0 +1,232 @@
+"""`harness kit export`: the exact inputs and the float64 oracle's exact answers, as NPZ files and manifest.json.
+
+The oracle is the NumPy reference backend (python_impl/numpy_gpt.py) in float64, driven through the same Backend
+protocol as in `harness parity`: the step-0 probe on the first batch, then `steps` training steps (forward with the
+harness's dropout masks, backward, global-norm clipping, AdamW), with the backend's state_dict after each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UsageError
+
+SCHEMA = "nanogpt-parity/kit"
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+FILES = ("weights.npz", "batches.npz", "masks.npz", "expected.npz")
+MAX_STEPS = 1000
+KINDS = ("param", "adam_m", "adam_v")
+
+
+def opt_key(k: int, kind: str, name: str) -> str:
+    """The name of parameter `name`'s `kind` (param, adam_m, adam_v) after k optimizer steps (k = 1..N)."""
+    return f"opt/{k}/{kind}/{name}"
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """An uncompressed NPZ (readable by NPZ.jl, cnpy, npyz and numpy alike), C-ordered arrays."""
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    return buf.getvalue()
+
+
+def sha256(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file; pass a new or empty directory for the kit")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"--out {str(out)!r} is not empty; pass a new directory (a kit is never written over "
+                         "another)")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
+
+
+def _masks_for(config: Any, seed: int, step: int) -> dict[str, np.ndarray]:
+    from harness.masks import dropout_masks
+
+    return {k: np.asarray(v, dtype=bool) for k, v in dropout_masks(config, seed, step).items()}
+
+
+def _takes_masks(method: Any) -> bool:
+    try:
+        return "masks" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = True
+            ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+    """The kit's arrays by file ({file: {key: array}}) and facts for the manifest; the oracle in float64."""
+    from harness.backends.numpy_backend import NumpyBackend
+    from harness.data import BatchStream
+    from harness.weights import init_weights, param_shapes
+
+    shapes = param_shapes(config, corpus.vocab_size)
+    weights = init_weights(config, corpus.vocab_size, seed)
+    stream = BatchStream(corpus.train, config.block_size, config.batch_size, seed, config.scheme)
+    batches = [stream.batch(k) for k in range(steps)]
+    oracle = NumpyBackend(dtype="float64")
+    dropout = config.dropout > 0
+    if dropout and not (_takes_masks(oracle.train_step) and _takes_masks(oracle.gradients)):
+        raise UsageError("--dropout needs the harness's shared dropout masks (harness/masks.py and the numpy "
+                         "backend's masks= hand-off), which this version lacks; export with --dropout 0")
+    masks = [_masks_for(config, seed, k) for k in range(steps)] if dropout else []
+    oracle.setup(config, weights, corpus.vocab_size, "cpu", seed)
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"  {text}", file=sys.stderr, flush=True)
+
+    x0, y0 = batches[0]
+    say("oracle (numpy, float64): step-0 logits and gradients")
+    expected: dict[str, np.ndarray] = {"logits": np.asarray(oracle.logits(x0), dtype=np.float64),
+                                       "logits_loss": np.array(oracle.eval_loss(x0, y0), dtype=np.float64)}
+    grads = oracle.gradients(x0, y0)  # dropout off, as the parity probe's grad/
+    expected.update({f"grad/{n}": np.asarray(grads[n], dtype=np.float64) for n in shapes})
+    if dropout:  # and under the step-0 masks, as the parity probe's dropout_grad/
+        grads = oracle.gradients(x0, y0, masks=masks[0])
+        expected.update({f"dropout_grad/{n}": np.asarray(grads[n], dtype=np.float64) for n in shapes})
+    losses = []
+    for k, (x, y) in enumerate(batches):
+        if dropout:
+            loss = oracle.train_step(x, y, config.learning_rate, masks=masks[k])
+        else:
+            loss = oracle.train_step(x, y, config.learning_rate)
+        losses.append(float(loss))
+        state = oracle.state_dict()
+        for kind in KINDS:
+            for n in shapes:
+                expected[opt_key(k + 1, kind, n)] = np.asarray(state[f"{kind}/{n}"], dtype=np.float64)
+        say(f"oracle step {k + 1}/{steps}: loss {losses[-1]:.6f}")
+    expected["loss"] = np.asarray(losses, dtype=np.float64)
+    bad = [k for k, v in expected.items() if not np.isfinite(v).all()]
+    if bad:
+        raise UsageError(f"the oracle produced non-finite values ({bad[0]}); choose another config or seed")
+    files: dict[str, dict[str, np.ndarray]] = {
+        "weights.npz": dict(weights),
+        "batches.npz": {"x": np.stack([b[0] for b in batches]).astype(np.int64),
+                        "y": np.stack([b[1] for b in batches]).astype(np.int64)},
+        "expected.npz": expected,
+    }
+    if dropout:
+        files["masks.npz"] = {key: np.stack([m[key] for m in masks]) for key in masks[0]}
+    facts = {"shapes": shapes, "vocab_size": corpus.vocab_size}
+    return files, facts
+
+
+def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps: int,
+                   files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
+    """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
+    from harness import __version__
+    from harness.kit.layout import describe
+    from harness.parity import default_tolerances
+    from harness.weights import param_shapes
+
+    shapes = param_shapes(config, corpus.vocab_size)
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "harness_version": __version__,
+        "size": size, "config": config.to_dict(), "seed": seed, "steps": steps,
+        "vocabulary": "".join(corpus.chars), "vocab_size": corpus.vocab_size,
+        "data": {"file": Path(corpus.path).name, "sha256": corpus.sha256, "n_chars": corpus.n_chars,
+                 "split": "first 90% train (the batches come from it), last 10% validation"},
+        "expected_dtype": "float64", "oracle": "numpy backend (python_impl/numpy_gpt.py), float64, CPU",
+        "parameters": {n: list(s) for n, s in shapes.items()},
+        "model": ("token + learned position embedding, dropout, n_layer pre-LayerNorm blocks x + drop(attn(ln_1(x))),"
+                  " x + drop(mlp(ln_2(x))); causal attention with one fused qkv Linear (rows q, k, v; head h owns "
+                  "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), no dropout on the attention probabilities;"
+                  " MLP Linear -> tanh GELU -> Linear; final LayerNorm (eps 1e-5, biased variance); untied lm_head"
+                  " with bias; loss = mean cross-entropy over all B*T positions"),
+        "training": {
+            "learning_rate": config.learning_rate, "schedule": "constant",
+            "clip": "global L2 norm over all gradients; coef = min(1, grad_clip / (norm + 1e-6)) multiplies every "
+                    "gradient (torch.nn.utils.clip_grad_norm_); grad_clip 0 disables",
+            "adamw": "PyTorch AdamW: p *= 1 - lr*weight_decay (decoupled, only parameters with >= 2 dimensions); "
+                     "m = beta1 m + (1-beta1) g; v = beta2 v + (1-beta2) g^2; "
+                     "p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps), t = 1, 2, ...",
+            "dropout": "inverted: x * mask / (1 - p) with masks[k] at step k; on the embedding sum (emb), after each "
+                       "block's attention output projection (h.i.attn) and MLP output projection (h.i.mlp), before "
+                       "the residual add" if config.dropout > 0 else "none (dropout 0)",
+        },
+        "definitions": {
+            "x, y": "batches.npz: x[k], y[k] are step k's (B, T) inputs and targets, 0-based token ids (a 1-based "
+                    "language adds 1); y is x shifted by one position",
+            "logits": "step 0: forward of x[0] with the initial weights, dropout off",
+            "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
+            "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
+                           "off, no clipping",
+            **({"dropout_grad/<name>": "step 0: the same gradient with dropout, masks[0] applied"}
+               if config.dropout > 0 else {}),
+            "loss": "loss[k]: the training loss of step k (0-based) before its update"
+                    + (", dropout with masks[k]" if config.dropout > 0 else ""),
+            "opt/<k>/param|adam_m|adam_v/<name>": "after k = 1..N full training steps (forward, backward, clip, "
+                                                  "AdamW): the parameter and AdamW's first and second moments",
+        },
+        "results": {
+            "file": "one .npz; any subset of the depths, each complete; float32 or float64 (say which with "
+                    "`harness kit check --dtype` if the arrays were upcast)",
+            "names": {"logits": "logits", "gradients": "grad/<name>",
+                      **({"dropout_gradients": "dropout_grad/<name>"} if config.dropout > 0 else {}),
+                      "optimizer": "opt/<k>/param|adam_m|adam_v/<name> (k = 1..K, K <= steps)", "loss": "loss"},
+            "shapes": "canonical (as in expected.npz), C order as numpy writes; NPZ.jl's npzwrite writes a Julia "
+                      "array of the canonical shape correctly (it records Fortran order)",
+        },
+        "tolerances": {dt: asdict(default_tolerances(f"{dt}/float64" if dt == "float32" else "float64/float64", size))
+                       for dt in ("float32", "float64")},
+        "files": {name: {"sha256": sha256(blobs[name]), "bytes": len(blobs[name]),
+                         "arrays": {k: {"dtype": str(v.dtype), **describe(name[:-4], k, v.shape)}
+                                    for k, v in arrays.items()}}
+                  for name, arrays in files.items()},
+    }
+
+
+def command(args: argparse.Namespace) -> int:
+    """`harness kit export`: validate, compute with the oracle, write the files, then manifest.json last."""
+    from harness import records
+    from harness.config import load_config
+    from harness.data import check_fits, load_corpus
+
+    dropout = args.dropout
+    if not isinstance(dropout, float) or not math.isfinite(dropout) or not 0 <= dropout < 1:
+        raise UsageError(f"--dropout must be in [0, 1), got {dropout!r}")
+    if args.steps > MAX_STEPS:
+        raise UsageError(f"--steps {args.steps} is more than {MAX_STEPS}; a kit checks the first few steps "
+                         "(5 is plenty), pass fewer")
+    _check_out(args.out)
+    config = load_config(args.size, args.config).replace(dropout=dropout, steps=args.steps)
+    size = None if args.config else args.size
+    corpus = load_corpus(args.data)
+    check_fits(corpus, config.block_size, config.batch_size)
+    print(f"kit: {config.name}, {args.steps} steps, dropout {dropout:g}, seed {args.seed} -> {args.out}",
+          file=sys.stderr)
+    files, _ = compute(config, corpus, args.seed, args.steps)
+    blobs = {name: npz_bytes(arrays) for name, arrays in files.items()}
+    manifest = build_manifest(config, size, corpus, args.seed, args.steps, files, blobs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, blob in blobs.items():
+        records.atomic_write_bytes(args.out / name, blob)
+    records.atomic_write_bytes(args.out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    total = sum(len(b) for b in blobs.values()) + (args.out / MANIFEST).stat().st_size
+    for name, blob in blobs.items():
+        print(f"  {name}: {len(blob) / 1e6:.2f} MB", file=sys.stderr)
+    print(f"kit written: {args.out} ({total / 1e6:.2f} MB); check a port's results with "
+          f"`harness kit check {args.out} RESULTS.npz`")
+    return 0

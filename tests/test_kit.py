@@ -1,0 +1,337 @@
+"""`harness kit`: export a kit, run the outside port (examples/kit_torch_port.py, numpy + torch only) as a separate
+program, and check its results: green in float32 and float64 (small, medium, with dropout), red with the parameter
+and the cause named for every planted bug, exit 2 with one line for malformed results and tampered kits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli import main
+from tests.conftest import data_path
+
+REPO = Path(__file__).resolve().parents[1]
+PORT = REPO / "examples" / "kit_torch_port.py"
+# Runs the port like `python examples/kit_torch_port.py ARGS`, then fails if it imported anything of the harness.
+OUTSIDE = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+           "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('harness', 'python_impl')); "
+           "sys.exit(f'the port imported {bad}') if bad else None")
+
+pytest.importorskip("torch")
+
+
+def export(out: Path, *args: str) -> Path:
+    code = main(["kit", "export", "--data", str(data_path()), "--out", str(out), *args])
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(tmp_path_factory.mktemp("kit") / "kit", "--size", "small", "--steps", "3")
+
+
+@pytest.fixture(scope="module")
+def kit_drop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(tmp_path_factory.mktemp("kit") / "kit-drop", "--size", "small", "--steps", "3", "--dropout", "0.2")
+
+
+def run_port(kit: Path, out: Path, *args: str) -> Path:
+    """The outside port in a fresh interpreter, as a stranger runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", OUTSIDE, str(PORT), str(kit), str(out), *args],
+                          capture_output=True, text=True, env=env, cwd=out.parent, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def check(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    code = main(["kit", "check", *(str(a) for a in args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def test_export_writes_a_small_self_describing_kit(kit: Path) -> None:
+    from harness.backends import flux_layout
+    from harness.kit.export import sha256
+
+    manifest = json.loads((kit / "manifest.json").read_text())
+    assert manifest["schema"] == "nanogpt-parity/kit" and manifest["schema_version"] == 1
+    assert manifest["expected_dtype"] == "float64" and manifest["steps"] == 3 and manifest["size"] == "small"
+    assert len(manifest["vocabulary"]) == manifest["vocab_size"] == 65
+    assert set(manifest["tolerances"]) == {"float32", "float64"} and "opt" in manifest["tolerances"]["float32"]
+    total = 0
+    for name, entry in manifest["files"].items():
+        blob = (kit / name).read_bytes()
+        assert sha256(blob) == entry["sha256"] and len(blob) == entry["bytes"]
+        total += len(blob)
+    assert sorted(manifest["files"]) == ["batches.npz", "expected.npz", "weights.npz"]  # masks only with dropout
+    assert total < 3e6, total  # "a few MB"
+    with np.load(kit / "expected.npz") as f:
+        keys = set(f.files)
+        assert f["logits"].dtype == np.float64 and f["logits"].shape == (16, 64, 65)
+    params = manifest["parameters"]
+    assert keys == {"logits", "logits_loss", "loss", *(f"grad/{n}" for n in params),
+                    *(f"opt/{k}/{q}/{n}" for k in (1, 2, 3) for q in ("param", "adam_m", "adam_v") for n in params)}
+    with np.load(kit / "batches.npz") as f:
+        x, y = f["x"], f["y"]
+    assert x.shape == y.shape == (3, 16, 64) and x.dtype == np.int64 and x.min() >= 0 and x.max() < 65
+    assert np.array_equal(x[:, :, 1:], y[:, :, :-1])  # targets are the inputs shifted by one
+    layout = manifest["files"]["weights.npz"]["arrays"]
+    flux = flux_layout.to_flux({"wte.weight": np.zeros((65, 16)), "h.0.mlp.c_fc.weight": np.zeros((64, 16))})
+    assert layout["wte.weight"]["flux_shape"] == list(flux["wte.weight"].shape) == [16, 65]
+    assert layout["h.0.mlp.c_fc.weight"]["flux_shape"] == [64, 16] and layout["wte.weight"]["order"] == "C"
+    assert manifest["files"]["batches.npz"]["arrays"]["x"]["flux_per_step_shape"] == [64, 16]
+
+
+def test_dropout_kit_holds_the_harness_masks(kit_drop: Path) -> None:
+    from harness.config import load_config
+    from harness.masks import dropout_masks
+
+    manifest = json.loads((kit_drop / "manifest.json").read_text())
+    config = load_config("small").replace(dropout=0.2, steps=3)
+    with np.load(kit_drop / "masks.npz") as f:
+        assert sorted(f.files) == ["emb", "h.0.attn", "h.0.mlp"]
+        for k in range(3):
+            for key, mask in dropout_masks(config, 1337, k).items():
+                assert np.array_equal(f[key][k], mask)  # the very masks the parity engine hands the backends
+    assert manifest["files"]["masks.npz"]["arrays"]["emb"]["flux_per_step_shape"] == [16, 64, 16]
+    with np.load(kit_drop / "expected.npz") as f:
+        assert "dropout_grad/lm_head.weight" in f.files
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    (["--steps", "5000"], "--steps 5000 is more than"),
+    (["--config", "/nonexistent.toml"], "does not exist"),
+])
+def test_export_bad_input_exit_2_nothing_written(args: list[str], message: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "kit"
+    code = main(["kit", "export", "--data", str(data_path()), "--out", str(out), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_export_never_writes_over_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "kit" / "mine.txt").write_text("keep")
+    code = main(["kit", "export", "--data", str(data_path()), "--out", str(tmp_path / "kit")])
+    assert code == 2 and "is not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "kit").iterdir()) == ["mine.txt"]
+
+
+# ------------------------------------------------------------------------------------------ the outside port
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("which", ["kit", "kit_drop"])
+def test_outside_port_is_green(which: str, dtype: str, request: pytest.FixtureRequest, tmp_path: Path,
+                               capsys: pytest.CaptureFixture) -> None:
+    kit = request.getfixturevalue(which)
+    results = run_port(kit, tmp_path / "results.npz", "--dtype", dtype)
+    code, out, _ = check(capsys, kit, results)
+    assert code == 0, out
+    assert "PASS: the port agrees with the oracle at logits, gradients, " in out
+    assert out.count(" ok ") == (5 if which == "kit_drop" else 4)  # every depth graded
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    assert verdict["verdict"] == "pass" and verdict["dtype"] == dtype and verdict["diagnosis"] is None
+    assert verdict["results"]["optimizer"]["steps"] == [1, 2, 3]
+    page = (tmp_path / "results.check.html").read_text()
+    assert "PASS" in page and "<script" not in page and "http" not in page.replace("harness parity", "")
+
+
+def test_outside_port_is_green_on_medium(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    kit = export(tmp_path / "kit", "--size", "medium", "--steps", "2")
+    for dtype in ("float32", "float64"):
+        results = run_port(kit, tmp_path / f"{dtype}.npz", "--dtype", dtype)
+        code, out, _ = check(capsys, kit, results)
+        assert code == 0, out
+
+
+# planted bug: (the kit, the text that must be printed, what the named parameter must satisfy)
+PLANTS = {
+    "attn-scale": ("kit", "first broken: logits", None),
+    "no-bias-correction": ("kit", "likely cause: bias correction", None),
+    "decay-1d": ("kit", "likely cause: weight decay applied to 1-D parameters", "1-D"),
+    "clip-0.5": ("kit", "likely cause: gradient clipping", None),
+    "eps-1e-6": ("kit", "likely cause: eps", None),
+    "beta2-0.99": ("kit", "likely cause: beta2", None),
+    "coupled-decay": ("kit", "likely cause: coupled (L2) weight decay", "2-D"),
+    "dropout-on-attn-probs": ("kit_drop", "likely cause: dropout (placement or scaling", None),
+    "dropout-scale-p": ("kit_drop", "likely cause: dropout (placement or scaling", None),
+    "dropout-before-proj": ("kit_drop", "likely cause: dropout (placement or scaling", "h.0.attn."),
+}
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_planted_bug_is_red_with_the_parameter_named(plant: str, request: pytest.FixtureRequest, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    which, text, named = PLANTS[plant]
+    kit = request.getfixturevalue(which)
+    results = run_port(kit, tmp_path / "results.npz", "--dtype", "float32", "--plant", plant)
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1, out
+    assert text in out, out
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    diagnosis, tol = verdict["diagnosis"], verdict["tolerances"]
+    shapes = json.loads((kit / "manifest.json").read_text())["parameters"]
+    if plant == "attn-scale":
+        assert diagnosis["depth"] == "logits"
+        return
+    name = diagnosis["parameter"]
+    expected_depth = "dropout_gradients" if which == "kit_drop" else "optimizer"
+    assert diagnosis["depth"] == expected_depth and name in shapes
+    assert f"first broken: {expected_depth}, parameter {name}" in out
+    if named == "1-D":
+        assert len(shapes[name]) == 1
+    elif named == "2-D":
+        assert len(shapes[name]) == 2
+    elif named:
+        assert name.startswith(named), name
+    assert "FAIL: logits" not in out  # caught where it is, not before
+    if which == "kit_drop":  # by a wide margin, not by noise
+        assert verdict["results"]["dropout_gradients"]["worst_rel_err"] > 100 * tol["grad"]
+    else:
+        assert verdict["results"]["optimizer"]["worst_rel_err"] > 10 * tol["opt"]
+
+
+def test_a_forward_only_port_checks_logits_alone(kit: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    results = run_port(kit, tmp_path / "logits.npz", "--dtype", "float64", "--depths", "logits")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 0 and "not given: gradients, optimizer, loss" in out, out
+    assert out.count("not given") == 4  # three table rows and the summary line
+    results = run_port(kit, tmp_path / "bad.npz", "--dtype", "float64", "--depths", "logits", "--plant", "attn-scale")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1 and "FAIL: logits max abs diff" in out
+
+
+# ------------------------------------------------------------------------------------------ malformed input
+
+
+@pytest.fixture(scope="module")
+def good(kit: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    path = run_port(kit, tmp_path_factory.mktemp("good") / "results.npz", "--dtype", "float64")
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def _drop(r: dict) -> dict:
+    r.pop("grad/h.0.ln_2.bias")
+    return r
+
+
+MALFORMED = {
+    "missing name": (_drop, "'grad/h.0.ln_2.bias' is missing"),
+    "missing opt step": (lambda r: {k: v for k, v in r.items() if not k.startswith("opt/1/adam_v/wte")},
+                         "'opt/1/adam_v/wte.weight' is missing"),
+    "wrong shape": (lambda r: {**r, "logits": r["logits"].transpose(2, 1, 0)}, "has shape (65, 64, 16)"),
+    "wrong dtype": (lambda r: {**r, "loss": r["loss"].astype(np.int64)}, "has dtype int64"),
+    "NaN": (lambda r: {**r, "grad/wte.weight": np.where(np.arange(16) == 3, np.nan, r["grad/wte.weight"])},
+            "holds nan at index (0, 3)"),
+    "unknown name": (lambda r: {**r, "grads/wte.weight": r["grad/wte.weight"]}, "unknown array 'grads/wte.weight'"),
+    "step beyond the kit": (lambda r: {**r, "opt/9/param/wte.weight": r["opt/1/param/wte.weight"]},
+                            "k must be 1..3"),
+    "mixed dtypes": (lambda r: {**r, "logits": r["logits"].astype(np.float32)}, "mix float32 and float64"),
+    "empty": (lambda r: {}, "hold no arrays"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_results_exit_2_one_line_nothing_written(case: str, kit: Path, good: dict, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    change, message = MALFORMED[case]
+    path = tmp_path / "results.npz"
+    np.savez(path, **change(dict(good)))
+    code, out, err = check(capsys, kit, path)
+    assert code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.npz"]  # no page, no verdict
+
+
+def test_results_file_errors_exit_2(kit: Path, good: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    np.savez(tmp_path / "f32.npz", **{k: v.astype(np.float32) for k, v in good.items()})
+    for args, message in [
+        ([tmp_path / "none.npz"], "does not exist"),
+        ([tmp_path / "junk.npz"], "not a readable .npz"),
+        ([tmp_path / "f32.npz", "--dtype", "float64"], "cannot carry float64 results"),
+    ]:
+        code, out, err = check(capsys, kit, *args)
+        assert out == ""
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_tampered_or_incomplete_kit_exit_2(kit: Path, good: dict, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    results = tmp_path / "results.npz"
+    np.savez(results, **good)
+    bad = tmp_path / "kit"
+    shutil.copytree(kit, bad)
+    blob = bytearray((bad / "expected.npz").read_bytes())
+    blob[len(blob) // 2] ^= 1  # one flipped bit in the oracle's answers
+    (bad / "expected.npz").write_bytes(bytes(blob))
+    code, out, err = check(capsys, bad, results)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "kit file expected.npz does not match its sha256" in err
+    (bad / "expected.npz").unlink()
+    code, _, err = check(capsys, bad, results)
+    assert code == 2 and "kit file expected.npz is missing" in err
+    (bad / "manifest.json").unlink()
+    code, _, err = check(capsys, bad, results)
+    assert code == 2 and "has no manifest.json" in err
+    assert not (tmp_path / "results.check.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ the Julia example
+# No Julia here: the example is checked statically against the package it calls and the kit it reads.
+JULIA_PORT = REPO / "examples" / "kit_flux_port.jl"
+
+
+def test_julia_port_calls_only_what_nanogptflux_exports_and_reads_real_manifest_keys(kit: Path) -> None:
+    import re
+
+    source = JULIA_PORT.read_text()
+    package = (REPO / "julia" / "NanoGPTFlux" / "src" / "NanoGPTFlux.jl").read_text()
+    exported = set(re.findall(r"[A-Za-z_!]+", package.split("export", 1)[1].split("include", 1)[0]))
+    called = set(re.findall(r"NanoGPTFlux\.([A-Za-z_!]+)\(", source))
+    assert called and called <= exported, called - exported
+    manifest = json.loads((kit / "manifest.json").read_text())
+    block = source.split("const CONFIG_KEYS = [", 1)[1].split("]", 1)[0]
+    assert set(re.findall(r'"(\w+)"', block)) <= set(manifest["config"])
+    for key in re.findall(r'manifest\["(\w+)"\]', source):
+        assert key in manifest, key
+    for name in re.findall(r'joinpath\(kit, "([\w.]+)"\)', source):
+        assert name == "manifest.json" or name in manifest["files"] or name == "masks.npz", name
+
+
+@pytest.mark.skipif(not __import__("shutil").which("fatou"), reason="fatou is not installed")
+def test_julia_port_is_fatou_clean() -> None:
+    for args in (["lint"], ["format", "--check"]):
+        proc = subprocess.run(["fatou", *args, str(JULIA_PORT)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_prefix_of_the_steps_is_checked(kit: Path, good: dict, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "results.npz"
+    np.savez(path, **{**{k: v for k, v in good.items() if not k.startswith("opt/3/")}, "loss": good["loss"][:2]})
+    code, out, _ = check(capsys, kit, path)
+    assert code == 0 and "optimizer steps 1..2" in out and " of 2\n" in out, out
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    assert verdict["optimizer_steps_given"] == 2 and verdict["loss_steps_given"] == 2
+    np.savez(path, **{**good, "opt/2/param/wte.weight": good["opt/2/param/wte.weight"] + 1e-3})
+    code, out, _ = check(capsys, kit, path)
+    assert code == 1 and "first broken: optimizer, parameter wte.weight (first at step 2" in out, out
