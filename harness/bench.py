@@ -50,10 +50,10 @@ import numpy as np
 
 from harness import environment, records, runner
 from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
-from harness.cli import out_arg
 from harness.config import SIZES, Config, load_config, seed_arg
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
+from harness.options import out_arg
 from harness.runner import Curves, train
 from harness.stats import median_ci as _median_ci
 from harness.weights import init_weights

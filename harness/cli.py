@@ -7,92 +7,18 @@ import signal
 import sys
 from pathlib import Path
 
-from harness.config import SIZES, load_config, seed_arg
+from harness.config import SIZES, load_config
 from harness.errors import UsageError
-
-DEFAULT_OUT = Path("reports")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the problem and where to look), exit 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def out_arg(text: str) -> Path:
-    """argparse type of --out: a non-empty path (an empty one would silently mean the current directory)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("--out is empty; pass a directory, e.g. --out reports")
-    return Path(text)
-
-
-def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES, per_backend_device: bool = False) -> None:
-    """Options shared by run, parity and bench: what to train on what data, and where to write.
-
-    With `per_backend_device` (parity), --device is repeatable and takes DEVICE or NAME=DEVICE
-    (harness.devices.parse_devices)."""
-    p.add_argument("--size", default="small", choices=sizes, metavar="SIZE",
-                   help=f"size preset: {', '.join(sizes)} (default small)")
-    p.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`)")
-    p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
-                   "Shakespeare, downloaded once into the user cache)")
-    if per_backend_device:
-        p.add_argument("--device", action="append", metavar="DEVICE|NAME=DEVICE",
-                       help="cpu (default) or cuda for every backend, or NAME=DEVICE for one (repeatable), e.g. "
-                            "--device torch=cuda: torch on the GPU, the other backend on the CPU")
-    else:
-        p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and sampling, "
-                   "0 to 2**32-1 (1337)")
-    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
-    p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
-
-
-def add_schedule(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=positive_int, metavar="N", help="train exactly N steps")
-    g.add_argument("--epochs", type=positive_int, metavar="N", help="train N epochs (preset: 20)")
-    p.add_argument("--eval-interval", type=positive_int, metavar="N", help="evaluate every N steps")
-    p.add_argument("--dropout", type=float, metavar="P", help="override the preset's dropout")
-    p.add_argument("--scheme", choices=("epochs", "random"), help="batch scheme (preset: epochs)")
-
-
-def configure(args: argparse.Namespace, size: str | None = None) -> object:
-    """The validated Config for `size` (or --config) with the command line's overrides applied."""
-    config = load_config(size or args.size, args.config)
-    changes = {k: v for k, v in {
-        "steps": getattr(args, "steps", None), "epochs": getattr(args, "epochs", None),
-        "eval_interval": getattr(args, "eval_interval", None), "dropout": getattr(args, "dropout", None),
-        "scheme": getattr(args, "scheme", None)}.items() if v is not None}
-    if getattr(args, "epochs", None) is not None:
-        changes["steps"] = None
-    return config.replace(**changes) if changes else config
-
-
-def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, dict]:
-    opts: dict[str, dict] = {}
-    for name in backends:
-        o: dict = {}
-        if args.dtype:
-            o["dtype"] = args.dtype
-        if name == "torch" and getattr(args, "compile", False):
-            o["compile"] = True
-        if name in ("torch", "flux") and getattr(args, "precision", None):
-            o["precision"] = args.precision
-        opts[name] = o
-    return opts
+from harness.options import (
+    DEFAULT_OUT,
+    Parser,
+    add_common,
+    add_schedule,
+    backend_options,
+    configure,
+    out_arg,
+    positive_int,
+)
 
 
 # --- run ---------------------------------------------------------------------------------------------------------

@@ -29,10 +29,70 @@ COLUMNS = ("run_id", "backend", "label", "sweep_id", "cell", "contended", "seed"
            "target_step", "target_train_s", "chrf", "bleu", "config_hash", *CONFIG_COLUMNS, "started_at")
 
 
+def costs(rec: dict) -> dict[str, Any]:
+    """Every cost figure of one record, recomputing what an unfinished record lacks (None where unknowable).
+
+    Keys: setup_s, first_step_s, step_median_s, step_p10_s, step_p90_s, step_iqr_s, steady_steps, tokens_per_s,
+    eval_s, train_s, wall_s, generation_tokens_per_s, peak_bytes, memory_kind, n_params, n_params_non_embedding,
+    flops_per_token, achieved_flops, recomputed (names of figures derived here rather than read).
+    """
+    from harness.runner import summarize_times
+
+    t = dict(rec.get("timings") or {})
+    recomputed: list[str] = []
+    times = list((rec.get("steps") or {}).get("time_s", []))
+    tokens_per_step = rec.get("tokens_per_step")
+    if tokens_per_step is None:
+        cfg = rec.get("config", {})
+        tokens_per_step = cfg.get("batch_size", 0) * cfg.get("block_size", 0) or None
+    if t.get("step_median_s") is None and times and tokens_per_step:
+        t.update(summarize_times(times, tokens_per_step))
+        recomputed += ["step times", "tokens/s"]
+    if t.get("first_step_s") is None and times and not rec.get("resumed_at"):
+        t["first_step_s"] = times[0]
+        recomputed.append("first step")
+    if t.get("train_s") is None and times:
+        t["train_s"] = float(sum(times))
+        recomputed.append("train time")
+    if t.get("eval_s") is None and rec.get("evals"):
+        t["eval_s"] = float(sum(e.get("time_s", 0.0) for e in rec["evals"]))
+        recomputed.append("eval time")
+    flops_per_token = rec.get("flops_per_token")
+    if flops_per_token is None:
+        flops_per_token = _flops_per_token(rec)
+    achieved = t.get("achieved_flops")
+    if achieved is None and t.get("tokens_per_s") and flops_per_token:
+        achieved = t["tokens_per_s"] * flops_per_token
+        recomputed.append("FLOP/s")
+    memory = rec.get("memory") or {}
+    text = rec.get("text") or {}
+    return {
+        "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"), "compile_s": t.get("compile_s"),
+        "step_median_s": t.get("step_median_s"), "step_p10_s": t.get("step_p10_s"),
+        "step_p90_s": t.get("step_p90_s"), "step_iqr_s": t.get("step_iqr_s"),
+        "steady_steps": t.get("steady_steps"), "warmup_steps": t.get("warmup_steps"),
+        "tokens_per_s": t.get("tokens_per_s"), "eval_s": t.get("eval_s"), "train_s": t.get("train_s"),
+        "wall_s": t.get("wall_s"), "generation_tokens_per_s": text.get("generation_tokens_per_s"),
+        "peak_bytes": memory.get("peak_bytes"), "memory_kind": memory.get("kind"),
+        "n_params": rec.get("n_params"), "n_params_non_embedding": rec.get("n_params_non_embedding"),
+        "flops_per_token": flops_per_token, "achieved_flops": achieved, "recomputed": recomputed,
+        "tokens_per_step": tokens_per_step,
+    }
+
+
+def _flops_per_token(rec: dict) -> int | None:
+    """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (harness.costs)."""
+    try:
+        from harness.config import Config
+        from harness.costs import flops_per_token
+
+        return flops_per_token(Config(**rec["config"]), int(rec["data"]["vocab_size"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
     """The tidy row of one RunRecord (`sweep`: {"sweep_id", "cell", "contended"} when it is a sweep cell)."""
-    from harness.report.analysis import costs
-
     c = costs(rec)
     t = rec.get("timings") or {}
     cfg = rec.get("config") or {}

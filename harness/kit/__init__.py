@@ -19,8 +19,8 @@ DEFAULT_STEPS = 5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `export` and `check` subcommands of `harness kit`."""
-    from harness.cli import Parser, positive_int
     from harness.config import SIZES
+    from harness.options import Parser, positive_int
 
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
     e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json")

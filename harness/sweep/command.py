@@ -25,7 +25,7 @@ def _csv(text: str) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness sweep`."""
-    from harness.cli import DEFAULT_OUT, positive_int
+    from harness.options import DEFAULT_OUT, positive_int
 
     p.add_argument("spec", nargs="?", metavar="SPEC.toml", help="a sweep file (flags override its keys)")
     g = p.add_argument_group("axes (cells are the cross product)")
