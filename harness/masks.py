@@ -1,8 +1,8 @@
-"""Dropout masks drawn once by the harness and handed to every backend (DESIGN.md, "Parity").
+"""Dropout masks drawn once by the harness and handed to every backend (docs/design.md, "Parity").
 
 With `harness parity --dropout P` every backend must drop exactly the same activations, or two correct backends
 could never agree. So the harness draws every keep-mask itself, from its own seeded RNG (independent of the batch
-stream), and each backend applies the masks it is given at the three places of DESIGN.md, with inverted scaling:
+stream), and each backend applies the masks it is given at the three places of docs/design.md, with inverted scaling:
 
     x * mask / (1 - p)
 

@@ -1,4 +1,4 @@
-"""`harness parity`: do two backends compute the same thing? (DESIGN.md, "Parity")
+"""`harness parity`: do two backends compute the same thing? (docs/design.md, "Parity")
 
 Parity mode trains both backends from the same canonical weights on the same batches (dropout 0, or the same
 harness-drawn dropout masks), each in its own worker process (harness.launch), and compares them at four depths,

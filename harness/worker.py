@@ -1,6 +1,6 @@
 """One backend's training in its own interpreter: `python -m harness.worker RUN_DIR BACKEND [--resume]`.
 
-DESIGN.md, "One worker process per backend": juliacall must be imported before torch, CUDA.jl and PyTorch keep
+docs/design.md, "One worker process per backend": juliacall must be imported before torch, CUDA.jl and PyTorch keep
 separate memory pools, a crash in one backend keeps the other's results, and neither framework's start-up pollutes
 the other's timings. The worker rebuilds the batch stream and the weights from the seed in spec.json and reports
 their fingerprints, which the parent compares across backends.

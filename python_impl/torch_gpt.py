@@ -1,4 +1,4 @@
-"""The PyTorch nanoGPT of DESIGN.md, after karpathy/nanoGPT's model.py (biases on, untied lm_head, tanh GELU).
+"""The PyTorch nanoGPT of docs/design.md, after karpathy/nanoGPT's model.py (biases on, untied lm_head, tanh GELU).
 
 Parameter names equal the harness's canonical names (harness/weights.py), so canonical weights load with
 `load_state_dict` and gradients come back under the same names without any mapping.
@@ -36,7 +36,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs): head h owns features h*hs:(h+1)*hs
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # softmax(q k^T / sqrt(hs) + causal mask) v; no dropout on the attention probabilities (DESIGN.md)
+        # softmax(q k^T / sqrt(hs) + causal mask) v; no dropout on the attention probabilities (docs/design.md)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y), mask)  # after the output projection, before the residual add

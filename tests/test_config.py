@@ -1,4 +1,4 @@
-"""Size presets equal DESIGN.md's table; every invalid field gives a UsageError naming it."""
+"""Size presets equal docs/design.md's table; every invalid field gives a UsageError naming it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from harness.config import SIZES, load_config
 from harness.errors import UsageError
 
-# DESIGN.md, "Size presets", copied by hand: the independent truth the TOML files must match.
+# docs/design.md, "Size presets", copied by hand: the independent truth the TOML files must match.
 DESIGN_TABLE = {
     "small": dict(n_embd=16, block_size=64, batch_size=16, n_layer=1, n_head=2, d_hidden=64),
     "medium": dict(n_embd=32, block_size=128, batch_size=32, n_layer=2, n_head=4, d_hidden=128),

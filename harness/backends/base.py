@@ -1,4 +1,4 @@
-"""The protocol every backend implements (DESIGN.md, "Backend"). The runner never imports a framework.
+"""The protocol every backend implements (docs/design.md, "Backend"). The runner never imports a framework.
 
 Arrays crossing this boundary are NumPy, in canonical names and PyTorch layouts (see harness.weights):
 token batches are int64 (B, T), 0-based; logits are float (B, T, V); gradients and parameters are

@@ -20,7 +20,7 @@ import numpy as np
 from harness import records, stats
 from harness.results import costs
 
-# Loss agreement with dropout on (DESIGN.md, "Parity"): the frameworks' dropout streams differ, so the final
+# Loss agreement with dropout on (docs/design.md, "Parity"): the frameworks' dropout streams differ, so the final
 # validation losses can only agree statistically. Two backends "agree" when their validation losses at the last
 # common evaluation step differ by at most LOSS_BAND_REL of their mean.
 LOSS_BAND_REL = 0.02
