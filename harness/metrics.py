@@ -26,7 +26,6 @@ The protocol (fixed, the same for every backend and every size; README, "Text qu
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -87,25 +86,16 @@ def generate(backend: Backend, prompts: np.ndarray, n_new: int, block_size: int,
     """Continue each row of `prompts` (N, P) by `n_new` tokens; returns (N, n_new).
 
     All rows are decoded together (one `backend.logits` call per new token) on the last `block_size` tokens of
-    context; a backend whose `logits` takes `last_only` copies only the last position's logits to the host.
+    context; only the last position's logits are copied to the host (`logits(..., last_only=True)`).
     `temperature` is one value or one per row (None = greedy); uniforms come from `uniform_draws(seed)`.
     """
     uniforms = uniform_draws(seed, n_new, prompts.shape[0])
     ids = np.asarray(prompts, dtype=np.int64)
-    options = {"last_only": True} if _takes(backend.logits, "last_only") else {}
     for i in range(n_new):
         context = ids[:, -block_size:]
-        next_ids = sample_next(np.asarray(backend.logits(context, **options))[:, -1, :], temperature, uniforms[i])
+        next_ids = sample_next(np.asarray(backend.logits(context, last_only=True))[:, -1, :], temperature, uniforms[i])
         ids = np.concatenate([ids, next_ids[:, None]], axis=1)
     return ids[:, prompts.shape[1]:]
-
-
-def _takes(fn: Any, name: str) -> bool:
-    """Whether callable `fn` accepts a keyword argument `name`."""
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def prompt_offsets(n_val: int, n_prompts: int = N_PROMPTS, prompt_chars: int = PROMPT_CHARS,

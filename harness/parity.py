@@ -620,8 +620,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dropout", type=_float, default=0.0, metavar="P",
                    help="dropout probability; with P > 0 the harness draws every mask and hands the same masks to "
                         "both backends (0)")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads per backend (OMP, OpenBLAS, MKL, Julia); default: the frameworks' own choice")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads per backend (OMP, OpenBLAS, MKL, Julia); default 1: one thread makes every "
+                        "reduction's order fixed, so a rerun gives bit-identical numbers (parity times nothing)")
     p.add_argument("--per-parameter", action="store_true",
                    help="also print every parameter's gradient and optimizer-step error")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -39,7 +39,7 @@ class OracleBackend:
         self.text = corpus.decode(corpus.val)
         self.corpus, self.margin = corpus, margin
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: np.ndarray, last_only: bool = False) -> np.ndarray:
         out = np.zeros((x.shape[0], x.shape[1], self.corpus.vocab_size))
         for row, ids in enumerate(x):
             context = self.corpus.decode(ids)
@@ -57,7 +57,7 @@ class UniformBackend:
     def __init__(self, vocab: int, dtype: type = np.float64, value: float = 0.0):
         self.vocab, self.dtype, self.value = vocab, dtype, value
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: np.ndarray, last_only: bool = False) -> np.ndarray:
         return np.full((x.shape[0], x.shape[1], self.vocab), self.value, dtype=self.dtype)
 
 

@@ -48,8 +48,9 @@ class Backend(Protocol):
     def eval_loss(self, x: np.ndarray, y: np.ndarray) -> float:
         """Mean cross-entropy with dropout off, no gradient."""
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """(B, T, V) logits with dropout off, as float64 or float32 NumPy."""
+    def logits(self, x: np.ndarray, last_only: bool = False) -> np.ndarray:
+        """(B, T, V) logits with dropout off, as float64 or float32 NumPy; with `last_only`, (B, 1, V): only the
+        last position's logits leave the device (generation needs no more)."""
 
     def gradients(self, x: np.ndarray, y: np.ndarray,
                   masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
