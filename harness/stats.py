@@ -109,6 +109,18 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Interval:
     return Interval(m, m - half, m + half, int(x.size), level)
 
 
+def geometric_mean_ci(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """Geometric mean of positive values with the t interval of their logarithms, exponentiated.
+
+    For times, rates and memory: positive and right-skewed (one slow seed doubles a time, never halves it below
+    zero), so an arithmetic interval can reach below zero while this one never does.
+    """
+    logs = mean_ci([math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0], level)
+    lo = None if logs.lo is None else math.exp(logs.lo)
+    hi = None if logs.hi is None else math.exp(logs.hi)
+    return Interval(math.exp(logs.estimate), lo, hi, logs.n, level)
+
+
 def paired_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Interval:
     """Mean of the per-pair differences a_i - b_i (pairs share a seed) with its t interval."""
     if len(a) != len(b):

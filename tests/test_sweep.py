@@ -323,3 +323,16 @@ def test_scaling_fit_and_crossover_on_known_power_laws():
     (small,) = [c for c in comparisons(pd.DataFrame(rows)) if c["label"] == "s0"]
     assert small["speed"].estimate == pytest.approx(1e-5 / 3.1622776601683795e-05)  # numpy/torch step time at 1e3
     assert small["sentence"].startswith("numpy is 3.16x (one seed: no interval) faster than torch on s0 (cpu)")
+
+
+def test_geometric_mean_interval_by_hand_and_never_below_zero():
+    """Times are skewed: the log-scale interval of (1, 1, 10) ms stays positive, where the arithmetic one does not."""
+    values = [1e-3, 1e-3, 10e-3]
+    arith = stats.mean_ci(values)
+    assert arith.lo < 0  # the reason for the log scale
+    g = stats.geometric_mean_ci(values)
+    logs = [math.log(v) for v in values]
+    lm, ls = sum(logs) / 3, (sum((x - sum(logs) / 3) ** 2 for x in logs) / 2) ** 0.5
+    assert g.estimate == pytest.approx(math.exp(lm))
+    assert g.lo == pytest.approx(math.exp(lm - 4.303 * ls / math.sqrt(3)), rel=1e-3) and g.lo > 0
+    assert g.hi == pytest.approx(math.exp(lm + 4.303 * ls / math.sqrt(3)), rel=1e-3)

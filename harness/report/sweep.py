@@ -40,11 +40,17 @@ def _finite(values: Any) -> list[float]:
     return [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
-def _interval_text(values: list[float], fmt: Any) -> str:
+# Positive, right-skewed figures: geometric mean and an interval on the log scale (never below zero).
+LOG_SCALE = {"step_median_s", "tokens_per_s", "peak_bytes", "target_train_s"}
+
+
+def _interval_text(values: list[float], fmt: Any, log_scale: bool = False) -> str:
     vals = _finite(values)
+    if log_scale:
+        vals = [v for v in vals if v > 0]
     if not vals:
         return tables.DASH
-    ci = stats.mean_ci(vals)
+    ci = stats.geometric_mean_ci(vals) if log_scale else stats.mean_ci(vals)
     if ci.lo is None:
         return f"{fmt(ci.estimate)} (n=1)"
     return f"{fmt(ci.estimate)} [{fmt(ci.lo)}, {fmt(ci.hi)}]"
@@ -65,13 +71,13 @@ def group_table(df: pd.DataFrame) -> pd.DataFrame:
         for col, head, fmt in METRICS:
             if col == "target_train_s":
                 reached = int(g["target_reached"].fillna(False).astype(bool).sum())
-                text = _interval_text(g.loc[g["target_reached"].fillna(False).astype(bool), col], fmt)
+                text = _interval_text(g.loc[g["target_reached"].fillna(False).astype(bool), col], fmt, True)
                 if not g["target_val_loss"].notna().any():
                     row[head] = tables.DASH
                 else:
                     row[head] = f"{text}; reached {reached}/{len(g)}" if reached else f"not reached (0/{len(g)})"
             else:
-                row[head] = _interval_text(g[col], fmt)
+                row[head] = _interval_text(g[col], fmt, col in LOG_SCALE)
         rows.append(row)
     return pd.DataFrame(rows)
 
