@@ -15,7 +15,6 @@ import pytest
 
 from harness.backends.flux_layout import masks_to_flux, to_flux
 from harness.weights import decays
-from python_impl import numpy_gpt
 
 TEST_DIR = Path(__file__).resolve().parent.parent / "julia" / "NanoGPTFlux" / "test"
 
@@ -90,16 +89,3 @@ def test_fixture_layout_and_contents(fresh: str):
     assert not np.allclose(arrays["grad/wte.weight"], arrays["grad_masked/wte.weight"])
     assert not np.allclose(arrays["step1/param/h.0.ln_1.bias"], arrays["param/h.0.ln_1.bias"])
     assert scalars["loss_step_1"] == scalars["loss_masked"]
-
-
-def test_mask_replay_reproduces_the_masks():
-    """The generator's stand-in RNG makes the oracle drop exactly the given entries, at every site in order."""
-    rng = np.random.default_rng(0)
-    masks = {k: rng.random((2, 3, 4)) >= 0.4 for k in ("emb", "h.0.attn", "h.0.mlp")}
-    replay = make_fixture.MaskReplay(masks, n_layer=1)
-    x = np.ones((2, 3, 4))
-    for site in ("emb", "h.0.attn", "h.0.mlp"):
-        out, _ = numpy_gpt.dropout_forward(x, 0.4, replay)
-        np.testing.assert_allclose(out, masks[site] / 0.6)
-    with pytest.raises(IndexError):
-        replay.random((2, 3, 4))  # every mask used exactly once

@@ -193,23 +193,6 @@ def test_flux_layout_forward_is_causal():
     assert not np.allclose(changed[:, 12:], base[:, 12:])
 
 
-class MaskReplay:
-    """Stands in for the NumPy oracle's dropout Generator and hands it the given masks, in forward order.
-
-    numpy_gpt.dropout_forward keeps an entry where `rng.random(shape) >= p`: 1.0 where the mask keeps and 0.0 where
-    it drops reproduce the mask exactly for any 0 < p < 1.
-    """
-
-    def __init__(self, masks: dict[str, np.ndarray], n_layer: int):
-        order = ["emb"] + [f"h.{i}.{site}" for i in range(n_layer) for site in ("attn", "mlp")]
-        self._queue = [masks[k] for k in order]
-
-    def random(self, shape: tuple[int, ...]) -> np.ndarray:
-        mask = self._queue.pop(0)
-        assert mask.shape == tuple(shape)
-        return np.where(mask, 1.0, 0.0)
-
-
 def _harness_masks(config, B: int, T: int, seed: int = 9) -> dict[str, np.ndarray]:
     """Keep-masks of the shared-mask contract: bool (B, T, C) per site, kept with probability 1 - dropout."""
     rng = np.random.default_rng(seed)
@@ -247,7 +230,7 @@ def _masked_case(T: int = 9, B: int = 2):
     x = rng.integers(0, VOCAB, size=(B, T))
     masks = _harness_masks(config, B, T)
     params = {k: np.asarray(v, dtype=np.float64) for k, v in w.items()}
-    expected, _ = numpy_gpt.gpt_forward(params, x, config, MaskReplay(masks, config.n_layer))
+    expected, _ = numpy_gpt.gpt_forward(params, x, config, masks=masks)
     return config, w, x, masks, expected
 
 

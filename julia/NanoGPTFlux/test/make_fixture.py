@@ -38,24 +38,6 @@ ADAMW_LRS = (1e-2, 5e-3, 2e-3)
 DIGITS = 13  # significant digits written: the Float64 comparisons in runtests.jl use rtol 1e-9 or looser
 
 
-class MaskReplay:
-    """Stands in for the oracle's dropout Generator and hands it the given masks, in forward order.
-
-    numpy_gpt.dropout_forward keeps an entry where `rng.random(shape) >= p`: 1.0 where the mask keeps and 0.0 where
-    it drops reproduce the mask exactly for any 0 < p < 1.
-    """
-
-    def __init__(self, masks: dict[str, np.ndarray], n_layer: int):
-        order = ["emb"] + [f"h.{i}.{site}" for i in range(n_layer) for site in ("attn", "mlp")]
-        self._queue = [masks[k] for k in order]
-
-    def random(self, shape: tuple[int, ...]) -> np.ndarray:
-        mask = self._queue.pop(0)
-        if mask.shape != tuple(shape):
-            raise ValueError(f"mask of shape {mask.shape} for activations of shape {tuple(shape)}")
-        return np.where(mask, 1.0, 0.0)
-
-
 def tiny_config():
     """The fixture's model: 2 layers, 2 heads of size 2, dropout 0.25 (so 1 - p is exact in Float32)."""
     return load_config("small").replace(
@@ -107,7 +89,7 @@ def fixture() -> tuple[dict[str, object], dict[str, float], dict[str, np.ndarray
     loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config)
     scalars["loss"] = float(loss)
     arrays.update({f"grad/{k}": v for k, v in _flux64(grads).items()})
-    loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, MaskReplay(masks, config.n_layer))
+    loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, masks=masks)
     scalars["loss_masked"] = float(loss)
     arrays.update({f"grad_masked/{k}": v for k, v in _flux64(grads).items()})
 
@@ -115,7 +97,7 @@ def fixture() -> tuple[dict[str, object], dict[str, float], dict[str, np.ndarray
     opt = numpy_gpt.AdamW(params, betas=(config.beta1, config.beta2), eps=config.eps,
                           weight_decay=config.weight_decay)
     for step, lr in enumerate(LRS, start=1):
-        loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, MaskReplay(masks, config.n_layer))
+        loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, masks=masks)
         total = float(numpy_gpt.clip_grad_norm(grads, config.grad_clip))
         if total <= config.grad_clip:
             raise AssertionError(f"step {step}: gradient norm {total} does not exceed grad_clip: clipping untested")
