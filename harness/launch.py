@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +52,7 @@ class Plan:
     backend_options: dict[str, dict] = field(default_factory=dict)
     checkpoint_every: int = 0
     text: bool = True
-    parity: bool = False
+    parity: bool | dict = False  # True, or {"opt_steps": K} from `harness parity`
     progress: bool = True
     threads: int | None = None
     allow_large: bool = False  # skip the memory-estimate refusal
@@ -117,18 +118,44 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
+def gpu_memory() -> tuple[int, int] | None:
+    """(total, free) bytes of the GPU a CUDA worker would use (the first visible one), from `nvidia-smi`; None when
+    it cannot tell. Asked of nvidia-smi, not of a framework, so that the parent never creates a CUDA context."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    cmd = [smi, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]
+    cmd += [f"--id={visible}"] if visible else []
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
+        total_mib, free_mib = (int(v) for v in out.strip().splitlines()[0].split(","))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return total_mib * 2**20, free_mib * 2**20
+
+
 def check_memory(plan: Plan) -> int:
-    """Refuse (UsageError) a run whose worker would not fit in this machine's memory; returns the estimate."""
+    """Refuse (UsageError) a run whose worker would not fit in this machine's memory, or in the GPU's when a backend
+    runs on CUDA (parameters, optimizer state and activations live there); returns the estimate."""
     per_float = max(float_bytes(b, plan.backend_options.get(b, {})) for b in plan.backends)
     parts = estimate_memory(plan.config, plan.corpus, per_float)
     need = sum(parts.values())
+    fix = "make the model, batch or eval_batches smaller, or pass --allow-large if you mean it"
     total, available = machine_memory()
     if need > available and not plan.allow_large:
         biggest = max(parts, key=parts.get)
         raise UsageError(f"config {plan.config.name!r} needs about {fmt_bytes(need)} of memory (mostly "
                          f"{biggest}: {fmt_bytes(parts[biggest])}) but this machine has {fmt_bytes(available)} "
-                         f"available of {fmt_bytes(total)}; make the model, batch or eval_batches smaller, or pass "
-                         "--allow-large if you mean it")
+                         f"available of {fmt_bytes(total)}; {fix}")
+    on_gpu = [b for b in plan.backends if plan.device_of(b) == "cuda"]
+    gpu = gpu_memory() if on_gpu and not plan.allow_large else None
+    if gpu is not None:
+        device_need = parts["parameters"] + parts["activations"]
+        if device_need > gpu[1]:
+            raise UsageError(f"config {plan.config.name!r} needs about {fmt_bytes(device_need)} of GPU memory "
+                             f"(parameters, AdamW state and activations) but the GPU has {fmt_bytes(gpu[1])} free of "
+                             f"{fmt_bytes(gpu[0])}; {fix}")
     return need
 
 

@@ -556,3 +556,29 @@ def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config
     assert rec["status"] == "completed" and len(rec["steps"]["loss"]) == 10
     assert records.Status.of(rec["status"]) is records.Status.COMPLETED
     assert records.Status.of("failed: x") is records.Status.FAILED and records.Status.FAILED.text("x") == "failed: x"
+
+
+def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):
+    """A backend on CUDA is also checked against the GPU's free memory, read from nvidia-smi (a fake one here)."""
+    from harness import launch
+    from harness.config import load_config
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '81559, 2'\n")  # MiB total, MiB free: 2 MiB free
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert launch.gpu_memory() == (81559 * 2**20, 2 * 2**20)
+    medium = load_config("medium")
+    on_cpu = launch.Plan(config=medium, corpus=corpus, backends=["torch"])
+    assert launch.check_memory(on_cpu) > 0  # host RAM is enough, and the GPU is not asked about
+    on_gpu = launch.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda")
+    with pytest.raises(UsageError, match=r"of GPU memory .* 2.0 MiB free of 79.6 GiB.*--allow-large"):
+        launch.check_memory(on_gpu)
+    parity_gpu = launch.Plan(config=medium, corpus=corpus, backends=["torch", "numpy"], devices={"torch": "cuda"})
+    with pytest.raises(UsageError, match="of GPU memory"):
+        launch.check_memory(parity_gpu)
+    assert launch.check_memory(launch.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda",
+                                           allow_large=True)) > 0
+    smi.write_text("#!/bin/sh\nexit 9\n")  # a broken driver: no GPU figure, no refusal on its account
+    assert launch.gpu_memory() is None
+    assert launch.check_memory(on_gpu) > 0
