@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # One thread per framework: on a 2-core CI machine two intra-op threads that wait for each other made steps up to
@@ -86,3 +89,31 @@ def tiny_config(tmp_path: Path):
         return path
 
     return make
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (the worker runs in its own session)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def check_files(run: Path) -> None:
+    """Everything a kill leaves behind parses (a temp file may be left; the next lock holder removes it)."""
+    for path in run.iterdir():
+        if path.suffix == ".json":
+            assert isinstance(json.loads(path.read_text()), dict), path
+        elif path.suffix == ".csv":
+            rows = list(csv.reader(path.open()))
+            assert rows and all(len(r) == len(rows[0]) for r in rows), path
+        elif path.suffix == ".npz":
+            with np.load(path) as f:
+                assert "harness/step" in f.files and len(f["harness/loss"]) == int(f["harness/step"])
+        else:
+            assert path.name == ".lock" or (path.name.startswith(".") and path.name.endswith(".tmp")), path

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import data_path, run_cli
+from tests.conftest import check_files, children, data_path, run_cli
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -44,19 +44,6 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc (the worker runs in its own session)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -144,17 +131,7 @@ def test_sigkill_at_random_moments_leaves_parseable_files_and_resumes(tmp_path, 
                 pass
         proc.communicate(timeout=30)
         run = only_run(out)
-        for path in run.iterdir():  # every file left behind parses
-            if path.suffix == ".json":
-                assert isinstance(json.loads(path.read_text()), dict), path
-            elif path.suffix == ".csv":
-                rows = list(csv.reader(path.open()))
-                assert rows and all(len(r) == len(rows[0]) for r in rows), path
-            elif path.suffix == ".npz":
-                with np.load(path) as f:
-                    assert "harness/step" in f.files
-            elif path.name != ".lock":
-                assert path.name.startswith(".") and path.name.endswith(".tmp"), path  # an unfinished temp file
+        check_files(run)  # every file left behind parses
         result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
         assert result.returncode == 0, result.stderr
         assert losses(run) == reference

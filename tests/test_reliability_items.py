@@ -21,7 +21,7 @@ import pytest
 
 from harness import cli, records
 from harness.errors import UsageError
-from tests.conftest import TINY_TOML, data_path, run_cli
+from tests.conftest import TINY_TOML, children, data_path, run_cli
 
 TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
 NUMPY = ["--backend", "numpy", "--quiet", "--no-text", "--no-report"]
@@ -69,18 +69,6 @@ def wait_for(predicate, timeout: float = 120.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out waiting")
-
-
-def children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
 
 
 def state(pid: int) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import check_files, run_cli
 
 STEPS, EVERY = 60, 20
 # (hook, what must hold on disk right after the kill)
@@ -35,21 +35,6 @@ def read(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-
-
-def check_files(run: Path) -> None:
-    """Everything a kill leaves behind parses (a temp file may be left; the next lock holder removes it)."""
-    for path in run.iterdir():
-        if path.suffix == ".json":
-            assert isinstance(json.loads(path.read_text()), dict), path
-        elif path.suffix == ".csv":
-            rows = list(csv.reader(path.open()))
-            assert rows and all(len(r) == len(rows[0]) for r in rows), path
-        elif path.suffix == ".npz":
-            with np.load(path) as f:
-                assert "harness/step" in f.files and len(f["harness/loss"]) == int(f["harness/step"])
-        else:
-            assert path.name == ".lock" or (path.name.startswith(".") and path.name.endswith(".tmp")), path
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
