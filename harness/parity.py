@@ -198,28 +198,32 @@ class ParityResult:
         return not self.failures
 
     def rows(self) -> list[dict[str, Any]]:
-        """The summary table: one row per check."""
+        """The summary table: one row per check, each with its depth (logits, gradients, dropout_gradients,
+        optimizer, loss)."""
         t = self.tolerances
         lw = self.logits_where
         where = f"batch row {lw[0]}, position {lw[1]}, token {lw[2]}" if len(lw) == 3 else ""
         rows = [
-            {"check": "step-0 logits max |diff|", "value": self.logits_max_abs, "tolerance": t.logits,
-             "where": where},
-            {"check": "step-0 gradient rel err (worst)", "value": self.worst_grad_rel_err, "tolerance": t.grad,
-             "where": self.worst_grad or ""},
+            {"depth": "logits", "check": "step-0 logits max |diff|", "value": self.logits_max_abs,
+             "tolerance": t.logits, "where": where},
+            {"depth": "gradients", "check": "step-0 gradient rel err (worst)", "value": self.worst_grad_rel_err,
+             "tolerance": t.grad, "where": self.worst_grad or ""},
         ]
         if self.dropout_grad_rel_err:
-            rows.append({"check": "step-0 gradient rel err, dropout masks", "value": self.worst_dropout_grad_rel_err,
+            rows.append({"depth": "dropout_gradients", "check": "step-0 gradient rel err, dropout masks",
+                         "value": self.worst_dropout_grad_rel_err,
                          "tolerance": t.grad, "where": self.worst_dropout_grad or ""})
         if self.opt_rel_err:
             wo = self.worst_opt
-            rows.append({"check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
+            rows.append({"depth": "optimizer", "check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
                          "value": self.worst_opt_rel_err, "tolerance": t.opt,
                          "where": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
-        rows.append({"check": "training loss max |diff|", "value": self.loss_max_abs_dev, "tolerance": t.loss,
+        rows.append({"depth": "loss", "check": "training loss max |diff|", "value": self.loss_max_abs_dev,
+                     "tolerance": t.loss,
                      "where": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""})
         if self.val_loss_abs_diff is not None:
-            rows.append({"check": "final val loss |diff|", "value": self.val_loss_abs_diff, "tolerance": t.loss,
+            rows.append({"depth": "loss", "check": "final val loss |diff|", "value": self.val_loss_abs_diff,
+                         "tolerance": t.loss,
                          "where": ", ".join(f"{k} {v:.6f}" for k, v in (self.val_loss or {}).items())})
         for row in rows:
             row["result"] = "ok" if _within(row["value"], row["tolerance"]) else "FAIL"
@@ -557,7 +561,7 @@ def format_table(result: ParityResult) -> str:
     """The summary table as text (pandas)."""
     import pandas as pd
 
-    df = pd.DataFrame(result.rows()).set_index("check")
+    df = pd.DataFrame(result.rows()).drop(columns="depth").set_index("check")
     df["value"] = df["value"].map(_fmt)
     df["tolerance"] = df["tolerance"].map(lambda v: f"{v:g}")
     return df[["value", "tolerance", "result", "where"]].to_string()

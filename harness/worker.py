@@ -154,6 +154,7 @@ class Worker:
         self.record: dict | None = None
         self.tail = Curves()  # what an earlier attempt recorded beyond the checkpoint (kept until passed again)
         self.finished = False  # the record on disk says "completed": nothing may change that
+        self.probe: dict[str, np.ndarray] | None = None  # parity: the probe arrays, completed after step K
 
     # --- inputs, identical in every backend by construction --------------------------------------------------
     def load_inputs(self) -> Corpus:
@@ -268,7 +269,7 @@ class Worker:
     def save_opt_step(self, done: int) -> None:
         """Parity: after training step `done` (1..opt_steps), the parameters and AdamW moments into the probe
         (`opt/<done>/param|adam_m|adam_v/<name>`); written once the last of them is in."""
-        if not hasattr(self, "probe") or done > self.opt_steps:
+        if self.probe is None or done > self.opt_steps:
             return
         state = self.backend.state_dict()
         self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
@@ -358,7 +359,7 @@ class Worker:
                         checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,
                         progress=progress, label=label, masks=self.masks,
                         after_step=self.save_opt_step if parity else None)
-        cv = self.curves
+        cv = self.merged()  # an interrupted resume: its figures also count what an earlier attempt recorded
         if cv.time_s and start == 0:
             timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s
         timings["compile_s"] = outcome.compile_s  # the backend's warm-up before step 0 (None: it has none)

@@ -75,26 +75,32 @@ def test_unknown_partition_is_one_line(partition: str, tmp_path: Path, tiny_conf
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_scancel_mid_run_then_resume_from_the_checkpoint(partition: str, tmp_path: Path, tiny_config):
-    out = tmp_path / "out"
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _long_cell_at_checkpoint(out: Path, partition: str, tiny_config) -> tuple[str, Path, dict]:
+    """Submit one 4000-step numpy cell (checkpoint every 100) and wait until it has checkpointed past step 200;
+    returns its job id, its record's path and the record then."""
     sub = run_cli("sweep", "--configs", str(tiny_config(interval=1000)), "--backends", "numpy", "--seeds", "1",
                   "--steps", "4000", "--checkpoint-every", "100", "--threads", "1", "--no-text", "--no-report",
                   "--executor", "slurm", "--partition", partition, "--no-wait", "--out", str(out))
     assert sub.returncode == 0, sub.stderr
     (cell,) = _manifest(out)["cells"]
-    job = cell["job_ids"][0]
     path = out / "runs" / cell["run_id"] / "numpy.json"
-
-    def ckpt_step() -> int:
-        try:
-            return (json.loads(path.read_text()).get("checkpoint") or {}).get("step", 0)
-        except (OSError, ValueError):
-            return 0
-
     deadline = time.monotonic() + 180
-    while ckpt_step() < 200:
+    while (_read(path).get("checkpoint") or {}).get("step", 0) < 200:
         assert time.monotonic() < deadline, "the cell never checkpointed"
         time.sleep(0.3)
+    return cell["job_ids"][0], path, _read(path)
+
+
+def test_scancel_mid_run_then_resume_from_the_checkpoint(partition: str, tmp_path: Path, tiny_config):
+    out = tmp_path / "out"
+    job, path, _ = _long_cell_at_checkpoint(out, partition, tiny_config)
     subprocess.run(["scancel", job], check=True)
     deadline = time.monotonic() + 60
     while True:
@@ -125,25 +131,7 @@ def test_time_limit_signal_requeues_the_cell_and_it_resumes(partition: str, tmp_
     """SLURM's pre-time-limit signal (USR2, as submitit's own `_interrupt(timeout=True)` sends it): submitit calls
     CellJob.checkpoint(), requeues the same job, and the cell continues from its checkpoint without `--resume`."""
     out = tmp_path / "out"
-    sub = run_cli("sweep", "--configs", str(tiny_config(interval=1000)), "--backends", "numpy", "--seeds", "1",
-                  "--steps", "4000", "--checkpoint-every", "100", "--threads", "1", "--no-text", "--no-report",
-                  "--executor", "slurm", "--partition", partition, "--no-wait", "--out", str(out))
-    assert sub.returncode == 0, sub.stderr
-    (cell,) = _manifest(out)["cells"]
-    job = cell["job_ids"][0]
-    path = out / "runs" / cell["run_id"] / "numpy.json"
-
-    def record() -> dict:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    deadline = time.monotonic() + 180
-    while (record().get("checkpoint") or {}).get("step", 0) < 200:
-        assert time.monotonic() < deadline, "the cell never checkpointed"
-        time.sleep(0.3)
-    before = record()
+    job, path, before = _long_cell_at_checkpoint(out, partition, tiny_config)
     ckpt = before["checkpoint"]["step"]
     subprocess.run(["scancel", job, "--signal", "USR2"], check=True)
     # SLURM holds a requeued job back for about two minutes (its begin time); let it start now instead
@@ -156,10 +144,10 @@ def test_time_limit_signal_requeues_the_cell_and_it_resumes(partition: str, tmp_
         assert time.monotonic() < deadline, f"the job was not requeued ({q.stdout.strip()})"
         time.sleep(0.3)
     deadline = time.monotonic() + 240
-    while record().get("status") != "completed" or not record().get("resumed_at"):
-        assert time.monotonic() < deadline, f"the requeued cell did not complete: {record().get('status')}"
+    while _read(path).get("status") != "completed" or not _read(path).get("resumed_at"):
+        assert time.monotonic() < deadline, f"the requeued cell did not complete: {_read(path).get('status')}"
         time.sleep(0.5)
-    rec = record()
+    rec = _read(path)
     assert len(rec["steps"]["loss"]) == 4000
     # continued from a checkpoint, not from step 0: the first attempt's timings and losses are kept
     assert rec["steps"]["time_s"][:ckpt] == before["steps"]["time_s"][:ckpt]

@@ -170,27 +170,13 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
     return result, tol
 
 
-def _depth_of_row(check: str) -> str:
-    c = check.lower()
-    if "logits" in c:
-        return "logits"
-    if "dropout" in c:
-        return "dropout_gradients"
-    if "gradient" in c:
-        return "gradients"
-    if "optimizer" in c:
-        return "optimizer"
-    return "loss"
-
-
 def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
     """parity's summary rows; a depth the port did not give is marked so (its comparison was the oracle itself)."""
     rows = []
     for row in result.rows():
-        depth = _depth_of_row(row["check"])
-        if depth not in given:
+        if row["depth"] not in given:
             row = {**row, "value": math.nan, "result": "not given", "where": ""}
-        rows.append({**row, "depth": depth})
+        rows.append(row)
     return rows
 
 

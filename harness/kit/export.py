@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import io
 import json
 import math
@@ -58,24 +57,12 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
 
 
-def _masks_for(config: Any, seed: int, step: int) -> dict[str, np.ndarray]:
-    from harness.masks import dropout_masks
-
-    return {k: np.asarray(v, dtype=bool) for k, v in dropout_masks(config, seed, step).items()}
-
-
-def _takes_masks(method: Any) -> bool:
-    try:
-        return "masks" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = True
             ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """The kit's arrays by file ({file: {key: array}}) and facts for the manifest; the oracle in float64."""
     from harness.backends.numpy_backend import NumpyBackend
     from harness.data import BatchStream
+    from harness.masks import dropout_masks
     from harness.weights import init_weights, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
@@ -84,10 +71,7 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     batches = [stream.batch(k) for k in range(steps)]
     oracle = NumpyBackend(dtype="float64")
     dropout = config.dropout > 0
-    if dropout and not (_takes_masks(oracle.train_step) and _takes_masks(oracle.gradients)):
-        raise UsageError("--dropout needs the harness's shared dropout masks (harness/masks.py and the numpy "
-                         "backend's masks= hand-off), which this version lacks; export with --dropout 0")
-    masks = [_masks_for(config, seed, k) for k in range(steps)] if dropout else []
+    masks = [dropout_masks(config, seed, k) for k in range(steps)] if dropout else []  # parity's masks exactly
     oracle.setup(config, weights, corpus.vocab_size, "cpu", seed)
 
     def say(text: str) -> None:
