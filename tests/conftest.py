@@ -1,4 +1,4 @@
-"""Shared fixtures: the corpus path (HARNESS_DATA or ../shared), a CLI runner, tiny configs."""
+"""Shared fixtures: the corpus (the project's own, tests/corpus.py), a CLI runner, tiny configs."""
 
 from __future__ import annotations
 
@@ -18,23 +18,47 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS_SHA256 = "aede7edccbdb5826e85d8f10d62e916ec01269e9d6bc1e81d8f8af9800ba3dd8"  # tests/corpus.py's bytes
 
 
 def data_path() -> Path:
-    """The Tiny Shakespeare file the tests use: $HARNESS_DATA, else the shared copy beside the checkout."""
-    path = Path(os.environ.get("HARNESS_DATA") or SHARED_DATA)
-    if not path.is_absolute():
-        path = (Path.cwd() / path).resolve()
-    return path
+    """The corpus every test trains on: the project's own generated play (tests/corpus.py), in any clone, with no
+    network and no HARNESS_DATA. Tests that want Tiny Shakespeare ask for the `shakespeare` fixture."""
+    from corpus import corpus_path
+
+    return corpus_path()
+
+
+def shakespeare_path() -> Path | None:
+    """Tiny Shakespeare where this machine has it (HARNESS_DATA, else the harness's user cache), else None."""
+    from harness.data import TINY_SHAKESPEARE_SHA256, cache_dir, sha256_bytes
+
+    for candidate in (USER_DATA, cache_dir() / "tinyshakespeare.txt"):
+        if candidate and Path(candidate).is_file():
+            path = Path(candidate).resolve()
+            if sha256_bytes(path.read_bytes()) == TINY_SHAKESPEARE_SHA256:
+                return path
+    return None
+
+
+# Every harness command a test runs, in this process or a child, reads the project corpus unless it passes --data;
+# the user's own HARNESS_DATA (CI sets it to Tiny Shakespeare) is kept for the `shakespeare` fixture.
+USER_DATA = os.environ.get("HARNESS_DATA")
+os.environ["HARNESS_DATA"] = str(data_path())
 
 
 @pytest.fixture(scope="session")
 def data() -> Path:
-    path = data_path()
-    if not path.is_file():
-        pytest.fail(f"test corpus not found at {path}: set HARNESS_DATA to tinyshakespeare.txt")
-    return path
+    return data_path()
+
+
+@pytest.fixture(scope="session")
+def shakespeare() -> Path:
+    """Tiny Shakespeare from HARNESS_DATA or the user cache, else the project's corpus; the test's report says which
+    (a test using it may compare with published Tiny Shakespeare figures only when it got the real text)."""
+    path = shakespeare_path()
+    print(f"\ncorpus: {'Tiny Shakespeare' if path else 'the project corpus (no Tiny Shakespeare here)'}")
+    return path or data_path()
 
 
 @pytest.fixture(scope="session")

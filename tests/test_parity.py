@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import data_path
 
 from harness import parity
 from harness.cli import main
@@ -27,7 +28,7 @@ from harness.parity import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = os.environ.get("HARNESS_DATA") or str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
+DATA = str(data_path())
 LOOSE = Tolerances(logits=1.0, grad=1.0, loss=1.0, opt=1.0)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import data_path
 
 from harness import parity
 from harness.config import load_config
@@ -28,7 +29,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = os.environ.get("HARNESS_DATA") or str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
+DATA = str(data_path())
 SEED = 1337
 OPT_STEPS = 3
 

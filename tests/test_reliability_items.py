@@ -357,10 +357,10 @@ needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare
 @needs_mounts
 def test_12_full_disk_and_read_only(tmp_path, config_file, done_run):
     py = f"{sys.executable} -m harness.cli"
-    # a full disk when the spec is written: one line, exit 2, no run directory
+    # a full disk when the run is prepared (the corpus copy does not fit): one line, exit 2, no run directory
     full = tmp_path / "full"
     full.mkdir()
-    r = _in_own_mounts(f"mount -t tmpfs -o size=256k tmpfs {full}; {py} run --config {config_file} --steps 3 "
+    r = _in_own_mounts(f"mount -t tmpfs -o size=128k tmpfs {full}; {py} run --config {config_file} --steps 3 "
                        f"--out {full}/out {' '.join(NUMPY)}; echo rc=$?; ls -A {full}/out/runs 2>/dev/null | wc -l")
     assert "rc=2" in r.stdout and "No space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stdout.strip().endswith("0")

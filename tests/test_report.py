@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import data_path
 
 from harness import records
 from harness.config import load_config
@@ -436,13 +437,6 @@ def test_missing_and_corrupt_records_raise_usage_error(tmp_path: Path) -> None:
 
 
 # --- tests: the command line ------------------------------------------------------------------------------------------
-def data_file() -> Path | None:
-    for candidate in (os.environ.get("HARNESS_DATA"), REPO.parent / "shared" / "data" / "tinyshakespeare.txt"):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate).resolve()
-    return None
-
-
 def harness(*args: str) -> tuple[int, str, str]:
     """`harness ARGS...` in this process (the run's workers are still their own processes): (status, out, err)."""
     from harness.cli import main
@@ -455,9 +449,7 @@ def harness(*args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    data = data_file()
-    if data is None:
-        pytest.skip("no Tiny Shakespeare: set HARNESS_DATA to the text file")
+    data = data_path()
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("cli") / "out"
     code, _, err = harness("run", "--size", "small", "--steps", "12", "--backend", "torch", "--out", str(out),
