@@ -1,4 +1,4 @@
-"""The SLURM executor against a real cluster (`../shared/tools/slurm-single-node.sh` starts one; CI does).
+"""The SLURM executor against a real cluster (`.ci/slurm-single-node.sh` starts one; CI does).
 
 Skipped, with the reason, where `sinfo` does not answer. Accounting is off on that cluster (`sacct` fails), which is
 what the executor's status handling must cope with.
@@ -20,14 +20,14 @@ pytestmark = pytest.mark.slurm
 
 def _partition() -> str:
     if shutil.which("sinfo") is None:
-        pytest.skip("no SLURM here (no sinfo on PATH); start one with ../shared/tools/slurm-single-node.sh")
+        pytest.skip("no SLURM here (no sinfo on PATH); start one with .ci/slurm-single-node.sh")
     try:
         done = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=10)
     except subprocess.TimeoutExpired:
-        pytest.skip("sinfo does not answer (no SLURM controller); start one with ../shared/tools/slurm-single-node.sh")
+        pytest.skip("sinfo does not answer (no SLURM controller); start one with .ci/slurm-single-node.sh")
     if done.returncode != 0 or not done.stdout.split():
         pytest.skip(f"sinfo does not answer ({done.stderr.strip() or 'no partitions'}); start the cluster with "
-                    "../shared/tools/slurm-single-node.sh")
+                    ".ci/slurm-single-node.sh")
     return done.stdout.split()[0].rstrip("*")
 
 
