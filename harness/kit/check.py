@@ -26,7 +26,7 @@ import numpy as np
 from harness.errors import UsageError
 from harness.files import kind_of, open_regular
 from harness.kit.export import KINDS, MANIFEST, opt_key
-from harness.kit.npz import describe_dtype, read_npz
+from harness.kit.npz import describe_dtype, read_npz, read_npz_file
 from harness.kit.schema import FIX, kit_file, load_manifest
 
 DEPTHS = ("logits", "gradients", "dropout_gradients", "optimizer", "loss")
@@ -63,17 +63,19 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
         file = kit_file(kit, name)
         if not os.path.lexists(file):
             raise UsageError(f"kit file {name} is missing from {str(kit)!r}; {FIX}")
-        with open_regular(file, "kit file", FIX) as f:
+        with open_regular(file, "kit file", FIX) as f:  # hashed and read through one descriptor
             size = os.fstat(f.fileno()).st_size
             if size != entry["bytes"]:
                 raise UsageError(f"kit file {name} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,} (the kit was "
                                  f"changed or damaged); {FIX}")
-            digest = hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
-                hashlib.sha256(f.read()).hexdigest()
-        if digest != entry["sha256"]:
-            raise UsageError(f"kit file {name} does not match its sha256 in {MANIFEST} (the kit was changed or "
-                             "damaged); export it again")
-        arrays[name] = read_npz(file, "kit file", FIX, _kit_array_check(name, entry["arrays"]), stored_only=True)
+            digest = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            if digest.hexdigest() != entry["sha256"]:
+                raise UsageError(f"kit file {name} does not match its sha256 in {MANIFEST} (the kit was changed or "
+                                 "damaged); export it again")
+            arrays[name] = read_npz_file(f, file, "kit file", FIX, _kit_array_check(name, entry["arrays"]),
+                                         stored_only=True)
         missing = sorted(set(entry["arrays"]) - set(arrays[name]))
         if missing:
             raise UsageError(f"kit file {name} lacks array {missing[0]!r}, which {MANIFEST} lists; {FIX}")
@@ -84,10 +86,13 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
             if key not in arrays[name] or list(arrays[name][key].shape) != shape:
                 raise UsageError(f"kit file {name} has no array {key!r} of shape {tuple(shape)} (field 'parameters' "
                                  f"of {MANIFEST}); {FIX}")
-    expected = arrays["expected.npz"]
-    for key in ("logits", "loss"):
-        if key not in expected:
-            raise UsageError(f"kit file expected.npz has no array {key!r}; {FIX}")
+    expected, steps = arrays["expected.npz"], manifest["steps"]
+    need = {"logits": None, "loss": (steps,), **{opt_key(k, kind, n): tuple(shape) for k in range(1, steps + 1)
+                                                 for kind in KINDS for n, shape in manifest["parameters"].items()}}
+    for key, shape in need.items():
+        if key not in expected or (shape is not None and expected[key].shape != shape):
+            raise UsageError(f"kit file expected.npz has no array {key!r}" + (f" of shape {shape}" if shape else "")
+                             + f" (fields 'steps' and 'parameters' of {MANIFEST}); {FIX}")
     return manifest, arrays
 
 

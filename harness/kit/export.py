@@ -67,7 +67,10 @@ def _remove_unfinished(out: Path) -> None:
 def _check_out(out: Path) -> None:
     """--out must be a new or empty directory, or one an interrupted export left (then its files are removed)."""
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file; pass a new or empty directory for the kit")
+        from harness.files import kind_of
+
+        raise UsageError(f"--out {str(out)!r} is {kind_of(out.stat().st_mode)}; pass a new or empty directory for "
+                         "the kit")
     if out.is_dir():
         names = [p.name for p in out.iterdir()]
         if UNFINISHED in names and all(_ours(n) for n in names):

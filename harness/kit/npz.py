@@ -14,6 +14,7 @@ import math
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -62,19 +63,26 @@ def read_npz(path: Path, what: str, fix: str, check: Check, max_file_bytes: int 
     """
     with open_regular(path, what, fix, max_file_bytes,
                       "it is far larger than any results file of this kit; write only the arrays the kit names") as f:
-        start = f.read(6)
-        if start.startswith(b"\x93NUMPY"):
-            raise UsageError(f"{what} {str(path)!r} is a single .npy array, not an .npz archive; write all arrays "
-                             "into one .npz (numpy.savez, NPZ.jl npzwrite with a Dict)")
-        if not start.startswith(b"PK"):
-            raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive (an .npz is a zip of .npy files); "
-                             f"{fix}")
-        f.seek(0)
-        try:
-            with zipfile.ZipFile(f) as zf:
-                return _read_members(zf, path, what, fix, check, stored_only)
-        except zipfile.BadZipFile as exc:
-            raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive ({exc}); {fix}") from None
+        return read_npz_file(f, path, what, fix, check, stored_only)
+
+
+def read_npz_file(f: BinaryIO, path: Path, what: str, fix: str, check: Check,
+                  stored_only: bool = False) -> dict[str, np.ndarray]:
+    """`read_npz` of a file already open (`path` names it in messages), read from its start."""
+    f.seek(0)
+    start = f.read(6)
+    if start.startswith(b"\x93NUMPY"):
+        raise UsageError(f"{what} {str(path)!r} is a single .npy array, not an .npz archive; write all arrays "
+                         "into one .npz (numpy.savez, NPZ.jl npzwrite with a Dict)")
+    if not start.startswith(b"PK"):
+        raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive (an .npz is a zip of .npy files); "
+                         f"{fix}")
+    f.seek(0)
+    try:
+        with zipfile.ZipFile(f) as zf:
+            return _read_members(zf, path, what, fix, check, stored_only)
+    except zipfile.BadZipFile as exc:
+        raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive ({exc}); {fix}") from None
 
 
 def _read_members(zf: zipfile.ZipFile, path: Path, what: str, fix: str, check: Check,
