@@ -140,7 +140,7 @@ def kit_file(kit: Path, name: str) -> Path:
     path = kit / name
     if Path(name).name != name or name in (".", ".."):  # the schema's pattern already refuses these
         raise UsageError(f"kit file {name!r} is not a plain file name inside the kit; {FIX}")
-    if os.path.realpath(path).rpartition(os.sep)[0] != os.path.realpath(kit):
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(kit):
         raise UsageError(f"kit file {name} in {str(kit)!r} is a symlink to {os.path.realpath(path)!r}, outside the "
                          f"kit directory; a kit reads only its own files, {FIX}")
     return path
