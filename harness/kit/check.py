@@ -44,7 +44,10 @@ def _kit_array_check(name: str, declared: dict[str, Any]) -> Callable[[str, tupl
         entry = declared.get(key)
         if entry is None:
             raise UsageError(f"kit file {name} holds array {key!r}, which {MANIFEST} does not list; {FIX}")
-        if list(shape) != entry["shape"] or dtype.newbyteorder("=") != np.dtype(entry["dtype"]):
+        # kits exported before export.npz_bytes kept 0-d arrays wrote logits_loss as (1,) under a declared (): the
+        # same one number, still read
+        same = list(shape) == entry["shape"] or math.prod(shape) == math.prod(entry["shape"]) == 1
+        if not same or dtype.newbyteorder("=") != np.dtype(entry["dtype"]):
             raise UsageError(f"kit file {name}: array {key!r} is {describe_dtype(dtype)} {shape} but {MANIFEST} "
                              f"says {entry['dtype']} {tuple(entry['shape'])}; {FIX}")
     return check
