@@ -24,6 +24,7 @@ SCHEMES = ("epochs", "random")
 SEED_MAX = 2**32 - 1  # every RNG the harness seeds (NumPy PCG64 seed sequences, torch) takes [0, 2**32 - 1]
 # a config name becomes part of run ids, file names and page titles: a short plain name, never a path
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_TOML_BYTES = 1 << 20  # a config or sweep file is a few hundred bytes: anything near this is not one
 
 
 def check_seed(seed: object, option: str = "--seed") -> int:
@@ -196,11 +197,13 @@ def preset_path(size: str) -> Path:
 def load_config(size: str | None = None, path: str | Path | None = None) -> Config:
     """Load a size preset by name, or a user's TOML file (which wins)."""
     if path is not None:
+        from harness.files import read_regular
+
         path = Path(path)
-        if not path.is_file():
-            raise UsageError(f"config file {str(path)!r} does not exist; pass the path of a TOML file")
+        blob = read_regular(path, "config file", "pass the path of a TOML file", MAX_TOML_BYTES,
+                            "a config is a short TOML file (see `harness sizes --toml small`)")
         try:
-            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+            doc = tomllib.loads(blob.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax or start from "
                              "`harness sizes --toml small`") from None

@@ -66,12 +66,10 @@ def resolve_data_path(data: str | os.PathLike | None) -> Path:
         return download_tiny_shakespeare()
     path = Path(chosen)
     source = "--data" if data is not None else "HARNESS_DATA"
-    if path.is_dir():
-        raise UsageError(f"{source} {str(path)!r} is a directory; pass the path of a UTF-8 text file")
-    if not path.is_file():
-        raise UsageError(f"{source} {str(path)!r} does not exist; pass the path of a UTF-8 text file "
-                         "or leave it unset to use Tiny Shakespeare")
-    return path
+    from harness.files import check_regular
+
+    return check_regular(path, source, "pass the path of a UTF-8 text file"
+                         + ("" if data is not None else " or leave it unset to use Tiny Shakespeare"))
 
 
 @dataclass(frozen=True)
@@ -140,10 +138,10 @@ def load_corpus(data: str | os.PathLike | None = None, keep_line_endings: bool =
     already read (a worker reads the run's checked copy and names the original `data` path).
     """
     path = resolve_data_path(data) if blob is None else Path(data)
-    try:
-        blob = path.read_bytes() if blob is None else blob
-    except OSError as exc:
-        raise UsageError(f"cannot read data file {str(path)!r} ({exc.strerror}); check its permissions") from None
+    if blob is None:
+        from harness.files import read_regular
+
+        blob = read_regular(path, "data file", "pass the path of a UTF-8 text file")
     if not blob:
         raise UsageError(f"data file {str(path)!r} is empty; pass a UTF-8 text file with enough text")
     if b"\x00" in blob:

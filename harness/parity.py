@@ -593,6 +593,15 @@ def format_optimizer(result: ParityResult) -> str:
 
 
 # --- the command -------------------------------------------------------------------------------------------------
+# Exit statuses of `harness parity`: a script can tell a numerical disagreement from a backend that never got to
+# be compared. Printed by `harness parity --help`.
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_CRASH, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_STATUSES = f"""exit status:
+  {EXIT_PASS}    pass: every check within its tolerance
+  {EXIT_FAIL}    FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say where)
+  {EXIT_USAGE}    bad input: one line on stderr, nothing run (or a backend refused its input)
+  {EXIT_CRASH}    a backend crashed or left no result: nothing was compared (parity.json: verdict "error")
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C or SIGTERM)"""
 def _float(text: str) -> float:
     # parsed loosely here, validated in `command` (a UsageError: one line, exit 2, nothing written)
     try:
@@ -603,7 +612,9 @@ def _float(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `harness parity` (the common --size/--config/--data/--device/--seed/--out/--dtype are added
-    by the CLI)."""
+    by the CLI), and the exit statuses in its --help."""
+    p.epilog = EXIT_STATUSES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--backends", default=DEFAULT_BACKENDS, metavar="A,B",
                    help=f"the two backends to compare, comma-separated: torch, numpy, flux ({DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
@@ -695,7 +706,8 @@ def _final_val(rec: dict) -> float | None:
 
 
 def command(args: argparse.Namespace) -> int:
-    """`harness parity`: run two backends in parity mode, compare, write parity.json; 0 pass, 1 fail, 2 usage."""
+    """`harness parity`: run two backends in parity mode, compare, write parity.json; the exit status is one of
+    `EXIT_STATUSES` (0 pass, 1 numerical FAIL, 2 bad input, 3 a backend crashed, 130 interrupted)."""
     from harness import launch, records
     from harness.config import load_config
     from harness.data import load_corpus
@@ -757,7 +769,8 @@ def command(args: argparse.Namespace) -> int:
         records.atomic_write_json(path, record)
         print(f"ERROR: {reason}; nothing compared (see the messages above)", file=sys.stderr)
         print(f"parity record: {path}")
-        return 130 if 130 in codes.values() else 2 if 2 in codes.values() else 1
+        return (EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes.values() else EXIT_USAGE if EXIT_USAGE in codes.values()
+                else EXIT_CRASH)
 
     # --- compare ---
     _, recs = records.load_run(plan.out, run_id)
@@ -778,7 +791,7 @@ def command(args: argparse.Namespace) -> int:
         records.atomic_write_json(path, record)
         print(f"ERROR: {reason}; nothing compared", file=sys.stderr)
         print(f"parity record: {path}")
-        return 1
+        return EXIT_CRASH
     va, vb = _final_val(ra), _final_val(rb)
     result = compare(_load_probe(directory / f"{backends[0]}.probe.npz"),
                      _load_probe(directory / f"{backends[1]}.probe.npz"),
@@ -805,4 +818,4 @@ def command(args: argparse.Namespace) -> int:
         print(f"PASS: {backends[0]} ({dtypes[backends[0]]}) and {backends[1]} ({dtypes[backends[1]]}) agree "
               f"within tolerance over {result.loss_steps} steps")
     print(f"parity record: {path}")
-    return 0 if result.passed else 1
+    return EXIT_PASS if result.passed else EXIT_FAIL

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.config import NAME_RE
 from harness.errors import UsageError
 
 SCHEMA = "nanogpt-parity/run-record"
@@ -179,6 +180,28 @@ def atomic_write_bytes(path: Path, blob: bytes, before_rename: Callable[[], None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+
+
+def atomic_write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Write several files so that either all are replaced or none is: every temporary file is written and synced
+    first, then they are renamed in the order given (a rename does not fail for want of space)."""
+    done: list[str] = []
+    try:
+        for path, blob in files:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            done.append(tmp)
+            os.fchmod(fd, 0o666 & ~_UMASK)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, (path, _) in zip(done, files):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in done:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
 
 
@@ -371,7 +394,13 @@ class RunLock:
 
 # --- schemas ------------------------------------------------------------------------------------------------------
 _NUM = {"type": ["number", "null"]}  # null: a non-finite value (NaN or infinity)
-_CONFIG = {"type": "object", "required": ["name", "n_embd", "block_size", "n_layer", "n_head", "d_hidden"]}
+# Names that reach file names and HTML pages are checked against the patterns they were made with: a record edited
+# to hold markup or a path in a name is refused where it is read, not shown.
+NAME_PATTERN = {"type": "string", "pattern": NAME_RE.pattern}
+BACKEND_PATTERN = {"type": "string", "pattern": r"^[a-z][a-z0-9_]{0,31}$"}
+RUN_ID_PATTERN = {"type": "string", "pattern": RUN_ID_RE.pattern}
+_CONFIG = {"type": "object", "required": ["name", "n_embd", "block_size", "n_layer", "n_head", "d_hidden"],
+           "properties": {"name": NAME_PATTERN}}
 
 SPEC_JSON_SCHEMA: dict = {
     "type": "object",
@@ -379,8 +408,8 @@ SPEC_JSON_SCHEMA: dict = {
     "properties": {
         "schema": {"const": SPEC_SCHEMA},
         "schema_version": {"type": "integer", "minimum": 0},
-        "run_id": {"type": "string"},
-        "label": {"type": "string"},
+        "run_id": RUN_ID_PATTERN,
+        "label": NAME_PATTERN,
         "config": _CONFIG,
         "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
         "device": {"enum": ["cpu", "cuda"]},
@@ -388,7 +417,7 @@ SPEC_JSON_SCHEMA: dict = {
                  "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                                 "vocab": {"type": "string"}, "bom_stripped": {"type": "boolean"},
                                 "line_endings": {"enum": ["normalised", "kept"]}}},
-        "backends": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,31}$"}},
+        "backends": {"type": "array", "minItems": 1, "items": BACKEND_PATTERN},
         "backend_options": {"type": "object", "additionalProperties": {"type": "object"}},
         "checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
         "text": {"type": "boolean"}, "parity": {"type": ["boolean", "object"]},  # object: parity options
@@ -402,8 +431,8 @@ RECORD_JSON_SCHEMA: dict = {
     "properties": {
         "schema": {"const": SCHEMA},
         "schema_version": {"type": "integer", "minimum": 0, "maximum": SCHEMA_VERSION},
-        "run_id": {"type": "string"},
-        "backend": {"type": "string"},
+        "run_id": RUN_ID_PATTERN,
+        "backend": BACKEND_PATTERN,
         "status": {"type": "string", "pattern": "^(queued|running|completed|interrupted|failed(: .*)?)$"},
         "config": _CONFIG,
         "seed": {"type": "integer"},
@@ -434,14 +463,11 @@ def _validate(doc: Any, schema: dict, path: Path, fix: str) -> None:
 
 
 def _read_json(path: Path, what: str, fix: str) -> Any:
+    from harness.files import read_regular
+
+    blob = read_regular(path, what, fix)  # a FIFO or a device put where a record belongs must not block
     try:
-        return json.loads(Path(path).read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{what} {str(path)!r} does not exist; {fix}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} {str(path)!r} is a directory, not a file; {fix}") from None
-    except OSError as exc:
-        raise UsageError(os_error_message(exc, f"cannot read {what}")) from None
+        return json.loads(blob.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{what} {str(path)!r} is corrupt ({exc}); {fix}") from None
 

@@ -156,6 +156,10 @@ MEASURE = """JSON.stringify({
     .getBoundingClientRect().top,
   height: document.documentElement.scrollHeight, width: document.documentElement.scrollWidth,
   tables: document.querySelectorAll('table').length,
+  title: document.title,
+  scripts: document.querySelectorAll('script').length,
+  handlers: Array.from(document.querySelectorAll('*')).filter(e => Array.from(e.attributes)
+    .some(a => a.name.toLowerCase().startsWith('on'))).length,
 })"""
 
 
@@ -257,6 +261,95 @@ def test_failed_report_shows_banner_first(browser: str, tmp_path: Path) -> None:
     assert result["banners"] and "failed" in result["banners"][0]
     assert 0 <= result["firstBannerTop"] < 250  # visible without scrolling
     assert all(f["width"] > 200 and f["height"] > 100 for f in result["figures"])
+
+
+# --- markup planted in what a record holds must never run (issue 21) -------------------------------------------------
+PWNED = "PWNED"
+PAYLOADS = [f'x"><script>document.title="{PWNED}"</script>', f"<img src=x onerror=\"document.title='{PWNED}'\">",
+            f"</pre><script>document.title='{PWNED}'</script>"]
+
+
+def _unexecuted(result: dict) -> None:
+    assert PWNED not in result["title"], result["title"]
+    assert result["scripts"] == 0 and result["handlers"] == 0, result
+    assert result["requests"] == [result["url"]], "the page loaded something besides itself"
+    assert result["errors"] == [], result["errors"]
+
+
+def test_markup_in_a_sweep_record_does_not_run(browser: str, tmp_path: Path) -> None:
+    """The attack of issue 21: a sweep cell's record whose config name is `x"><script>...`; also markup in the
+    sweep manifest's cell keys and spec."""
+    from conftest import run_cli
+
+    from harness.errors import UsageError
+    from harness.report.sweep import write_sweep_report
+
+    out = tmp_path / "out"
+    proc = run_cli("sweep", "--backends", "numpy", "--seeds", "2", "--steps", "2", "--eval-interval", "1",
+                   "--set", "n_embd=16", "--no-text", "--no-report", "--quiet", "--threads", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for i, path in enumerate(sorted(out.glob("runs/*/numpy.json"))):
+        rec = json.loads(path.read_text())
+        rec["config"]["name"] = PAYLOADS[i % 2]
+        path.write_text(json.dumps(rec))
+    (manifest,) = out.glob("sweeps/*/sweep.json")
+    _unexecuted(render(browser, write_sweep_report(out, manifest.parent.name)))
+    doc = json.loads(manifest.read_text())
+    doc["cells"][0]["key"] = PAYLOADS[1]
+    doc["spec"]["name"] = PAYLOADS[2]
+    manifest.write_text(json.dumps(doc))
+    try:
+        page = write_sweep_report(out, manifest.parent.name)
+    except UsageError:
+        return  # a manifest schema that refuses the markup outright is an answer too
+    _unexecuted(render(browser, page))
+
+
+def test_markup_in_a_run_record_does_not_run(browser: str, tmp_path: Path) -> None:
+    """Markup in every free-text field of a run's records that reaches the run report: sample text, the
+    continuations, the traceback of a failure, environment and backend info, parity.json; the names themselves are
+    refused by the record schema (tests/test_untrusted_input.py)."""
+    from test_report import make_run, parity_record
+
+    from harness.report import write_index, write_report
+
+    out = tmp_path / "out"
+    run_id = make_run(out, statuses={"numpy": "failed: RuntimeError: boom"})
+    directory = out / "runs" / run_id
+    for backend in ("torch", "numpy"):
+        path = directory / f"{backend}.json"
+        rec = json.loads(path.read_text())
+        rec["environment"]["hostname"] = PAYLOADS[0]
+        rec["backend_info"]["version"] = PAYLOADS[1]
+        rec["error"] = PAYLOADS[2]
+        if rec.get("text"):
+            for sample in rec["text"]["samples"]:
+                sample["text"] = PAYLOADS[2]
+            for c in rec["text"]["continuations"]:
+                c.update(prompt=PAYLOADS[0], reference=PAYLOADS[1], hypothesis=PAYLOADS[2])
+            rec["text"]["sample_prompt"] = PAYLOADS[2]
+        path.write_text(json.dumps(rec))
+    parity = parity_record(directory, ("torch", "numpy"))
+    parity["dtypes"] = {"torch": PAYLOADS[0]}
+    (directory / "parity.json").write_text(json.dumps(parity))
+    _unexecuted(render(browser, write_report(out, [run_id])))
+    _unexecuted(render(browser, write_index(out)))
+
+
+def test_markup_in_kit_check_paths_does_not_run(browser: str, tmp_path: Path) -> None:
+    """`harness kit check` writes the kit's and the results' paths into its page."""
+    import numpy as np
+
+    from harness.cli import main
+
+    kit = tmp_path / "kit"
+    assert main(["kit", "export", "--steps", "1", "--out", str(kit)]) == 0
+    results = tmp_path / (PAYLOADS[1].replace("src=x", "src=y") + ".npz")  # a name may hold anything but "/"
+    with np.load(kit / "expected.npz") as f:
+        np.savez(results, **{k: f[k] for k in f.files if k != "logits_loss"})
+    page = tmp_path / "check.html"
+    assert main(["kit", "check", str(kit), str(results), "--html", str(page), "--json", str(tmp_path / "c.json")]) == 0
+    _unexecuted(render(browser, page))
 
 
 if __name__ == "__main__":  # python tests/test_browser.py REPORT.html SHOT.png

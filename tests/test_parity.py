@@ -317,7 +317,7 @@ def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: py
 
     monkeypatch.setattr(launch, "execute", lambda directory, backends, **kw: {"torch": 0, "numpy": 1})
     code, out, err = run_cli(["parity", "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
-    assert code == 1
+    assert code == parity.EXIT_CRASH == 3  # not 1: a crashed backend is no numerical FAIL
     assert "parity record:" in out
     assert "ERROR: numpy exited 1; nothing compared" in err
     (path,) = tmp_path.glob("runs/*/parity.json")

@@ -10,12 +10,13 @@ A depth the results do not hold is handed to the comparison as the oracle's own 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import html
-import json
 import math
+import os
 import re
 import sys
-import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UsageError
-from harness.kit.export import KINDS, MANIFEST, SCHEMA, SCHEMA_VERSION, opt_key, sha256
+from harness.files import kind_of, open_regular
+from harness.kit.export import KINDS, MANIFEST, opt_key
+from harness.kit.npz import describe_dtype, read_npz, read_npz_file
+from harness.kit.schema import FIX, kit_file, load_manifest
 
 DEPTHS = ("logits", "gradients", "dropout_gradients", "optimizer", "loss")
 ORACLE, PORT = "oracle", "port"
@@ -31,54 +35,79 @@ OPT_NAME = re.compile(r"^opt/(\d+)/(param|adam_m|adam_v)/(.+)$")
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
-def _load_npz(path: Path, what: str) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                raise UsageError(f"{what} {str(path)!r} is a single .npy array, not an .npz archive; write all "
-                                 "arrays into one .npz (numpy.savez, NPZ.jl npzwrite with a Dict)")
-            return {k: f[k] for k in f.files}
-    except UsageError:
-        raise
-    except FileNotFoundError:
-        raise UsageError(f"{what} {str(path)!r} does not exist; pass the path of an .npz file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} {str(path)!r} is a directory; pass the path of an .npz file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise UsageError(f"{what} {str(path)!r} is not a readable .npz file ({str(exc).splitlines()[0]}); "
-                         "write it with numpy.savez or NPZ.jl's npzwrite") from None
+RESULTS_FIX = "write it with numpy.savez or NPZ.jl's npzwrite"
+
+
+def _kit_array_check(name: str, declared: dict[str, Any]) -> Callable[[str, tuple[int, ...], np.dtype], None]:
+    """The header check of kit file `name`: every array as the manifest declares it (name, shape, dtype)."""
+    def check(key: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        entry = declared.get(key)
+        if entry is None:
+            raise UsageError(f"kit file {name} holds array {key!r}, which {MANIFEST} does not list; {FIX}")
+        # kits exported before export.npz_bytes kept 0-d arrays wrote logits_loss as (1,) under a declared (): the
+        # same one number, still read
+        same = list(shape) == entry["shape"] or math.prod(shape) == math.prod(entry["shape"]) == 1
+        if not same or dtype.newbyteorder("=") != np.dtype(entry["dtype"]):
+            raise UsageError(f"kit file {name}: array {key!r} is {describe_dtype(dtype)} {shape} but {MANIFEST} "
+                             f"says {entry['dtype']} {tuple(entry['shape'])}; {FIX}")
+    return check
 
 
 def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-    """The manifest and every file of a kit, each verified against its sha256; UsageError if anything is off."""
-    path = kit / MANIFEST
-    if not kit.is_dir():
-        raise UsageError(f"kit {str(kit)!r} is not a directory; pass the directory `harness kit export` wrote")
-    if not path.is_file():
-        raise UsageError(f"kit {str(kit)!r} has no {MANIFEST} (not a kit, or an interrupted export); "
-                         "export it again with `harness kit export`")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc}); export the kit again") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise UsageError(f"{path} is not a kit manifest (schema {SCHEMA!r}); export the kit again")
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise UsageError(f"{path} has kit schema version {manifest.get('schema_version')!r}, this harness reads "
-                         f"version {SCHEMA_VERSION}; export the kit again with this harness")
+    """The manifest and every file of a kit, each verified against its sha256; UsageError if anything is off.
+
+    The manifest is checked against its schema (harness.kit.schema); every file must be a regular file inside the
+    kit, of the size and sha256 the manifest gives, holding exactly the arrays it declares (headers checked before
+    any data is read; a kit's members are uncompressed, so what is read is at most the files' sizes).
+    """
+    manifest = load_manifest(kit)
     arrays: dict[str, dict[str, np.ndarray]] = {}
-    for name, entry in (manifest.get("files") or {}).items():
-        file = kit / name
-        if not file.is_file():
-            raise UsageError(f"kit file {name} is missing from {str(kit)!r}; export the kit again")
-        blob = file.read_bytes()
-        if sha256(blob) != entry.get("sha256"):
-            raise UsageError(f"kit file {name} does not match its sha256 in {MANIFEST} (the kit was changed or "
-                             "damaged); export it again")
-        arrays[name] = _load_npz(file, "kit file")
-    if "expected.npz" not in arrays:
-        raise UsageError(f"{path} lists no expected.npz; export the kit again")
+    for name, entry in manifest["files"].items():
+        file = kit_file(kit, name)
+        if not os.path.lexists(file):
+            raise UsageError(f"kit file {name} is missing from {str(kit)!r}; {FIX}")
+        with open_regular(file, "kit file", FIX) as f:  # hashed and read through one descriptor
+            size = os.fstat(f.fileno()).st_size
+            if size != entry["bytes"]:
+                raise UsageError(f"kit file {name} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,} (the kit was "
+                                 f"changed or damaged); {FIX}")
+            digest = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            if digest.hexdigest() != entry["sha256"]:
+                raise UsageError(f"kit file {name} does not match its sha256 in {MANIFEST} (the kit was changed or "
+                                 "damaged); export it again")
+            arrays[name] = read_npz_file(f, file, "kit file", FIX, _kit_array_check(name, entry["arrays"]),
+                                         stored_only=True)
+        missing = sorted(set(entry["arrays"]) - set(arrays[name]))
+        if missing:
+            raise UsageError(f"kit file {name} lacks array {missing[0]!r}, which {MANIFEST} lists; {FIX}")
+    for name in ("weights.npz", "expected.npz"):  # the schema requires both entries; their arrays must be right too
+        params = manifest["parameters"]
+        want = params if name == "weights.npz" else {f"grad/{n}": s for n, s in params.items()}
+        for key, shape in want.items():
+            if key not in arrays[name] or list(arrays[name][key].shape) != shape:
+                raise UsageError(f"kit file {name} has no array {key!r} of shape {tuple(shape)} (field 'parameters' "
+                                 f"of {MANIFEST}); {FIX}")
+    expected, steps = arrays["expected.npz"], manifest["steps"]
+    need = {"logits": None, "loss": (steps,), **{opt_key(k, kind, n): tuple(shape) for k in range(1, steps + 1)
+                                                 for kind in KINDS for n, shape in manifest["parameters"].items()}}
+    for key, shape in need.items():
+        if key not in expected or (shape is not None and expected[key].shape != shape):
+            raise UsageError(f"kit file expected.npz has no array {key!r}" + (f" of shape {shape}" if shape else "")
+                             + f" (fields 'steps' and 'parameters' of {MANIFEST}); {FIX}")
     return manifest, arrays
+
+
+def load_results(path: Path, manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]]
+                 ) -> dict[str, np.ndarray]:
+    """The port's results file, every array's name, shape and dtype checked (from its .npy header) against the kit
+    before any array is read; the file may be at most twice the kit's expected.npz plus 16 MiB."""
+    expected = {k: v.shape for k, v in kit["expected.npz"].items()}
+    params, steps = list(manifest["parameters"]), int(manifest["steps"])
+    cap = 2 * manifest["files"]["expected.npz"]["bytes"] + (16 << 20)
+    return read_npz(path, "results file", RESULTS_FIX,
+                    lambda key, shape, dtype: check_array(key, shape, dtype, expected, params, steps), cap)
 
 
 def _depth_of(name: str) -> str | None:
@@ -93,6 +122,33 @@ def _depth_of(name: str) -> str | None:
     return None
 
 
+def _names(expected: Mapping[str, Any]) -> str:
+    """The array names a results file may hold, as the messages list them."""
+    valid = ["logits", "grad/<name>"] + (["dropout_grad/<name>"] if any(k.startswith("dropout_grad/")
+                                                                         for k in expected) else [])
+    return ", ".join([*valid, "opt/<k>/param|adam_m|adam_v/<name>", "loss"])
+
+
+def check_array(key: str, shape: tuple[int, ...], dtype: np.dtype, expected: Mapping[str, tuple[int, ...]],
+                params: list[str], steps: int) -> None:
+    """One results array's name, shape and dtype against the kit (`expected`: the shape of every array of
+    expected.npz). Called on each .npy header before any data is read, so nothing undeclared is ever allocated."""
+    names = _names(expected)
+    if key == "logits_loss" or key not in expected or _depth_of(key) is None:
+        m = OPT_NAME.match(key)
+        hint = (f"k must be 1..{steps} and the name a parameter of this kit" if m else
+                f"the names are {names}; parameters: {', '.join(params)}")
+        raise UsageError(f"results: unknown array {key!r}; {hint} (README, 'Check your own port')")
+    want = tuple(expected[key])
+    if key == "loss" and len(shape) == 1 and 0 < shape[0] <= steps:
+        want = tuple(shape)  # a port may check the first few steps only
+    if tuple(shape) != want:
+        raise UsageError(f"results: {key!r} has shape {tuple(shape)}, expected {want} (canonical layout, "
+                         "README 'Check your own port')")
+    if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+        raise UsageError(f"results: {key!r} has dtype {describe_dtype(dtype)}; write float32 or float64")
+
+
 def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], params: list[str], steps: int,
              dtype: str | None) -> tuple[list[str], str, int]:
     """Check the results file against the kit; returns (depths given, precision, optimizer steps given).
@@ -100,15 +156,10 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
     Valid names are those of expected.npz (but logits_loss); a depth given is given whole: every parameter, and
     for the optimizer every step 1..K for some K <= steps; `loss` may hold the first 1..steps losses.
     """
-    valid = ["logits", "grad/<name>"] + (["dropout_grad/<name>"] if any(k.startswith("dropout_grad/")
-                                                                         for k in expected) else [])
-    names = ", ".join([*valid, "opt/<k>/param|adam_m|adam_v/<name>", "loss"])
-    for key in results:
-        if key == "logits_loss" or key not in expected or _depth_of(key) is None:
-            m = OPT_NAME.match(key)
-            hint = (f"k must be 1..{steps} and the name a parameter of this kit" if m else
-                    f"the names are {names}; parameters: {', '.join(params)}")
-            raise UsageError(f"results: unknown array {key!r}; {hint} (README, 'Check your own port')")
+    shapes = {k: v.shape for k, v in expected.items()}
+    for key, value in results.items():
+        check_array(key, value.shape, value.dtype, shapes, params, steps)
+    names = _names(expected)
     given = [d for d in DEPTHS if any(_depth_of(k) == d for k in results)]
     if not given:
         raise UsageError(f"results hold no arrays; write at least one depth: {names}")
@@ -122,15 +173,7 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
                              + (f", every step 1..{opt_k}" if key.startswith("opt/") else "") + ")")
     float_dtypes = set()
     for key, value in results.items():
-        want = expected[key].shape
-        if key == "loss" and value.ndim == 1 and 0 < len(value) <= steps:
-            want = value.shape  # a port may check the first few steps only
-        if value.shape != want:
-            raise UsageError(f"results: {key!r} has shape {value.shape}, expected {want} (canonical layout, "
-                             "README 'Check your own port')")
-        if value.dtype not in (np.float32, np.float64):
-            raise UsageError(f"results: {key!r} has dtype {value.dtype}; write float32 or float64")
-        float_dtypes.add(str(value.dtype))
+        float_dtypes.add(value.dtype.newbyteorder("=").name)
         bad = ~np.isfinite(value)
         if bad.any():
             first = int(np.argmax(bad))
@@ -297,15 +340,22 @@ def command(args: argparse.Namespace) -> int:
     expected = kit["expected.npz"]
     params = list(manifest["parameters"])
     steps = int(manifest["steps"])
-    results = _load_npz(args.results, "results file")
+    results = load_results(args.results, manifest, kit)
     given, dtype, opt_steps = validate(results, expected, params, steps, args.dtype)
     html_path = args.html or args.results.with_suffix(".check.html")
     json_path = args.json or args.results.with_suffix(".check.json")
-    for p in (html_path, json_path):
+    inputs = (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST)))
+    for option, p, default in (("--html", html_path, ".check.html"), ("--json", json_path, ".check.json")):
+        if os.path.lexists(p) and not os.path.isfile(p):
+            what = kind_of(os.stat(p).st_mode) if os.path.exists(p) else "a dangling symlink"
+            raise UsageError(f"{option} {str(p)!r} is {what}, not a file; pass the path of the file to write, e.g. "
+                             f"{option} {str(p / args.results.with_suffix(default).name)!r}")
         if not p.resolve().parent.is_dir():
             raise UsageError(f"cannot write {str(p)!r}: its directory does not exist; create it or pass another path")
-        if p.resolve() in (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST))):
+        if p.resolve() in inputs:
             raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
+    if html_path.resolve() == json_path.resolve():
+        raise UsageError(f"--html and --json are the same file {str(html_path)!r}; pass two paths")
 
     result, tol = grade(manifest, kit, results, dtype, opt_steps)
     rows = table_rows(result, given)
@@ -335,8 +385,8 @@ def command(args: argparse.Namespace) -> int:
     if recorded is not None and recorded != asdict(tol):
         print(f"note: this harness's measured tolerances for {dtype} differ from those recorded in the kit; "
               "this harness's apply (export the kit again to record them)", file=sys.stderr)
-    records.atomic_write_json(json_path, verdict)
-    records.atomic_write_bytes(html_path, render_html(verdict, rows, table).encode())
+    page = render_html(verdict, rows, table).encode()
+    records.atomic_write_all([(html_path, page), (json_path, records.json_bytes(verdict))])  # both or neither
 
     print(table)
     if getattr(args, "per_parameter", False):

@@ -8,6 +8,7 @@ harness's dropout masks, backward, global-norm clipping, AdamW), with the backen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -38,7 +39,7 @@ def opt_key(k: int, kind: str, name: str) -> str:
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     """An uncompressed NPZ (readable by NPZ.jl, cnpy, npyz and numpy alike), C-ordered arrays."""
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    np.savez(buf, **{k: np.asarray(v, order="C") for k, v in arrays.items()})  # ascontiguousarray makes () (1,)
     return buf.getvalue()
 
 
@@ -46,15 +47,66 @@ def sha256(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+UNFINISHED = ".export-unfinished"  # in --out from before the first file is written until the manifest is in place
+
+
+def _ours(name: str) -> bool:
+    """A file `harness kit export` writes into --out (a kit file, the manifest, their temporary files, the marker)."""
+    names = (*FILES, MANIFEST)
+    return name == UNFINISHED or name in names or any(
+        name.startswith(f".{n}.") and name.endswith(".tmp") for n in names)
+
+
+def _remove_unfinished(out: Path) -> None:
+    for path in out.iterdir():
+        if _ours(path.name):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
 def _check_out(out: Path) -> None:
+    """--out must be a new or empty directory, or one an interrupted export left (then its files are removed)."""
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file; pass a new or empty directory for the kit")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {str(out)!r} is not empty; pass a new directory (a kit is never written over "
-                         "another)")
+        from harness.files import kind_of
+
+        raise UsageError(f"--out {str(out)!r} is {kind_of(out.stat().st_mode)}; pass a new or empty directory for "
+                         "the kit")
+    if out.is_dir():
+        names = [p.name for p in out.iterdir()]
+        if UNFINISHED in names and all(_ours(n) for n in names):
+            print(f"kit: removing the unfinished kit an interrupted export left in {str(out)!r}", file=sys.stderr)
+            _remove_unfinished(out)
+        elif names:
+            raise UsageError(f"--out {str(out)!r} is not empty; pass a new directory (a kit is never written over "
+                             "another)")
     parent = out.resolve().parent
     if not parent.is_dir():
         raise UsageError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
+
+
+def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
+    """Write the kit files, then manifest.json last. A failure (a full disk, Ctrl-C) removes what was written, and
+    the marker file left by a kill lets the next export into the same --out start again."""
+    from harness import records
+
+    created = not out.exists()
+    out.mkdir(exist_ok=True)
+    marker = out / UNFINISHED
+    try:
+        marker.touch()
+        for name, blob in blobs.items():
+            records.atomic_write_bytes(out / name, blob)
+        records.atomic_write_bytes(out / MANIFEST, manifest)
+    except BaseException as exc:
+        _remove_unfinished(out)
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        if isinstance(exc, OSError):
+            raise UsageError(records.os_error_message(exc, f"cannot write the kit into {str(out)!r}")
+                             + " (nothing of it was left)") from None
+        raise
+    marker.unlink()
 
 
 def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = True
@@ -184,7 +236,6 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
 
 def command(args: argparse.Namespace) -> int:
     """`harness kit export`: validate, compute with the oracle, write the files, then manifest.json last."""
-    from harness import records
     from harness.config import load_config
     from harness.data import check_fits, load_corpus
 
@@ -204,10 +255,7 @@ def command(args: argparse.Namespace) -> int:
     files, _ = compute(config, corpus, args.seed, args.steps)
     blobs = {name: npz_bytes(arrays) for name, arrays in files.items()}
     manifest = build_manifest(config, size, corpus, args.seed, args.steps, files, blobs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, blob in blobs.items():
-        records.atomic_write_bytes(args.out / name, blob)
-    records.atomic_write_bytes(args.out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    write_kit(args.out, blobs, (json.dumps(manifest, indent=1) + "\n").encode())
     total = sum(len(b) for b in blobs.values()) + (args.out / MANIFEST).stat().st_size
     for name, blob in blobs.items():
         print(f"  {name}: {len(blob) / 1e6:.2f} MB", file=sys.stderr)

@@ -15,6 +15,7 @@ import hashlib
 import html as html_lib
 import re
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -316,7 +317,8 @@ def write_index(out: Path) -> Path:
         run_ids = found.group(1).split()
         covered.update(run_ids)
         generated, title = _GENERATED_META.search(head), _TITLE.search(head)
-        entries.append({"href": html.name, "name": html.stem, "mtime": html.stat().st_mtime,
+        entries.append({"href": urllib.parse.quote(html.name, safe="+"),  # a relative path, whatever the name holds
+                        "name": html.stem, "mtime": html.stat().st_mtime,
                         "title": html_lib.unescape(title.group(1).strip()) if title else html.stem,
                         "generated": generated.group(1) if generated else "",
                         "runs": [_index_row(out, run_id) for run_id in run_ids]})

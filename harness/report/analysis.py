@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from harness import records, stats
+from harness import files, records, stats
+from harness.errors import UsageError
 from harness.results import costs
 
 # Loss agreement with dropout on (docs/design.md, "Parity"): the frameworks' dropout streams differ, so the final
@@ -79,11 +80,13 @@ def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
     parity_path = directory / "parity.json"
     if parity_path.exists():
         try:
-            doc = json.loads(parity_path.read_text(encoding="utf-8"))
+            doc = json.loads(files.read_regular(parity_path, "parity record", "run `harness parity` again"))
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
             view.parity = doc
-        except (OSError, ValueError, UnicodeDecodeError) as exc:
+        except UsageError as exc:
+            view.parity_error = str(exc)
+        except (ValueError, UnicodeDecodeError) as exc:
             view.parity_error = f"{parity_path.name} could not be read ({exc})"
     view.banners = banners(view)
     return view

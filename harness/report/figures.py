@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from harness.report.analysis import PairComparison, RunView, costs, step_losses
 
@@ -36,8 +36,19 @@ def color(backend: str) -> str:
     return _EXTRA[sum(map(ord, backend)) % len(_EXTRA)]
 
 
+def plain(text: object) -> str:
+    """`text` for a matplotlib label, drawn as written: a `$` would start mathtext (and a malformed formula raise).
+
+    Only names read from records get this; the harness's own labels may use mathtext on purpose.
+    """
+    return str(text).replace("$", r"\$")
+
+
 def to_svg(fig: plt.Figure, title: str) -> Markup:
-    """The figure as inline SVG markup (ids made unique, fixed size attributes replaced by a responsive width)."""
+    """The figure as inline SVG markup (ids made unique, fixed size attributes replaced by a responsive width).
+
+    matplotlib escapes the text it draws; `title` goes into an attribute here, so it is escaped here.
+    """
     buf = io.StringIO()
     fig.savefig(buf, format="svg")  # tight_layout has placed everything: no second layout pass
     plt.close(fig)
@@ -51,7 +62,7 @@ def to_svg(fig: plt.Figure, title: str) -> Markup:
     text = re.sub(r"url\(#([^)]+)\)",
                   lambda m: f"url(#{prefix}{m.group(1)})" if m.group(1) in ids else m.group(0), text)
     text = re.sub(r'<svg([^>]*?)\swidth="[^"]*"\sheight="[^"]*"',
-                  lambda m: f'<svg{m.group(1)} class="figure" role="img" aria-label="{title}"', text, count=1)
+                  lambda m: f'<svg{m.group(1)} class="figure" role="img" aria-label="{escape(title)}"', text, count=1)
     return Markup(text)
 
 
@@ -96,7 +107,7 @@ def loss_figure(view: RunView) -> Markup | None:
     with plt.rc_context(RC):
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
         for rec in view.records:
-            name, c = rec["backend"], color(rec["backend"])
+            name, c = plain(rec["backend"]), color(rec["backend"])
             steps, loss = step_losses(rec)
             finite = np.isfinite(loss)
             if finite.any():
@@ -151,7 +162,7 @@ def deviation_figure(comparisons: list[PairComparison]) -> Markup | None:
             w = smoothing_window(len(dev))
             roll = rolling_mean(dev, w)
             xr, mr, _, _ = binned(steps, np.where(roll > 0, roll, floor))
-            ax.plot(xr, mr, color=col, lw=1.8, label=f"{cmp.a} vs {cmp.b}: rolling mean over {w} steps")
+            ax.plot(xr, mr, color=col, lw=1.8, label=plain(f"{cmp.a} vs {cmp.b}") + f": rolling mean over {w} steps")
         ax.set_yscale("log")
         note = f" (exact zeros drawn at {floor:.0e})" if any_zero else ""
         ax.set(title="Absolute per-step training-loss difference" + note, xlabel="step", ylabel="|Δ loss| (nats)")
@@ -182,7 +193,7 @@ def cost_figure(view: RunView) -> Markup | None:
                 label = "n/a" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
                 ax.annotate(label, (xi, v or 0.0), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                             textcoords="offset points")
-            ax.set_xticks(x, names)
+            ax.set_xticks(x, [plain(n) for n in names])
             ax.set_xlim(-0.5 - 0.3 * max(0, 3 - len(names)), len(names) - 0.5 + 0.3 * max(0, 3 - len(names)))
             ax.margins(y=0.12)
             ax.set(title=title, ylabel=unit)
@@ -223,10 +234,10 @@ def scaling_figure(views: list[RunView]) -> Markup | None:
             lo = med - np.array([p[2] for p in pts]) * 1e3
             hi = np.array([p[3] for p in pts]) * 1e3 - med
             ax1.errorbar(n, med, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], marker="o", color=color(name),
-                         capsize=3, label=name)
-            ax2.plot(n, [p[4] for p in pts], marker="o", color=color(name), label=name)
+                         capsize=3, label=plain(name))
+            ax2.plot(n, [p[4] for p in pts], marker="o", color=color(name), label=plain(name))
             for p in pts:
-                ax2.annotate(p[5], (p[0], p[4]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+                ax2.annotate(plain(p[5]), (p[0], p[4]), fontsize=8, xytext=(4, 4), textcoords="offset points")
         ax1.set(xscale="log", yscale="log", title="Steady step time (median, p10–p90)", xlabel="parameters",
                 ylabel="ms / step")
         ax2.set(xscale="log", yscale="log", title="Training throughput", xlabel="parameters", ylabel="tokens / s")

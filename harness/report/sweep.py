@@ -188,7 +188,7 @@ def scaling_figure(sc: dict[str, Any]) -> Any:
             for ax, ys, fit in ((axes[0], f["t"], f["step"]), (axes[1], f["r"], f["rate"])):
                 ax.scatter(f["x"], ys, s=14, color=col, alpha=0.7)
                 if fit:
-                    ax.plot(xs, fit[1] * xs ** fit[0], color=col, label=f"{name}: k = {fit[0]:.2f}")
+                    ax.plot(xs, fit[1] * xs ** fit[0], color=col, label=f"{figures.plain(name)}: k = {fit[0]:.2f}")
         for ax, ylabel in ((axes[0], "median step time (s)"), (axes[1], "tokens/s")):
             ax.set_xscale("log"), ax.set_yscale("log")
             ax.set_xlabel("training FLOPs per token"), ax.set_ylabel(ylabel)
@@ -233,13 +233,14 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
                     grid = np.linspace(0, min(c[1][-1] for c in curves), 60)
                     band = np.array([np.interp(grid, c[1], c[2]) for c in curves])
                     ax.fill_between(grid, band.min(axis=0), band.max(axis=0), color=col, alpha=0.18, linewidth=0)
-                ax.plot(mx, my, color=col, marker="o", markersize=3, label=f"{backend} ({len(curves)} seeds)")
+                ax.plot(mx, my, color=col, marker="o", markersize=3,
+                        label=f"{figures.plain(backend)} ({len(curves)} seeds)")
             target = g["target_val_loss"].dropna()
             if len(target):
                 ax.axhline(float(target.iloc[0]), color="#495057", linestyle=":", linewidth=1,
                            label=f"target {float(target.iloc[0]):g}")
             ax.set_xlabel("elapsed training + evaluation time (s)"), ax.set_ylabel("validation loss")
-            ax.set_title(f"{label} ({device})"), ax.legend(fontsize=8)
+            ax.set_title(figures.plain(f"{label} ({device})")), ax.legend(fontsize=8)
             fig.tight_layout()
             result.append({"label": f"{label} ({device})",
                            "fig": figures.to_svg(fig, f"validation loss against time, {label}")})

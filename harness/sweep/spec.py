@@ -147,10 +147,12 @@ def _positive(value: Any, what: str, allow_none: bool = True) -> int | None:
 
 def load_toml(path: Path) -> tuple[dict, Path]:
     """The TOML document of a sweep file (checked for unknown keys) and the directory its paths are relative to."""
-    if not path.is_file():
-        raise UsageError(f"sweep file {str(path)!r} does not exist; pass the path of a TOML file")
+    from harness.config import MAX_TOML_BYTES
+    from harness.files import read_regular
+
+    blob = read_regular(path, "sweep file", "pass the path of a TOML file", MAX_TOML_BYTES)
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = tomllib.loads(blob.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
     unknown = set(doc) - TOP_KEYS
