@@ -171,22 +171,25 @@ def pair_summary(doc: dict, a: str, b: str) -> dict:
 
 def combine(summaries: list[dict]) -> dict:
     """Several sessions' pair summaries (one per sweep seed) as one: geometric mean of the usable sessions' ratios,
-    t interval across them (n = sessions), CV across them; with one usable session, that session's own."""
+    t interval across them (n = sessions), CV across them; with one usable session, that session's own. With none
+    usable, the same over every session that has a ratio, marked `usable` False (no verdict may rest on it)."""
     good = [s for s in summaries if s.get("usable") and s.get("ratio")]
     if len(good) == 1:
         return dict(good[0], seeds=1, seeds_dropped=len(summaries) - 1)
+    use = good or [s for s in summaries if s.get("ratio")]
     base = {"a": summaries[0]["a"] if summaries else None, "b": summaries[0]["b"] if summaries else None,
-            "seeds": len(good), "seeds_dropped": len(summaries) - len(good), "level": "seeds", "usable": bool(good),
-            "ratio": None, "lo": None, "hi": None, "cv": None, "n": len(good),
+            "seeds": len(use), "seeds_dropped": len(summaries) - len(good), "level": "seeds", "usable": bool(good),
+            "ratio": None, "lo": None, "hi": None, "cv": None, "n": len(use),
             "rounds": sum(s.get("rounds", 0) for s in summaries),
             "clean_rounds": sum(s.get("clean_rounds", 0) for s in summaries),
             "disturbed_rounds": sum(s.get("disturbed_rounds", 0) for s in summaries)}
-    if not good:
+    if not use:
         return base
-    values = [s["ratio"] for s in good]
+    values = [s["ratio"] for s in use]
     ci = stats.mean_ci([math.log(v) for v in values])
-    base.update(ratio=math.exp(ci.estimate), lo=math.exp(ci.lo), hi=math.exp(ci.hi), per_value=values,
-                cv=float(np.std(values, ddof=1) / np.mean(values)))
+    base.update(ratio=math.exp(ci.estimate), per_value=values,
+                lo=None if ci.lo is None else math.exp(ci.lo), hi=None if ci.hi is None else math.exp(ci.hi),
+                cv=float(np.std(values, ddof=1) / np.mean(values)) if len(values) > 1 else None)
     return base
 
 
