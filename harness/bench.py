@@ -121,6 +121,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when a target is missed (overhead > 3%% on CPU for medium/large, > 5%% on CUDA; "
                         "batch stream < 50x faster than a step)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    g = p.add_argument_group("noise benchmark (--noise: does a speed verdict survive other work on the machine?)")
+    g.add_argument("--noise", action="store_true",
+                   help="instead of the overhead measurements: a sweep and a run of --sizes (one) and --backends "
+                        "(two), each quiet and then with busy-loop hogs during its middle third; prints both speed "
+                        "ratios, the disturbed cells and the checks of docs/benchmarks.md (--check: exit 1 on a miss)")
+    g.add_argument("--hogs", type=_count(1), metavar="N", help="--noise: busy-loop processes (default: usable cores)")
+    g.add_argument("--noise-seeds", type=_count(1), default=3, metavar="N", help="--noise: sweep seeds (3)")
+    g.add_argument("--noise-steps", type=_count(1), default=200, metavar="N", help="--noise: sweep steps (200)")
+    g.add_argument("--noise-run-steps", type=_count(1), default=300, metavar="N",
+                   help="--noise: steps of the single-backend run (300)")
 
 
 def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -671,6 +681,10 @@ def format_table(results: list[dict]) -> str:
 
 def command(args: argparse.Namespace) -> int:
     """`harness bench`: validate, measure every backend and size, print the table, write the JSON."""
+    if getattr(args, "noise", False):
+        from harness import noise
+
+        return noise.command(args)
     jobs = plan_jobs(args)
     backends = list(dict.fromkeys(j.backend for j in jobs))
     results = []

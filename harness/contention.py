@@ -355,15 +355,17 @@ def sentence(contention: dict | None, name: str = "") -> str:
         return f"{who}undisturbed ({n:,} steady steps, none judged disturbed)"
     why = ", ".join(sorted(contention.get("reasons") or {}, key=lambda k: -contention["reasons"][k]))
     mark = "; mostly disturbed: kept out of speed verdicts" if contention.get("mostly_disturbed") else ""
-    return (f"{who}{frac:.0%} of {n:,} steady steps disturbed ({why}); figures from the "
-            f"{n - contention['disturbed_steps']:,} undisturbed ones{mark}")
+    clean = n - contention["disturbed_steps"]
+    source = f"figures from the {clean:,} undisturbed ones" if clean else "figures from all of them (none undisturbed)"
+    return f"{who}{frac:.0%} of {n:,} steady steps disturbed ({why}); {source}{mark}"
 
 
 # --- the sampler the training loop drives --------------------------------------------------------------------------
 @dataclass
 class Sampler:
-    """Cuts a training loop into chunks: `open(step)` at a boundary, `tick(done, now)` after every step (one
-    comparison unless a chunk is due), `close(step)` before an evaluation and at the end. Chunks go to `chunks`."""
+    """Cuts a training loop into chunks: `open(step)` at a boundary, `tick(done)` after every step (a clock read
+    and one comparison, unless a chunk is due), `close(step)` before an evaluation and at the end. Chunks go to
+    `chunks`."""
 
     probe: Probe
     chunk_s: float = CHUNK_S
@@ -383,8 +385,8 @@ class Sampler:
             self.chunks.append(chunk(self._start, end, self._first, step - self._first))
         self._start = None
 
-    def tick(self, done: int, now: float) -> None:
-        if self._start is not None and now - self._start.wall >= self.chunk_s:
+    def tick(self, done: int) -> None:
+        if self._start is not None and self.probe.clock() - self._start.wall >= self.chunk_s:
             self.close(done)
             self.open(done)
 

@@ -454,7 +454,7 @@ def run_paired(directory: Path, backends: list[str], rounds: int, threads: int |
                   for b in backends]
     doc = None if paths.paired_timing.exists() else paired.new_doc(contenders, spec.get("label", ""), spec["seed"],
                                                                    rounds, threads)
-    return paired.run(paths.paired_timing, doc, progress=progress)
+    return paired.run(paths.paired_timing, doc, progress=progress, rounds=rounds)
 
 
 def load_spec(out: Path, run_id: str) -> dict:

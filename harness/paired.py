@@ -319,16 +319,18 @@ def _say(progress: bool, text: str) -> None:
         print(f"paired timing: {text}", file=sys.stderr, flush=True)
 
 
-def run(path: Path, doc: dict | None = None, progress: bool = True) -> dict:
+def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int | None = None) -> dict:
     """Add one session to the paired-timing record at `path` (created from `doc` when it does not exist) unless it
-    already holds its undisturbed rounds; returns the record. Ctrl-C keeps the rounds measured so far (the session
-    is marked interrupted) and raises KeyboardInterrupt. A timing process that fails ends the session with the
-    reason recorded (`failure`); nothing is raised."""
+    already holds its undisturbed rounds (`rounds` more than its plan's raises the plan); returns the record.
+    Ctrl-C keeps the rounds measured so far (the session is marked interrupted) and raises KeyboardInterrupt. A
+    timing process that fails ends the session with the reason recorded (`failure`); nothing is raised."""
     path = Path(path)
     if path.exists():
         doc = load(path)
     elif doc is None:
         raise UsageError(f"paired-timing record {str(path)!r} does not exist")
+    if rounds and rounds > doc["plan"]["rounds"]:
+        doc["plan"].update(rounds=rounds, max_rounds=rounds * MAX_ROUNDS_FACTOR)
     if complete(doc):
         return doc
     p = doc["plan"]

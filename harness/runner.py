@@ -231,19 +231,17 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                 t0 = time.perf_counter()
                 loss = backend.train_step(x, y, lr, **kw)
                 backend.synchronize()
-                t1 = time.perf_counter()
-                pending_t.append(t1 - t0)
+                pending_t.append(time.perf_counter() - t0)
             else:  # asynchronous device: markers on its stream, no host sync per step
                 start = clock.mark()
                 loss = backend.train_step(x, y, lr, **kw)
                 pending_t.append((start, clock.mark()))  # read at the flush, after its one synchronisation
-                t1 = time.perf_counter() if sampler else 0.0
             curves.step.append(step)
             pending.append(loss)
             bar.update(1)
             done = step + 1
             if sampler:
-                sampler.tick(done, t1)  # one comparison, unless a chunk is due
+                sampler.tick(done)  # a clock read and one comparison, unless a chunk is due
             if after_step:
                 after_step(done)
             # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step

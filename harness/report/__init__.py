@@ -308,6 +308,7 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
 
 # --- index ------------------------------------------------------------------------------------------------------------
 _RUNS_META = re.compile(r'<meta name="nanogpt-parity-runs" content="([^"]*)">')
+_SWEEP_META = re.compile(r'<meta name="nanogpt-parity-sweep" content="([^"]*)">')
 _GENERATED_META = re.compile(r'<meta name="nanogpt-parity-generated" content="([^"]*)">')
 _TITLE = re.compile(r"<title>(.*?)</title>", re.S)
 
@@ -330,12 +331,25 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id, "error": None, "size": head["size"], "device": head["device"],
         "params": tables.fmt_int(head["n_params"]), "verdict": verdict["label"], "level": verdict["level"],
+        "speed": verdict["speed"],
         "status": _per_backend(head["status"], str),
         "val_loss": _per_backend(head["val_loss"], tables.fmt_loss),
         "tokens_per_s": _per_backend(head["tokens_per_s"], tables.fmt_rate),
         "bleu": _per_backend(head["bleu"], tables.fmt_score),
         "chrf": _per_backend(head["chrf"], tables.fmt_score),
     }
+
+
+def _sweep_row(out: Path, sweep_id: str) -> dict[str, Any]:
+    """The index row of a sweep: its cells and its comparisons' verdicts, read from the records now."""
+    from harness.report.sweep import sweep_verdict
+
+    try:
+        return {"sweep_id": sweep_id, "error": None, **sweep_verdict(out, sweep_id)}
+    except UsageError as exc:
+        return {"sweep_id": sweep_id, "error": str(exc)}
+    except Exception as exc:  # one malformed sweep must never break the index
+        return {"sweep_id": sweep_id, "error": f"sweep {sweep_id} could not be read ({type(exc).__name__}: {exc})"}
 
 
 def _clean_old_tmp(out: Path, older_than_s: float = 3600.0) -> None:
@@ -372,10 +386,15 @@ def write_index(out: Path) -> Path:
         run_ids = found.group(1).split()
         covered.update(run_ids)
         generated, title = _GENERATED_META.search(head), _TITLE.search(head)
-        entries.append({"href": html.name, "name": html.stem, "mtime": html.stat().st_mtime,
-                        "title": html_lib.unescape(title.group(1).strip()) if title else html.stem,
-                        "generated": generated.group(1) if generated else "",
-                        "runs": [_index_row(out, run_id) for run_id in run_ids]})
+        entry = {"href": html.name, "name": html.stem, "mtime": html.stat().st_mtime,
+                 "title": html_lib.unescape(title.group(1).strip()) if title else html.stem,
+                 "generated": generated.group(1) if generated else "", "sweep": None, "runs": []}
+        sweep = _SWEEP_META.search(head)
+        if sweep:  # a sweep is one row: its verdicts and a link, never a row per cell
+            entry["sweep"] = _sweep_row(out, html_lib.unescape(sweep.group(1)))
+        else:
+            entry["runs"] = [_index_row(out, run_id) for run_id in run_ids]
+        entries.append(entry)
     entries.sort(key=lambda e: e["mtime"], reverse=True)
     runs_dir = out / "runs"
     uncovered = sorted((p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in covered
