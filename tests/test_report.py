@@ -210,12 +210,16 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
     va = float(_curve(np.array(120)) + 0.02)
     vb = va + 0.025
     summary = text[text.index("Summary"):text.index("Run " + run_id)]
-    assert f"validation loss {va:.4f} vs {vb:.4f} at step 120" in summary
-    assert f"difference +0.0250 ({0.025 / ((va + vb) / 2):.2%} of their mean), within the 2% band" in summary
+    assert f"Validation loss at step 120: torch {va:.4f}, numpy {vb:.4f}; torch − numpy = -0.0250 " \
+           f"({0.025 / ((va + vb) / 2):.2%} of their mean), within the 2% band" in summary
     assert "losses agree" in summary
-    # planted: numpy steps take 3x as long -> torch is 3x as fast; tokens/s = 16*64/0.01
-    assert "torch trains 3× as fast as numpy" in summary
+    assert "Convention: a difference is written first − second with both names" in summary  # said once
+    assert text.count("Convention: a difference is written") == 1
+    # numpy's training steps took 3x as long, but separate runs are never a speed verdict
+    assert "Speed of torch and numpy: not compared: this run has no paired timing" in summary
+    assert "torch 3× faster" in section(text, "Loss agreement and speed", "Loss curves")  # table: information
     assert f"{16 * 64 / 0.01:,.0f}" in summary and f"{16 * 64 / 0.03:,.0f}" in summary
+    assert "Contention: torch: no contention evidence" in summary  # a record without chunks says so
     # paired per-step differences: same common noise, so the CI is narrow and contains 0
     assert "consistent with no systematic difference" in summary
     # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
@@ -492,3 +496,99 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
     assert code == 2 and stdout == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith("harness: error:") and "Traceback" not in err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+# --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) ---------------------------------
+def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (), rounds: int = 10) -> dict:
+    """A paired.json for run `run_id` whose round r has numpy steps ratios[r] times as long as torch's."""
+    from test_paired import planted
+
+    doc = planted(ratios, disturbed, rounds=rounds)
+    records.atomic_write_json(records.RunPaths(out, run_id).paired_timing, doc)
+    return doc
+
+
+def _pills(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<span class="pill (\w+)">([^<]*)</span>', html)
+
+
+def test_speed_verdict_comes_from_the_paired_timing_with_its_interval_in_one_direction(tmp_path: Path,
+                                                                                      no_figures: None) -> None:
+    from harness import paired
+
+    run_id = make_run(tmp_path)
+    doc = write_paired(tmp_path, run_id, [3.0, 2.9, 3.1, 3.05, 2.95, 3.0, 2.98, 3.02, 3.01, 2.99])
+    s = paired.pair_summary(doc, "torch", "numpy")
+    w = paired.speed_words(s)
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    summary = text[text.index("Summary"):text.index("Run " + run_id)]
+    interval = f"[{w['lo']:.3g}, {w['hi']:.3g}]"
+    assert f"Speed: torch is {w['x']:.3g}× faster than numpy {interval} (paired timing: torch and numpy alive at " \
+           "once, timed in alternating short bursts; 10 undisturbed of 10 rounds; 1 seed" in summary
+    assert f"coefficient of variation of the paired ratios {s['cv']:.1%}" in summary
+    assert "paired timing: 0 of 10 rounds disturbed" in summary  # the contention line of the speed verdict
+    table = section(text, "Loss agreement and speed", "Loss curves")
+    assert f"torch {w['x']:.3g}× faster {interval}" in table  # the table says what the sentence says
+    assert "0.333" not in table and "numpy 3" not in table  # ... and never the other way round
+    assert ("ok", f"speed: torch {w['x']:.3g}× faster") in _pills(html)
+
+
+@pytest.mark.parametrize("ratios, disturbed, level, label, words", [
+    ([0.9, 1.1, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.01, 0.99], (), "neutral", "speed: no clear difference",
+     "the interval includes 1, so no clear difference"),
+    ([1.5, 2.4, 1.6, 2.2, 1.8, 2.5, 1.7, 2.3, 1.9, 2.0], (), "neutral", "(noisy)", "(coefficient of variation over 10%)"),
+    ([2.0] * 3 + [5.0] * 9, tuple(range(3, 12)), "warn", "speed: machine too busy",
+     "9 of 12 paired rounds were disturbed by other work on the machine"),
+])
+def test_speed_verdicts_the_data_cannot_carry_are_never_green(tmp_path: Path, no_figures: None, ratios: list[float],
+                                                              disturbed: tuple[int, ...], level: str, label: str,
+                                                              words: str) -> None:
+    run_id = make_run(tmp_path)
+    write_paired(tmp_path, run_id, ratios, disturbed)
+    html = write_report(tmp_path, [run_id]).read_text()
+    speed = [(lv, lab) for lv, lab in _pills(html) if lab.startswith("speed")]
+    assert speed and all(lv == level and label in lab for lv, lab in speed), speed
+    assert words in text_of(html)
+
+
+def _chunks(n: int, busy_from: int, busy_to: int) -> list[dict]:
+    quiet = {"wall_s": 0.5, "cpu_s": 0.5, "exec_s": 0.5, "wait_s": 0.0, "threads": 1, "ncpu": 2, "load": [0.5, 0.6]}
+    busy = dict(quiet, cpu_s=0.3, exec_s=0.3, wait_s=0.2, load=[2.5, 2.6])
+    return [dict(busy if busy_from <= s < busy_to else quiet, step=s, n=10) for s in range(0, n, 10)]
+
+
+def test_a_mostly_disturbed_backend_is_named_and_kept_out_of_speed(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path)
+    path = records.run_dir(tmp_path, run_id) / "numpy.json"
+    rec = json.loads(path.read_text())
+    rec["chunks"] = _chunks(120, 20, 100)  # 80 of the 110 steady steps disturbed
+    del rec["timings"]["step_median_s"]  # recomputed from the steps and the chunks, as for a killed worker
+    records.atomic_write_json(path, rec)
+    html = write_report(tmp_path, [run_id]).read_text()
+    banner = " ".join(Page(html).banners)
+    assert "numpy trained on a busy machine: 73% of its steady steps were disturbed" in banner
+    assert "kept out of every speed verdict (its losses still count)" in banner
+    text = text_of(html)
+    assert "numpy: 73% of 110 steady steps disturbed (cpu wait); figures from the 30 undisturbed ones; mostly " \
+           "disturbed: kept out of speed verdicts" in text
+    assert "73% (mostly: no speed verdict)" in text  # the summary table
+    costs = section(text, "Cost: time", "Text quality")
+    assert "over 30 undisturbed steps (80 disturbed left out)" in costs
+    assert "waited for a CPU (median / worst chunk)" in costs and "40.0%" in costs
+
+
+def test_a_schema_2_record_without_evidence_still_loads_and_reports(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, backends=("torch",))
+    path = records.run_dir(tmp_path, run_id) / "torch.json"
+    rec = json.loads(path.read_text())
+    rec["schema_version"] = 2
+    rec.pop("chunks", None)
+    records.atomic_write_json(path, rec)
+    assert records.load_record(path)["schema_version"] == 2
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    assert "Contention: torch: no contention evidence (recorded before it existed)" in text
+    assert ("neutral", "single backend") in _pills(html)  # nothing compared: not a success either
+    assert "95 % interval [" in text and "tokens/s (median undisturbed step" in text  # a speed figure's interval
+    assert ("neutral", "single backend") in _pills(write_index(tmp_path).read_text())

@@ -172,7 +172,7 @@ def banners(view: RunView) -> list[Banner]:
     if view.paired_error:
         out.append(Banner(WARN, f"{run}: {view.paired_error}"))
     for rec in view.records:
-        cont = (rec.get("timings") or {}).get("contention") or {}
+        cont = costs(rec)["contention"] or {}
         if cont.get("mostly_disturbed"):
             out.append(Banner(WARN, f"{run}: {rec['backend']} trained on a busy machine: "
                                     f"{cont['contended_fraction']:.0%} of its steady steps were disturbed, so its "
