@@ -156,6 +156,10 @@ MEASURE = """JSON.stringify({
     .getBoundingClientRect().top,
   height: document.documentElement.scrollHeight, width: document.documentElement.scrollWidth,
   tables: document.querySelectorAll('table').length,
+  pills: Array.from(document.querySelectorAll('.pill')).map(p => {
+    const r = p.getBoundingClientRect(), c = getComputedStyle(p);
+    return {text: p.textContent.trim(), cls: p.className, width: r.width, height: r.height, color: c.color,
+      background: c.backgroundColor}; }),
 })"""
 
 
@@ -257,6 +261,29 @@ def test_failed_report_shows_banner_first(browser: str, tmp_path: Path) -> None:
     assert result["banners"] and "failed" in result["banners"][0]
     assert 0 <= result["firstBannerTop"] < 250  # visible without scrolling
     assert all(f["width"] > 200 and f["height"] > 100 for f in result["figures"])
+
+
+def test_sweep_verdicts_and_index_row_render_in_chromium(browser: str, tmp_path: Path) -> None:
+    """A sweep report's per-dtype verdicts and the index's one row for the sweep: visible pills whose colours tell a
+    clear verdict (green) from an inconclusive one (grey), no console error, nothing fetched."""
+    from test_report import make_sweep
+
+    from harness.report import write_index
+    from harness.report.sweep import write_sweep_report
+
+    out = tmp_path / "out"
+    sweep_id = make_sweep(out, seeds=3, dtypes=("float32", "float64"),
+                          ratios={("float64", s): 1.0 + 0.02 * (s - 1338) for s in (1337, 1338, 1339)})
+    for page in (write_sweep_report(out, sweep_id), write_index(out)):
+        result = render(browser, page, tmp_path / f"{page.stem}.png")
+        assert result["errors"] == [] and result["requests"] == [result["url"]], result["errors"]
+        assert result["width"] <= WIDTH, "the page scrolls sideways"
+        pills = {p["text"]: p for p in result["pills"]}
+        clear, unclear = pills["speed: torch 3× faster"], pills["speed: no clear difference"]
+        for pill in (clear, unclear):
+            assert pill["width"] > 40 and pill["height"] > 10, pill  # drawn, not collapsed
+        assert "ok" in clear["cls"] and "neutral" in unclear["cls"]
+        assert clear["background"] != unclear["background"] and clear["color"] != unclear["color"]
 
 
 if __name__ == "__main__":  # python tests/test_browser.py REPORT.html SHOT.png

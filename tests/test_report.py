@@ -498,8 +498,9 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-# --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) ---------------------------------
-def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (), rounds: int = 10) -> dict:
+# --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) -------------------------------
+def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (),
+                 rounds: int = 10) -> dict:
     """A paired.json for run `run_id` whose round r has numpy steps ratios[r] times as long as torch's."""
     from test_paired import planted
 
@@ -537,7 +538,8 @@ def test_speed_verdict_comes_from_the_paired_timing_with_its_interval_in_one_dir
 @pytest.mark.parametrize("ratios, disturbed, level, label, words", [
     ([0.9, 1.1, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.01, 0.99], (), "neutral", "speed: no clear difference",
      "the interval includes 1, so no clear difference"),
-    ([1.5, 2.4, 1.6, 2.2, 1.8, 2.5, 1.7, 2.3, 1.9, 2.0], (), "neutral", "(noisy)", "(coefficient of variation over 10%)"),
+    ([1.5, 2.4, 1.6, 2.2, 1.8, 2.5, 1.7, 2.3, 1.9, 2.0], (), "neutral", "(noisy)",
+     "(coefficient of variation over 10%)"),
     ([2.0] * 3 + [5.0] * 9, tuple(range(3, 12)), "warn", "speed: machine too busy",
      "9 of 12 paired rounds were disturbed by other work on the machine"),
 ])
@@ -592,3 +594,75 @@ def test_a_schema_2_record_without_evidence_still_loads_and_reports(tmp_path: Pa
     assert ("neutral", "single backend") in _pills(html)  # nothing compared: not a success either
     assert "95 % interval [" in text and "tokens/s (median undisturbed step" in text  # a speed figure's interval
     assert ("neutral", "single backend") in _pills(write_index(tmp_path).read_text())
+
+
+def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None,),
+               ratios: dict | None = None) -> str:
+    """A sweep as `harness sweep` leaves it: one single-backend run per cell (torch and numpy per seed and dtype),
+    its manifest, and per block a paired-timing record whose numpy steps take ratios[(dtype, seed)] times torch's
+    (default 3, with a little spread). Returns the sweep id."""
+    from test_paired import planted
+
+    from harness.sweep import manifest as mf
+
+    sweep_id = mf.new_sweep_id(out, "synthetic")
+    cells, entries = [], []
+    for seed in range(1337, 1337 + seeds):
+        for dtype in dtypes:
+            members = []
+            for backend in ("torch", "numpy"):
+                run_id = make_run(out, backends=(backend,), text=False)
+                path = records.run_dir(out, run_id) / f"{backend}.json"
+                rec = json.loads(path.read_text())
+                rec["seed"], rec["backend_options"] = seed, ({"dtype": dtype} if dtype else {})
+                records.atomic_write_json(path, rec)
+                cell = {"index": len(cells), "key": f"small/{backend}/cpu/seed={seed}", "label": "small",
+                        "backend": backend, "seed": seed, "device": "cpu", "backend_options": rec["backend_options"],
+                        "run_id": run_id, "status": "completed", "job_ids": [], "attempts": 1, "contended": False}
+                cells.append(cell)
+                members.append(cell)
+            r = (ratios or {}).get((dtype, seed), 3.0)
+            doc = planted([r * (1 + 0.01 * ((i % 3) - 1)) for i in range(10)])
+            for c, m in zip(doc["contenders"], members):
+                c.update(run_id=m["run_id"], cell=m["index"])
+            entry = {"index": len(entries), "kind": "paired", "key": f"small/cpu/seed={seed}/paired", "label": "small",
+                     "seed": seed, "device": "cpu", "dtype": dtype, "members": [m["index"] for m in members],
+                     "rounds": 10, "path": f"sweeps/{sweep_id}/paired/{len(entries)}.json", "status": "completed",
+                     "job_ids": [], "attempts": 1}
+            records.atomic_write_json(out / entry["path"], doc)
+            entries.append(entry)
+    mf.Manifest(out, {"schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
+                      "created_at": "2026-01-01T00:00:00Z", "spec": {"backends": ["torch", "numpy"]},
+                      "executor": {"kind": "local", "jobs": 1}, "data": {}, "cells": cells, "paired": entries}).save()
+    return sweep_id
+
+
+def test_sweep_verdicts_one_per_dtype_green_only_when_the_data_carries_it(tmp_path: Path, no_figures: None) -> None:
+    from harness.report.sweep import write_sweep_report
+
+    sweep_id = make_sweep(tmp_path, seeds=3, dtypes=("float32", "float64"),
+                          ratios={("float64", s): 1.0 + 0.02 * (s - 1338) for s in (1337, 1338, 1339)})
+    html = write_sweep_report(tmp_path, sweep_id).read_text()
+    text = text_of(html)
+    # one verdict per dtype, each naming it: float32 clear (3x), float64 no clear difference (0.98 .. 1.02)
+    assert "small on cpu, dtype float32: torch vs numpy" in text
+    assert "small on cpu, dtype float64: torch vs numpy" in text
+    pills = [p for p in _pills(html) if p[1].startswith("speed")]
+    assert ("ok", "speed: torch 3× faster") in pills and ("neutral", "speed: no clear difference") in pills
+    assert "torch is 3× faster than numpy [" in text and "(paired timing, 3 seeds" in text
+    table = section(text, "Convention: a difference", "Groups (config")
+    assert "torch 3× faster [" in table  # the table says it as the sentence does
+    index = write_index(tmp_path).read_text()
+    itext = text_of(index)
+    assert f"sweep {sweep_id}" in itext and "12 of 12 cells completed" in itext
+    assert ("ok", "speed: torch 3× faster") in _pills(index)
+    assert not any(run_id in index for run_id in (json.loads(p.read_text())["run_id"]
+                                                  for p in (tmp_path / "runs").glob("*/spec.json")))
+
+
+def test_fewer_than_three_seeds_is_said_and_not_green(tmp_path: Path, no_figures: None) -> None:
+    from harness.report.sweep import write_sweep_report
+
+    html = write_sweep_report(tmp_path, make_sweep(tmp_path, seeds=2)).read_text()
+    assert ("neutral", "speed: torch 3× faster") in _pills(html)
+    assert "Said plainly: fewer than 3 seeds (2)." in text_of(html)
