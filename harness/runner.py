@@ -254,7 +254,11 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                 if on_flush:
                     on_flush(done)
                 if checkpoint_every and done % checkpoint_every == 0 and on_checkpoint and done < total_steps:
+                    if sampler:
+                        sampler.close(done)  # the checkpoint carries the evidence of every step before it
                     on_checkpoint(done)
+                    if sampler:
+                        sampler.open(done)
         else:
             if sampler:
                 sampler.close(total_steps)

@@ -297,3 +297,28 @@ def test_nvml_is_optional_and_its_evidence_reaches_the_rule(monkeypatch: pytest.
     assert c["gpu"][1]["others"] == 1 and judge(c) == ["1 other compute process(es) on the GPU"]
     stub.pids, stub.reasons = [probe.pid], 0x4 | 0x20
     assert judge(chunk(p.snapshot(), p.snapshot(), 0, 5)) == ["GPU sw_thermal_slowdown"]
+
+
+def test_the_evidence_survives_a_kill_and_a_resume_without_gaps_or_overlaps(tmp_path: Path, tiny_config):
+    """Killed right after its second checkpoint, resumed: the record's chunks cover every step exactly once."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "out"
+    common = ["--quiet", "--no-report", "--out", str(out)]
+    first = run_cli("run", "--config", str(tiny_config(interval=15)), "--steps", "60", "--checkpoint-every", "20",
+                    "--backend", "numpy", "--no-text", *common,
+                    env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill:2"})
+    assert first.returncode != 0
+    (run,) = (out / "runs").iterdir()
+    assert json.loads((run / "numpy.json").read_text())["status"] != "completed"
+    again = run_cli("run", "--resume", run.name, *common)
+    assert again.returncode == 0, again.stderr
+    rec = json.loads((run / "numpy.json").read_text())
+    assert rec["schema_version"] == 3 and rec["resumed_at"]
+    spans = sorted((c["step"], c["n"]) for c in rec["chunks"])
+    covered = [s for start, n in spans for s in range(start, start + n)]
+    assert covered == list(range(60)), spans  # contiguous, no step twice, none missing
+    assert rec["timings"]["contention"]["steady_steps"] == 50 and rec["timings"]["contention"]["evidence"] in (
+        "schedstat", "none")
