@@ -78,6 +78,11 @@ def speed_verdict(c: analysis.PairComparison, seeds: int = 1) -> dict[str, Any]:
     from harness import paired
 
     s = c.paired
+    if s is None and c.paired_failure:
+        failed = not c.paired_failure.startswith("its last session")
+        return {"level": WARN, "label": "speed: paired timing failed" if failed else "speed: no paired round", "text": (
+            f"Speed of {c.a} and {c.b}: not compared: the paired timing measured no round ({c.paired_failure}); "
+            "`harness run --resume` tries again.")}
     if s is None:
         return {"level": NEUTRAL, "label": "speed: not compared", "text": (
             f"Speed of {c.a} and {c.b}: not compared: this run has no paired timing (--paired-rounds 0, or a run "

@@ -315,6 +315,7 @@ class PairComparison:
     tail_ci: float | None = None  # 95 % half-width of that mean
     speed_ratio: float | None = None  # training step time of b over that of a (> 1: a is faster), separate runs
     paired: dict | None = None  # harness.paired.pair_summary of (a, b): time ratio a / b from the paired timing
+    paired_failure: str | None = None  # why the paired timing has no round of (a, b), when it was tried
 
     @property
     def val_diff(self) -> float | None:
@@ -385,6 +386,9 @@ def pairs(view: RunView) -> list[PairComparison]:
             if {c.a, c.b} <= names:
                 s = paired.pair_summary(view.paired, c.a, c.b)
                 c.paired = s if s["ratio"] is not None else None
+                if c.paired is None:
+                    last = (view.paired.get("sessions") or [{}])[-1]
+                    c.paired_failure = last.get("failure") or f"its last session: {last.get('status', 'not started')}"
     return out
 
 
