@@ -666,3 +666,16 @@ def test_fewer_than_three_seeds_is_said_and_not_green(tmp_path: Path, no_figures
     html = write_sweep_report(tmp_path, make_sweep(tmp_path, seeds=2)).read_text()
     assert ("neutral", "speed: torch 3× faster") in _pills(html)
     assert "Said plainly: fewer than 3 seeds (2)." in text_of(html)
+
+
+def test_a_failed_paired_timing_says_why_and_is_not_a_verdict(tmp_path: Path, no_figures: None) -> None:
+    from harness import paired
+
+    run_id = make_run(tmp_path)
+    doc = paired.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small", 1)
+    doc["sessions"].append({"status": "failed", "rounds": [], "failure": "numpy: the timing process exited with "
+                                                                         "status 1"})
+    records.atomic_write_json(records.RunPaths(tmp_path, run_id).paired_timing, doc)
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert ("warn", "speed: paired timing failed") in _pills(html)
+    assert "the paired timing measured no round (numpy: the timing process exited with status 1)" in text_of(html)
