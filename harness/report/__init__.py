@@ -161,7 +161,11 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
             parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}")
         lines.append("; ".join(parts) + ".")
     lines += [_pair_sentence(c, dropout) for c in comparisons]
-    speed = [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
+    if view.spec.get("parity") and comparisons:  # exactness settings (single-tensor AdamW, math attention)
+        speed: list[dict[str, Any]] = []
+        lines.append("Speed: not compared in a parity run (it trades speed for exactness); use `harness run`.")
+    else:
+        speed = [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
     lines += [v["text"] for v in speed]
     if view.records:
         lines.append(_contention_sentence(view))
