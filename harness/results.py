@@ -87,7 +87,7 @@ def costs(rec: dict) -> dict[str, Any]:
         "n_params": rec.get("n_params"), "n_params_non_embedding": rec.get("n_params_non_embedding"),
         "flops_per_token": flops_per_token, "achieved_flops": achieved, "recomputed": recomputed,
         "tokens_per_step": tokens_per_step, "contention": t.get("contention"),
-        "disturbed_steps": t.get("disturbed_steps"),
+        "disturbed_steps": t.get("disturbed_steps"), "figures_from": t.get("figures_from"),
         "contended_fraction": (t.get("contention") or {}).get("contended_fraction"),
         "mostly_disturbed": bool((t.get("contention") or {}).get("mostly_disturbed")),
     }

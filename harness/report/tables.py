@@ -286,7 +286,9 @@ def cost_table(view: RunView) -> Markup:
         kind = {"device": "device", "rss": "RSS"}.get(c["memory_kind"], c["memory_kind"] or "")
         steady = f" over {c['steady_steps']:,} steps" if c["steady_steps"] else ""
         cont = c["contention"] or {}
-        if c.get("disturbed_steps") is not None:
+        if c.get("figures_from") == "all steady steps (none undisturbed)":
+            steady = f" over all {c['steady_steps']:,} steady steps (none undisturbed)"
+        elif c.get("disturbed_steps") is not None:
             steady = f" over {c['steady_steps']:,} undisturbed steps ({c['disturbed_steps']:,} disturbed left out)"
         rows[rec["backend"]] = {
             "setup (model build, weights to device)": fmt_seconds(c["setup_s"]),
