@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 import harness
-from harness import records, stats
+from harness import contention, records, stats
 from harness.report import tables
 from harness.report.analysis import CONVENTION, LEVELS, NEUTRAL, OK, WARN
 from harness.sweep import manifest as mf
@@ -475,7 +475,8 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         spec=m.doc["spec"], executor=m.doc["executor"], states=states, n_cells=len(m.cells),
         groups=tables.html_table(group_table(df), "summary", index=False) if len(df) else None,
         comparisons=comps, pairs=tables.html_table(pair_table(comps), "pairs", index=False) if comps else None,
-        convention=CONVENTION, paired=[{"key": e["key"], "status": e.get("status"),
+        convention=CONVENTION, rule=contention.RULE["text"][0].upper() + contention.RULE["text"][1:] + ".",
+        paired=[{"key": e["key"], "status": e.get("status"),
                                         "line": _paired_line(out, e)} for e in m.doc.get("paired") or []],
         scaling=None if sc is None else {"fig": scaling_figure(sc), "crossings": sc["crossings"],
                                          "table": tables.html_table(sc["table"], "scaling", index=False)},
