@@ -190,6 +190,21 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def quiet_legs_disturbed(result: dict[str, Any]) -> str:
+    """Why the quiet legs were not quiet ('' when they were): disturbed cells, a disturbed run, an unusable ratio."""
+    why = []
+    hit = result["sweep_quiet"].get("disturbed_cells") or []
+    if hit:
+        why.append(f"{len(hit)} quiet sweep cell(s) disturbed")
+    p = result["sweep_quiet"].get("paired") or {}
+    if p and not p.get("usable"):
+        why.append("the quiet sweep's paired timing was mostly disturbed")
+    frac = result["run_quiet"].get("contended_fraction")
+    if frac:
+        why.append(f"the quiet run has contended_fraction {frac:.2f}")
+    return "; ".join(why)
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x * 100:+.1f} %"
 
@@ -229,6 +244,10 @@ def format_result(result: dict[str, Any]) -> str:
                      f"{'—' if med is None else f'{med * 1e3:.3f} ms'} {source}; contended_fraction "
                      f"{'—' if frac is None else f'{frac:.2f}'}"
                      f"{'; marked mostly disturbed' if r.get('mostly_disturbed') else ''}")
+    noisy = quiet_legs_disturbed(result)
+    if noisy:
+        lines.append(f"warning: the quiet legs were not quiet ({noisy}): the machine had other work; rerun on an "
+                     "idle machine before reading the checks as the done-when measurement")
     for c in result["checks"]:
         v = c["value"]
         shown = _pct(v) if isinstance(v, float) and "within" in c["check"] else v
