@@ -118,7 +118,7 @@ def test_a_run_of_two_backends_times_them_side_by_side_and_resume_adds_a_session
     again = json.loads((run / "paired.json").read_text())
     assert len(again["sessions"]) == 2 and again["sessions"][0]["rounds"] == rounds  # never replaced by less
     assert len(paired.rounds_of(again)) > before
-    report = run_cli("report", run.name, "--out", str(out))
-    assert report.returncode == 0, report.stderr
-    page = (out / f"{run.name}.html").read_text()
+    from harness.report import write_report
+
+    page = write_report(out, [run.name]).read_text()
     assert "paired timing: torch and numpy alive at once" in page and "Contention:" in page
