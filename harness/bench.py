@@ -74,7 +74,7 @@ TARGETS = {
 RESULT_FIELDS = ("backend", "size", "device", "status", "config", "tokens_per_step", "steps", "warmup", "repeats",
                  "isolated", "setup_s", "compile_s", "first_step_s", "runner", "bare", "overhead_ratio", "overhead_pct",
                  "overhead_basis", "overhead_ratio_ci95", "overhead_ratio_wall", "overhead_ratio_cpu_time",
-                 "stream", "harness_only", "memory", "backend_info", "checks")
+                 "stream", "harness_only", "contention_probe", "memory", "backend_info", "checks")
 TIMING_FIELDS = ("step_ms_median", "step_ms_p90", "loop_ms_per_step_median", "loop_ms_per_step", "tokens_per_s")
 
 
@@ -121,6 +121,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when a target is missed (overhead > 3%% on CPU for medium/large, > 5%% on CUDA; "
                         "batch stream < 50x faster than a step)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    g = p.add_argument_group("noise benchmark (--noise: does a speed verdict survive other work on the machine?)")
+    g.add_argument("--noise", action="store_true",
+                   help="instead of the overhead measurements: a sweep and a run of --sizes (one) and --backends "
+                        "(two), each quiet and then with busy-loop hogs during its middle third; prints both speed "
+                        "ratios, the disturbed cells and the checks of docs/benchmarks.md (--check: exit 1 on a miss)")
+    g.add_argument("--hogs", type=_count(1), metavar="N", help="--noise: busy-loop processes (default: usable cores)")
+    g.add_argument("--noise-seeds", type=_count(1), default=3, metavar="N", help="--noise: sweep seeds (3)")
+    g.add_argument("--noise-steps", type=_count(1), default=200, metavar="N", help="--noise: sweep steps (200)")
+    g.add_argument("--noise-run-steps", type=_count(1), default=300, metavar="N",
+                   help="--noise: steps of the single-backend run (300)")
 
 
 def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -529,6 +539,7 @@ def _measure(job: Job) -> dict:
                    "ms_per_batch_p90": float(np.percentile(stream_s, 90) * 1e3),
                    "batches_per_s": 1.0 / batch_s if batch_s > 0 else None,
                    "x_step": step_s / batch_s if batch_s > 0 else None},
+        "contention_probe": contention_probe_cost(step_s, job.device),
         "harness_only": {"us_per_step_median": null_s * 1e6, "pct_of_step": null_s / step_s * 100,
                          "steps_timed": n_stream * job.repeats},
         "memory": memory, "backend_info": backend.describe(),
@@ -539,6 +550,34 @@ def _measure(job: Job) -> dict:
         result["backend_info"]["sdpa"] = _sdpa_flags()
     result["checks"] = checks(result)
     return result
+
+
+def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 200, ticks: int = 20000) -> dict:
+    """What the contention evidence (harness.contention) costs a training loop with steps of `step_s` seconds.
+
+    Per step the loop only calls `Sampler.tick` (a clock read and a comparison); the machine's state is read
+    (`Probe.snapshot`: /proc/self/task/*/schedstat, /proc/stat, loadavg, PSI, NVML on CUDA) twice at each chunk
+    boundary, every CHUNK_S seconds. Both are timed here, as medians of repeated calls, and turned into microseconds
+    and percent of a step; `per_step_snapshot_pct` is what reading the state at every step would cost instead."""
+    from harness import contention
+
+    probe = contention.default_probe(device)
+    times = []
+    for _ in range(snapshots):
+        t0 = time.perf_counter()
+        probe.snapshot()
+        times.append(time.perf_counter() - t0)
+    snapshot_s = float(np.median(times))
+    sampler = contention.Sampler(probe, chunk_s=1e9)
+    sampler.open(0)
+    t0 = time.perf_counter()
+    for k in range(ticks):
+        sampler.tick(k)
+    tick_s = (time.perf_counter() - t0) / ticks
+    per_step_s = tick_s + 2 * snapshot_s * step_s / contention.CHUNK_S
+    return {"snapshot_us": snapshot_s * 1e6, "tick_us": tick_s * 1e6, "chunk_s": contention.CHUNK_S,
+            "per_step_us": per_step_s * 1e6, "pct_of_step": per_step_s / step_s * 100,
+            "per_step_snapshot_pct": snapshot_s / step_s * 100}
 
 
 def _sdpa_flags() -> dict:
@@ -671,6 +710,10 @@ def format_table(results: list[dict]) -> str:
 
 def command(args: argparse.Namespace) -> int:
     """`harness bench`: validate, measure every backend and size, print the table, write the JSON."""
+    if getattr(args, "noise", False):
+        from harness import noise
+
+        return noise.command(args)
     jobs = plan_jobs(args)
     backends = list(dict.fromkeys(j.backend for j in jobs))
     results = []
@@ -698,6 +741,13 @@ def command(args: argparse.Namespace) -> int:
     path = Path(args.out) / "bench" / f"bench-{stamp}-{secrets.token_hex(3)}.json"
     records.atomic_write_json(path, _jsonable(doc))
     print(format_table(results))
+    for r in results:
+        cp = r.get("contention_probe")
+        if cp:
+            print(f"contention evidence, {r['backend']}/{r['size']}: {cp['tick_us']:.2f} us per step + a "
+                  f"{cp['snapshot_us']:.0f} us reading of the machine twice every {cp['chunk_s']:g} s = "
+                  f"{cp['pct_of_step']:.3f}% of a step (reading it at every step would cost "
+                  f"{cp['per_step_snapshot_pct']:.1f}%)")
     print(f"overhead: runner / bare - 1, median of {args.repeats} paired rounds of {args.steps} steps, "
           f"{'process CPU time' if args.device == 'cpu' else 'wall time'}; harness us/step: the runner driving a "
           "no-op backend; stream x step: bare step time / batch time")

@@ -13,6 +13,7 @@ from harness.options import (
     DEFAULT_OUT,
     Parser,
     add_common,
+    add_paired,
     add_schedule,
     backend_options,
     configure,
@@ -44,7 +45,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     plans = [launch.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=args.device,
                          seed=args.seed, out=args.out, backend_options=backend_options(args, backends),
                          checkpoint_every=args.checkpoint_every or 0, text=not args.no_text,
-                         progress=not args.quiet, threads=args.threads, allow_large=args.allow_large)
+                         progress=not args.quiet, threads=args.threads, allow_large=args.allow_large,
+                         paired_rounds=paired_rounds(args))
              for size in sizes]
     for plan in plans:
         launch.preflight(plan)
@@ -59,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.compile and "torch" in backends:
             where = launch.compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
             print(f"  torch.compile caches go to {where}", file=sys.stderr)
-        codes = launch.execute(directory, backends, progress=plan.progress, threads=plan.threads)
+        codes = launch.execute(directory, backends, progress=plan.progress, threads=plan.threads,
+                               paired_rounds=plan.paired_rounds)
         worst = max(worst, finish(plan.out, run_id, codes))
         if 130 in codes.values():
             worst = 130
@@ -67,6 +70,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_report:
         write_reports(args.out, run_ids)
     return worst
+
+
+def paired_rounds(args: argparse.Namespace, spec: dict | None = None) -> int:
+    """--paired-rounds, else the run's stored value (on --resume), else the default."""
+    from harness.paired import ROUNDS
+
+    if args.paired_rounds is not None:
+        return args.paired_rounds
+    stored = (spec or {}).get("paired_rounds")
+    return ROUNDS if stored is None else stored
 
 
 def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
@@ -92,6 +105,14 @@ def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
         speed = f", {tps:,.0f} tokens/s" if tps else ""
         print(f"  {rec['backend']}: {rec['status']}{val}{speed} -> {directory / (rec['backend'] + '.json')}",
               file=sys.stderr)
+    paired_path = records.RunPaths(Path(out), run_id).paired_timing
+    if paired_path.exists():
+        from harness import paired
+
+        try:
+            print(f"  {paired.headline(paired.load(paired_path))} -> {paired_path}", file=sys.stderr)
+        except UsageError as exc:
+            print(f"  warning: {exc}", file=sys.stderr)
     problems = launch.compare_fingerprints(recs)
     for problem in problems:
         print(f"  warning: {problem}: the comparison is not fair", file=sys.stderr)
@@ -183,7 +204,8 @@ def resume_run(args: argparse.Namespace) -> int:
     data = spec["data"]
     vocab = f", vocabulary of {data['vocab_size']} symbols" if "vocab_size" in data else ""
     print(f"resuming run {args.resume}: data {data['path']}{vocab}", file=sys.stderr)
-    codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads)
+    codes = launch.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads,
+                           paired_rounds=paired_rounds(args, spec))
     code = finish(args.out, args.resume, codes)
     if not args.no_report:
         write_reports(args.out, [args.resume])
@@ -261,6 +283,7 @@ def build_parser() -> Parser:
     p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per backend (OMP, OpenBLAS, "
                    "MKL, Julia); default: the frameworks' own choice")
     p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
+    add_paired(p, None)
     p.add_argument("--no-report", action="store_true", help="write records only, no HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--allow-large", action="store_true", help="train even when the memory estimate exceeds the "

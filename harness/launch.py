@@ -57,6 +57,7 @@ class Plan:
     threads: int | None = None
     allow_large: bool = False  # skip the memory-estimate refusal
     devices: dict[str, str] = field(default_factory=dict)  # per-backend devices (parity); others use `device`
+    paired_rounds: int = 0  # undisturbed rounds of paired timing after training (two or more backends); 0: none
 
     def device_of(self, backend: str) -> str:
         """The device backend `backend` runs on."""
@@ -222,7 +223,7 @@ def write_spec(plan: Plan) -> str:
                      "line_endings_changed": c.line_endings_changed},
             "backends": plan.backends, "backend_options": plan.backend_options,
             "checkpoint_every": plan.checkpoint_every, "text": plan.text, "parity": plan.parity,
-            "threads": plan.threads,
+            "threads": plan.threads, "paired_rounds": plan.paired_rounds,
         }
         with RunLock(paths):
             records.atomic_write_json(paths.spec, spec)
@@ -399,11 +400,18 @@ def compare_fingerprints(recs: list[dict]) -> list[str]:
     return problems
 
 
-def execute(directory: Path, backends: list[str], resume: bool = False, progress: bool = True,
-            threads: int | None = None) -> dict[str, int]:
-    """Run the workers one after another (never at once: they would share cores and skew each other's times).
+PAIRED = "paired timing"  # the key of the paired timing's exit status in `execute`'s result
 
-    The run directory is locked for the whole time (UsageError when another process holds it).
+
+def execute(directory: Path, backends: list[str], resume: bool = False, progress: bool = True,
+            threads: int | None = None, paired_rounds: int = 0) -> dict[str, int]:
+    """Run the workers one after another (never at once: they would share cores and skew each other's times),
+    then, with `paired_rounds` and two or more completed backends, their paired timing (harness.paired: every
+    backend alive at once, timed in alternating bursts), into `<run>/paired.json`; an existing record there gets a
+    new session only while it lacks undisturbed rounds.
+
+    The run directory is locked for the whole time (UsageError when another process holds it). Returns each
+    backend's exit status, and under `PAIRED` 130 when the paired timing was interrupted.
     """
     directory = Path(directory)
     paths = RunPaths.of_dir(directory)
@@ -422,8 +430,31 @@ def execute(directory: Path, backends: list[str], resume: bool = False, progress
             codes[name] = code = run_worker(directory, name, resume=resume, progress=progress, threads=threads,
                                             lock=lock)
             if code == 130:  # interrupted: do not start the next backend
-                break
+                return codes
+        done = [b for b in backends if codes.get(b) == 0]
+        if paired_rounds and len(done) >= 2:
+            try:
+                run_paired(directory, done, paired_rounds, threads, progress)
+            except KeyboardInterrupt:
+                print("paired timing interrupted; the rounds measured so far are kept", file=sys.stderr)
+                codes[PAIRED] = 130
     return codes
+
+
+def run_paired(directory: Path, backends: list[str], rounds: int, threads: int | None = None,
+               progress: bool = True) -> dict:
+    """The paired timing of `backends` of run `directory` (the caller holds the run-directory lock)."""
+    from harness import paired
+
+    paths = RunPaths.of_dir(directory)
+    spec = records.load_spec_file(paths.spec)
+    devices = spec.get("devices") or {}
+    contenders = [{"name": b, "run_dir": str(Path(directory).resolve()), "backend": b,
+                   "options": spec["backend_options"].get(b, {}), "device": devices.get(b, spec["device"])}
+                  for b in backends]
+    doc = None if paths.paired_timing.exists() else paired.new_doc(contenders, spec.get("label", ""), spec["seed"],
+                                                                   rounds, threads)
+    return paired.run(paths.paired_timing, doc, progress=progress, rounds=rounds)
 
 
 def load_spec(out: Path, run_id: str) -> dict:

@@ -28,6 +28,25 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count_arg(text: str) -> int:
+    """argparse type of a count that may be 0 (e.g. --paired-rounds 0: none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def add_paired(p: argparse.ArgumentParser, default: int | None) -> None:
+    """--paired-rounds (run, sweep): the paired timing that every speed comparison rests on (harness.paired)."""
+    p.add_argument("--paired-rounds", type=count_arg, default=default, metavar="N",
+                   help="with two or more backends: time them side by side after training, all alive at once, in "
+                        "alternating short bursts, until N undisturbed rounds are in (default 10; 0: no paired "
+                        "timing, and then no speed verdict)")
+
+
 def out_arg(text: str) -> Path:
     """argparse type of --out: a non-empty path (an empty one would silently mean the current directory)."""
     if not text.strip():

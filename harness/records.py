@@ -5,7 +5,8 @@ A run directory `<out>/runs/<run_id>/` holds (names spelled once, in `RunPaths`)
 - `spec.json`: what was asked for (config, seed, data provenance, backends);
 - per backend `<backend>.json` (the RunRecord), `<backend>.steps.csv`, `<backend>.evals.csv`, with
   `--checkpoint-every` `<backend>.ckpt.npz`, in parity mode `<backend>.probe.npz`;
-- `parity.json` (from `harness parity`) and `.lock` (the run-directory lock, see `RunLock`).
+- `parity.json` (from `harness parity`), `paired.json` (the paired timing of two or more backends, from
+  `harness run`: harness.paired) and `.lock` (the run-directory lock, see `RunLock`).
 
 The corpus a run trains on is kept once per `--out`, content-addressed, in `<out>/data/<sha256>.txt`: the
 workers read that copy (checked against its sha256), never the user's file again.
@@ -45,7 +46,11 @@ from harness.config import NAME_RE
 from harness.errors import UsageError
 
 SCHEMA = "nanogpt-parity/run-record"
-SCHEMA_VERSION = 2  # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
+# 2: vocabulary and text normalisation in `data`; null for non-finite numbers
+# 3: contention evidence: `chunks` (per chunk of steps: wall and CPU time, run-queue wait, machine load, GPU state)
+#    and `timings.contention`; steady-state figures from the undisturbed steps (`timings.disturbed_steps`).
+#    Version 2 records load as they are (no evidence: reports say so).
+SCHEMA_VERSION = 3
 SPEC_SCHEMA = "nanogpt-parity/run-spec"
 SPEC_SCHEMA_VERSION = 1
 _UMASK = os.umask(0)
@@ -117,6 +122,11 @@ class RunPaths:
     @property
     def lock(self) -> Path:
         return self.dir / ".lock"
+
+    @property
+    def paired_timing(self) -> Path:
+        """The paired-timing record of a run with two or more backends (harness.paired)."""
+        return self.dir / "paired.json"
 
     def record(self, backend: str) -> Path:
         return self.dir / f"{backend}.json"
@@ -422,6 +432,7 @@ SPEC_JSON_SCHEMA: dict = {
         "checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
         "text": {"type": "boolean"}, "parity": {"type": ["boolean", "object"]},  # object: parity options
         "threads": {"type": ["integer", "null"], "minimum": 1},
+        "paired_rounds": {"type": ["integer", "null"], "minimum": 0},
     },
 }
 
@@ -448,6 +459,9 @@ RECORD_JSON_SCHEMA: dict = {
         "fingerprints": {"type": "object"}, "data": {"type": "object"},
         "checkpoint": {"type": ["object", "null"]},
         "text": {"type": ["object", "null"]},
+        "chunks": {"type": "array", "items": {"type": "object", "required": ["step", "n", "wall_s", "cpu_s"],
+                                              "properties": {"step": {"type": "integer", "minimum": 0},
+                                                             "n": {"type": "integer", "minimum": 1}}}},
     },
 }
 

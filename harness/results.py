@@ -2,7 +2,10 @@
 
 One row per (run, backend) record; columns are plain numbers and strings (no nested objects), so the table can be
 grouped, filtered and saved as CSV. Rows of sweep cells carry the sweep id, the cell index and whether the cell's
-timings were contended (`--jobs N`). The sweep report is built from this table and saves it beside itself.
+timings were contended (`--jobs N`); every row carries its contention evidence in short (`contended_fraction`, the
+share of steady steps judged disturbed, and `mostly_disturbed`). `dtype`/`precision` are what the backend computed
+in, `dtype_option`/`precision_option` what was asked for (None: the backend's default). The sweep report is built
+from this table and saves it beside itself.
 
     >>> from harness.results import load_runs
     >>> df = load_runs("reports")
@@ -23,8 +26,9 @@ from harness.errors import UsageError
 CONFIG_COLUMNS = ("n_embd", "n_layer", "n_head", "block_size", "batch_size", "d_hidden", "learning_rate", "dropout",
                   "weight_decay", "scheme", "target_val_loss")
 COLUMNS = ("run_id", "backend", "label", "sweep_id", "cell", "contended", "seed", "device", "dtype", "precision",
-           "status", "steps_done", "total_steps", "final_eval_step", "final_val_loss", "final_train_loss",
-           "step_median_s", "step_p10_s", "step_p90_s", "tokens_per_s", "peak_bytes", "train_s", "wall_s",
+           "dtype_option", "precision_option", "status", "steps_done", "total_steps", "final_eval_step",
+           "final_val_loss", "final_train_loss", "step_median_s", "step_p10_s", "step_p90_s", "tokens_per_s",
+           "contended_fraction", "mostly_disturbed", "disturbed_steps", "peak_bytes", "train_s", "wall_s",
            "setup_s", "first_step_s", "n_params", "flops_per_token", "achieved_flops", "target_reached",
            "target_step", "target_train_s", "chrf", "bleu", "config_hash", *CONFIG_COLUMNS, "started_at")
 
@@ -34,20 +38,26 @@ def costs(rec: dict) -> dict[str, Any]:
 
     Keys: setup_s, first_step_s, step_median_s, step_p10_s, step_p90_s, step_iqr_s, steady_steps, tokens_per_s,
     eval_s, train_s, wall_s, generation_tokens_per_s, peak_bytes, memory_kind, n_params, n_params_non_embedding,
-    flops_per_token, achieved_flops, recomputed (names of figures derived here rather than read).
+    flops_per_token, achieved_flops, contention (harness.contention.summarize), disturbed_steps,
+    contended_fraction, mostly_disturbed, recomputed (names of figures derived here rather than read).
     """
-    from harness.runner import summarize_times
+    from harness import contention
+    from harness.runner import steady_start, summarize_times
 
     t = dict(rec.get("timings") or {})
     recomputed: list[str] = []
     times = list((rec.get("steps") or {}).get("time_s", []))
+    chunks = rec.get("chunks") or []
     tokens_per_step = rec.get("tokens_per_step")
     if tokens_per_step is None:
         cfg = rec.get("config", {})
         tokens_per_step = cfg.get("batch_size", 0) * cfg.get("block_size", 0) or None
     if t.get("step_median_s") is None and times and tokens_per_step:
-        t.update(summarize_times(times, tokens_per_step))
+        t.update(summarize_times(times, tokens_per_step, disturbed=contention.disturbed_steps(chunks, len(times))))
         recomputed += ["step times", "tokens/s"]
+    if t.get("contention") is None and chunks and times:
+        t["contention"] = contention.summarize(chunks, len(times), steady_start(len(times)))
+        recomputed.append("contention")
     if t.get("first_step_s") is None and times and not rec.get("resumed_at"):
         t["first_step_s"] = times[0]
         recomputed.append("first step")
@@ -76,8 +86,23 @@ def costs(rec: dict) -> dict[str, Any]:
         "peak_bytes": memory.get("peak_bytes"), "memory_kind": memory.get("kind"),
         "n_params": rec.get("n_params"), "n_params_non_embedding": rec.get("n_params_non_embedding"),
         "flops_per_token": flops_per_token, "achieved_flops": achieved, "recomputed": recomputed,
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_step": tokens_per_step, "contention": t.get("contention"),
+        "disturbed_steps": t.get("disturbed_steps"), "figures_from": t.get("figures_from"),
+        "contended_fraction": (t.get("contention") or {}).get("contended_fraction"),
+        "mostly_disturbed": bool((t.get("contention") or {}).get("mostly_disturbed")),
     }
+
+
+def step_median_interval(rec: dict) -> list[float]:
+    """A 95 % bootstrap interval of the median steady step time over the undisturbed steps ([] without steps)."""
+    from harness import contention, stats
+    from harness.runner import steady_start
+
+    times = [t for t in (rec.get("steps") or {}).get("time_s", []) if t == t]
+    flags = contention.disturbed_steps(rec.get("chunks") or [], len(times))
+    first = steady_start(len(times))
+    steady = [t for i, t in enumerate(times) if i >= first and (flags is None or not flags[i])]
+    return stats.median_ci(steady or times[first:])
 
 
 def _flops_per_token(rec: dict) -> int | None:
@@ -113,11 +138,14 @@ def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
         "contended": bool((sweep or {}).get("contended", False)),
         "seed": rec.get("seed"), "device": rec.get("device"),
         "dtype": opts.get("dtype") or info.get("dtype"), "precision": opts.get("precision") or info.get("precision"),
+        "dtype_option": opts.get("dtype"), "precision_option": opts.get("precision"),
         "status": rec.get("status"), "steps_done": len((rec.get("steps") or {}).get("loss", [])),
         "total_steps": rec.get("total_steps"), "final_eval_step": last.get("step"),
         "final_val_loss": last.get("val_loss"), "final_train_loss": last.get("train_loss"),
         "step_median_s": c["step_median_s"], "step_p10_s": c["step_p10_s"], "step_p90_s": c["step_p90_s"],
-        "tokens_per_s": c["tokens_per_s"], "peak_bytes": c["peak_bytes"], "train_s": t.get("train_s"),
+        "tokens_per_s": c["tokens_per_s"], "contended_fraction": c["contended_fraction"],
+        "mostly_disturbed": c["mostly_disturbed"], "disturbed_steps": c["disturbed_steps"],
+        "peak_bytes": c["peak_bytes"], "train_s": t.get("train_s"),
         "wall_s": t.get("wall_s"), "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"),
         "n_params": c["n_params"], "flops_per_token": c["flops_per_token"], "achieved_flops": c["achieved_flops"],
         "target_reached": None if ttt is None else bool(ttt["reached"]),
@@ -163,7 +191,7 @@ def load_runs(out: str | Path, sweep_id: str | None = None, run_ids: list[str] |
     for run_id in ids:
         directory = records.run_dir(out, run_id)
         for path in sorted(directory.glob("*.json")):
-            if path.name == "spec.json" or path.name.startswith("."):
+            if path.name in ("spec.json", "parity.json", "paired.json") or path.name.startswith("."):
                 continue
             try:
                 rec = records.load_record(path)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from harness.backends.base import Backend
 from harness.config import Config
+from harness.contention import Sampler
 from harness.data import BatchStream
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart
@@ -69,18 +70,35 @@ class Interrupted(Exception):
 
 @dataclass
 class Curves:
-    """What training measured so far: per-step losses and times, and the evaluation points."""
+    """What training measured so far: per-step losses and times, the evaluation points, and the contention
+    evidence of each chunk of steps (harness.contention)."""
 
     step: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     time_s: list[float] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
+    chunks: list[dict] = field(default_factory=list)
 
     def truncate(self, steps: int) -> None:
         """Keep what was measured before training step `steps` (for resuming from a checkpoint)."""
         keep = sum(1 for s in self.step if s < steps)
         del self.step[keep:], self.loss[keep:], self.time_s[keep:]
         self.evals[:] = [e for e in self.evals if e["step"] < steps]
+        self.chunks[:] = truncate_chunks(self.chunks, steps)
+
+
+def truncate_chunks(chunks: list[dict], steps: int) -> list[dict]:
+    """The chunks that cover steps before `steps`; one that straddles it keeps its evidence for its first part."""
+    out = []
+    for c in chunks:
+        if c["step"] < steps:
+            out.append(c if c["step"] + c["n"] <= steps else dict(c, n=steps - c["step"]))
+    return out
+
+
+def steady_start(n_steps: int, warmup: int = WARMUP_STEPS) -> int:
+    """Index of the first steady-state step: after `warmup` steps, or after the first one in a shorter run."""
+    return warmup if n_steps > warmup else (1 if n_steps > 1 else 0)
 
 
 def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, float]:
@@ -89,16 +107,31 @@ def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.nd
             for split, batches in eval_sets.items()}
 
 
-def summarize_times(times: list[float], tokens_per_step: int, warmup: int = WARMUP_STEPS) -> dict:
-    """Steady-state step-time statistics (median, p10, p90, IQR) and tokens/s, after `warmup` steps."""
-    steady = np.asarray(times[warmup:] if len(times) > warmup else times[1:] or times, dtype=np.float64)
+def summarize_times(times: list[float], tokens_per_step: int, warmup: int = WARMUP_STEPS,
+                    disturbed: Sequence[bool] | None = None) -> dict:
+    """Steady-state step-time statistics (median, p10, p90, IQR) and tokens/s, after `warmup` steps.
+
+    `disturbed` (per step, harness.contention.disturbed_steps): the figures come from the steady steps not judged
+    disturbed; `disturbed_steps` says how many were dropped, `steady_steps` how many were used. When every steady
+    step was disturbed they come from all of them, and `figures_from` says so.
+    """
+    first = steady_start(len(times), warmup)
+    steady = np.asarray(times[first:], dtype=np.float64)
     if steady.size == 0:
         return {}
+    out: dict = {"warmup_steps": min(warmup, len(times)), "steady_steps_all": int(steady.size)}
+    if disturbed is not None:
+        flags = np.asarray(list(disturbed)[first:len(times)], dtype=bool)
+        flags = np.pad(flags, (0, steady.size - flags.size))  # steps beyond the evidence count as undisturbed
+        clean = steady[~flags]
+        out["disturbed_steps"] = int(flags.sum())
+        out["figures_from"] = "undisturbed steps" if clean.size else "all steady steps (none undisturbed)"
+        steady = clean if clean.size else steady
     q10, q25, q50, q75, q90 = np.percentile(steady, [10, 25, 50, 75, 90])
-    return {"steady_steps": int(steady.size), "warmup_steps": min(warmup, len(times)),
-            "step_median_s": float(q50), "step_p10_s": float(q10), "step_p90_s": float(q90),
-            "step_iqr_s": float(q75 - q25), "step_mean_s": float(steady.mean()),
-            "tokens_per_s": float(tokens_per_step / q50) if q50 > 0 else None}
+    out.update({"steady_steps": int(steady.size), "step_median_s": float(q50), "step_p10_s": float(q10),
+                "step_p90_s": float(q90), "step_iqr_s": float(q75 - q25), "step_mean_s": float(steady.mean()),
+                "tokens_per_s": float(tokens_per_step / q50) if q50 > 0 else None})
+    return out
 
 
 @dataclass
@@ -115,13 +148,15 @@ def train(backend: Backend, config: Config, stream: BatchStream,
           start_step: int = 0, on_flush: Callable[[int], None] | None = None,
           checkpoint_every: int = 0, on_checkpoint: Callable[[int], None] | None = None,
           progress: bool = True, label: str = "", masks: Callable[[int], dict] | None = None,
-          after_step: Callable[[int], None] | None = None) -> Outcome:
+          after_step: Callable[[int], None] | None = None, sampler: Sampler | None = None) -> Outcome:
     """Train from `start_step` to `total_steps`, appending to `curves`; never raises for Ctrl-C or NaN.
 
     Evaluation happens before step 0, every `config.eval_interval` steps and after the last step. `on_flush(k)`
     is called when the curves hold every step before k (to persist them); `on_checkpoint(k)` after k updates.
     Parity mode: `masks(step)` gives the harness's dropout masks of a step (handed to `train_step`), and
-    `after_step(k)` is called after k updates (to record the optimizer state).
+    `after_step(k)` is called after k updates (to record the optimizer state). `sampler`
+    (harness.contention.Sampler) reads the machine's state at chunk boundaries (about every half second, and around
+    every evaluation, never per step); its chunks go to `curves.chunks`.
     """
     tokens_per_step = config.batch_size * config.block_size
     lr = config.learning_rate
@@ -162,18 +197,26 @@ def train(backend: Backend, config: Config, stream: BatchStream,
 
     def do_eval(at: int) -> None:
         nonlocal eval_s
+        if sampler:
+            sampler.close(at)  # evaluation is not training: no chunk spans it
         t0 = time.perf_counter()
         point = evaluate(backend, eval_sets)
         dt = time.perf_counter() - t0
+        if sampler:
+            sampler.open(at)
         eval_s += dt
         curves.evals.append({"step": at, **point, "time_s": dt})
         if progress:
             bar.write(f"{label} step {at}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}")
 
     status = "completed"
+    if sampler:
+        sampler.chunks = curves.chunks
     try:
         if start_step < total_steps:
             compile_s = warm_up(backend, stream, start_step)
+        if sampler:
+            sampler.open(start_step)
         for step in range(start_step, total_steps):
             if step % config.eval_interval == 0:
                 failure = flush() if pending else None  # never evaluate a model that already diverged
@@ -197,6 +240,8 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             pending.append(loss)
             bar.update(1)
             done = step + 1
+            if sampler:
+                sampler.tick(done)  # a clock read and one comparison, unless a chunk is due
             if after_step:
                 after_step(done)
             # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
@@ -209,8 +254,14 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                 if on_flush:
                     on_flush(done)
                 if checkpoint_every and done % checkpoint_every == 0 and on_checkpoint and done < total_steps:
+                    if sampler:
+                        sampler.close(done)  # the checkpoint carries the evidence of every step before it
                     on_checkpoint(done)
+                    if sampler:
+                        sampler.open(done)
         else:
+            if sampler:
+                sampler.close(total_steps)
             if not curves.evals or curves.evals[-1]["step"] != total_steps:
                 do_eval(total_steps)
     except (KeyboardInterrupt, Interrupted):
@@ -220,4 +271,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
         status = failure or status
     finally:
         bar.close()
+        if sampler:
+            sampler.close(len(curves.loss))
+            curves.chunks[:] = truncate_chunks(curves.chunks, len(curves.loss))
     return Outcome(status=status, steps_done=len(curves.loss), eval_s=eval_s, train_s=train_s, compile_s=compile_s)

@@ -86,6 +86,7 @@ if __name__ == "__main__":
     pause_at("start")
 
 import contextlib  # noqa: E402  (after the parent-death set-up, which must come first)
+import json  # noqa: E402
 import traceback  # noqa: E402
 import zipfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -93,7 +94,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from harness import environment, records  # noqa: E402
+from harness import contention, environment, records  # noqa: E402
 from harness.backends import create_backend  # noqa: E402
 from harness.backends.base import BackendUnavailable  # noqa: E402
 from harness.config import check_seed, config_from_dict  # noqa: E402
@@ -102,7 +103,7 @@ from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_cor
 from harness.errors import UsageError  # noqa: E402
 from harness.masks import dropout_masks  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
-from harness.runner import Curves, Interrupted, summarize_times, train  # noqa: E402
+from harness.runner import Curves, Interrupted, steady_start, summarize_times, train, truncate_chunks  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
 OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
@@ -210,9 +211,11 @@ class Worker:
         n = len(cv.loss)
         keep = [i for i, s in enumerate(tail.step[:len(tail.loss)]) if s >= n]
         last_eval = cv.evals[-1]["step"] if cv.evals else -1
+        covered = max((c["step"] + c["n"] for c in cv.chunks), default=0)
         return Curves(step=cv.step[:n] + [tail.step[i] for i in keep], loss=cv.loss + [tail.loss[i] for i in keep],
                       time_s=cv.time_s[:n] + [tail.time_s[i] for i in keep],
-                      evals=cv.evals + [e for e in tail.evals if e["step"] > last_eval])
+                      evals=cv.evals + [e for e in tail.evals if e["step"] > last_eval],
+                      chunks=cv.chunks + [c for c in tail.chunks if c["step"] >= max(n, covered)])
 
     def persist(self, final: bool = False) -> None:
         assert self.record is not None
@@ -220,6 +223,7 @@ class Worker:
             cv = self.merged()
             self.record["steps"] = {"step": cv.step, "loss": cv.loss, "time_s": cv.time_s}
             self.record["evals"] = cv.evals
+            self.record["chunks"] = cv.chunks
             records.atomic_write_csv(self.paths.steps_csv(self.name), ["step", "loss", "time_s"],
                                      [[s, repr(v), repr(t)] for s, v, t in zip(cv.step, cv.loss, cv.time_s)])
             records.atomic_write_csv(self.paths.evals_csv(self.name), ["step", "train_loss", "val_loss", "time_s"],
@@ -246,6 +250,8 @@ class Worker:
             state["harness/evals"] = np.array([[e["step"], e["train_loss"], e["val_loss"], e["time_s"]]
                                                for e in cv.evals if e["step"] <= done], dtype=np.float64
                                               ).reshape(-1, 4)
+            state["harness/chunks"] = np.frombuffer(json.dumps(truncate_chunks(cv.chunks, done)).encode(),
+                                                    dtype=np.uint8)  # JSON bytes: no pickle needed to read them
             path = self.paths.checkpoint(self.name)
             records.atomic_write_bytes(path, records.npz_bytes(state),
                                        before_rename=lambda: pause_at("mid-checkpoint"))
@@ -285,7 +291,8 @@ class Worker:
         carry: dict = {}
         if old is not None:
             self.tail = Curves(step=list(old["steps"]["step"]), loss=list(old["steps"]["loss"]),
-                               time_s=list(old["steps"]["time_s"]), evals=list(old["evals"]))
+                               time_s=list(old["steps"]["time_s"]), evals=list(old["evals"]),
+                               chunks=list(old.get("chunks") or []))
             carry = {"started_at": old.get("started_at"), "timings": old.get("timings") or {}}
         if not os.path.lexists(ckpt):
             return 0, carry  # nothing saved: start again from the initial weights (the old curves stay as a tail)
@@ -300,6 +307,7 @@ class Worker:
         if not 0 < step <= self.total_steps:
             raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{self.total_steps}; "
                              f"{fix}")
+        chunks_blob = state.pop("harness/chunks", None)
         if "harness/loss" in state:
             loss, times = state.pop("harness/loss"), state.pop("harness/time_s")
             evals = state.pop("harness/evals")
@@ -308,7 +316,9 @@ class Worker:
             self.curves = Curves(step=list(range(step)), loss=[float(v) for v in loss],
                                  time_s=[float(t) for t in times],
                                  evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b),
-                                         "time_s": float(t)} for s, a, b, t in evals])
+                                         "time_s": float(t)} for s, a, b, t in evals],
+                                 chunks=(json.loads(chunks_blob.tobytes().decode()) if chunks_blob is not None
+                                         else truncate_chunks(self.tail.chunks, step)))
         else:  # a checkpoint from before the curves were kept in it: take them from the record
             self.curves = Curves(step=list(self.tail.step), loss=list(self.tail.loss),
                                  time_s=list(self.tail.time_s), evals=list(self.tail.evals))
@@ -354,17 +364,24 @@ class Worker:
         self.persist()
         pause_at("after-record")
         label = f"{self.name}/{self.spec['label']}"
+        probe, gpu_note = contention.Probe(), ""
+        if self.device == "cuda":
+            probe.gpu, gpu_note = contention.nvml_probe()
         outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
                         start_step=start, on_flush=self.maybe_persist,
                         checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,
                         progress=progress, label=label, masks=self.masks,
-                        after_step=self.save_opt_step if parity else None)
+                        after_step=self.save_opt_step if parity else None, sampler=contention.Sampler(probe))
         cv = self.merged()  # an interrupted resume: its figures also count what an earlier attempt recorded
         if cv.time_s and start == 0:
             timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s
         timings["compile_s"] = outcome.compile_s  # the backend's warm-up before step 0 (None: it has none)
         tokens = self.record["tokens_per_step"]
-        timings.update(summarize_times(cv.time_s, tokens))
+        n = len(cv.time_s)
+        timings.update(summarize_times(cv.time_s, tokens, disturbed=contention.disturbed_steps(cv.chunks, n)))
+        timings["contention"] = contention.summarize(cv.chunks, n, steady_start(n))
+        if gpu_note:
+            timings["contention"]["gpu_evidence"] = gpu_note
         timings["train_s"] = float(sum(cv.time_s))
         self.record["time_to_target"] = time_to_target(self.config.target_val_loss, cv.evals, cv.step, cv.time_s)
         timings["eval_s"] = timings.get("eval_s", 0.0) + outcome.eval_s

@@ -17,6 +17,9 @@ import pytest
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+# Paired timing (harness.paired) in short bursts: tests check its mechanism, never a speed.
+os.environ.setdefault("HARNESS_PAIRED_BURST_S", "0.02")
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_SHA256 = "aede7edccbdb5826e85d8f10d62e916ec01269e9d6bc1e81d8f8af9800ba3dd8"  # tests/corpus.py's bytes
 

@@ -293,3 +293,40 @@ def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: 
     assert code == 1
     assert "torch/medium on cpu" in stderr and "torch/small" not in stderr
     assert len(list((tmp_path / "out" / "bench").glob("*.json"))) == 2  # written either way
+
+
+def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
+    """`harness bench --noise` judges its four legs: a ratio stated the other way round is the same ratio, a marked
+    run passes the run check, an unmarked slow one fails it; the table prints what the checks use."""
+    from harness import noise
+
+    def leg(a: str, b: str, time_ratio: float, hit: int) -> dict:
+        cells = [{"backend": "torch", "seed": 1337 + i, "contended_fraction": 0.4 if i < hit else 0.0,
+                  "mostly_disturbed": False, "step_median_s": 0.003} for i in range(3)]
+        return {"a": a, "b": b, "paired": {"time_ratio": time_ratio, "usable": True, "rounds": 10,
+                                           "disturbed_rounds": 0, "text": f"{a} vs {b}"},
+                "training": None, "cells": cells, "disturbed_cells": [c for c in cells if c["contended_fraction"]],
+                "report_names_them": hit > 0}
+
+    def run(median: float, frac: float, mostly: bool = False) -> dict:
+        return {"backend": "torch", "step_median_s": median, "steady_steps": 290, "disturbed_steps": 96,
+                "contended_fraction": frac, "mostly_disturbed": mostly, "figures_from": "undisturbed steps"}
+
+    result = {"options": {"size": "small", "backends": ["torch", "numpy"], "seeds": 3, "steps": 200,
+                          "run_steps": 300, "hogs": 2, "cores": 2},
+              "sweep_quiet": leg("torch", "numpy", 0.80, 0), "sweep_disturbed": leg("numpy", "torch", 1 / 0.82, 2),
+              "run_quiet": run(0.0030, 0.0), "run_disturbed": run(0.0031, 0.33)}
+    checks = noise.checks(result)
+    assert [c["ok"] for c in checks] == [True, True, True, True]
+    # numpy's time / torch's in both legs (names in alphabetical order), never one leg inverted
+    assert checks[0]["value"] == pytest.approx((1 / 0.82) / (1 / 0.80) - 1)
+    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)  # numpy/torch 1.0 against 1.25: outside 15 %
+    result["run_disturbed"] = run(0.0040, 0.33)  # 33 % slower and not marked
+    assert [c["ok"] for c in noise.checks(result)] == [False, True, False, True]
+    result["run_disturbed"] = run(0.0040, 0.7, mostly=True)  # marked, and saying why: that is what is asked
+    result["checks"] = noise.checks(result)
+    assert result["checks"][2]["ok"]
+    text = noise.format_result(result)
+    assert "check: sweep: disturbed paired ratio within 15 % of the quiet one: -20.0 % -> FAIL" in text
+    assert "cells disturbed: 2 of 3: torch seed 1337 contended_fraction 0.40" in text
+    assert "contended_fraction 0.70; marked mostly disturbed" in text

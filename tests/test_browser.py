@@ -160,6 +160,10 @@ MEASURE = """JSON.stringify({
   scripts: document.querySelectorAll('script').length,
   handlers: Array.from(document.querySelectorAll('*')).filter(e => Array.from(e.attributes)
     .some(a => a.name.toLowerCase().startsWith('on'))).length,
+  pills: Array.from(document.querySelectorAll('.pill')).map(p => {
+    const r = p.getBoundingClientRect(), c = getComputedStyle(p);
+    return {text: p.textContent.trim(), cls: p.className, width: r.width, height: r.height, color: c.color,
+      background: c.backgroundColor}; }),
 })"""
 
 
@@ -350,6 +354,29 @@ def test_markup_in_kit_check_paths_does_not_run(browser: str, tmp_path: Path) ->
     page = tmp_path / "check.html"
     assert main(["kit", "check", str(kit), str(results), "--html", str(page), "--json", str(tmp_path / "c.json")]) == 0
     _unexecuted(render(browser, page))
+
+
+def test_sweep_verdicts_and_index_row_render_in_chromium(browser: str, tmp_path: Path) -> None:
+    """A sweep report's per-dtype verdicts and the index's one row for the sweep: visible pills whose colours tell a
+    clear verdict (green) from an inconclusive one (grey), no console error, nothing fetched."""
+    from test_report import make_sweep
+
+    from harness.report import write_index
+    from harness.report.sweep import write_sweep_report
+
+    out = tmp_path / "out"
+    sweep_id = make_sweep(out, seeds=3, dtypes=("float32", "float64"),
+                          ratios={("float64", s): 1.0 + 0.02 * (s - 1338) for s in (1337, 1338, 1339)})
+    for page in (write_sweep_report(out, sweep_id), write_index(out)):
+        result = render(browser, page, tmp_path / f"{page.stem}.png")
+        assert result["errors"] == [] and result["requests"] == [result["url"]], result["errors"]
+        assert result["width"] <= WIDTH, "the page scrolls sideways"
+        pills = {p["text"]: p for p in result["pills"]}
+        clear, unclear = pills["speed: torch 3× faster"], pills["speed: no clear difference"]
+        for pill in (clear, unclear):
+            assert pill["width"] > 40 and pill["height"] > 10, pill  # drawn, not collapsed
+        assert "ok" in clear["cls"] and "neutral" in unclear["cls"]
+        assert clear["background"] != unclear["background"] and clear["color"] != unclear["color"]
 
 
 if __name__ == "__main__":  # python tests/test_browser.py REPORT.html SHOT.png

@@ -210,12 +210,16 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
     va = float(_curve(np.array(120)) + 0.02)
     vb = va + 0.025
     summary = text[text.index("Summary"):text.index("Run " + run_id)]
-    assert f"validation loss {va:.4f} vs {vb:.4f} at step 120" in summary
-    assert f"difference +0.0250 ({0.025 / ((va + vb) / 2):.2%} of their mean), within the 2% band" in summary
+    assert f"Validation loss at step 120: torch {va:.4f}, numpy {vb:.4f}; torch − numpy = -0.0250 " \
+           f"({0.025 / ((va + vb) / 2):.2%} of their mean), within the 2% band" in summary
     assert "losses agree" in summary
-    # planted: numpy steps take 3x as long -> torch is 3x as fast; tokens/s = 16*64/0.01
-    assert "torch trains 3× as fast as numpy" in summary
+    assert "Convention: a difference is written first − second with both names" in summary  # said once
+    assert text.count("Convention: a difference is written") == 1
+    # numpy's training steps took 3x as long, but separate runs are never a speed verdict
+    assert "Speed of torch and numpy: not compared: this run has no paired timing" in summary
+    assert "torch 3× faster" in section(text, "Loss agreement and speed", "Loss curves")  # table: information
     assert f"{16 * 64 / 0.01:,.0f}" in summary and f"{16 * 64 / 0.03:,.0f}" in summary
+    assert "Contention: torch: no contention evidence" in summary  # a record without chunks says so
     # paired per-step differences: same common noise, so the CI is narrow and contains 0
     assert "consistent with no systematic difference" in summary
     # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
@@ -492,3 +496,186 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
     assert code == 2 and stdout == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith("harness: error:") and "Traceback" not in err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+# --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) -------------------------------
+def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (),
+                 rounds: int = 10) -> dict:
+    """A paired.json for run `run_id` whose round r has numpy steps ratios[r] times as long as torch's."""
+    from test_paired import planted
+
+    doc = planted(ratios, disturbed, rounds=rounds)
+    records.atomic_write_json(records.RunPaths(out, run_id).paired_timing, doc)
+    return doc
+
+
+def _pills(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<span class="pill (\w+)">([^<]*)</span>', html)
+
+
+def test_speed_verdict_comes_from_the_paired_timing_with_its_interval_in_one_direction(tmp_path: Path,
+                                                                                      no_figures: None) -> None:
+    from harness import paired
+
+    run_id = make_run(tmp_path)
+    doc = write_paired(tmp_path, run_id, [3.0, 2.9, 3.1, 3.05, 2.95, 3.0, 2.98, 3.02, 3.01, 2.99])
+    s = paired.pair_summary(doc, "torch", "numpy")
+    w = paired.speed_words(s)
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    summary = text[text.index("Summary"):text.index("Run " + run_id)]
+    interval = f"[{w['lo']:.3g}, {w['hi']:.3g}]"
+    assert f"Speed: torch is {w['x']:.3g}× faster than numpy {interval} (paired timing: torch and numpy alive at " \
+           "once, timed in alternating short bursts; 10 undisturbed of 10 rounds; 1 seed" in summary
+    assert f"coefficient of variation of the paired ratios {s['cv']:.1%}" in summary
+    assert "paired timing: 0 of 10 rounds disturbed" in summary  # the contention line of the speed verdict
+    table = section(text, "Loss agreement and speed", "Loss curves")
+    assert f"torch {w['x']:.3g}× faster {interval}" in table  # the table says what the sentence says
+    assert "0.333" not in table and "numpy 3" not in table  # ... and never the other way round
+    assert ("ok", f"speed: torch {w['x']:.3g}× faster") in _pills(html)
+
+
+@pytest.mark.parametrize("ratios, disturbed, level, label, words", [
+    ([0.9, 1.1, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.01, 0.99], (), "neutral", "speed: no clear difference",
+     "the interval includes 1, so no clear difference"),
+    ([1.5, 2.4, 1.6, 2.2, 1.8, 2.5, 1.7, 2.3, 1.9, 2.0], (), "neutral", "(noisy)",
+     "(coefficient of variation over 10%)"),
+    ([2.0] * 3 + [5.0] * 9, tuple(range(3, 12)), "warn", "speed: machine too busy",
+     "9 of 12 paired rounds were disturbed by other work on the machine"),
+])
+def test_speed_verdicts_the_data_cannot_carry_are_never_green(tmp_path: Path, no_figures: None, ratios: list[float],
+                                                              disturbed: tuple[int, ...], level: str, label: str,
+                                                              words: str) -> None:
+    run_id = make_run(tmp_path)
+    write_paired(tmp_path, run_id, ratios, disturbed)
+    html = write_report(tmp_path, [run_id]).read_text()
+    speed = [(lv, lab) for lv, lab in _pills(html) if lab.startswith("speed")]
+    assert speed and all(lv == level and label in lab for lv, lab in speed), speed
+    assert words in text_of(html)
+
+
+def _chunks(n: int, busy_from: int, busy_to: int) -> list[dict]:
+    quiet = {"wall_s": 0.5, "cpu_s": 0.5, "exec_s": 0.5, "wait_s": 0.0, "threads": 1, "ncpu": 2, "load": [0.5, 0.6]}
+    busy = dict(quiet, cpu_s=0.3, exec_s=0.3, wait_s=0.2, load=[2.5, 2.6])
+    return [dict(busy if busy_from <= s < busy_to else quiet, step=s, n=10) for s in range(0, n, 10)]
+
+
+def test_a_mostly_disturbed_backend_is_named_and_kept_out_of_speed(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path)
+    path = records.run_dir(tmp_path, run_id) / "numpy.json"
+    rec = json.loads(path.read_text())
+    rec["chunks"] = _chunks(120, 20, 100)  # 80 of the 110 steady steps disturbed
+    del rec["timings"]["step_median_s"]  # recomputed from the steps and the chunks, as for a killed worker
+    records.atomic_write_json(path, rec)
+    html = write_report(tmp_path, [run_id]).read_text()
+    banner = " ".join(Page(html).banners)
+    assert "numpy trained on a busy machine: 73% of its steady steps were disturbed" in banner
+    assert "kept out of every speed verdict (its losses still count)" in banner
+    text = text_of(html)
+    assert "numpy: 73% of 110 steady steps disturbed (cpu wait); figures from the 30 undisturbed ones; mostly " \
+           "disturbed: kept out of speed verdicts" in text
+    assert "73% (mostly: no speed verdict)" in text  # the summary table
+    costs = section(text, "Cost: time", "Text quality")
+    assert "over 30 undisturbed steps (80 disturbed left out)" in costs
+    assert "waited for a CPU (median / worst chunk)" in costs and "40.0%" in costs
+
+
+def test_a_schema_2_record_without_evidence_still_loads_and_reports(tmp_path: Path, no_figures: None) -> None:
+    run_id = make_run(tmp_path, backends=("torch",))
+    path = records.run_dir(tmp_path, run_id) / "torch.json"
+    rec = json.loads(path.read_text())
+    rec["schema_version"] = 2
+    rec.pop("chunks", None)
+    records.atomic_write_json(path, rec)
+    assert records.load_record(path)["schema_version"] == 2
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    assert "Contention: torch: no contention evidence (recorded before it existed)" in text
+    assert ("neutral", "single backend") in _pills(html)  # nothing compared: not a success either
+    assert "95 % interval [" in text and "tokens/s (median undisturbed step" in text  # a speed figure's interval
+    assert ("neutral", "single backend") in _pills(write_index(tmp_path).read_text())
+
+
+def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None,),
+               ratios: dict | None = None) -> str:
+    """A sweep as `harness sweep` leaves it: one single-backend run per cell (torch and numpy per seed and dtype),
+    its manifest, and per block a paired-timing record whose numpy steps take ratios[(dtype, seed)] times torch's
+    (default 3, with a little spread). Returns the sweep id."""
+    from test_paired import planted
+
+    from harness.sweep import manifest as mf
+
+    sweep_id = mf.new_sweep_id(out, "synthetic")
+    cells, entries = [], []
+    for seed in range(1337, 1337 + seeds):
+        for dtype in dtypes:
+            members = []
+            for backend in ("torch", "numpy"):
+                run_id = make_run(out, backends=(backend,), text=False)
+                path = records.run_dir(out, run_id) / f"{backend}.json"
+                rec = json.loads(path.read_text())
+                rec["seed"], rec["backend_options"] = seed, ({"dtype": dtype} if dtype else {})
+                records.atomic_write_json(path, rec)
+                cell = {"index": len(cells), "key": f"small/{backend}/cpu/seed={seed}", "label": "small",
+                        "backend": backend, "seed": seed, "device": "cpu", "backend_options": rec["backend_options"],
+                        "run_id": run_id, "status": "completed", "job_ids": [], "attempts": 1, "contended": False}
+                cells.append(cell)
+                members.append(cell)
+            r = (ratios or {}).get((dtype, seed), 3.0)
+            doc = planted([r * (1 + 0.01 * ((i % 3) - 1)) for i in range(10)])
+            for c, m in zip(doc["contenders"], members):
+                c.update(run_id=m["run_id"], cell=m["index"])
+            entry = {"index": len(entries), "kind": "paired", "key": f"small/cpu/seed={seed}/paired", "label": "small",
+                     "seed": seed, "device": "cpu", "dtype": dtype, "members": [m["index"] for m in members],
+                     "rounds": 10, "path": f"sweeps/{sweep_id}/paired/{len(entries)}.json", "status": "completed",
+                     "job_ids": [], "attempts": 1}
+            records.atomic_write_json(out / entry["path"], doc)
+            entries.append(entry)
+    mf.Manifest(out, {"schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
+                      "created_at": "2026-01-01T00:00:00Z", "spec": {"backends": ["torch", "numpy"]},
+                      "executor": {"kind": "local", "jobs": 1}, "data": {}, "cells": cells, "paired": entries}).save()
+    return sweep_id
+
+
+def test_sweep_verdicts_one_per_dtype_green_only_when_the_data_carries_it(tmp_path: Path, no_figures: None) -> None:
+    from harness.report.sweep import write_sweep_report
+
+    sweep_id = make_sweep(tmp_path, seeds=3, dtypes=("float32", "float64"),
+                          ratios={("float64", s): 1.0 + 0.02 * (s - 1338) for s in (1337, 1338, 1339)})
+    html = write_sweep_report(tmp_path, sweep_id).read_text()
+    text = text_of(html)
+    # one verdict per dtype, each naming it: float32 clear (3x), float64 no clear difference (0.98 .. 1.02)
+    assert "small on cpu, dtype float32: torch vs numpy" in text
+    assert "small on cpu, dtype float64: torch vs numpy" in text
+    pills = [p for p in _pills(html) if p[1].startswith("speed")]
+    assert ("ok", "speed: torch 3× faster") in pills and ("neutral", "speed: no clear difference") in pills
+    assert "torch is 3× faster than numpy [" in text and "(paired timing, 3 seeds" in text
+    table = section(text, "Convention: a difference", "Groups (config")
+    assert "torch 3× faster [" in table  # the table says it as the sentence does
+    index = write_index(tmp_path).read_text()
+    itext = text_of(index)
+    assert f"sweep {sweep_id}" in itext and "12 of 12 cells completed" in itext
+    assert ("ok", "speed: torch 3× faster") in _pills(index)
+    assert not any(run_id in index for run_id in (json.loads(p.read_text())["run_id"]
+                                                  for p in (tmp_path / "runs").glob("*/spec.json")))
+
+
+def test_fewer_than_three_seeds_is_said_and_not_green(tmp_path: Path, no_figures: None) -> None:
+    from harness.report.sweep import write_sweep_report
+
+    html = write_sweep_report(tmp_path, make_sweep(tmp_path, seeds=2)).read_text()
+    assert ("neutral", "speed: torch 3× faster") in _pills(html)
+    assert "Said plainly: fewer than 3 seeds (2)." in text_of(html)
+
+
+def test_a_failed_paired_timing_says_why_and_is_not_a_verdict(tmp_path: Path, no_figures: None) -> None:
+    from harness import paired
+
+    run_id = make_run(tmp_path)
+    doc = paired.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small", 1)
+    doc["sessions"].append({"status": "failed", "rounds": [], "failure": "numpy: the timing process exited with "
+                                                                         "status 1"})
+    records.atomic_write_json(records.RunPaths(tmp_path, run_id).paired_timing, doc)
+    html = write_report(tmp_path, [run_id]).read_text()
+    assert ("warn", "speed: paired timing failed") in _pills(html)
+    assert "the paired timing measured no round (numpy: the timing process exited with status 1)" in text_of(html)

@@ -153,7 +153,7 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
     out = tmp_path / "out"
     spec = tmp_path / "grid.toml"
     spec.write_text(f'configs = ["{tiny_config(interval=10)}"]\nbackends = ["torch", "numpy"]\nseeds = 2\n'
-                    'steps = 30\ntext = false\n[fields]\ntarget_val_loss = [3.3]\n')
+                    'steps = 30\ntext = false\npaired_rounds = 3\n[fields]\ntarget_val_loss = [3.3]\n')
     proc = run_cli("sweep", str(spec), "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert "4 cells (2 groups x 2 seeds)" in proc.stderr
@@ -183,8 +183,19 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
     assert shown, "the torch group's final val loss interval is not in the report"
     assert float(shown.group(1)) == pytest.approx(torch.mean() - half, abs=2e-4)  # the table's t has 3 decimals
     assert float(shown.group(2)) == pytest.approx(torch.mean() + half, abs=2e-4)
-    assert "faster than" in page and "2 seeds" in page
-    assert f"sweep-{doc['sweep_id']}.html" in (out / "index.html").read_text()
+    # speed: from the paired timing of each seed's block (torch and numpy alive at once), one verdict naming it
+    assert [e["status"] for e in doc["paired"]] in (["completed"] * 2, ["completed", "incomplete"],
+                                                   ["incomplete", "completed"], ["incomplete"] * 2)
+    for e in doc["paired"]:
+        rec = json.loads((out / e["path"]).read_text())
+        assert {c["run_id"] for c in rec["contenders"]} == {c["run_id"] for c in doc["cells"]
+                                                            if c["seed"] == e["seed"]}
+    assert "tiny-target_val_loss3.3 on cpu, dtypes torch float32, numpy float64: torch vs numpy" in page
+    assert "faster than" in page
+    assert "Convention: a difference is written first − second" in page
+    index = (out / "index.html").read_text()
+    assert f"sweep-{doc['sweep_id']}.html" in index and f"sweep {doc['sweep_id']}" in index
+    assert not any(c["run_id"] in index for c in doc["cells"])  # one row for the sweep, none per cell
     status = run_cli("sweep", "--status", doc["sweep_id"], "--out", str(out))
     assert status.returncode == 0 and "4 completed" in status.stdout
     again = run_cli("sweep", "--resume", doc["sweep_id"], "--out", str(out), "--no-report")
@@ -321,8 +332,9 @@ def test_scaling_fit_and_crossover_on_known_power_laws():
     assert "cross at 1e+04 FLOPs per token, inside" in line  # 1e-6 x^0.5 = 1e-8 x  <=>  x = 1e4
     assert "below it numpy (cpu) is faster, above it torch (cpu)" in line
     (small,) = [c for c in comparisons(pd.DataFrame(rows)) if c["label"] == "s0"]
-    assert small["speed"].estimate == pytest.approx(1e-5 / 3.1622776601683795e-05)  # numpy/torch step time at 1e3
-    assert small["sentence"].startswith("numpy is 3.16x (one seed: no interval) faster than torch on s0 (cpu)")
+    assert small["training"].estimate == pytest.approx(3.1622776601683795e-05 / 1e-5)  # torch/numpy step time at 1e3
+    assert small["speed"] is None and small["level"] == "neutral"  # separate runs: information, never a verdict
+    assert small["sentence"].startswith("s0 on cpu: speed not compared: no paired timing of torch and numpy")
 
 
 def test_geometric_mean_interval_by_hand_and_never_below_zero():

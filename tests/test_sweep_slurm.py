@@ -65,6 +65,12 @@ def test_slurm_and_local_give_bit_identical_losses(partition: str, tmp_path: Pat
     assert all(c["job_ids"] and c["status"] == "completed" for c in doc["cells"])
     a, b = _losses(tmp_path / "local"), _losses(tmp_path / "slurm")
     assert a.keys() == b.keys() and a == b  # exactly equal floats, every step and every evaluation
+    # the paired timing is one SLURM job of its own: both contenders started on one node, alive at once
+    (entry,) = doc["paired"]
+    assert entry["job_ids"] and entry["status"] in ("completed", "incomplete"), entry
+    rec = json.loads((tmp_path / "slurm" / entry["path"]).read_text())
+    (session,) = rec["sessions"]
+    assert set(session["ready"]) == {"torch", "numpy"} and session["rounds"], session.get("failure")
 
 
 def test_unknown_partition_is_one_line(partition: str, tmp_path: Path, tiny_config):

@@ -22,10 +22,11 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 import harness
-from harness import records
+from harness import contention, records
 from harness.errors import UsageError
 from harness.report import analysis, tables
-from harness.report.analysis import ERROR, OK, WARN, RunView
+from harness.report.analysis import ERROR, NEUTRAL, OK, WARN, RunView
+from harness.results import costs, step_median_interval
 
 SAMPLE_CONTINUATIONS = 3  # prompted continuations shown in full per run (all are in the records)
 
@@ -57,35 +58,87 @@ def _pair_sentence(c: analysis.PairComparison, dropout: float | None) -> str:
     band = f"{analysis.LOSS_BAND_REL:.0%}"
     verdict = (f"within the {band} band: the losses agree" if c.agree
                else f"outside the {band} band: the losses differ")
-    s = (f"{c.a} vs {c.b}: validation loss {c.val_a:.4f} vs {c.val_b:.4f} at step {c.eval_step:,}, difference "
+    s = (f"Validation loss at step {c.eval_step:,}: {c.a} {c.val_a:.4f}, {c.b} {c.val_b:.4f}; {c.a} − {c.b} = "
          f"{c.val_diff:+.4f} ({c.val_rel:.2%} of their mean), {verdict}.")
     if c.tail_mean is not None:
         zero = ("consistent with no systematic difference" if c.tail_consistent_with_zero
                 else f"a systematic difference ({c.a} {'higher' if c.tail_mean > 0 else 'lower'})")
-        s += (f" On the same batches over the last {c.tail_steps} steps, the per-step training loss of {c.a} minus "
-              f"{c.b} averages {c.tail_mean:+.4f} ± {c.tail_ci:.4f} (95 % CI): {zero}.")
+        s += (f" On the same batches over the last {c.tail_steps} steps, the per-step training loss {c.a} − {c.b} "
+              f"averages {c.tail_mean:+.4f} ± {c.tail_ci:.4f} (95 % CI): {zero}.")
     if dropout == 0:
         s += f" Dropout is 0, so any difference is numerical; the largest per-step |Δ| is {c.max_dev:.2e}."
     return s
 
 
-def _speed_sentence(c: analysis.PairComparison) -> str | None:
-    if c.speed_ratio is None:
-        return None
-    fast, slow, r = (c.a, c.b, c.speed_ratio) if c.speed_ratio >= 1 else (c.b, c.a, 1 / c.speed_ratio)
-    return f"Speed: {fast} trains {r:.3g}× as fast as {slow} (tokens/s at the median steady step)."
+def speed_verdict(c: analysis.PairComparison, seeds: int = 1) -> dict[str, Any]:
+    """The speed verdict of one pair: level, short label, sentence (with its interval) from the paired timing.
+
+    Green (ok) only for a usable paired timing whose interval excludes 1 and whose round ratios vary by at most
+    CV_MAX; an interval including 1 is neutral ("no clear difference"); a busy machine or a failed timing is warn.
+    Without paired timing there is no speed verdict (training step times of separate runs are not compared)."""
+    from harness import paired
+
+    s = c.paired
+    if s is None and c.paired_failure:
+        failed = not c.paired_failure.startswith("its last session")
+        return {"level": WARN, "label": "speed: paired timing failed" if failed else "speed: no paired round", "text": (
+            f"Speed of {c.a} and {c.b}: not compared: the paired timing measured no round ({c.paired_failure}); "
+            "`harness run --resume` tries again.")}
+    if s is None:
+        return {"level": NEUTRAL, "label": "speed: not compared", "text": (
+            f"Speed of {c.a} and {c.b}: not compared: this run has no paired timing (--paired-rounds 0, or a run "
+            "from before it existed); the step times below come from separate training runs made one after "
+            "another, under whatever else the machine was doing, so no ratio is drawn from them.")}
+    w = paired.speed_words(s)
+    rounds = (f"{s['clean_rounds']} undisturbed of {s['rounds']} rounds" if s["level"] == "rounds"
+              else f"{s['n']} sessions")
+    how = f"paired timing: {c.a} and {c.b} alive at once, timed in alternating short bursts; {rounds}"
+    notes = []
+    if seeds < 3:
+        notes.append(f"{seeds} seed{'s' if seeds != 1 else ''}: the interval is over the rounds of "
+                     f"{'one session' if seeds == 1 else 'its sessions'}, not over seeds")
+    if s.get("cv") is not None and s["cv"] > paired.CV_MAX:
+        notes.append(f"the paired ratios vary by {s['cv']:.0%} (coefficient of variation over "
+                     f"{paired.CV_MAX:.0%}): noisy")
+    elif s.get("cv") is not None:
+        notes.append(f"coefficient of variation of the paired ratios {s['cv']:.1%}")
+    if not s["usable"]:
+        return {"level": WARN, "label": "speed: machine too busy", "text": (
+            f"Speed: no verdict: {s['disturbed_rounds']} of {s['rounds']} paired rounds were disturbed by other work "
+            f"on the machine, too many to rely on (all rounds together say {w['text']}; {how}).")}
+    if not w["conclusive"]:
+        level, label = NEUTRAL, "speed: no clear difference"
+        claim = f"{w['text']}: the interval includes 1, so no clear difference"
+    else:
+        noisy = s.get("cv") is not None and s["cv"] > paired.CV_MAX
+        level = NEUTRAL if noisy else OK
+        label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "")
+        claim = w["text"]
+    text = f"Speed: {claim} ({how}; {'; '.join(notes)})." if notes else f"Speed: {claim} ({how})."
+    return {"level": level, "label": label, "text": text}
+
+
+def _contention_sentence(view: RunView) -> str:
+    """One line: how disturbed each backend's training was, and the paired timing's rounds."""
+    parts = [contention.sentence(costs(r)["contention"], r["backend"]) for r in view.records]
+    if view.paired is not None:
+        from harness import paired
+
+        n, clean = len(paired.rounds_of(view.paired)), paired.clean_rounds(view.paired)
+        parts.append(f"paired timing: {n - clean} of {n} rounds disturbed (left out of the ratio)")
+    return "Contention: " + "; ".join(parts) + "."
 
 
 def _worse(a: str, b: str) -> str:
-    return max(a, b, key=[OK, WARN, ERROR].index)
+    return max(a, b, key=analysis.LEVELS.index)
 
 
 def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
-    """Headline (label and level) and the sentences of one run's summary.
+    """Headline (label and level) and the sentences of one run's summary, and a speed verdict per pair.
 
     The label says the most important thing first: no records, an unfair comparison, the parity verdict, or the
     loss agreement; ", incomplete" is added when a backend did not complete. The level is the worst of that and
-    the banners.
+    the banners. A single backend is neutral: there is nothing to compare.
     """
     lines: list[str] = []
     dropout = (view.spec.get("config") or {}).get("dropout")
@@ -102,10 +155,21 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
         if last:
             parts.append(f"final validation loss {last['val_loss']:.4f} at step {last['step']:,}")
         if c["tokens_per_s"]:
-            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s")
+            ci = step_median_interval(rec)
+            interval = (f" (median undisturbed step {tables.fmt_seconds(c['step_median_s'])}, 95 % interval "
+                        f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c['steady_steps']:,} "
+                        "steps)") if len(ci) == 2 and c.get("steady_steps") else ""
+            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}")
         lines.append("; ".join(parts) + ".")
     lines += [_pair_sentence(c, dropout) for c in comparisons]
-    lines += [s for s in map(_speed_sentence, comparisons) if s]
+    if view.spec.get("parity") and comparisons:  # exactness settings (single-tensor AdamW, math attention)
+        speed: list[dict[str, Any]] = []
+        lines.append("Speed: not compared in a parity run (it trades speed for exactness); use `harness run`.")
+    else:
+        speed = [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
+    lines += [v["text"] for v in speed]
+    if view.records:
+        lines.append(_contention_sentence(view))
     scored = [r for r in view.records if (r.get("text") or {}).get("chrf") is not None]
     if scored:
         temp = (scored[0]["text"].get("protocol") or {}).get("temperature")
@@ -123,7 +187,7 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
     elif view.parity_error:
         level, label = ERROR, "parity: unreadable"
     elif len(view.records) == 1:
-        level, label = OK, "single backend"
+        level, label = NEUTRAL, "single backend"
     elif all(a is True for a in agrees):
         level, label = OK, "losses agree"
     elif any(a is False for a in agrees):
@@ -134,7 +198,7 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
         level = _worse(level, banner.level)
     if view.missing or any(r.get("status") != "completed" for r in view.records):
         label += ", incomplete"
-    return {"level": level, "label": label, "lines": lines}
+    return {"level": level, "label": label, "lines": lines, "speed": speed}
 
 
 # --- page model -------------------------------------------------------------------------------------------------------
@@ -244,7 +308,8 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
     page = _env().get_template("report.html.j2").render(
         title=_title(views), generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
         version=harness.__version__, run_ids=run_ids, runs=runs, banners=[b for v in views for b in v.banners],
-        scaling=_scaling(views), band=f"{analysis.LOSS_BAND_REL:.0%}",
+        scaling=_scaling(views), band=f"{analysis.LOSS_BAND_REL:.0%}", convention=analysis.CONVENTION,
+        rule=contention.RULE["text"][0].upper() + contention.RULE["text"][1:] + ".",
         tail_fraction=f"{analysis.TAIL_FRACTION:.0%}", stale=analysis.human_age(analysis.STALE_AFTER_S))
     path = out / f"{report_name(run_ids)}.html"
     records.atomic_write_bytes(path, page.encode("utf-8"))
@@ -253,6 +318,7 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
 
 # --- index ------------------------------------------------------------------------------------------------------------
 _RUNS_META = re.compile(r'<meta name="nanogpt-parity-runs" content="([^"]*)">')
+_SWEEP_META = re.compile(r'<meta name="nanogpt-parity-sweep" content="([^"]*)">')
 _GENERATED_META = re.compile(r'<meta name="nanogpt-parity-generated" content="([^"]*)">')
 _TITLE = re.compile(r"<title>(.*?)</title>", re.S)
 
@@ -275,12 +341,25 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id, "error": None, "size": head["size"], "device": head["device"],
         "params": tables.fmt_int(head["n_params"]), "verdict": verdict["label"], "level": verdict["level"],
+        "speed": verdict["speed"],
         "status": _per_backend(head["status"], str),
         "val_loss": _per_backend(head["val_loss"], tables.fmt_loss),
         "tokens_per_s": _per_backend(head["tokens_per_s"], tables.fmt_rate),
         "bleu": _per_backend(head["bleu"], tables.fmt_score),
         "chrf": _per_backend(head["chrf"], tables.fmt_score),
     }
+
+
+def _sweep_row(out: Path, sweep_id: str) -> dict[str, Any]:
+    """The index row of a sweep: its cells and its comparisons' verdicts, read from the records now."""
+    from harness.report.sweep import sweep_verdict
+
+    try:
+        return {"sweep_id": sweep_id, "error": None, **sweep_verdict(out, sweep_id)}
+    except UsageError as exc:
+        return {"sweep_id": sweep_id, "error": str(exc)}
+    except Exception as exc:  # one malformed sweep must never break the index
+        return {"sweep_id": sweep_id, "error": f"sweep {sweep_id} could not be read ({type(exc).__name__}: {exc})"}
 
 
 def _clean_old_tmp(out: Path, older_than_s: float = 3600.0) -> None:
@@ -317,11 +396,16 @@ def write_index(out: Path) -> Path:
         run_ids = found.group(1).split()
         covered.update(run_ids)
         generated, title = _GENERATED_META.search(head), _TITLE.search(head)
-        entries.append({"href": urllib.parse.quote(html.name, safe="+"),  # a relative path, whatever the name holds
-                        "name": html.stem, "mtime": html.stat().st_mtime,
-                        "title": html_lib.unescape(title.group(1).strip()) if title else html.stem,
-                        "generated": generated.group(1) if generated else "",
-                        "runs": [_index_row(out, run_id) for run_id in run_ids]})
+        entry = {"href": urllib.parse.quote(html.name, safe="+"),  # a relative path, whatever the name holds
+                 "name": html.stem, "mtime": html.stat().st_mtime,
+                 "title": html_lib.unescape(title.group(1).strip()) if title else html.stem,
+                 "generated": generated.group(1) if generated else "", "sweep": None, "runs": []}
+        sweep = _SWEEP_META.search(head)
+        if sweep:  # a sweep is one row: its verdicts and a link, never a row per cell
+            entry["sweep"] = _sweep_row(out, html_lib.unescape(sweep.group(1)))
+        else:
+            entry["runs"] = [_index_row(out, run_id) for run_id in run_ids]
+        entries.append(entry)
     entries.sort(key=lambda e: e["mtime"], reverse=True)
     runs_dir = out / "runs"
     uncovered = sorted((p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in covered

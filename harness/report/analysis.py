@@ -31,7 +31,14 @@ TAIL_MIN_STEPS = 10
 # A "running" record not rewritten for this long belongs to a worker that is no longer alive.
 STALE_AFTER_S = 600.0
 
-OK, WARN, ERROR = "ok", "warn", "error"
+# Levels of a verdict or banner, best first. NEUTRAL: nothing wrong, nothing shown as a success either (a single
+# backend, a comparison whose interval includes "no difference", data too thin to carry a verdict).
+OK, NEUTRAL, WARN, ERROR = "ok", "neutral", "warn", "error"
+LEVELS = [OK, NEUTRAL, WARN, ERROR]
+# The report's sign convention, stated once in every report (issue 18): differences are first − second with both
+# names written out; ratios are "how many times faster", the faster one named; intervals are 95 %.
+CONVENTION = ("Convention: a difference is written first − second with both names (e.g. torch − numpy); a speed "
+              "ratio is written \"X is N× faster than Y\", the faster one named, N ≥ 1; every interval is 95 %.")
 
 
 @dataclass
@@ -54,6 +61,8 @@ class RunView:
     age_s: dict[str, float]  # seconds since each record was last written
     parity: dict | None = None
     parity_error: str | None = None
+    paired: dict | None = None  # paired.json (harness.paired): the backends timed side by side
+    paired_error: str | None = None
     banners: list[Banner] = field(default_factory=list)
 
     @property
@@ -88,6 +97,14 @@ def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
             view.parity_error = str(exc)
         except (ValueError, UnicodeDecodeError) as exc:
             view.parity_error = f"{parity_path.name} could not be read ({exc})"
+    paired_path = records.RunPaths(Path(out), run_id).paired_timing
+    if paired_path.exists():
+        from harness import paired
+
+        try:
+            view.paired = paired.load(paired_path)
+        except UsageError as exc:
+            view.paired_error = str(exc)
     view.banners = banners(view)
     return view
 
@@ -154,6 +171,14 @@ def banners(view: RunView) -> list[Banner]:
         out.append(Banner(ERROR, f"{run}: {name} has no record (it never started, or failed before setup)"))
     for problem in fairness_problems(view.records):
         out.append(Banner(ERROR, f"{run}: {problem}: the comparison is not fair"))
+    if view.paired_error:
+        out.append(Banner(WARN, f"{run}: {view.paired_error}"))
+    for rec in view.records:
+        cont = costs(rec)["contention"] or {}
+        if cont.get("mostly_disturbed"):
+            out.append(Banner(WARN, f"{run}: {rec['backend']} trained on a busy machine: "
+                                    f"{cont['contended_fraction']:.0%} of its steady steps were disturbed, so its "
+                                    "speed figures are kept out of every speed verdict (its losses still count)"))
     if view.parity_error:
         out.append(Banner(ERROR, f"{run}: {view.parity_error}"))
     elif view.parity is not None and str(view.parity.get("verdict", "")).lower() == "error":
@@ -290,11 +315,14 @@ class PairComparison:
     tail_steps: int = 0
     tail_mean: float | None = None  # mean of loss_a - loss_b over the tail window
     tail_ci: float | None = None  # 95 % half-width of that mean
-    speed_ratio: float | None = None  # tokens/s of a over tokens/s of b
+    speed_ratio: float | None = None  # training step time of b over that of a (> 1: a is faster), separate runs
+    paired: dict | None = None  # harness.paired.pair_summary of (a, b): time ratio a / b from the paired timing
+    paired_failure: str | None = None  # why the paired timing has no round of (a, b), when it was tried
 
     @property
     def val_diff(self) -> float | None:
-        return None if self.val_a is None or self.val_b is None else self.val_b - self.val_a
+        """Validation loss a − b (first − second, the report's convention)."""
+        return None if self.val_a is None or self.val_b is None else self.val_a - self.val_b
 
     @property
     def val_rel(self) -> float | None:
@@ -350,8 +378,20 @@ def compare_pair(ra: dict, rb: dict) -> PairComparison:
 
 
 def pairs(view: RunView) -> list[PairComparison]:
-    """Every pair of backends of a run, in the spec's order."""
-    return [compare_pair(a, b) for a, b in combinations(view.records, 2)]
+    """Every pair of backends of a run, in the spec's order, with the paired timing's ratio where there is one."""
+    out = [compare_pair(a, b) for a, b in combinations(view.records, 2)]
+    if view.paired is not None:
+        from harness import paired
+
+        names = {c["name"] for c in view.paired.get("contenders") or []}
+        for c in out:
+            if {c.a, c.b} <= names:
+                s = paired.pair_summary(view.paired, c.a, c.b)
+                c.paired = s if s["ratio"] is not None else None
+                if c.paired is None:
+                    last = (view.paired.get("sessions") or [{}])[-1]
+                    c.paired_failure = last.get("failure") or f"its last session: {last.get('status', 'not started')}"
+    return out
 
 
 def text_agreement(ra: dict, rb: dict) -> dict[str, Any] | None:

@@ -1,9 +1,12 @@
 """The sweep report `<out>/sweep-<id>.html` (self-contained, like the run reports) and its CSV beside it.
 
-Read from the RunRecords only, through `harness.results.load_runs` (the manifest says which runs belong to the
-sweep). Per group (config x backend x device x options): mean and 95 % t interval across seeds of the final
-validation loss, median step time, tokens/s, peak memory, time to target, chrF and BLEU. Per config and pair of
-backends: per-seed paired step-time ratios and loss differences with intervals, and a verdict sentence. A scaling
+Read from the RunRecords, through `harness.results.load_runs` (the manifest says which runs belong to the
+sweep), and the sweep's paired-timing records (harness.paired). Per group (config x backend x device x options):
+mean and 95 % t interval across seeds of the final validation loss, median step time, tokens/s, peak memory, time
+to target, chrF and BLEU (speed figures without the cells whose training was mostly disturbed). Per (config,
+device, dtype option, precision option) and pair of backends, one verdict naming the combination: the speed ratio
+from the paired timing, combined across seeds, the loss difference first − second across seeds, each with its
+interval, what the data cannot carry said in the sentence, and the contention behind it. A scaling
 figure (step time and tokens/s against FLOPs per token, log-log, fitted exponent per backend, crossover) when the
 sweep spans more than one model shape, and validation loss against wall-clock time (median seed, band over seeds).
 """
@@ -20,8 +23,9 @@ import numpy as np
 import pandas as pd
 
 import harness
-from harness import records, stats
+from harness import contention, records, stats
 from harness.report import tables
+from harness.report.analysis import CONVENTION, LEVELS, NEUTRAL, OK, WARN
 from harness.sweep import manifest as mf
 
 GROUP = ["label", "backend", "device", "dtype", "precision"]
@@ -63,82 +67,228 @@ def _group_name(key: tuple) -> str:
 
 
 def group_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per group: n seeds completed, then 'mean [lo, hi]' of every metric (95 % t interval over seeds)."""
+    """One row per group: n seeds completed, then 'mean [lo, hi]' of every metric (95 % t interval over seeds).
+
+    Speed figures (median step, tokens/s, time to target) leave out cells whose training was mostly disturbed
+    (harness.contention); the last column says how many cells were disturbed and how many of them were left out."""
     rows = []
     done = df[df["status"] == "completed"]
     for key, g in done.groupby(GROUP, dropna=False, sort=False):
         row = {"group": _group_name(key), "seeds": len(g)}
+        mostly = g["mostly_disturbed"].fillna(False).astype(bool) if "mostly_disturbed" in g else pd.Series(
+            False, index=g.index)
+        quiet = g[~mostly]
         for col, head, fmt in METRICS:
+            src = quiet if col in SPEED else g
             if col == "target_train_s":
-                reached = int(g["target_reached"].fillna(False).astype(bool).sum())
-                text = _interval_text(g.loc[g["target_reached"].fillna(False).astype(bool), col], fmt, True)
+                hit = src["target_reached"].fillna(False).astype(bool)
+                text = _interval_text(src.loc[hit, col], fmt, True)
                 if not g["target_val_loss"].notna().any():
                     row[head] = tables.DASH
                 else:
-                    row[head] = f"{text}; reached {reached}/{len(g)}" if reached else f"not reached (0/{len(g)})"
+                    row[head] = f"{text}; reached {int(hit.sum())}/{len(src)}" if hit.any() \
+                        else f"not reached (0/{len(src)})"
             else:
-                row[head] = _interval_text(g[col], fmt, col in LOG_SCALE)
+                row[head] = _interval_text(src[col], fmt, col in LOG_SCALE)
+        frac = g["contended_fraction"] if "contended_fraction" in g else pd.Series(dtype=float)
+        disturbed = int((frac.fillna(0) > 0).sum())
+        row["cells disturbed (left out of speed)"] = (tables.DASH if frac.isna().all()
+                                                      else f"{disturbed} of {len(g)} ({int(mostly.sum())})")
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def comparisons(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Paired backend comparisons per config (and device/options), matched by seed."""
+SPEED = {"step_median_s", "tokens_per_s", "target_train_s"}  # figures a mostly disturbed cell does not enter
+
+
+def _option(value: Any) -> Any:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def comparison_name(label: str, device: str, dtype: Any, precision: Any, g: pd.DataFrame) -> str:
+    """'small on cpu, dtype float32, precision tf32'; without a dtype option the dtypes each backend used."""
+    name = f"{label} on {device}"
+    if dtype:
+        name += f", dtype {dtype}"
+    elif "dtype" in g and g["dtype"].notna().any():
+        used = g.groupby("backend", sort=False)["dtype"].first()
+        name += ", dtypes " + ", ".join(f"{b} {d}" for b, d in used.items() if isinstance(d, str))
+    if precision:
+        name += f", precision {precision}"
+    return name
+
+
+def _paired_index(paired_docs: list[dict]) -> dict[tuple[str, str], tuple[dict, str]]:
+    """(run id, backend) -> (paired-timing record, the contender's name in it)."""
+    index = {}
+    for doc in paired_docs:
+        for c in doc.get("contenders") or []:
+            if c.get("run_id"):
+                index[(c["run_id"], c["backend"])] = (doc, c["name"])
+    return index
+
+
+def comparisons(df: pd.DataFrame, paired_docs: list[dict] | None = None) -> list[dict[str, Any]]:
+    """Paired backend comparisons, one per (label, device, dtype option, precision option) and pair of backends,
+    matched by seed. A backend without a precision axis (numpy) enters every precision's comparison.
+
+    Speed comes from the paired timing (`paired_docs`, harness.paired: one record per block and seed, its
+    usable sessions combined across seeds); without one there is no speed verdict, and the ratio of the separate
+    training runs' median step times (mostly disturbed cells left out) is shown as information only."""
+    from harness import paired as pt
+
+    index = _paired_index(paired_docs or [])
     out = []
-    done = df[df["status"] == "completed"]
-    for key, g in done.groupby(["label", "device"], sort=False):
-        label, device = key
-        backends = list(dict.fromkeys(g["backend"]))
-        for a, b in combinations(backends, 2):
-            ga = g[g["backend"] == a].groupby("seed").first()
-            gb = g[g["backend"] == b].groupby("seed").first()
-            seeds = sorted(set(ga.index) & set(gb.index))
-            if not seeds:
-                continue
-            ta, tb = ga.loc[seeds, "step_median_s"].tolist(), gb.loc[seeds, "step_median_s"].tolist()
-            la, lb = ga.loc[seeds, "final_val_loss"].tolist(), gb.loc[seeds, "final_val_loss"].tolist()
-            speed = stats.paired_ratio(tb, ta) if all(_finite(ta)) and len(_finite(ta + tb)) == 2 * len(seeds) \
-                else None  # > 1: a is faster (b's steps take longer)
-            loss = stats.paired_difference(la, lb) if len(_finite(la + lb)) == 2 * len(seeds) else None
-            contended = bool(g["contended"].any())
-            out.append({"label": label, "device": device, "a": a, "b": b, "seeds": seeds, "speed": speed,
-                        "loss": loss, "contended": contended, "sentence": _sentence(label, device, a, b, seeds,
-                                                                                     speed, loss, contended)})
+    done = df[df["status"] == "completed"].copy()
+    for col in ("dtype_option", "precision_option", "mostly_disturbed", "contended_fraction", "run_id"):
+        if col not in done:
+            done[col] = None
+    done["dtype_option"] = done["dtype_option"].map(_option)
+    done["precision_option"] = done["precision_option"].map(_option)
+    for (label, device, dtype), block in done.groupby(["label", "device", "dtype_option"], sort=False,
+                                                      dropna=False):
+        dtype = _option(dtype)
+        precisions = list(dict.fromkeys(p for p in block["precision_option"] if p is not None)) or [None]
+        for precision in precisions:
+            g = block[block["precision_option"].isna() | (block["precision_option"] == precision)] \
+                if precision is not None else block
+            backends = list(dict.fromkeys(g["backend"]))
+            for a, b in combinations(backends, 2):
+                ga = g[g["backend"] == a].groupby("seed").first()
+                gb = g[g["backend"] == b].groupby("seed").first()
+                seeds = sorted(set(ga.index) & set(gb.index))
+                if not seeds:
+                    continue
+                la, lb = ga.loc[seeds, "final_val_loss"].tolist(), gb.loc[seeds, "final_val_loss"].tolist()
+                loss = stats.paired_difference(la, lb) if len(_finite(la + lb)) == 2 * len(seeds) else None
+                quiet = [s for s in seeds if not _truthy(ga.loc[s, "mostly_disturbed"])
+                         and not _truthy(gb.loc[s, "mostly_disturbed"])]
+                ta, tb = ga.loc[quiet, "step_median_s"].tolist(), gb.loc[quiet, "step_median_s"].tolist()
+                training = stats.paired_ratio(ta, tb) if quiet and len(_finite(ta + tb)) == 2 * len(quiet) \
+                    else None  # time ratio a / b of the separate training runs: information, no verdict
+                per_seed = []
+                for s in seeds:
+                    ka, kb = (ga.loc[s, "run_id"], a), (gb.loc[s, "run_id"], b)
+                    if ka in index and kb in index and index[ka][0] is index[kb][0]:
+                        doc = index[ka][0]
+                        summary = pt.pair_summary(doc, index[ka][1], index[kb][1])
+                        if summary["rounds"]:
+                            per_seed.append(dict(summary, seed=s))
+                speed = pt.combine(per_seed) if per_seed else None
+                if speed is not None:
+                    speed.update(a=a, b=b)
+                disturbed = [(x, s, float(gx.loc[s, "contended_fraction"]), _truthy(gx.loc[s, "mostly_disturbed"]))
+                             for x, gx in ((a, ga), (b, gb)) for s in seeds
+                             if _option(gx.loc[s, "contended_fraction"]) and gx.loc[s, "contended_fraction"] > 0]
+                name = comparison_name(label, device, dtype, precision, g)
+                c = {"label": label, "device": device, "dtype": dtype, "precision": precision, "name": name,
+                     "a": a, "b": b, "seeds": seeds, "speed": speed, "per_seed": per_seed, "training": training,
+                     "loss": loss, "disturbed": disturbed, "contended": bool(g["contended"].any())}
+                c.update(verdict(c))
+                out.append(c)
     return out
 
 
-def _sentence(label: str, device: str, a: str, b: str, seeds: list, speed: stats.Interval | None,
-              loss: stats.Interval | None, contended: bool) -> str:
-    n = f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
-    parts = []
-    if speed is not None:
-        fast, slow, r = (a, b, speed) if speed.estimate >= 1 else (b, a, stats.Interval(
-            1 / speed.estimate, None if speed.hi is None else 1 / speed.hi,
-            None if speed.lo is None else 1 / speed.lo, speed.n))
-        ci = f" [{r.lo:.3g}, {r.hi:.3g}]" if r.lo is not None else " (one seed: no interval)"
-        certain = "" if r.lo is None or r.lo > 1 or r.hi < 1 else " (the interval includes 1: not a clear difference)"
-        parts.append(f"{fast} is {r.estimate:.3g}x{ci} faster than {slow} on {label} ({device}), {n}{certain}")
+def _truthy(x: Any) -> bool:
+    return bool(_option(x)) if not isinstance(x, (bool, np.bool_)) else bool(x)
+
+
+def verdict(c: dict[str, Any]) -> dict[str, Any]:
+    """The sentence, level and pills of one comparison: speed from the paired timing (green only when its interval
+    excludes 1 with 3 or more seeds and a CV of the paired ratios of at most 10 %), loss difference a − b."""
+    from harness import paired as pt
+
+    a, b, s = c["a"], c["b"], c["speed"]
+    parts, notes = [], []
+    if s is None or s.get("ratio") is None:
+        level, speed_label = NEUTRAL, "speed: not compared"
+        parts.append(f"speed not compared: no paired timing of {a} and {b} (--paired-rounds 0, or a sweep from "
+                     "before it existed); the separate training runs' step times are in the table, not a verdict")
+    elif not s.get("usable"):
+        level, speed_label = WARN, "speed: machine too busy"
+        parts.append(f"no speed verdict: the paired timings of {a} and {b} were mostly disturbed by other work on "
+                     f"the machine ({s['disturbed_rounds']} of {s['rounds']} rounds; all of them together say "
+                     f"{pt.speed_words(s)['text']})")
+    else:
+        w = pt.speed_words(s)
+        k = s.get("seeds", 1)
+        if s["level"] == "seeds":
+            how = f"paired timing, {k} seeds"
+        else:
+            how = f"paired timing of one seed: the interval is over its {s['n']} rounds, not over seeds"
+        if s.get("seeds_dropped"):
+            how += f"; {s['seeds_dropped']} seed(s) left out (paired timing mostly disturbed)"
+        cv = s.get("cv")
+        noisy = cv is not None and cv > pt.CV_MAX
+        thin = k < 3
+        if thin:
+            notes.append(f"fewer than 3 seeds ({k})")
+        if noisy:
+            notes.append(f"the paired ratios vary by {cv:.0%} (coefficient of variation over {pt.CV_MAX:.0%})")
+        elif cv is not None:
+            how += f", coefficient of variation {cv:.1%}"
+        if not w["conclusive"]:
+            level, speed_label = NEUTRAL, "speed: no clear difference"
+            parts.append(f"{w['text']} ({how}): the interval includes 1, not a clear difference")
+        else:
+            level = NEUTRAL if noisy or thin else OK
+            speed_label = f"speed: {w['fast']} {w['x']:.3g}× faster"
+            parts.append(f"{w['text']} ({how})")
+    loss, loss_label, loss_level = c["loss"], None, NEUTRAL
     if loss is not None:
         if loss.lo is None:
             parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} (one seed: no interval)")
-        else:
-            zero = "consistent with no difference" if loss.lo <= 0 <= loss.hi else "a systematic difference"
+            loss_label = "loss: one seed"
+        elif loss.lo <= 0 <= loss.hi:
             parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}], "
-                         f"{zero}")
-    text = "; ".join(parts) + "."
-    if contended:
+                         "consistent with no difference")
+            loss_label = "loss: no clear difference"
+        else:
+            parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}], "
+                         "a systematic difference")
+            loss_label, loss_level, level = f"loss: {a} − {b} {loss.estimate:+.3g}", WARN, WARN
+    text = f"{c['name']}: " + "; ".join(parts) + "."
+    if notes:
+        text += " Said plainly: " + "; ".join(notes) + "."
+    text += " " + contention_line(c)
+    if c["contended"]:
         text += " Timings were taken with cells running side by side (--jobs), so they are contended."
-    return text
+    return {"sentence": text, "level": level, "speed_label": speed_label, "loss_label": loss_label,
+            "loss_level": loss_level}
+
+
+def contention_line(c: dict[str, Any]) -> str:
+    """One line: which cells of the comparison were disturbed while training, and the paired rounds left out."""
+    if c["disturbed"]:
+        cells = ", ".join(f"{x} seed {s} ({f:.0%} of steady steps{'; mostly: left out' if m else ''})"
+                          for x, s, f, m in c["disturbed"])
+        line = f"Contention: disturbed while training: {cells}"
+    else:
+        line = "Contention: no cell of this comparison was disturbed while training"
+    s = c["speed"]
+    if s is not None and s.get("rounds"):
+        line += f"; paired timing: {s['disturbed_rounds']} of {s['rounds']} rounds disturbed (left out)"
+    return line + "."
 
 
 def pair_table(comps: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per comparison, in the sentences' direction: the faster backend named, differences first − second."""
     rows = []
     for c in comps:
-        s, lo = c["speed"], c["loss"]
-        rows.append({"config": c["label"], "device": c["device"], "pair": f"{c['a']} vs {c['b']}",
-                     "seeds": len(c["seeds"]),
-                     "step time ratio (b / a)": s.fmt(".3g", "x") if s else tables.DASH,
-                     "val loss a − b": lo.fmt("+.3g") if lo else tables.DASH})
+        s, lo, t = c["speed"], c["loss"], c["training"]
+        rows.append({
+            "comparison": c["name"], "pair": f"{c['a']} vs {c['b']}", "seeds": len(c["seeds"]),
+            "speed, paired timing (95 % interval)": tables.DASH if not s or s.get("ratio") is None else (
+                tables.fmt_faster(c["a"], c["b"], s["ratio"], s.get("lo"), s.get("hi"))
+                + ("" if s.get("usable") else " (too disturbed)")),
+            "CV of the paired ratios": tables.DASH if not s or s.get("cv") is None else f"{s['cv']:.1%}",
+            "paired rounds (disturbed / all)": tables.DASH if not s or not s.get("rounds")
+            else f"{s['disturbed_rounds']} / {s['rounds']}",
+            "separate training runs (not paired: no verdict)": tables.DASH if t is None
+            else tables.fmt_faster(c["a"], c["b"], t.estimate, t.lo, t.hi),
+            "val loss, first − second": tables.DASH if lo is None else f"{c['a']} − {c['b']} = {lo.fmt('+.3g')}",
+            "cells disturbed": len(c["disturbed"]),
+        })
     return pd.DataFrame(rows)
 
 
@@ -247,6 +397,47 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
     return result
 
 
+def paired_docs(out: Path, m: mf.Manifest) -> list[dict]:
+    """The sweep's paired-timing records (an unreadable or missing one is left out: its comparison says so)."""
+    from harness import paired as pt
+    from harness.errors import UsageError
+
+    docs = []
+    for entry in m.doc.get("paired") or []:
+        path = Path(out) / entry["path"]
+        if path.exists():
+            try:
+                docs.append(pt.load(path))
+            except UsageError:
+                continue
+    return docs
+
+
+def _paired_line(out: Path, entry: dict) -> str:
+    from harness import paired as pt
+    from harness.errors import UsageError
+
+    path = Path(out) / entry["path"]
+    try:
+        return pt.headline(pt.load(path)) if path.exists() else "not run yet"
+    except UsageError as exc:
+        return str(exc)
+
+
+def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
+    """For the index: the sweep's comparisons in short (level and label each), read from the records now."""
+    from harness.results import load_runs
+
+    m = mf.Manifest.load(out, sweep_id)
+    df = load_runs(out, sweep_id=sweep_id).sort_values("cell", kind="stable")
+    comps = comparisons(df, paired_docs(out, m))
+    done = sum(1 for c in m.cells if c.get("status") == "completed")
+    items = [{"name": f"{c['name']}, {c['a']} vs {c['b']}", "level": c["level"], "label": c["speed_label"],
+              "loss_label": c["loss_label"], "loss_level": c["loss_level"]} for c in comps]
+    return {"cells": len(m.cells), "completed": done, "comparisons": items,
+            "level": max((c["level"] for c in comps), key=LEVELS.index, default=NEUTRAL)}
+
+
 def write_sweep_report(out: Path, sweep_id: str) -> Path:
     """Write `<out>/sweep-<id>.html` and `<out>/sweep-<id>.csv` (the tidy table of its runs); returns the HTML path."""
     from harness.report import _env
@@ -258,12 +449,22 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
     states: dict[str, int] = {}
     for cell in m.cells:
         states[cell["status"]] = states.get(cell["status"], 0) + 1
-    comps = comparisons(df)
+    docs = paired_docs(out, m)
+    comps = comparisons(df, docs)
     sc = scaling(df)
     banners = []
     if df["contended"].any():
         banners.append({"level": "warn", "text": "Some cells ran side by side (--jobs): their timings are contended "
                                                   "and not comparable; the losses are unaffected."})
+    hit = df[df["contended_fraction"].fillna(0) > 0] if "contended_fraction" in df else df.iloc[:0]
+    if len(hit):
+        left = ", mostly disturbed: left out of speed figures"
+        names = ", ".join(f"{r['label']}/{r['backend']} seed {r['seed']} (contended_fraction "
+                          f"{r['contended_fraction']:.2f}{left if _truthy(r['mostly_disturbed']) else ''})"
+                          for _, r in hit.iterrows())
+        banners.append({"level": "warn", "text": f"Disturbed by other work on the machine while training: {names}. "
+                                                  "Their speed figures come from the undisturbed steps; the speed "
+                                                  "verdicts rest on the paired timing."})
     if states.get("completed", 0) < len(m.cells):
         done = states.get("completed", 0)
         banners.append({"level": "warn", "text": f"Incomplete sweep: {done} of {len(m.cells)} cells completed; "
@@ -275,6 +476,9 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         spec=m.doc["spec"], executor=m.doc["executor"], states=states, n_cells=len(m.cells),
         groups=tables.html_table(group_table(df), "summary", index=False) if len(df) else None,
         comparisons=comps, pairs=tables.html_table(pair_table(comps), "pairs", index=False) if comps else None,
+        convention=CONVENTION, rule=contention.RULE["text"][0].upper() + contention.RULE["text"][1:] + ".",
+        paired=[{"key": e["key"], "status": e.get("status"),
+                                        "line": _paired_line(out, e)} for e in m.doc.get("paired") or []],
         scaling=None if sc is None else {"fig": scaling_figure(sc), "crossings": sc["crossings"],
                                          "table": tables.html_table(sc["table"], "scaling", index=False)},
         wallclock=wallclock_figures(out, df), csv_name=f"sweep-{sweep_id}.csv",

@@ -22,6 +22,12 @@ from harness.report.analysis import (
 DASH = "—"
 
 
+def contention_sentence(contention: dict | None) -> str:
+    from harness.contention import sentence
+
+    return sentence(contention)
+
+
 # --- formats -------------------------------------------------------------------------------------------------------
 def _ok(x: Any) -> bool:
     return x is not None and not (isinstance(x, float) and not math.isfinite(x))
@@ -112,6 +118,7 @@ def summary_table(view: RunView) -> Markup:
             "at step": fmt_int(last["step"]) if last else DASH,
             "tokens/s": fmt_rate(c["tokens_per_s"]),
             "step (median)": fmt_seconds(c["step_median_s"]),
+            "steps disturbed": fmt_disturbed(c["contention"]),
             "peak memory": fmt_bytes(c["peak_bytes"]),
             "BLEU": fmt_score(text.get("bleu"), text.get("bleu_ci")),
             "chrF": fmt_score(text.get("chrf"), text.get("chrf_ci")),
@@ -123,25 +130,49 @@ def summary_table(view: RunView) -> Markup:
     return html_table(df, "summary")
 
 
+def fmt_disturbed(contention: dict | None) -> str:
+    """'0 %', '12 %', '64 % (mostly: no speed verdict)', or a dash where nothing could be judged."""
+    if not contention or contention.get("contended_fraction") is None:
+        return DASH
+    mark = " (mostly: no speed verdict)" if contention.get("mostly_disturbed") else ""
+    return f"{contention['contended_fraction']:.0%}{mark}"
+
+
+def fmt_faster(a: str, b: str, time_ratio: float | None, lo: float | None = None, hi: float | None = None) -> str:
+    """A time ratio a / b as 'FASTER N× faster [lo, hi]', the faster one named (N ≥ 1)."""
+    if not _ok(time_ratio) or not time_ratio:
+        return DASH
+    from harness.paired import speed_words
+
+    w = speed_words({"a": a, "b": b, "ratio": time_ratio, "lo": lo, "hi": hi})
+    interval = f" [{w['lo']:.3g}, {w['hi']:.3g}]" if w["lo"] is not None and w["hi"] is not None else ""
+    return f"{w['fast']} {w['x']:.3g}× faster{interval}"
+
+
 def pair_table(comparisons: list[PairComparison]) -> Markup:
-    """One row per backend pair: validation-loss difference, paired per-step difference, deviation, speed."""
+    """One row per backend pair: validation losses and their difference (first − second), the paired per-step
+    difference, the largest deviation, the paired-timing speed, and the separate training runs' step-time ratio."""
     rows = []
     for c in comparisons:
         rel = c.val_rel
         verdict = DASH if c.agree is None else ("agree" if c.agree else "differ")
         tail = DASH
         if c.tail_mean is not None:
-            tail = f"{c.tail_mean:+.4f} ± {c.tail_ci:.4f} ({c.tail_steps} steps)"
+            tail = f"{c.a} − {c.b} = {c.tail_mean:+.4f} ± {c.tail_ci:.4f} ({c.tail_steps} steps)"
+        p = c.paired
         rows.append({
-            "pair (a vs b)": f"{c.a} vs {c.b}",
+            "pair": f"{c.a} vs {c.b}",
             "eval step": fmt_int(c.eval_step),
-            "val loss a": fmt_loss(c.val_a), "val loss b": fmt_loss(c.val_b),
-            "Δ val (b − a)": DASH if c.val_diff is None else f"{c.val_diff:+.4f}",
+            "validation loss": DASH if c.val_diff is None else f"{c.a} {fmt_loss(c.val_a)}, {c.b} {fmt_loss(c.val_b)}",
+            "Δ val (first − second)": DASH if c.val_diff is None else f"{c.a} − {c.b} = {c.val_diff:+.4f}",
             "|Δ| / mean": DASH if rel is None else f"{rel:.2%}",
             "verdict": verdict,
-            "per-step a − b, last steps (mean ± 95 % CI)": tail,
+            "per-step training loss, first − second, last steps (mean ± 95 % CI)": tail,
             "max |Δ| per step": fmt_sci(c.max_dev),
-            "speed a / b (tokens/s)": DASH if c.speed_ratio is None else f"{c.speed_ratio:.3g}×",
+            "speed, paired timing (95 % interval)": DASH if p is None else (
+                fmt_faster(c.a, c.b, p["ratio"], p["lo"], p["hi"]) + ("" if p["usable"] else " (too disturbed)")),
+            "separate training runs (not paired: no verdict)": DASH if c.speed_ratio is None
+            else fmt_faster(c.a, c.b, 1 / c.speed_ratio),
         })
     return html_table(pd.DataFrame(rows), "pairs", index=False)
 
@@ -254,6 +285,11 @@ def cost_table(view: RunView) -> Markup:
         c = costs(rec)
         kind = {"device": "device", "rss": "RSS"}.get(c["memory_kind"], c["memory_kind"] or "")
         steady = f" over {c['steady_steps']:,} steps" if c["steady_steps"] else ""
+        cont = c["contention"] or {}
+        if c.get("figures_from") == "all steady steps (none undisturbed)":
+            steady = f" over all {c['steady_steps']:,} steady steps (none undisturbed)"
+        elif c.get("disturbed_steps") is not None:
+            steady = f" over {c['steady_steps']:,} undisturbed steps ({c['disturbed_steps']:,} disturbed left out)"
         rows[rec["backend"]] = {
             "setup (model build, weights to device)": fmt_seconds(c["setup_s"]),
             "compile before step 0 (--compile)": fmt_seconds(c.get("compile_s")),
@@ -272,6 +308,15 @@ def cost_table(view: RunView) -> Markup:
             "parameters (non-embedding)": fmt_int(c["n_params_non_embedding"]),
             "training FLOPs per token": fmt_int(c["flops_per_token"]),
             "achieved FLOP/s (FLOPs/token × tokens/s)": fmt_flops(c["achieved_flops"]),
+            "contention while training": contention_sentence(c["contention"]),
+            "CPU time / wall time (median chunk)": DASH if cont.get("cpu_per_wall") is None
+            else f"{cont['cpu_per_wall']:.2f} ({_cell(cont.get('threads_max'))} threads)",
+            "waited for a CPU (median / worst chunk)": DASH if cont.get("wait_fraction_median") is None
+            else f"{cont['wait_fraction_median']:.1%} / {cont['wait_fraction_max']:.1%}",
+            "other processes' CPU use (median, in CPUs)": DASH if cont.get("others_cpus_median") is None
+            else f"{cont['others_cpus_median']:.2f} of {_cell(cont.get('ncpu'))}",
+            "load average (1 min, range)": DASH if not cont.get("load_range")
+            else f"{cont['load_range'][0]:g} – {cont['load_range'][1]:g}",
             "recomputed from per-step data": ", ".join(c["recomputed"]) or "nothing",
         }
     df = pd.DataFrame(rows).fillna(DASH)

@@ -25,7 +25,7 @@ def _csv(text: str) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness sweep`."""
-    from harness.options import DEFAULT_OUT, positive_int
+    from harness.options import DEFAULT_OUT, add_paired, positive_int
 
     p.add_argument("spec", nargs="?", metavar="SPEC.toml", help="a sweep file (flags override its keys)")
     g = p.add_argument_group("axes (cells are the cross product)")
@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checkpoint every N steps, so an interrupted or requeued cell resumes there")
     g.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per worker")
     g.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF in every cell")
+    add_paired(g, None)
     g.add_argument("--name", metavar="NAME", help="a name for the sweep (part of its id)")
     g = p.add_argument_group("executor")
     g.add_argument("--executor", choices=("local", "slurm"), help="local (default): this machine; slurm: submitit")
@@ -78,7 +79,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
         doc, base = load_toml(Path(args.spec))
     flags = {"sizes": args.sizes, "backends": args.backends, "devices": args.device, "precision": args.precision,
              "dtype": args.dtype, "steps": args.steps, "epochs": args.epochs, "eval_interval": args.eval_interval,
-             "checkpoint_every": args.checkpoint_every, "threads": args.threads, "name": args.name}
+             "checkpoint_every": args.checkpoint_every, "threads": args.threads, "name": args.name,
+             "paired_rounds": args.paired_rounds}
     for key, value in flags.items():
         if value is not None:
             doc[key] = value
@@ -164,8 +166,10 @@ def _executor(m: mf.Manifest, progress: bool, wait: bool = True):
     return LocalExecutor(jobs=ex.get("jobs", 1), progress=progress)
 
 
-def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool, wait: bool) -> int:
-    """Give every cell of `todo` a run directory (spec.json) and run them; the manifest follows every event."""
+def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool, wait: bool,
+               paired: list[dict] | None = None) -> int:
+    """Give every cell of `todo` a run directory (spec.json) and run them, each block's paired timing (`paired`)
+    after its last cell; the manifest follows every event."""
     spec = m.doc["spec"]
     total = len(todo)
     done, started = [0], [0]
@@ -178,9 +182,13 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
                                checkpoint_every=spec["checkpoint_every"], text=spec["text"], progress=progress,
                                threads=cell.get("threads"))
             cell["run_id"] = launch.write_spec(plan)
+    for entry in paired or []:
+        mf.ensure_paired_doc(m.out, entry, m.cells, spec.get("threads"))
     m.save()
 
     def notify(cell: dict, event: str) -> None:
+        if cell.get("kind") == "paired":
+            return notify_paired(cell, event)
         if event == "started":
             cell["attempts"] = cell.get("attempts", 0) + 1
             cell["status"] = "running"
@@ -203,7 +211,24 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
                   f"({done[0]}/{total} done)", file=sys.stderr, flush=True)
         m.save()
 
-    return _executor(m, progress, wait).run(m.out, todo, notify)
+    def notify_paired(entry: dict, event: str) -> None:
+        if event in ("started", "queued"):
+            entry["attempts"] = entry.get("attempts", 0) + 1
+            entry["status"] = "running" if event == "started" else "queued"
+            where = f" as SLURM job {entry['job_ids'][-1]}" if event == "queued" else ""
+            print(f"  paired timing {entry['key']}{where}", file=sys.stderr, flush=True)
+        elif event == "running":
+            entry["status"] = "running"
+        elif event == "finished":
+            state, doc = mf.paired_status(m.out, entry)
+            entry["status"] = "interrupted" if state == "running" else state
+            from harness import paired as pt
+
+            line = pt.headline(doc) if doc else "no record"
+            print(f"  {entry['key']}: {entry['status']}; {line}", file=sys.stderr, flush=True)
+        m.save()
+
+    return _executor(m, progress, wait).run(m.out, mf.ordered(todo, paired or []), notify)
 
 
 def refresh(m: mf.Manifest) -> list[dict]:
@@ -228,6 +253,32 @@ def refresh(m: mf.Manifest) -> list[dict]:
         cell["status"] = state
         rows.append({"cell": cell["index"], "key": cell["key"], "status": state, "run": cell.get("run_id") or "",
                      "job": job, **mf.cell_summary(cell, rec)})
+    return rows
+
+
+def refresh_paired(m: mf.Manifest) -> list[dict]:
+    """Each paired-timing entry's state now (from its record, and squeue for a SLURM job still alive)."""
+    from harness import paired
+
+    alive: dict[str, str] = {}
+    entries = m.doc.get("paired") or []
+    if m.doc["executor"]["kind"] == "slurm" and entries:
+        from harness.sweep.slurm import is_alive, job_states
+
+        states = job_states([e["job_ids"][-1] for e in entries if e.get("job_ids")]) or {}
+        alive = {j: s for j, s in states.items() if is_alive(s)}
+    rows = []
+    for entry in entries:
+        state, doc = mf.paired_status(m.out, entry)
+        job = entry["job_ids"][-1] if entry.get("job_ids") else ""
+        if job in alive:
+            state = "running" if alive[job].startswith("RUNNING") else "queued"
+        elif state == "running":
+            state = "running" if entry.get("status") == "running" and m.doc["executor"]["kind"] == "local" \
+                and _local_alive(m) else "interrupted"
+        entry["status"] = state
+        rows.append({"paired": entry["index"], "key": entry["key"], "status": state, "job": job,
+                     "rounds": paired.status_text(doc) if doc else ""})
     return rows
 
 
@@ -263,6 +314,10 @@ def print_status(m: mf.Manifest) -> dict[str, int]:
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    prows = refresh_paired(m)
+    if prows:
+        print(f"paired timing ({len(prows)}):")
+        print(pd.DataFrame(prows).to_string(index=False))
     return counts
 
 
@@ -270,8 +325,13 @@ def _finish(m: mf.Manifest, code: int, no_report: bool) -> int:
     counts: dict[str, int] = {}
     for row in refresh(m):
         counts[row["status"]] = counts.get(row["status"], 0) + 1
+    pcounts: dict[str, int] = {}
+    for row in refresh_paired(m):
+        pcounts[row["status"]] = pcounts.get(row["status"], 0) + 1
     m.save()
     print(f"sweep {m.sweep_id}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), file=sys.stderr)
+    if pcounts:
+        print("paired timing: " + ", ".join(f"{v} {k}" for k, v in sorted(pcounts.items())), file=sys.stderr)
     if not no_report and counts.get("completed"):
         path = write_sweep_report(m)
         print(f"report: {path}", file=sys.stderr)
@@ -334,10 +394,14 @@ def command(args: argparse.Namespace) -> int:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "spec": spec.to_dict(),
         "executor": executor, "data": {"path": corpus.path, "sha256": corpus.sha256},  # type: ignore[attr-defined]
         "cells": [_cell_doc(c, spec) for c in cells]})
+    m.doc["paired"] = mf.paired_entries(sweep_id, m.cells, spec.paired_rounds)
     _own(m)
     m.save()
     print(f"sweep {sweep_id}: manifest {m.path}", file=sys.stderr)
-    code = _run_cells(m, m.cells, corpus, progress=not args.quiet, wait=not args.no_wait)
+    if m.doc["paired"]:
+        print(f"sweep: {len(m.doc['paired'])} paired timings (each block's backends side by side after its cells, "
+              f"{spec.paired_rounds} undisturbed rounds)", file=sys.stderr)
+    code = _run_cells(m, m.cells, corpus, progress=not args.quiet, wait=not args.no_wait, paired=m.doc["paired"])
     return _finish(m, code, args.no_report)
 
 
@@ -359,11 +423,15 @@ def resume(args: argparse.Namespace) -> int:
     if corpus.sha256 != m.doc["data"]["sha256"]:
         raise UsageError(f"data file {corpus.path!r} changed since the sweep started; restore it")
     refresh(m)
+    refresh_paired(m)
     todo = [c for c in m.cells if c["status"] in mf.RERUNNABLE]
+    ptodo = [e for e in m.doc.get("paired") or [] if e["status"] in mf.PAIRED_RERUNNABLE]
     busy = sum(c["status"] in ("queued", "running") for c in m.cells)
     print(f"sweep {m.sweep_id}: {len(todo)} of {len(m.cells)} cells to run"
+          + (f", {len(ptodo)} paired timings" if ptodo else "")
           + (f", {busy} still queued or running (left alone)" if busy else ""), file=sys.stderr)
     _own(m)
     m.save()
-    code = _run_cells(m, todo, corpus, progress=not args.quiet, wait=not args.no_wait) if todo else 0
+    code = _run_cells(m, todo, corpus, progress=not args.quiet, wait=not args.no_wait, paired=ptodo) \
+        if todo or ptodo else 0
     return _finish(m, code, args.no_report)

@@ -8,6 +8,11 @@ caller reads the records.
   `harness.launch.execute`, so timings never contend; `jobs=N` runs N workers at once (loss-only studies: the
   manifest marks those cells' timings as contended).
 - `SlurmExecutor` (harness/sweep/slurm.py): one SLURM job per cell through submitit.
+
+The list may also hold paired-timing entries (`kind` "paired", harness.sweep.manifest): their command is
+`python -m harness.paired run <record>` (`paired_command`), which starts every contender on the machine it runs
+on (one node), alive at once, and times them in alternating bursts. Locally they run one at a time, never beside a
+training cell: with `jobs=N` after the pool of cells.
 """
 
 from __future__ import annotations
@@ -37,6 +42,23 @@ class Executor(Protocol):
         ...
 
 
+def paired_command(out: Path, entry: dict) -> list[str]:
+    """The command of a paired-timing entry: a coordinator that adds one session to its record."""
+    return [sys.executable, "-m", "harness.paired", "run", str(Path(out) / entry["path"])]
+
+
+def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
+    """A paired-timing entry in this process (its record exists: harness.sweep.manifest.ensure_paired_doc)."""
+    from harness import paired
+
+    try:
+        doc = paired.run(Path(out) / entry["path"], progress=progress)
+    except KeyboardInterrupt:
+        return 130
+    last = doc["sessions"][-1] if doc.get("sessions") else {}
+    return 1 if last.get("status") == "failed" else 0
+
+
 def worker_command(run_dir: Path, backend: str, resume: bool) -> list[str]:
     """The ordinary worker's command line (no progress bar: cells run unattended or side by side).
 
@@ -63,6 +85,12 @@ class LocalExecutor:
     def _serial(self, out: Path, cells: list[dict], notify: Notify) -> int:
         for cell in cells:
             notify(cell, "started")
+            if cell.get("kind") == "paired":
+                code = run_paired_entry(out, cell, self.progress)
+                notify(cell, "finished")
+                if code == 130:
+                    return 130
+                continue
             directory = records.run_dir(out, cell["run_id"])
             codes = launch.execute(directory, [cell["backend"]], resume=True,
                                    progress=self.progress, threads=cell.get("threads"))
@@ -92,6 +120,8 @@ class LocalExecutor:
                 notify(cell, "finished")
             return code
 
+        entries = [c for c in cells if c.get("kind") == "paired"]  # after the pool, one at a time
+        cells = [c for c in cells if c.get("kind") != "paired"]
         pool = ThreadPoolExecutor(max_workers=self.jobs)
         futures = [pool.submit(one, cell) for cell in cells]
         try:
@@ -104,4 +134,6 @@ class LocalExecutor:
             pool.shutdown(wait=True, cancel_futures=True)
             return 130
         pool.shutdown()
-        return 130 if 130 in codes else 0
+        if 130 in codes:
+            return 130
+        return self._serial(out, entries, notify)

@@ -115,3 +115,85 @@ def cell_summary(cell: dict, rec: dict | None) -> dict[str, Any]:
     last = rec["evals"][-1] if rec.get("evals") else None
     return {"steps": f"{done}/{rec.get('total_steps', '?')}",
             "val_loss": f"{last['val_loss']:.4f}" if last else ""}
+
+
+# --- paired timing entries -----------------------------------------------------------------------------------------
+# A sweep's speed comparisons rest on paired timing (harness.paired): per config, seed, device and dtype option, one
+# entry whose contenders are that block's cells (two or more backends), timed side by side after the block's
+# training. The entries live in the manifest's `paired` list (never among the cells: a cell is one training run),
+# their records in `<out>/sweeps/<id>/paired/<n>.json`.
+PAIRED_RERUNNABLE = ("pending", "interrupted", "failed", "incomplete")
+
+
+def block_of(cell: dict) -> tuple:
+    """The cells whose speed is compared side by side: same config, seed, device and dtype option."""
+    return (cell["label"], cell["seed"], cell["device"], (cell.get("backend_options") or {}).get("dtype"))
+
+
+def paired_entries(sweep_id: str, cells: list[dict], rounds: int) -> list[dict]:
+    """One paired-timing entry per block of cells with two or more backends (none when `rounds` is 0)."""
+    if not rounds:
+        return []
+    blocks: dict[tuple, list[dict]] = {}
+    for cell in cells:
+        blocks.setdefault(block_of(cell), []).append(cell)
+    out = []
+    for (label, seed, device, dtype), members in blocks.items():
+        if len({c["backend"] for c in members}) < 2:
+            continue
+        i = len(out)
+        key = f"{label}/{device}{f'/dtype={dtype}' if dtype else ''}/seed={seed}/paired"
+        out.append({"index": i, "kind": "paired", "key": key, "label": label, "seed": seed, "device": device,
+                    "dtype": dtype, "members": [c["index"] for c in members], "rounds": rounds,
+                    "path": f"sweeps/{sweep_id}/paired/{i}.json", "status": "pending", "attempts": 0,
+                    "job_ids": []})
+    return out
+
+
+def contender_name(cell: dict, members: list[dict]) -> str:
+    """The backend's name, with its options where two members share the backend (torch fp32 and torch tf32)."""
+    if sum(1 for c in members if c["backend"] == cell["backend"]) == 1:
+        return cell["backend"]
+    opts = ",".join(f"{k}={v}" for k, v in sorted((cell.get("backend_options") or {}).items()))
+    return f"{cell['backend']}[{opts}]"
+
+
+def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | None) -> Path:
+    """Write the entry's paired-timing record (no session yet) unless it exists; returns its path."""
+    from harness import paired
+
+    path = Path(out) / entry["path"]
+    if path.exists():
+        return path
+    members = [cells[i] for i in entry["members"]]
+    contenders = [{"name": contender_name(c, members), "cell": c["index"], "run_id": c["run_id"],
+                   "run_dir": str(records.run_dir(out, c["run_id"]).resolve()), "backend": c["backend"],
+                   "options": c.get("backend_options") or {}, "device": c["device"]} for c in members]
+    records.atomic_write_json(path, paired.new_doc(contenders, entry["label"], entry["seed"], entry["rounds"],
+                                                   threads))
+    return path
+
+
+def paired_status(out: Path, entry: dict) -> tuple[str, dict | None]:
+    """(state, record) of a paired entry from its record: pending, running, completed, incomplete (its sessions
+    ended without the undisturbed rounds it wants), interrupted or failed."""
+    from harness import paired
+
+    path = Path(out) / entry["path"]
+    if not path.exists():
+        return "pending", None
+    try:
+        doc = paired.load(path)
+    except UsageError:
+        return "failed", None
+    if paired.complete(doc):
+        return DONE, doc
+    last = (doc.get("sessions") or [{}])[-1]
+    state = last.get("status", "pending") if doc.get("sessions") else "pending"
+    return ("running" if state == "running" else state), doc
+
+
+def ordered(cells: list[dict], entries: list[dict]) -> list[dict]:
+    """Cells and paired entries in running order: each entry right after the last of its members."""
+    keyed = [((c["index"], 0, 0), c) for c in cells] + [((max(e["members"]), 1, e["index"]), e) for e in entries]
+    return [item for _, item in sorted(keyed, key=lambda kv: kv[0])]

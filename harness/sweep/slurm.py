@@ -29,7 +29,7 @@ import submitit
 
 from harness import launch, records
 from harness.errors import UsageError
-from harness.sweep.executors import Notify, worker_command
+from harness.sweep.executors import Notify, paired_command, worker_command
 
 ALIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
          "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED"}
@@ -78,10 +78,13 @@ def is_alive(state: str | None) -> bool:
 
 
 class CellJob(submitit.helpers.Checkpointable):
-    """One cell on a SLURM node: the worker in a child process; checkpoint() stops it and resubmits with resume."""
+    """One cell on a SLURM node: the worker in a child process; checkpoint() stops it and resubmits with resume.
 
-    def __init__(self, run_dir: str, backend: str, threads: int | None = None):
-        self.run_dir, self.backend, self.threads = run_dir, backend, threads
+    `command` replaces the worker's command line (a paired-timing entry: `executors.paired_command`, which starts
+    every contender on this one node); stopped and resubmitted the same way (it keeps the rounds measured)."""
+
+    def __init__(self, run_dir: str, backend: str, threads: int | None = None, command: list[str] | None = None):
+        self.run_dir, self.backend, self.threads, self.command = run_dir, backend, threads, command
         self._proc: subprocess.Popen | None = None
 
     def __getstate__(self) -> dict:
@@ -93,7 +96,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **launch.thread_env(self.threads))
-        self._proc = subprocess.Popen(worker_command(Path(self.run_dir), self.backend, True), env=env)
+        cmd = getattr(self, "command", None) or worker_command(Path(self.run_dir), self.backend, True)
+        self._proc = subprocess.Popen(cmd, env=env)
         while True:
             try:  # polling (not a blocking wait) so that checkpoint() may run in a signal handler meanwhile
                 return self._proc.wait(timeout=1.0)
@@ -108,7 +112,8 @@ class CellJob(submitit.helpers.Checkpointable):
             deadline = time.monotonic() + STOP_WAIT_S
             while time.monotonic() < deadline and _running(proc.pid):
                 time.sleep(0.2)
-        return submitit.helpers.DelayedSubmission(CellJob(self.run_dir, self.backend, self.threads))
+        return submitit.helpers.DelayedSubmission(CellJob(self.run_dir, self.backend, self.threads,
+                                                          getattr(self, "command", None)))
 
 
 def _running(pid: int) -> bool:
@@ -143,8 +148,15 @@ class SlurmExecutor:
             self.params["additional_parameters"] = extra
 
     def submit(self, out: Path, cell: dict) -> str:
-        """Submit one cell; returns its SLURM job id."""
+        """Submit one cell (or paired-timing entry); returns its SLURM job id."""
         executor = submitit.SlurmExecutor(folder=self.folder)
+        if cell.get("kind") == "paired":  # every contender alive at once on one node: their memory together
+            params = dict(self.params)
+            if params.get("mem"):
+                params["mem"] = params["mem"] * len(cell["members"])
+            executor.update_parameters(job_name=f"harness-paired-{cell['index']}", **params)
+            job = executor.submit(CellJob(str(out), "paired", cell.get("threads"), paired_command(out, cell)))
+            return str(job.job_id)
         executor.update_parameters(job_name=f"harness-{cell['index']}", **self.params)
         job = executor.submit(CellJob(str(records.run_dir(out, cell["run_id"])), cell["backend"], cell.get("threads")))
         return str(job.job_id)

@@ -29,7 +29,8 @@ DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `
 MAX_CELLS_WITHOUT_YES = 300
 PRECISION_BACKENDS = ("torch", "flux")  # the backends that take a matmul precision option
 TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "precision", "dtype", "steps", "epochs",
-            "eval_interval", "checkpoint_every", "threads", "text", "fields", "slurm", "executor", "jobs"}
+            "eval_interval", "checkpoint_every", "threads", "text", "fields", "slurm", "executor", "jobs",
+            "paired_rounds"}
 SLURM_KEYS = {"partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "sbatch"}
 # Config fields a sweep may not list: the name is the cell's label, steps/epochs are the schedule (top level)
 NOT_SWEEPABLE = {"name", "steps", "epochs"}
@@ -55,6 +56,7 @@ class SweepSpec:
     checkpoint_every: int = 0
     threads: int | None = None
     text: bool = True
+    paired_rounds: int = 10  # harness.paired.ROUNDS: undisturbed rounds of paired timing per block; 0: none
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -207,6 +209,11 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     spec.eval_interval = _positive(doc.get("eval_interval"), "eval_interval")
     spec.checkpoint_every = _positive(doc.get("checkpoint_every"), "checkpoint_every") or 0
     spec.threads = _positive(doc.get("threads"), "threads")
+    if doc.get("paired_rounds") is not None:
+        value = doc["paired_rounds"]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"sweep paired_rounds must be a whole number >= 0, got {value!r}")
+        spec.paired_rounds = value
     if "text" in doc:
         if not isinstance(doc["text"], bool):
             raise UsageError(f"sweep text must be true or false, got {doc['text']!r}")

@@ -1,0 +1,298 @@
+"""`harness bench --noise`: does a speed verdict survive other work on the machine? A benchmark, not a test.
+
+It runs the same small comparison four times, as a user would, each in its own `harness` process:
+
+1. `harness sweep --sizes S --backends A,B --seeds N --steps M --no-text`, quiet;
+2. the same sweep again, with `--hogs` busy-loop processes (`while True: pass`) running during the middle third
+   of it (from 1/3 to 2/3 of the quiet sweep's duration);
+3. `harness run --size S --steps R --backend A --no-text`, quiet;
+4. the same run, with the hogs during its middle third.
+
+and prints, in one table, both sweeps' speed ratios (the verdicts' paired timing, and the separate training runs'
+ratio for contrast), the cells judged disturbed with their `contended_fraction`, both runs' median step times
+with theirs, and four checks (issue 17's done-when): the disturbed sweep's ratio is within 15 % of the quiet one;
+the disturbed sweep has cells with `contended_fraction` > 0 and its report names them; the disturbed run's median
+step is within 15 % of the quiet one's, or the run is marked mostly disturbed; the disturbed run carries
+`contended_fraction` > 0. Everything goes under `<out>/bench/noise-<UTC time>-<random>/` with a JSON summary.
+
+Run it on a machine that is otherwise quiet: the "quiet" legs must be quiet for the comparison to mean anything
+(the script prints the load average before each leg). The hogs are this process's children, stopped by their pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import records
+from harness.errors import UsageError
+
+TOLERANCE = 0.15  # the done-when of issue 17: within 15 %
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+class Hogs:
+    """`n` busy-loop processes from `start_s` to `stop_s` seconds after `begin()` (a timer thread)."""
+
+    def __init__(self, n: int, start_s: float, stop_s: float):
+        self.n, self.start_s, self.stop_s = n, start_s, stop_s
+        self.procs: list[subprocess.Popen] = []
+        self.window: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self) -> None:
+        t0 = time.monotonic()
+
+        def run() -> None:
+            if self._stop.wait(self.start_s):
+                return
+            self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+            self.window = [time.monotonic() - t0]
+            self._stop.wait(max(0.0, self.stop_s - self.start_s))
+            self.end()
+            self.window.append(time.monotonic() - t0)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def end(self) -> None:
+        self._stop.set()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()  # our own child, by its pid
+            proc.wait()
+
+    def finish(self) -> list[float]:
+        self.end()
+        if self._thread is not None:
+            self._thread.join()
+        return self.window
+
+
+def _harness(args: list[str], hogs: Hogs | None, quiet: bool) -> tuple[int, float]:
+    """Run `harness ARGS` in a fresh interpreter (hogs started part-way); (exit status, seconds)."""
+    cmd = [sys.executable, "-m", "harness.cli", *args]
+    if not quiet:
+        print(f"noise: load average {_load()}; $ harness {' '.join(args)}"
+              + (f"  (+{hogs.n} hogs from {hogs.start_s:.0f} s to {hogs.stop_s:.0f} s)" if hogs else ""),
+              file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(cmd, stdout=out, stderr=out)
+    if hogs:
+        hogs.begin()
+    try:
+        code = proc.wait()
+    finally:
+        if hogs:
+            hogs.finish()
+    return code, time.monotonic() - t0
+
+
+def sweep_result(out: Path) -> dict[str, Any]:
+    """The first comparison of the one sweep under `out`: paired ratio, training ratio, disturbed cells."""
+    from harness.paired import speed_words
+    from harness.report.sweep import comparisons, paired_docs
+    from harness.results import load_runs
+    from harness.sweep import manifest as mf
+
+    (sweep_dir,) = sorted((out / "sweeps").iterdir())
+    m = mf.Manifest.load(out, sweep_dir.name)
+    df = load_runs(out, sweep_id=m.sweep_id).sort_values("cell", kind="stable")  # the spec's order of backends
+    comps = comparisons(df, paired_docs(out, m))
+    if not comps:
+        return {"sweep_id": m.sweep_id, "error": "no comparison (did both backends complete?)"}
+    c = comps[0]
+    s, t = c["speed"], c["training"]
+    page = (out / f"sweep-{m.sweep_id}.html").read_text(encoding="utf-8") if (
+        out / f"sweep-{m.sweep_id}.html").exists() else ""
+    cells = [{"backend": r["backend"], "seed": int(r["seed"]), "contended_fraction": r["contended_fraction"],
+              "mostly_disturbed": bool(r["mostly_disturbed"]), "step_median_s": r["step_median_s"]}
+             for _, r in df.iterrows()]
+    hit = [x for x in cells if (x["contended_fraction"] or 0) > 0]
+    named = all(f"{c['label']}/{x['backend']} seed {x['seed']} (contended_fraction" in page for x in hit)
+    return {
+        "sweep_id": m.sweep_id, "comparison": c["name"], "a": c["a"], "b": c["b"], "verdict": c["sentence"],
+        "level": c["level"],
+        "paired": None if not s or s.get("ratio") is None else {
+            "time_ratio": s["ratio"], "lo": s.get("lo"), "hi": s.get("hi"), "usable": s.get("usable"),
+            "rounds": s.get("rounds"), "disturbed_rounds": s.get("disturbed_rounds"), "text": speed_words(s)["text"]},
+        "training": None if t is None else {"time_ratio": t.estimate, "lo": t.lo, "hi": t.hi,
+                                            "text": speed_words({"a": c["a"], "b": c["b"], "ratio": t.estimate,
+                                                                 "lo": t.lo, "hi": t.hi})["text"]},
+        "cells": cells, "disturbed_cells": hit, "report_names_them": bool(hit) and named,
+        "report": str(out / f"sweep-{m.sweep_id}.html"),
+    }
+
+
+def run_result(out: Path) -> dict[str, Any]:
+    """The median step time and contention of the one single-backend run under `out`."""
+    (run_dir,) = sorted((out / "runs").iterdir())
+    _, recs = records.load_run(out, run_dir.name)
+    rec = recs[0]
+    t = rec.get("timings") or {}
+    cont = t.get("contention") or {}
+    return {"run_id": run_dir.name, "backend": rec["backend"], "status": rec["status"],
+            "step_median_s": t.get("step_median_s"), "steady_steps": t.get("steady_steps"),
+            "figures_from": t.get("figures_from"),
+            "disturbed_steps": t.get("disturbed_steps"), "contended_fraction": cont.get("contended_fraction"),
+            "mostly_disturbed": bool(cont.get("mostly_disturbed")), "reasons": cont.get("reasons")}
+
+
+def _time_ratio(sweep: dict[str, Any]) -> float | None:
+    """The paired time ratio of a sweep leg as first backend / second backend in alphabetical order (the two legs
+    must not be compared the wrong way round)."""
+    p = sweep.get("paired")
+    if not p or not p.get("time_ratio"):
+        return None
+    return p["time_ratio"] if sweep["a"] < sweep["b"] else 1 / p["time_ratio"]
+
+
+def _change(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else b / a - 1
+
+
+def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The done-when checks of issue 17 on a finished noise benchmark."""
+    sq, sd, rq, rd = (result[k] for k in ("sweep_quiet", "sweep_disturbed", "run_quiet", "run_disturbed"))
+    out = []
+    change = _change(_time_ratio(sq), _time_ratio(sd))
+    out.append({"check": "sweep: disturbed paired ratio within 15 % of the quiet one", "value": change,
+                "ok": change is not None and abs(change) <= TOLERANCE})
+    n = len(sd.get("disturbed_cells") or [])
+    out.append({"check": "sweep: disturbed cells carry contended_fraction > 0 and the report names them",
+                "value": n, "ok": n > 0 and bool(sd.get("report_names_them"))})
+    change = _change(rq.get("step_median_s"), rd.get("step_median_s"))
+    marked = rd.get("mostly_disturbed")
+    out.append({"check": "run: disturbed median step within 15 % of the quiet one, or marked mostly disturbed",
+                "value": change, "ok": (change is not None and abs(change) <= TOLERANCE) or bool(marked)})
+    frac = rd.get("contended_fraction")
+    out.append({"check": "run: the disturbed run carries contended_fraction > 0", "value": frac,
+                "ok": bool(frac and frac > 0)})
+    return out
+
+
+def quiet_legs_disturbed(result: dict[str, Any]) -> str:
+    """Why the quiet legs were not quiet ('' when they were): disturbed cells, a disturbed run, an unusable ratio."""
+    why = []
+    hit = result["sweep_quiet"].get("disturbed_cells") or []
+    if hit:
+        why.append(f"{len(hit)} quiet sweep cell(s) disturbed")
+    p = result["sweep_quiet"].get("paired") or {}
+    if p and not p.get("usable"):
+        why.append("the quiet sweep's paired timing was mostly disturbed")
+    frac = result["run_quiet"].get("contended_fraction")
+    if frac:
+        why.append(f"the quiet run has contended_fraction {frac:.2f}")
+    return "; ".join(why)
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:+.1f} %"
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The printed summary: both ratios side by side, the disturbed cells, both runs, the checks."""
+    o = result["options"]
+    lines = [f"noise benchmark: {o['size']}, {' vs '.join(o['backends'])}, sweep {o['seeds']} seeds x {o['steps']} "
+             f"steps, run {o['run_steps']} steps; {o['hogs']} busy-loop hog(s) during the middle third of each "
+             f"disturbed invocation ({o['cores']} usable cores)"]
+    for leg in ("sweep_quiet", "sweep_disturbed"):
+        r = result[leg]
+        name = leg.replace("_", " ")
+        if r.get("error"):
+            lines.append(f"{name:<16} {r['error']}")
+            continue
+        p, t = r.get("paired"), r.get("training")
+        ptxt = "no paired timing" if not p else (p["text"] + ("" if p["usable"] else " (mostly disturbed)")
+                                                 + f", {p['disturbed_rounds']} of {p['rounds']} rounds disturbed")
+        lines.append(f"{name:<16} paired timing: {ptxt}")
+        lines.append(f"{'':<16} training runs (not paired): {t['text'] if t else '—'}")
+        hit = r.get("disturbed_cells") or []
+        cells = ", ".join(f"{x['backend']} seed {x['seed']} contended_fraction {x['contended_fraction']:.2f}"
+                          f"{' (mostly)' if x['mostly_disturbed'] else ''}" for x in hit) or "none"
+        lines.append(f"{'':<16} cells disturbed: {len(hit)} of {len(r.get('cells') or [])}: {cells}")
+    for leg in ("run_quiet", "run_disturbed"):
+        r = result[leg]
+        med = r.get("step_median_s")
+        frac = r.get("contended_fraction")
+        if r.get("error"):
+            lines.append(f"{leg.replace('_', ' '):<16} {r['error']}")
+            continue
+        source = (f"over {r.get('steady_steps')} undisturbed steps ({r.get('disturbed_steps')} disturbed left out)"
+                  if r.get("figures_from") != "all steady steps (none undisturbed)"
+                  else f"over all {r.get('steady_steps')} steady steps (none undisturbed)")
+        lines.append(f"{leg.replace('_', ' '):<16} {r.get('backend')} median step "
+                     f"{'—' if med is None else f'{med * 1e3:.3f} ms'} {source}; contended_fraction "
+                     f"{'—' if frac is None else f'{frac:.2f}'}"
+                     f"{'; marked mostly disturbed' if r.get('mostly_disturbed') else ''}")
+    noisy = quiet_legs_disturbed(result)
+    if noisy:
+        lines.append(f"warning: the quiet legs were not quiet ({noisy}): the machine had other work; rerun on an "
+                     "idle machine before reading the checks as the done-when measurement")
+    for c in result["checks"]:
+        v = c["value"]
+        shown = _pct(v) if isinstance(v, float) and "within" in c["check"] else v
+        lines.append(f"check: {c['check']}: {shown} -> {'PASS' if c['ok'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`harness bench --noise`: the four legs, the table, the JSON."""
+    from harness.bench import parse_list
+    from harness.config import SIZES
+
+    backends = parse_list(args.backends, ["torch", "numpy", "flux"], "backends")
+    sizes = parse_list(args.sizes, list(SIZES), "sizes")
+    if len(backends) < 2 or len(sizes) != 1:
+        raise UsageError("--noise compares two backends at one size; pass e.g. --backends torch,numpy --sizes small")
+    records.check_writable(args.out)
+    hogs = args.hogs or _cores()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
+    common = [*(["--threads", str(args.threads)] if args.threads else []),
+              *(["--data", args.data] if args.data else []), "--no-text", "--quiet"]
+    sweep = ["sweep", "--sizes", sizes[0], "--backends", ",".join(backends[:2]), "--seeds", str(args.noise_seeds),
+             "--steps", str(args.noise_steps), *common]
+    run = ["run", "--size", sizes[0], "--steps", str(args.noise_run_steps), "--backend", backends[0], *common]
+    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends[:2], "seeds": args.noise_seeds,
+                                          "steps": args.noise_steps, "run_steps": args.noise_run_steps,
+                                          "hogs": hogs, "cores": _cores(), "threads": args.threads},
+                              "started_at": stamp, "dir": str(root)}
+    timing: dict[str, Any] = {}
+    for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):
+        code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
+        h = Hogs(hogs, quiet_s / 3, 2 * quiet_s / 3)
+        code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
+        timing[kind] = {"quiet_s": quiet_s, "disturbed_s": disturbed_s, "hogs_window_s": h.window,
+                        "exit_status": [code, code_d]}
+        for leg, out in (("quiet", root / f"{kind}-quiet"), ("disturbed", root / f"{kind}-disturbed")):
+            try:
+                result[f"{kind}_{leg}"] = reader(out)
+            except (UsageError, OSError, ValueError) as exc:
+                result[f"{kind}_{leg}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    result["timing"] = timing
+    result["checks"] = checks(result)
+    path = root / "noise.json"
+    records.atomic_write_json(path, result)
+    print(format_result(result))
+    print(f"bench: {path}", file=sys.stderr)
+    return 1 if args.check and not all(c["ok"] for c in result["checks"]) else 0
