@@ -103,6 +103,7 @@ from harness.errors import UsageError  # noqa: E402
 from harness.masks import dropout_masks  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.runner import Curves, Interrupted, summarize_times, train  # noqa: E402
+from harness.schedule import learning_rates  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
 OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
@@ -257,7 +258,8 @@ class Worker:
         """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`; with
         dropout also the gradients under the step-0 masks (`dropout_grad/`); the parameters before step 1."""
         x, y = self.stream.batch(0)
-        arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y}
+        arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y,
+                  "lr": np.asarray(learning_rates(self.config, self.total_steps))}  # the rate of every step
         arrays.update({f"grad/{k}": np.asarray(v) for k, v in self.backend.gradients(x, y).items()})
         if self.masks:
             arrays.update({f"dropout_grad/{k}": np.asarray(v)

@@ -56,7 +56,7 @@ def test_committed_fixture_is_what_the_generator_writes(fresh: str):
     committed = (TEST_DIR / "fixture.txt").read_text(encoding="utf-8")
     assert not _differences(committed, fresh), (
         "julia/NanoGPTFlux/test/fixture.txt is stale: run `python julia/NanoGPTFlux/test/make_fixture.py`")
-    assert len(committed.encode()) < 100_000
+    assert len(committed.encode()) < 120_000  # with the options case (nanoGPT's options): 110 kB
 
 
 def test_stale_fixture_is_caught(fresh: str):

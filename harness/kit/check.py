@@ -164,10 +164,25 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
     port = {key: (results[key] if key in results else value) for key, value in oracle.items()}
     for n in params:  # the state before step 1, the same on both sides: the kit's initial weights
         oracle[opt_key(0, "param", n)] = port[opt_key(0, "param", n)] = np.asarray(weights[n], dtype=np.float64)
+    batches = kit.get("batches.npz") or {}
+    for key in ("x", "y"):  # step 0's batch, as a parity probe holds it (the option diagnoses read it)
+        if key in batches:
+            oracle[key] = port[key] = np.asarray(batches[key][0])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
-    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT))
+    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
+                            config=_config(manifest))
     return result, tol
+
+
+def _config(manifest: dict[str, Any]) -> Any:
+    """The kit's harness Config (for the option and schedule diagnoses), or None when the manifest's is not one."""
+    from harness.config import config_from_dict
+
+    try:
+        return config_from_dict(manifest.get("config"), MANIFEST)
+    except (UsageError, TypeError):
+        return None
 
 
 def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
@@ -205,6 +220,9 @@ CAUSES = {
 }
 
 
+FAIL_LINE = {"logits": "FAIL: logits", "gradients": "FAIL: gradient ", "dropout_gradients": "FAIL: gradient with"}
+
+
 def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict[str, Any] | None:
     """The first broken depth (in the order the model computes them), the parameter harness.parity names there
     and the likely cause."""
@@ -214,16 +232,18 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
     for depth in DEPTHS:
         if depth not in failed:
             continue
+        named = next((f.split("likely cause: ", 1)[1] for f in result.failures
+                      if f.startswith(FAIL_LINE.get(depth, "-")) and "likely cause: " in f), None)
         if depth == "logits":
             w = result.logits_where
-            return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
+            return {"depth": depth, "parameter": None, "cause": named or CAUSES[depth],
                     "detail": f"largest difference at batch row {w[0]}, position {w[1]}, token {w[2]}"
                     if len(w) == 3 else ""}
         if depth in ("gradients", "dropout_gradients"):
             errs = result.grad_rel_err if depth == "gradients" else result.dropout_grad_rel_err
             worst = result.worst_grad if depth == "gradients" else result.worst_dropout_grad
             over = [n for n in params if not errs.get(n, math.nan) <= result.tolerances.grad]
-            return {"depth": depth, "parameter": worst, "cause": CAUSES[depth],
+            return {"depth": depth, "parameter": worst, "cause": named or CAUSES[depth],
                     "detail": f"worst rel err {errs.get(worst, math.nan):.1e}; {len(over)} of {len(params)} "
                               "parameters over tolerance"}
         if depth == "optimizer":
