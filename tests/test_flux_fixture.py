@@ -89,3 +89,26 @@ def test_fixture_layout_and_contents(fresh: str):
     assert not np.allclose(arrays["grad/wte.weight"], arrays["grad_masked/wte.weight"])
     assert not np.allclose(arrays["step1/param/h.0.ln_1.bias"], arrays["param/h.0.ln_1.bias"])
     assert scalars["loss_step_1"] == scalars["loss_masked"]
+
+
+def test_fixture_options_case(fresh: str):
+    """The options case (nanoGPT's model options and a cosine schedule): its parameters are those the options leave
+    (no biases, no lm_head.weight), in the Flux layout, and its two rates are the schedule's."""
+    from harness.schedule import learning_rates
+    from harness.weights import param_shapes
+
+    cfg, scalars, arrays = make_fixture.parse(fresh)
+    config = make_fixture.options_config()
+    assert (cfg["options.tie_embeddings"], cfg["options.gelu"], cfg["options.bias"]) == ("true", "exact", "false")
+    names = list(param_shapes(config, make_fixture.VOCAB))
+    assert "lm_head.weight" not in names and not [n for n in names if n.endswith(".bias")]
+    assert cfg["options.decay"].split(",") == [n for n, s in param_shapes(config, make_fixture.VOCAB).items()
+                                               if decays(n, s, config.decay)]
+    weights = make_fixture.tiny_weights(config)
+    for name, a in to_flux(weights).items():
+        np.testing.assert_array_equal(arrays[f"options/param/{name}"].astype(np.float32), a)
+        for prefix in ("options/grad", "options/step1/param", "options/step2/param", "options/step2/adam_v"):
+            assert arrays[f"{prefix}/{name}"].shape == a.shape, (prefix, name)
+    assert [scalars["options/lr_1"], scalars["options/lr_2"]] == learning_rates(config, 2)
+    assert scalars["options/lr_1"] != scalars["options/lr_2"]  # a warm-up step, then the peak
+    assert not [k for k in arrays if k.startswith("options/") and "lm_head.weight" in k]

@@ -221,7 +221,7 @@ def command(args: argparse.Namespace) -> int:
 
     config = load_config(args.size, args.config, parse_sets(getattr(args, "set", None))).replace(
         dropout=dropout, steps=args.steps)
-    size = None if args.config else args.size
+    size = None if args.config or getattr(args, "set", None) else args.size  # measured tolerances: the preset's
     corpus = load_corpus(args.data)
     check_fits(corpus, config.block_size, config.batch_size)
     print(f"kit: {config.name}, {args.steps} steps, dropout {dropout:g}, seed {args.seed} -> {args.out}",
