@@ -29,7 +29,7 @@ import inspect
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,7 +215,7 @@ class ParityResult:
                          "tolerance": t.grad, "where": self.worst_dropout_grad or ""})
         if self.opt_rel_err:
             wo = self.worst_opt
-            rows.append({"depth": "optimizer", "check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
+            rows.append({"depth": "optimizer", "check": f"optimizer steps {_step_ranges(self.opt_rel_err)} rel err",
                          "value": self.worst_opt_rel_err, "tolerance": t.opt,
                          "where": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
         rows.append({"depth": "loss", "check": "training loss max |diff|", "value": self.loss_max_abs_dev,
@@ -252,6 +252,17 @@ class ParityResult:
                 "rel_err": {str(k): v for k, v in self.opt_rel_err.items()},
             } if self.opt_rel_err else None,
         }
+
+
+def _step_ranges(steps: Iterable[int]) -> str:
+    """"1..3, 10..12, 25": the recorded optimizer steps (the first K, and the schedule's landmarks)."""
+    runs: list[list[int]] = []
+    for k in sorted(steps):
+        if runs and k == runs[-1][1] + 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    return ", ".join(f"{a}..{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def _grads(probe: Mapping[str, np.ndarray], prefix: str = GRAD_PREFIX) -> dict[str, np.ndarray]:
@@ -491,7 +502,7 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
             r.opt_first_bad = (k, q, n)
             synced = [s for s in sa if s <= k and s in sb and (s == 1 or s - 1 in sa)]  # from a common state
             r.opt_cause = ((config is not None and grads_ok and diagnose_schedule(
-                update_ratios(probe_a, probe_b, synced), config, backends))
+                rate_ratios(probe_a, probe_b) or update_ratios(probe_a, probe_b, synced), config, backends))
                 or diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok))
             what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v"}[q]
             params = {p for _, p, _ in bad}
@@ -622,6 +633,18 @@ def update_ratios(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
     return out
 
 
+def rate_ratios(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
+                ) -> dict[int, tuple[float, float]] | None:
+    """Per training step k (1-based): (rate_b / rate_a, rate_a / rate_b) of the learning rates the two backends'
+    steps took (the probes' `lr_used`, each measured from that backend's own consecutive states by
+    harness.schedule.effective_rate, so what the other backend did before does not enter); None without them."""
+    if "lr_used" not in probe_a or "lr_used" not in probe_b:
+        return None
+    ra, rb = (np.asarray(p["lr_used"], dtype=np.float64).ravel() for p in (probe_a, probe_b))
+    n = min(len(ra), len(rb))
+    return {k + 1: (rb[k] / ra[k] if ra[k] else math.nan, ra[k] / rb[k] if rb[k] else math.nan) for k in range(n)}
+
+
 def diagnose_schedule(ratios: Mapping[int, tuple[float, float]], config: Any,
                       backends: tuple[str, str] = ("a", "b")) -> str | None:
     """The learning-rate schedule a backend used, when it is a known mistake: `ratios` from `update_ratios` (steps
@@ -676,11 +699,13 @@ def diagnose_schedule(ratios: Mapping[int, tuple[float, float]], config: Any,
             unexplained = max(rel(implied[k], h[k]) for k in steps)
             if distinct > 1e-6 and unexplained <= EXPLAINS * distinct \
                     and (best is None or unexplained / distinct < best[0]):
-                shown = [k for k in steps if rel(h[k], lrs[k]) > 1e-6][-3:]
+                first = next(k for k in steps if rel(h[k], lrs[k]) > 1e-6)
+                most = max(steps, key=lambda k: rel(h[k], lrs[k]))
+                shown = [first] if first == most else [first, most]
                 best = (unexplained / distinct, text,
-                        f"{who} stepped with rates {', '.join(f'{implied[k]:.4g}' for k in shown)} where the schedule "
-                        f"gives {', '.join(f'{lrs[k]:.4g}' for k in shown)} (optimizer steps "
-                        f"{', '.join(map(str, shown))}; {other} follows it)")
+                        f"from optimizer step {first} on {who} stepped with other rates than the schedule ("
+                        + "; ".join(f"step {k}: {implied[k]:.4g}, not {lrs[k]:.4g}" for k in shown)
+                        + f"), {other} with the schedule's")
     return None if best is None else f"learning-rate schedule: {best[1]}; {best[2]}"
 
 

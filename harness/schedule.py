@@ -10,8 +10,12 @@ decay_lr = False). The operations are nanoGPT's, in its order, so the rates are 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+
+import numpy as np
 
 from harness.config import Config
+from harness.weights import decays
 
 
 def learning_rate(config: Config, step: int) -> float:
@@ -42,3 +46,37 @@ def describe(config: Config) -> str:
     return (f"{warm}cosine: min_lr + 0.5 * (1 + cos(pi * (k - {w}) / ({config.decay_steps} - {w}))) * (lr - min_lr) "
             f"for {w} <= k <= {config.decay_steps}, min_lr after; lr = {lr:g}, min_lr = {config.min_lr:g} "
             "(nanoGPT's get_lr, k = its iter_num, 0-based)")
+
+
+def landmarks(config: Config, steps: int) -> list[int]:
+    """Optimizer steps (1-based, <= `steps`; step k trains with get_lr(k - 1)) around the schedule's turns, each with
+    the step before it so that its update can be graded: the end of the warm-up, and for the cosine its middle, its
+    end and the step after. Empty for a constant rate without warm-up. `harness parity` records the optimizer state
+    there too, so a rate wrong only after the first steps (a cosine to 0) is graded, and named, at its step."""
+    w, turns = config.warmup_steps, []
+    if w:
+        turns += [w, w + 1]  # the last warm-up step (it = w - 1) and the first at the peak
+    if config.lr_schedule == "cosine":
+        d = config.decay_steps
+        turns += [(w + d) // 2 + 1, d + 1, d + 2]  # half-way, the last cosine step (it = d), the first after it
+    return sorted({k for t in turns for k in (t - 1, t) if 1 <= k <= steps})
+
+
+def effective_rate(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray], m: Mapping[str, np.ndarray],
+                   v: Mapping[str, np.ndarray], t: int, config: Config) -> float:
+    """The learning rate an AdamW step took, read from the parameters before and after it and the moments m, v
+    after it (step count t): the step is p_t = p_(t-1) - lr u with u = weight_decay p_(t-1) (decayed parameters)
+    + m / (1 - beta1^t) / (sqrt(v) / sqrt(1 - beta2^t) + eps), so lr = -<p_t - p_(t-1), u> / <u, u>, over every
+    parameter, in float64. A backend that was handed one rate and stepped with another shows it here, whatever
+    the other backend did before (parity: the diagnosis of a schedule mistake, harness.parity.diagnose_schedule)."""
+    bc1, bc2 = 1 - config.beta1 ** t, math.sqrt(1 - config.beta2 ** t)
+    num = den = 0.0
+    for name, p0 in before.items():
+        p0 = np.asarray(p0, dtype=np.float64)
+        u = np.asarray(m[name], dtype=np.float64) / bc1 / (np.sqrt(np.asarray(v[name], dtype=np.float64)) / bc2
+                                                           + config.eps)
+        if config.weight_decay and decays(name, p0.shape, config.decay):
+            u = u + config.weight_decay * p0
+        num -= float(np.vdot(np.asarray(after[name], dtype=np.float64) - p0, u))
+        den += float(np.vdot(u, u))
+    return num / den if den > 0 else math.nan

@@ -168,11 +168,26 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
     for key in ("x", "y"):  # step 0's batch, as a parity probe holds it (the option diagnoses read it)
         if key in batches:
             oracle[key] = port[key] = np.asarray(batches[key][0])
+    config = _config(manifest)
+    if config is not None and opt_k:  # the rate each side's steps took, from its own states (diagnose_schedule)
+        for probe in (oracle, port):
+            probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
     result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
-                            config=_config(manifest))
+                            config=config)
     return result, tol
+
+
+def _rate(probe: dict[str, np.ndarray], k: int, params: list[str], config: Any) -> float:
+    """The learning rate optimizer step k took in `probe` (harness.schedule.effective_rate)."""
+    from harness.schedule import effective_rate
+
+    def state(step: int, kind: str) -> dict[str, np.ndarray]:
+        return {n: probe[opt_key(step, kind, n)] for n in params}
+
+    return effective_rate(state(k - 1, "param"), state(k, "param"), state(k, "adam_m"), state(k, "adam_v"), k,
+                          config)
 
 
 def _config(manifest: dict[str, Any]) -> Any:
