@@ -29,7 +29,7 @@ import inspect
 import math
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,11 @@ class ParityResult:
     worst_opt_rel_err: float = math.nan
     opt_first_bad: tuple[int, str, str] | None = None  # the worst at the first step out of tolerance
     opt_cause: str | None = None
+    # the learning rate each training step took (probe `lr_used`) against the harness's schedule (`lr`), per backend
+    rate_rel_err: dict[str, float] = field(default_factory=dict)
+    rate_tol: float = math.nan
+    rate_first_bad: tuple[str, int] | None = None  # (backend, optimizer step)
+    rate_cause: str | None = None
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -215,9 +220,15 @@ class ParityResult:
                          "tolerance": t.grad, "where": self.worst_dropout_grad or ""})
         if self.opt_rel_err:
             wo = self.worst_opt
-            rows.append({"depth": "optimizer", "check": f"optimizer steps {_step_ranges(self.opt_rel_err)} rel err",
+            rows.append({"depth": "optimizer", "check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
                          "value": self.worst_opt_rel_err, "tolerance": t.opt,
                          "where": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
+        if self.rate_rel_err:
+            who = max(self.rate_rel_err, key=lambda n: (not math.isfinite(self.rate_rel_err[n]), self.rate_rel_err[n]))
+            bad = self.rate_first_bad
+            rows.append({"depth": "optimizer", "check": "learning rate per step vs schedule",
+                         "value": self.rate_rel_err[who], "tolerance": self.rate_tol,
+                         "where": f"{bad[0]} from step {bad[1]}" if bad else who})
         rows.append({"depth": "loss", "check": "training loss max |diff|", "value": self.loss_max_abs_dev,
                      "tolerance": t.loss,
                      "where": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""})
@@ -251,18 +262,12 @@ class ParityResult:
                 "cause": self.opt_cause,
                 "rel_err": {str(k): v for k, v in self.opt_rel_err.items()},
             } if self.opt_rel_err else None,
+            "learning_rates": {
+                "rel_err": dict(self.rate_rel_err), "tolerance": self.rate_tol,
+                "first_bad": dict(zip(("backend", "step"), self.rate_first_bad)) if self.rate_first_bad else None,
+                "cause": self.rate_cause,
+            } if self.rate_rel_err else None,
         }
-
-
-def _step_ranges(steps: Iterable[int]) -> str:
-    """"1..3, 10..12, 25": the recorded optimizer steps (the first K, and the schedule's landmarks)."""
-    runs: list[list[int]] = []
-    for k in sorted(steps):
-        if runs and k == runs[-1][1] + 1:
-            runs[-1][1] = k
-        else:
-            runs.append([k, k])
-    return ", ".join(f"{a}..{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def _grads(probe: Mapping[str, np.ndarray], prefix: str = GRAD_PREFIX) -> dict[str, np.ndarray]:
@@ -558,6 +563,7 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
         grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
     # (c) the optimizer step
     _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok, config)
+    _compare_rates(probe_a, probe_b, tolerances.opt / 100, (a, b), r, config)
     # (d) the training-loss curve
     r.loss_steps = min(len(losses_a), len(losses_b))
     if len(losses_a) != len(losses_b):
@@ -707,6 +713,32 @@ def diagnose_schedule(ratios: Mapping[int, tuple[float, float]], config: Any,
                         + "; ".join(f"step {k}: {implied[k]:.4g}, not {lrs[k]:.4g}" for k in shown)
                         + f"), {other} with the schedule's")
     return None if best is None else f"learning-rate schedule: {best[1]}; {best[2]}"
+
+
+def _compare_rates(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
+                   backends: tuple[str, str], r: ParityResult, config: Any) -> None:
+    """Into `r`: per backend, the worst relative error of the rate its steps took (`lr_used`) against the
+    harness's schedule (`lr`), the first step over `tol` and, from the pattern, the likely cause. Each backend
+    is measured on its own states, so drift between the two cannot enter; a FAIL line when over `tol`."""
+    if not all("lr_used" in p and "lr" in p for p in (probe_a, probe_b)):
+        return  # probes from before the rates were recorded
+    r.rate_tol = tol
+    for name, probe in zip(backends, (probe_a, probe_b)):
+        used = np.asarray(probe["lr_used"], dtype=np.float64).ravel()
+        lr = np.asarray(probe["lr"], dtype=np.float64).ravel()[:len(used)]
+        err = np.abs(used - lr) / np.maximum(np.abs(lr), TINY)
+        r.rate_rel_err[name] = float(np.nan_to_num(err, nan=np.inf).max()) if err.size else 0.0
+        over = np.flatnonzero(~(err <= tol))
+        if over.size and (r.rate_first_bad is None or over[0] + 1 < r.rate_first_bad[1]):
+            k = int(over[0])
+            r.rate_first_bad = (name, k + 1)
+            r.rate_cause = (config is not None and diagnose_schedule(rate_ratios(probe_a, probe_b), config, backends)) \
+                or (f"{name}'s steps took other rates than the ones the harness handed it (or its AdamW update "
+                    "differs: see the optimizer depth)")
+            line = (f"FAIL: learning rate of optimizer step {k + 1}: {name} stepped with {used[k]:.6g}, the schedule "
+                    f"gives {lr[k]:.6g} (rel err {_fmt(float(err[k]))} > tol {tol:g}); likely cause: {r.rate_cause}")
+    if r.rate_first_bad is not None:
+        r.failures.append(line)
 
 
 def diagnose_tying(grads_a: Mapping[str, np.ndarray], grads_b: Mapping[str, np.ndarray], x: np.ndarray | None,

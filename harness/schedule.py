@@ -48,20 +48,6 @@ def describe(config: Config) -> str:
             "(nanoGPT's get_lr, k = its iter_num, 0-based)")
 
 
-def landmarks(config: Config, steps: int) -> list[int]:
-    """Optimizer steps (1-based, <= `steps`; step k trains with get_lr(k - 1)) around the schedule's turns, each with
-    the step before it so that its update can be graded: the end of the warm-up, and for the cosine its middle, its
-    end and the step after. Empty for a constant rate without warm-up. `harness parity` records the optimizer state
-    there too, so a rate wrong only after the first steps (a cosine to 0) is graded, and named, at its step."""
-    w, turns = config.warmup_steps, []
-    if w:
-        turns += [w, w + 1]  # the last warm-up step (it = w - 1) and the first at the peak
-    if config.lr_schedule == "cosine":
-        d = config.decay_steps
-        turns += [(w + d) // 2 + 1, d + 1, d + 2]  # half-way, the last cosine step (it = d), the first after it
-    return sorted({k for t in turns for k in (t - 1, t) if 1 <= k <= steps})
-
-
 def effective_rate(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray], m: Mapping[str, np.ndarray],
                    v: Mapping[str, np.ndarray], t: int, config: Config) -> float:
     """The learning rate an AdamW step took, read from the parameters before and after it and the moments m, v

@@ -103,7 +103,7 @@ from harness.errors import UsageError  # noqa: E402
 from harness.masks import dropout_masks  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.runner import Curves, Interrupted, summarize_times, train  # noqa: E402
-from harness.schedule import effective_rate, landmarks, learning_rates  # noqa: E402
+from harness.schedule import effective_rate, learning_rates  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
 OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
@@ -270,10 +270,9 @@ class Worker:
         records.atomic_write_npz(self.paths.probe(self.name), arrays)
 
     def save_opt_step(self, done: int) -> None:
-        """Parity: after training step `done` (1..opt_steps, and around the turns of the learning-rate schedule,
-        harness.schedule.landmarks), the parameters and AdamW moments into the probe
-        (`opt/<done>/param|adam_m|adam_v/<name>`); after every step the learning rate the step took
-        (harness.schedule.effective_rate, `lr_used`). Written once the last of them is in, and at the end."""
+        """Parity: after training step `done` (1..opt_steps), the parameters and AdamW moments into the probe
+        (`opt/<done>/param|adam_m|adam_v/<name>`); after every step, the learning rate the step took
+        (harness.schedule.effective_rate, `lr_used`). Written once the last state is in, and after the last step."""
         if self.probe is None:
             return
         state = self.backend.state_dict()
@@ -282,10 +281,10 @@ class Worker:
         self.lr_used.append(effective_rate(self.before, part["param"], part["adam_m"], part["adam_v"],
                                            int(state["adam_t"]), self.config))
         self.before = part["param"]
-        if done in self.opt_record:
+        if done <= self.opt_steps:
             self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
                                if k.startswith(("param/", "adam_m/", "adam_v/"))})
-        if done == max(self.opt_record, default=0) or done == self.total_steps:
+        if done == min(self.opt_steps, self.total_steps) or done == self.total_steps:
             self.probe["lr_used"] = np.asarray(self.lr_used, dtype=np.float64)
             records.atomic_write_npz(self.paths.probe(self.name), self.probe)
 
@@ -357,8 +356,6 @@ class Worker:
         self.record = record
         parity = self.spec.get("parity")  # True, or {"opt_steps": K} from `harness parity`
         self.opt_steps = int(parity.get("opt_steps", OPT_STEPS)) if isinstance(parity, dict) else OPT_STEPS
-        self.opt_record = {k for k in (*range(1, self.opt_steps + 1), *landmarks(self.config, self.total_steps))
-                           if k <= self.total_steps} if self.opt_steps else set()
         self.lr_used: list[float] = []  # parity: the rate each training step took (save_opt_step)
         self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
                       if parity and self.config.dropout > 0 else None)  # the harness draws every mask

@@ -20,7 +20,7 @@ from conftest import data_path
 from harness import parity
 from harness.config import OPTION_DEFAULTS, PRESETS, config_from_dict, load_config
 from harness.errors import UsageError
-from harness.schedule import learning_rate, learning_rates
+from harness.schedule import effective_rate, learning_rate, learning_rates
 from harness.weights import count_parameters, decays, init_weights, param_shapes
 
 torch = pytest.importorskip("torch")
@@ -321,14 +321,21 @@ def probe_run(backend: object, config: object, plant: object = None) -> tuple[di
     probe = {"logits": backend.logits(x), "x": x, "y": y}
     probe.update({f"grad/{k}": v for k, v in backend.gradients(x, y).items()})
     probe.update({f"opt/0/param/{k}": v for k, v in backend.parameters().items()})
+    probe["lr"] = np.asarray(learning_rates(config, STEPS))  # as the worker: the schedule, and the rates taken
+    used: list[float] = []
 
     def after_step(done: int) -> None:
-        probe.update({f"opt/{done}/{k}": v for k, v in backend.state_dict().items()
-                      if k.startswith(("param/", "adam_m/", "adam_v/"))})
+        state = backend.state_dict()
+        probe.update({f"opt/{done}/{k}": v for k, v in state.items() if k.startswith(("param/", "adam_m/", "adam_v/"))})
+        part = {kind: {n: probe[f"opt/{step}/{kind}/{n}"] for n in backend.parameters()}
+                for kind, step in (("param", done), ("adam_m", done), ("adam_v", done))}
+        before = {n: probe[f"opt/{done - 1}/param/{n}"] for n in backend.parameters()}
+        used.append(effective_rate(before, part["param"], part["adam_m"], part["adam_v"], done, config))
 
     curves = Curves()
     assert train(backend, config, stream, {}, curves, STEPS, progress=False, after_step=after_step).status \
         == "completed"
+    probe["lr_used"] = np.asarray(used)
     return probe, curves.loss
 
 
@@ -397,6 +404,12 @@ def test_planted_bug_fails_parity_naming_the_cause(bug: str, monkeypatch: pytest
     (first,) = [f for f in result.failures if f.startswith(line)]
     assert cause in first, first
     assert result.failures[0] == first  # the first failure is the planted part, not a consequence
+    rates = [f for f in result.failures if f.startswith("FAIL: learning rate of optimizer step")]
+    if isinstance(how, str):  # the model, not the rates: every step took the schedule's rate
+        assert not rates and result.rate_rel_err["numpy"] < 1e-12, rates
+    else:  # the rate check names the backend, the first step that took another rate, and the cause
+        (rate,) = rates
+        assert f"step {line.split()[3][:-1]}: numpy stepped with" in rate and cause in rate, rate
 
 
 def test_option_diagnoses_on_synthetic_quantities() -> None:

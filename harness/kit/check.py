@@ -169,8 +169,9 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
         if key in batches:
             oracle[key] = port[key] = np.asarray(batches[key][0])
     config = _config(manifest)
-    if config is not None and opt_k:  # the rate each side's steps took, from its own states (diagnose_schedule)
-        for probe in (oracle, port):
+    if config is not None and opt_k and "lr" in batches:  # the rate each side's steps took, from its own states,
+        for probe in (oracle, port):  # against the kit's schedule (harness.parity's learning-rate check)
+            probe["lr"] = np.asarray(batches["lr"], dtype=np.float64)
             probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
