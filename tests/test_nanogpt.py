@@ -511,3 +511,18 @@ def test_kit_names_a_port_that_gets_an_option_wrong(plant: str, nanogpt_kit: Pat
     assert main(["kit", "check", str(nanogpt_kit), str(results)]) == 1
     out = capsys.readouterr().out
     assert text in out.split("first broken:", 1)[1], out  # the diagnosis of the first broken depth
+
+
+def test_resume_of_a_run_from_before_the_options() -> None:
+    """A spec.json written before the options (no option keys) resumes; --set must reproduce what it stored."""
+    import argparse
+
+    from harness.cli import resume_conflicts
+
+    c = load_config("small")
+    old = {"config": {k: v for k, v in c.to_dict().items() if k not in OPTION_DEFAULTS}, "backend_options": {},
+           "backends": ["torch"], "label": "small", "data": {}, "device": "cpu", "seed": 1337}
+    args = argparse.Namespace(set=["gelu=tanh", "tie_embeddings=false"])
+    assert resume_conflicts(args, old) == []  # the defaults: what the old run ran
+    args = argparse.Namespace(set=["gelu=exact"])
+    assert resume_conflicts(args, old) == ["--set (the run has config 'small' as stored in its spec.json)"]
