@@ -15,6 +15,7 @@ as nanoGPT's `--name=value`), otherwise in the harness's field names, where nano
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -165,8 +166,8 @@ def load(path: Path, overrides: dict[str, Any]) -> Config:
         raise UsageError(f"--set {', '.join(bad)}: not a nanoGPT config name nor a harness config field; nanoGPT "
                          f"knows {', '.join(sorted(DEFAULTS))}")
     values.update({k: v for k, v in overrides.items() if k in DEFAULTS})
-    name = path.stem if path.stem and path.stem[0].isalnum() else "nanogpt"
-    config, not_used = to_config(values, name[:64], str(path))
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem).strip("._-")[:64] or "nanogpt"  # a plain run name
+    config, not_used = to_config(values, name, str(path))
     if not_used:
         print(f"nanoGPT config {path.name}: not used by the harness: "
               + ", ".join(f"{k} ({NOT_USED[k]})" for k in not_used), file=sys.stderr)
