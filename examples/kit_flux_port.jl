@@ -24,7 +24,8 @@ tokens(x, k) = permutedims(x[k, :, :], (2, 1)) .+ 1
 # Step k's (B, T, C) keep-mask as Flux takes it: (C, T, B).
 flux_mask(m, k) = permutedims(m[k, :, :, :], (3, 2, 1))
 
-# The manifest's config entries NanoGPTFlux.build reads (besides vocab_size, seed and device).
+# The manifest's config entries NanoGPTFlux.build reads (besides vocab_size, seed, device and decay),
+# the model options (tied embeddings, GELU form, biases) included.
 const CONFIG_KEYS = [
     "n_embd",
     "n_head",
@@ -38,6 +39,10 @@ const CONFIG_KEYS = [
     "beta2",
     "eps",
     "grad_clip",
+    "tie_embeddings",
+    "gelu",
+    "bias",
+    "lm_head_bias",
 ]
 
 """
@@ -57,6 +62,8 @@ function run_kit(kit::AbstractString, out::AbstractString)
     cfg["vocab_size"] = manifest["vocab_size"]
     cfg["seed"] = manifest["seed"]
     cfg["device"] = "cpu"
+    # the parameters AdamW decays, as the manifest lists them (its `decay` convention)
+    cfg["decay"] = join(manifest["training"]["decayed_parameters"], ",")
     weights = npzread(joinpath(kit, "weights.npz"))
     s = NanoGPTFlux.build(cfg, Dict(name => relayout(name, a) for (name, a) in weights))
 
@@ -75,7 +82,8 @@ function run_kit(kit::AbstractString, out::AbstractString)
     end
     losses = Float32[]
     for k in 1:manifest["steps"]
-        xk, yk, lr = tokens(x, k), tokens(y, k), c["learning_rate"]
+        # step k's rate from the schedule (nanoGPT's get_lr), as the manifest lists it
+        xk, yk, lr = tokens(x, k), tokens(y, k), manifest["training"]["learning_rates"][k]
         # with dropout, the kit's masks replace Flux's own dropout
         loss = if dropout
             NanoGPTFlux.train_step!(s, xk, yk, lr, masks_at(k))

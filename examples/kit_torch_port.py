@@ -2,7 +2,10 @@
 """A nanoGPT port checked from outside with the conformance kit: reads a kit, runs the model, writes results.
 
 This script is written as a stranger to the harness would write it: it imports only numpy and torch (nothing from
-the harness or its models) and learns everything from the kit's manifest.json and NPZ files.
+the harness or its models) and learns everything from the kit's manifest.json and NPZ files. It follows nanoGPT's
+conventions where the manifest's config asks for them: tied embeddings (one tensor used twice; autograd sums both
+gradients), exact GELU, no biases, and the learning rate of each step computed by nanoGPT's own get_lr formula from
+warmup_steps, decay_steps and min_lr (not read from the kit: the check then tests the port's schedule too).
 
     harness kit export --size small --steps 5 --out kit/
     python examples/kit_torch_port.py kit/ kit-results.npz --dtype float32
@@ -33,7 +36,28 @@ PLANTS = {
     "dropout-on-attn-probs": "dropout on the attention probabilities (torch's own) instead of after c_proj",
     "dropout-scale-p": "kept values scaled by 1/p instead of 1/(1-p)",
     "dropout-before-proj": "the attention dropout mask applied before the output projection c_proj",
+    "tie-no-sum": "tied embeddings whose gradient comes from the embedding use only (the output layer's is dropped)",
+    "gelu-tanh": "tanh GELU where the manifest asks for the exact form",
+    "warmup-off-by-one": "the warm-up counts steps from 1: step k gets nanoGPT's get_lr(k + 1)",
+    "cosine-to-zero": "the cosine decays to 0 instead of min_lr",
 }
+
+
+def get_lr(c: dict, it: int, plant: str | None = None) -> float:
+    """nanoGPT's get_lr(it) (train.py) from the manifest's config: linear warm-up, cosine to min_lr, min_lr after."""
+    lr, warmup, min_lr = c["learning_rate"], c.get("warmup_steps", 0), c.get("min_lr", 0.0)
+    if plant == "warmup-off-by-one":
+        it += 1
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if c.get("lr_schedule", "constant") == "constant":
+        return lr
+    if plant == "cosine-to-zero":
+        min_lr = 0.0
+    if it > c["decay_steps"]:
+        return min_lr
+    coeff = 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / (c["decay_steps"] - warmup)))
+    return min_lr + coeff * (lr - min_lr)
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:
@@ -57,10 +81,19 @@ class Port:
         return x * keep / (p if self.plant == "dropout-scale-p" else 1 - p)  # inverted dropout
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return x @ self.p[name + ".weight"].T + self.p[name + ".bias"]
+        y = x @ self.p[name + ".weight"].T
+        return y + self.p[name + ".bias"] if name + ".bias" in self.p else y  # bias = false: none
 
     def layernorm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.layer_norm(x, (x.shape[-1],), self.p[name + ".weight"], self.p[name + ".bias"], eps=1e-5)
+        return F.layer_norm(x, (x.shape[-1],), self.p[name + ".weight"], self.p.get(name + ".bias"), eps=1e-5)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head; tied embeddings (nanoGPT's wte.weight = lm_head.weight): the token table is the weight."""
+        if not self.c.get("tie_embeddings"):
+            return self.linear(x, "lm_head")
+        w = self.p["wte.weight"].detach() if self.plant == "tie-no-sum" else self.p["wte.weight"]
+        y = x @ w.T
+        return y + self.p["lm_head.bias"] if "lm_head.bias" in self.p else y
 
     def attention(self, x: torch.Tensor, i: int, masks: dict | None, step: int) -> torch.Tensor:
         B, T, C = x.shape
@@ -87,9 +120,11 @@ class Port:
         x = self.drop(self.p["wte.weight"][x_ids] + self.p["wpe.weight"][:T], None if masks is None else masks["emb"])
         for i in range(self.c["n_layer"]):
             x = x + self.attention(self.layernorm(x, f"h.{i}.ln_1"), i, masks, step)
-            h = F.gelu(self.linear(self.layernorm(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"), approximate="tanh")
+            exact = self.c.get("gelu", "tanh") == "exact" and self.plant != "gelu-tanh"
+            h = F.gelu(self.linear(self.layernorm(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"),
+                       approximate="none" if exact else "tanh")
             x = x + self.drop(self.linear(h, f"h.{i}.mlp.c_proj"), None if masks is None else masks[f"h.{i}.mlp"])
-        return self.linear(self.layernorm(x, "ln_f"), "lm_head")
+        return self.head(self.layernorm(x, "ln_f"))
 
     def loss(self, x: np.ndarray, y: np.ndarray, masks: dict | None = None, step: int = 0) -> torch.Tensor:
         logits = self.logits(x, masks, step)
@@ -105,10 +140,12 @@ class Port:
 
 
 class AdamW:
-    """PyTorch's AdamW written out (decoupled decay on >= 2-D parameters), with the plants."""
+    """PyTorch's AdamW written out (decoupled decay on >= 2-D parameters as nanoGPT, or on Linear weights only for
+    the manifest's decay "mingpt"), with the plants."""
 
     def __init__(self, params: dict[str, torch.Tensor], c: dict, plant: str | None):
-        self.lr, self.wd, self.plant = c["learning_rate"], c["weight_decay"], plant
+        self.wd, self.plant = c["weight_decay"], plant
+        self.mingpt = c.get("decay") == "mingpt"
         self.b1 = c["beta1"]
         self.b2 = 0.99 if plant == "beta2-0.99" else c["beta2"]
         self.eps = 1e-6 if plant == "eps-1e-6" else c["eps"]
@@ -117,19 +154,20 @@ class AdamW:
         self.t = 0
 
     @torch.no_grad()
-    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: float) -> None:
         self.t += 1
         if self.plant == "no-bias-correction":
-            step_size, bc2_sqrt = self.lr, 1.0
+            step_size, bc2_sqrt = lr, 1.0
         else:
-            step_size, bc2_sqrt = self.lr / (1 - self.b1 ** self.t), (1 - self.b2 ** self.t) ** 0.5
+            step_size, bc2_sqrt = lr / (1 - self.b1 ** self.t), (1 - self.b2 ** self.t) ** 0.5
         for n, p in params.items():
             g, m, v = grads[n], self.m[n], self.v[n]
-            decays = p.ndim >= 2 or self.plant == "decay-1d"
+            decays = (p.ndim >= 2 and not (self.mingpt and n in ("wte.weight", "wpe.weight"))) \
+                or self.plant == "decay-1d"
             if decays and self.plant == "coupled-decay":
                 g = g + self.wd * p
             elif decays:
-                p.mul_(1 - self.lr * self.wd)
+                p.mul_(1 - lr * self.wd)
             m.lerp_(g, 1 - self.b1)
             v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
             p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(self.eps), value=-step_size)
@@ -185,7 +223,7 @@ def main() -> None:
         loss, grads = model.gradients(x[k], y[k], masks(k), k)
         losses.append(loss)
         clip_(grads, max_norm)
-        opt.step(model.p, grads)
+        opt.step(model.p, grads, get_lr(c, k, args.plant))
         if "optimizer" in depths:
             for n, p in model.p.items():
                 out[f"opt/{k + 1}/param/{n}"] = p.detach().clone().numpy()

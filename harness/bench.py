@@ -50,7 +50,7 @@ import numpy as np
 
 from harness import environment, records, runner
 from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
-from harness.config import SIZES, Config, load_config, seed_arg
+from harness.config import PRESETS, SIZES, Config, load_config, seed_arg
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
 from harness.options import out_arg
@@ -98,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", default="torch", metavar="LIST",
                    help="comma-separated backends: torch, numpy, flux (default torch)")
     p.add_argument("--sizes", default="small,medium", metavar="LIST",
-                   help=f"comma-separated size presets: {', '.join(SIZES)} (default small,medium)")
+                   help=f"comma-separated presets: {', '.join(PRESETS)} (default small,medium)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     p.add_argument("--steps", type=_count(1), default=5, metavar="N",
                    help="timed steps per repeat (5: short rounds pair the two loops closely in time)")
@@ -182,7 +182,7 @@ def backend_options(args: argparse.Namespace, name: str) -> dict:
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
     """Validate every input (nothing is written on failure) and return the measurements to make."""
     backends = parse_list(args.backends, list(REGISTRY), "backends")
-    sizes = parse_list(args.sizes, list(SIZES), "sizes")
+    sizes = parse_list(args.sizes, list(PRESETS), "sizes")
     if (args.compile or args.precision) and "torch" not in backends:
         raise UsageError("--compile and --precision apply to the torch backend only; add torch to --backends")
     for name in backends:
@@ -275,20 +275,16 @@ class BareTorch:
                  dtype: str = "float32", precision: str = "fp32", compile: bool = False, parity: bool = False):
         import torch
 
-        from harness.backends.torch_backend import CudaEventClock, adamw_flags, to_device
-        from python_impl.torch_gpt import GPT
+        from harness.backends.torch_backend import CudaEventClock, adamw_flags, adamw_groups, build_model, to_device
 
         self.torch, self.to_device = torch, to_device
         self.device = torch.device(device)
         self.clock = CudaEventClock() if self.device.type == "cuda" else None
         torch.manual_seed(seed)
-        model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
-                    config.d_hidden, config.dropout)
-        model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}, strict=True)
+        model = build_model(config, weights, vocab_size)  # the config's model options, as the backend's
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype))
         self.params = list(self.model.parameters())
-        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": config.weight_decay},
-                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
+        groups = adamw_groups(self.model, config)
         self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2),
                                            eps=config.eps, **adamw_flags(self.device.type, parity))
         self.clip = config.grad_clip

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from harness.config import SIZES, load_config
+from harness.config import PRESETS, SIZES, load_config
 from harness.errors import UsageError
 from harness.options import (
     DEFAULT_OUT,
@@ -133,9 +133,9 @@ def write_reports(out: Path, run_ids: list[str]) -> None:
 
 
 # options of `harness run` that define what a run computes: on --resume they must match the stored spec
-_RESUME_FIXED = ("size", "config", "data", "device", "seed", "dtype", "steps", "epochs", "eval_interval", "dropout",
-                 "scheme", "backend", "both", "checkpoint_every", "compile", "precision", "keep_line_endings",
-                 "no_text", "allow_large")
+_RESUME_FIXED = ("size", "config", "set", "data", "device", "seed", "dtype", "steps", "epochs", "eval_interval",
+                 "dropout", "scheme", "backend", "both", "checkpoint_every", "compile", "precision",
+                 "keep_line_endings", "no_text", "allow_large")
 
 
 def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
@@ -151,10 +151,16 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
 
     if given["size"] is not None and given["size"] != spec.get("label"):
         differ("--size", f"config {spec.get('label')!r}")
-    if given["config"] is not None:
-        mine = load_config(path=given["config"]).to_dict()
-        if any(mine[k] != config.get(k) for k in mine if k != "steps"):
-            differ("--config", f"config {spec.get('label')!r} as stored in its spec.json")
+    if given["config"] is not None or given["set"]:
+        from harness.config import config_from_dict
+        from harness.nanogpt import apply_overrides, parse_sets
+
+        stored = config_from_dict(config, "spec.json")  # a spec from before the options holds their defaults
+        sets = parse_sets(given["set"])
+        mine = load_config(path=given["config"], overrides=sets) if given["config"] else apply_overrides(stored, sets)
+        if any(v != getattr(stored, k) for k, v in mine.to_dict().items() if k != "steps"):
+            differ("--config" if given["config"] else "--set", f"config {spec.get('label')!r} as stored in its "
+                   "spec.json")
     if given["data"] is not None:
         from harness.data import load_corpus
 
@@ -222,13 +228,22 @@ def cmd_sizes(args: argparse.Namespace) -> int:
     import pandas as pd
 
     rows = {}
-    for size in SIZES:
+    yes = {True: "yes", False: "no"}
+    for size in PRESETS:
         c = load_config(size)
         rows[size] = {"embedding d": c.n_embd, "block size n": c.block_size, "batch size": c.batch_size,
                       "layers": c.n_layer, "heads": c.n_head, "MLP hidden d_h": c.d_hidden, "dropout": c.dropout,
-                      "learning rate": c.learning_rate, "epochs": c.epochs, "weight decay": c.weight_decay,
-                      "grad clip": c.grad_clip, "eval every": c.eval_interval}
-    print(pd.DataFrame({size: {k: f"{v:g}" for k, v in row.items()} for size, row in rows.items()}).to_string())
+                      "tied embeddings": yes[c.tie_embeddings], "GELU": c.gelu, "biases": yes[c.bias],
+                      "lm_head bias": yes[c.lm_head_bias], "learning rate": c.learning_rate,
+                      "lr schedule": c.lr_schedule if c.lr_schedule == "constant" else f"cosine to {c.min_lr:g}",
+                      "warm-up steps": c.warmup_steps, "decay steps": c.decay_steps or "-",
+                      "training": f"{c.epochs} epochs" if c.steps is None else f"{c.steps} steps",
+                      "batches": c.scheme, "beta2": c.beta2, "weight decay": c.weight_decay,
+                      "decay convention": c.decay, "grad clip": c.grad_clip, "eval every": c.eval_interval}
+    table = pd.DataFrame({size: {k: v if isinstance(v, str) else f"{v:g}" for k, v in row.items()}
+                          for size, row in rows.items()})
+    print(table.to_string())
+    print("\n`harness sizes --toml NAME` prints a preset's file; nanoGPT's recipes: docs/nanogpt.md")
     return 0
 
 
@@ -270,7 +285,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("run", help="train one or more backends and write records and a report")
-    add_common(p, (*SIZES, "all"))
+    add_common(p, (*PRESETS, "all"))
     add_schedule(p)
     p.add_argument("--backend", action="append", metavar="NAME", help="torch, numpy or flux (repeatable)")
     p.add_argument("--both", action="store_true", help="same as --backend torch --backend flux")
@@ -294,7 +309,7 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_run, size=None, seed=None, device=None)
 
     p = sub.add_parser("sizes", help="print the size presets")
-    p.add_argument("--toml", choices=SIZES, metavar="SIZE", help="print that preset's TOML file instead")
+    p.add_argument("--toml", choices=PRESETS, metavar="SIZE", help="print that preset's TOML file instead")
     p.set_defaults(func=cmd_sizes)
 
     p = sub.add_parser("report", help="rebuild an HTML report from stored run records")

@@ -19,8 +19,20 @@ else:  # pragma: no cover
 
 from harness.errors import UsageError
 
-SIZES = ("small", "medium", "large")
+SIZES = ("small", "medium", "large")  # the harness's own size presets (`--size all`)
+RECIPES = ("nanogpt-cpu", "nanogpt-shakespeare-char")  # karpathy/nanoGPT's recipes as presets (docs/nanogpt.md)
+PRESETS = SIZES + RECIPES  # every packaged TOML file, one per name
 SCHEMES = ("epochs", "random")
+GELUS = ("tanh", "exact")  # GELU forms: the tanh approximation, or exact x * Phi(x) with erf (nanoGPT's nn.GELU())
+DECAYS = ("nanogpt", "mingpt")  # weight-decay conventions (harness.weights.decays)
+LR_SCHEDULES = ("constant", "cosine")  # harness.schedule.learning_rate: nanoGPT's get_lr
+# The fields added after records existed, with the value that means the original model and optimizer. A stored
+# config without them (a record or spec.json written before) has exactly these values; `config_hash` leaves a field
+# at this value out, so the hash of every config that does not use an option is what it was before the option existed.
+OPTION_DEFAULTS: dict[str, object] = {
+    "tie_embeddings": False, "gelu": "tanh", "bias": True, "lm_head_bias": True,
+    "decay": "nanogpt", "lr_schedule": "constant", "warmup_steps": 0, "decay_steps": None, "min_lr": 0.0,
+}
 SEED_MAX = 2**32 - 1  # every RNG the harness seeds (NumPy PCG64 seed sequences, torch) takes [0, 2**32 - 1]
 # a config name becomes part of run ids, file names and page titles: a short plain name, never a path
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -76,6 +88,18 @@ class Config:
     steps: int | None = None
     # [eval] target_val_loss (optional): time to target is the training time until the validation loss reaches it
     target_val_loss: float | None = None
+    # [model] options (optional; OPTION_DEFAULTS is the original model): lm_head shares wte's matrix; GELU form;
+    # biases in every Linear and LayerNorm of the blocks and ln_f (nanoGPT's `bias`); a bias in lm_head
+    tie_embeddings: bool = False
+    gelu: str = "tanh"
+    bias: bool = True
+    lm_head_bias: bool = True
+    # [train] options: which parameters AdamW decays; the learning-rate schedule (harness.schedule)
+    decay: str = "nanogpt"
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    decay_steps: int | None = None
+    min_lr: float = 0.0
 
     @property
     def head_size(self) -> int:
@@ -91,9 +115,17 @@ class Config:
         return dataclasses.asdict(self)
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON of every field: two runs with one hash ran the same hyper-parameters."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """sha256 of the canonical JSON of every field: two runs with one hash ran the same hyper-parameters.
+
+        An option at its OPTION_DEFAULTS value is left out, so a config that uses no option hashes as it did before
+        the options existed (records and sweeps keep comparing equal across the change)."""
+        doc = {k: v for k, v in self.to_dict().items() if not (k in OPTION_DEFAULTS and v == OPTION_DEFAULTS[k])}
+        blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    def options(self) -> dict[str, object]:
+        """The model and optimizer options that differ from the original model (empty: the original)."""
+        return {k: getattr(self, k) for k, v in OPTION_DEFAULTS.items() if getattr(self, k) != v}
 
     def validate(self) -> None:
         """Raise UsageError naming the first invalid field and what would be valid."""
@@ -132,15 +164,45 @@ class Config:
                 raise UsageError(f"{where}: {key} must be in [0, 1), got {getattr(self, key)}")
         if self.scheme not in SCHEMES:
             raise UsageError(f"{where}: scheme must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
+        self._validate_options(where)
+
+    def _validate_options(self, where: str) -> None:
+        """The model options and the learning-rate schedule (OPTION_DEFAULTS)."""
+        for key in ("tie_embeddings", "bias", "lm_head_bias"):
+            if not isinstance(getattr(self, key), bool):
+                raise UsageError(f"{where}: {key} must be true or false, got {getattr(self, key)!r}")
+        for key, allowed in (("gelu", GELUS), ("decay", DECAYS), ("lr_schedule", LR_SCHEDULES)):
+            if getattr(self, key) not in allowed:
+                raise UsageError(f"{where}: {key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        w, d = self.warmup_steps, self.decay_steps
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+            raise UsageError(f"{where}: warmup_steps must be a whole number >= 0, got {w!r}")
+        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d <= w):
+            raise UsageError(f"{where}: decay_steps must be a whole number > warmup_steps ({w}), got {d!r}")
+        m = self.min_lr
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or not math.isfinite(m) \
+                or not 0 <= m <= self.learning_rate:
+            raise UsageError(f"{where}: min_lr must be a number in [0, learning_rate = {self.learning_rate:g}], "
+                             f"got {m!r}")
+        if self.lr_schedule == "cosine" and d is None:
+            raise UsageError(f"{where}: lr_schedule = \"cosine\" needs decay_steps (nanoGPT's lr_decay_iters: the "
+                             "step where the cosine reaches min_lr), e.g. decay_steps = 2000")
+        if self.lr_schedule == "constant" and (d is not None or m != 0):
+            raise UsageError(f"{where}: decay_steps and min_lr belong to lr_schedule = \"cosine\"; with a constant "
+                             "learning rate leave them out (warmup_steps may stay)")
 
 
-_SECTIONS = {
+_SECTIONS = {  # required keys
     "model": ("n_embd", "block_size", "n_layer", "n_head", "d_hidden", "dropout"),
     "train": ("batch_size", "learning_rate", "epochs", "scheme", "weight_decay", "beta1", "beta2", "eps",
               "grad_clip"),
     "eval": ("interval", "batches"),
 }
-_OPTIONAL = {"eval": ("target_val_loss",)}  # keys a TOML may leave out (read into the field of the same name)
+# keys a TOML may leave out (read into the field of the same name); [train] steps (nanoGPT's max_iters) makes
+# epochs optional
+_OPTIONAL = {"model": ("tie_embeddings", "gelu", "bias", "lm_head_bias"),
+             "train": ("steps", "decay", "lr_schedule", "warmup_steps", "decay_steps", "min_lr"),
+             "eval": ("target_val_loss",)}
 
 
 def _from_mapping(doc: dict, source: str) -> Config:
@@ -158,6 +220,9 @@ def _from_mapping(doc: dict, source: str) -> Config:
             raise UsageError(f"{source}: unknown key(s) {', '.join(sorted(extra))} in [{section}]; "
                              f"allowed: {', '.join((*keys, *_OPTIONAL.get(section, ())))}")
         for key in keys:
+            if key == "epochs" and key not in table and "steps" in table:
+                fields["epochs"] = 1  # not used: [train] steps says how long to train
+                continue
             if key not in table:
                 raise UsageError(f"{source}: missing {key} in [{section}]; "
                                  "copy the full preset from `harness sizes --toml small`")
@@ -188,14 +253,20 @@ def config_from_dict(doc: object, source: str) -> Config:
 
 
 def preset_path(size: str) -> Path:
-    """The packaged TOML file of a size preset."""
-    if size not in SIZES:
-        raise UsageError(f"unknown size {size!r}; choose one of {', '.join(SIZES)} or pass --config FILE")
+    """The packaged TOML file of a preset (a size or a nanoGPT recipe)."""
+    if size not in PRESETS:
+        raise UsageError(f"unknown size {size!r}; choose one of {', '.join(PRESETS)} or pass --config FILE")
     return Path(str(resources.files("harness.configs").joinpath(f"{size}.toml")))
 
 
-def load_config(size: str | None = None, path: str | Path | None = None) -> Config:
-    """Load a size preset by name, or a user's TOML file (which wins)."""
+def load_config(size: str | None = None, path: str | Path | None = None,
+                overrides: dict[str, object] | None = None) -> Config:
+    """Load a preset by name, or a config file (which wins): TOML, or a nanoGPT config `.py` (read, never run:
+    harness.nanogpt); then `overrides` (`--set`: field names, or nanoGPT's names) on top."""
+    from harness import nanogpt
+
+    if path is not None and Path(path).suffix == ".py":
+        return nanogpt.load(Path(path), overrides or {})
     if path is not None:
         from harness.files import read_regular
 
@@ -207,6 +278,8 @@ def load_config(size: str | None = None, path: str | Path | None = None) -> Conf
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax or start from "
                              "`harness sizes --toml small`") from None
-        return _from_mapping(doc, str(path))
-    source = preset_path(size or "small")
-    return _from_mapping(tomllib.loads(source.read_text(encoding="utf-8")), str(source))
+        config = _from_mapping(doc, str(path))
+    else:
+        source = preset_path(size or "small")
+        config = _from_mapping(tomllib.loads(source.read_text(encoding="utf-8")), str(source))
+    return nanogpt.apply_overrides(config, overrides) if overrides else config

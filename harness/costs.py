@@ -14,7 +14,9 @@ def flops_per_token(config: Config, vocab_size: int) -> int:
     """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x d x n_ctx (attention), as Kaplan/PaLM.
 
     The 6 counts a multiply-add (2) in the forward pass and twice that in the backward pass; the attention term is
-    the QK^T and AV products, which have no parameters.
+    the QK^T and AV products, which have no parameters. With tied embeddings the token table is also the output
+    layer's matrix, so it counts (as nanoGPT's estimate_mfu: get_num_params() leaves out only wpe); without biases
+    there are fewer parameters to count (harness.weights.param_shapes follows the options).
     """
     n = count_parameters(param_shapes(config, vocab_size), embeddings=False)
     return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size

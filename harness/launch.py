@@ -72,10 +72,13 @@ def float_bytes(backend: str, options: dict) -> int:
 
 
 def n_parameters(config: Config, vocab_size: int) -> int:
-    """The parameter count in closed form (harness.weights enumerates the tensors, too slow for absurd sizes)."""
+    """The parameter count in closed form (harness.weights enumerates the tensors, too slow for absurd sizes), with
+    the model options: `bias` (the biases of the blocks and ln_f), `lm_head_bias`, tied embeddings (one V x C)."""
     C, Dh, V, T = config.n_embd, config.d_hidden, vocab_size, config.block_size
-    per_layer = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * Dh + Dh) + (Dh * C + C)
-    return V * C + T * C + config.n_layer * per_layer + 2 * C + C * V + V
+    b = int(config.bias)
+    per_layer = 2 * C * (1 + b) + 3 * C * C + C * C + C * Dh + Dh * C + b * (3 * C + C + Dh + C)
+    head = (0 if config.tie_embeddings else C * V) + (V if config.lm_head_bias else 0)
+    return V * C + T * C + config.n_layer * per_layer + C * (1 + b) + head
 
 
 def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) -> dict[str, int]:

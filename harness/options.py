@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.config import SIZES, load_config, seed_arg
+from harness.config import PRESETS, load_config, seed_arg
 
 DEFAULT_OUT = Path("reports")
 
@@ -54,14 +54,18 @@ def out_arg(text: str) -> Path:
     return Path(text)
 
 
-def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = SIZES, per_backend_device: bool = False) -> None:
+def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = PRESETS, per_backend_device: bool = False) -> None:
     """Options shared by run, parity and bench: what to train on what data, and where to write.
 
     With `per_backend_device` (parity), --device is repeatable and takes DEVICE or NAME=DEVICE
     (harness.devices.parse_devices)."""
     p.add_argument("--size", default="small", choices=sizes, metavar="SIZE",
                    help=f"size preset: {', '.join(sizes)} (default small)")
-    p.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`)")
+    p.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`), "
+                   "or a nanoGPT config .py (read, never run; docs/nanogpt.md)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, "
+                        "lr_schedule=cosine, ...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
     p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
                    "Shakespeare, downloaded once into the user cache)")
     if per_backend_device:
@@ -88,7 +92,9 @@ def add_schedule(p: argparse.ArgumentParser) -> None:
 
 def configure(args: argparse.Namespace, size: str | None = None) -> object:
     """The validated Config for `size` (or --config) with the command line's overrides applied."""
-    config = load_config(size or args.size, args.config)
+    from harness.nanogpt import parse_sets
+
+    config = load_config(size or args.size, args.config, parse_sets(getattr(args, "set", None)))
     changes = {k: v for k, v in {
         "steps": getattr(args, "steps", None), "epochs": getattr(args, "epochs", None),
         "eval_interval": getattr(args, "eval_interval", None), "dropout": getattr(args, "dropout", None),

@@ -190,6 +190,11 @@ class ParityResult:
     worst_opt_rel_err: float = math.nan
     opt_first_bad: tuple[int, str, str] | None = None  # the worst at the first step out of tolerance
     opt_cause: str | None = None
+    # the learning rate each training step took (probe `lr_used`) against the harness's schedule (`lr`), per backend
+    rate_rel_err: dict[str, float] = field(default_factory=dict)
+    rate_tol: float = math.nan
+    rate_first_bad: tuple[str, int] | None = None  # (backend, optimizer step)
+    rate_cause: str | None = None
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -218,6 +223,12 @@ class ParityResult:
             rows.append({"depth": "optimizer", "check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
                          "value": self.worst_opt_rel_err, "tolerance": t.opt,
                          "where": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
+        if self.rate_rel_err:
+            who = max(self.rate_rel_err, key=lambda n: (not math.isfinite(self.rate_rel_err[n]), self.rate_rel_err[n]))
+            bad = self.rate_first_bad
+            rows.append({"depth": "optimizer", "check": "learning rate per step vs schedule",
+                         "value": self.rate_rel_err[who], "tolerance": self.rate_tol,
+                         "where": f"{bad[0]} from step {bad[1]}" if bad else who})
         rows.append({"depth": "loss", "check": "training loss max |diff|", "value": self.loss_max_abs_dev,
                      "tolerance": t.loss,
                      "where": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""})
@@ -251,6 +262,11 @@ class ParityResult:
                 "cause": self.opt_cause,
                 "rel_err": {str(k): v for k, v in self.opt_rel_err.items()},
             } if self.opt_rel_err else None,
+            "learning_rates": {
+                "rel_err": dict(self.rate_rel_err), "tolerance": self.rate_tol,
+                "first_bad": dict(zip(("backend", "step"), self.rate_first_bad)) if self.rate_first_bad else None,
+                "cause": self.rate_cause,
+            } if self.rate_rel_err else None,
         }
 
 
@@ -461,7 +477,7 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
 
 
 def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
-                       backends: tuple[str, str], r: ParityResult, grads_ok: bool) -> None:
+                       backends: tuple[str, str], r: ParityResult, grads_ok: bool, config: Any = None) -> None:
     """Depth 3 into `r`: per step and parameter, the relative error of the update and of m and v."""
     a, b = backends
     sa, sb = opt_steps(probe_a), opt_steps(probe_b)
@@ -489,7 +505,10 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
         if bad and r.opt_first_bad is None:
             q, n, e = max(bad, key=lambda t: (not math.isfinite(t[2]), t[2] if math.isfinite(t[2]) else 0.0))
             r.opt_first_bad = (k, q, n)
-            r.opt_cause = diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok)
+            synced = [s for s in sa if s <= k and s in sb and (s == 1 or s - 1 in sa)]  # from a common state
+            r.opt_cause = ((config is not None and grads_ok and diagnose_schedule(
+                rate_ratios(probe_a, probe_b) or update_ratios(probe_a, probe_b, synced), config, backends))
+                or diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok))
             what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v"}[q]
             params = {p for _, p, _ in bad}
             more = f" ({len(params) - 1} more parameter(s) over tol)" if len(params) > 1 else ""
@@ -499,14 +518,17 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
 
 def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
             losses_a: Sequence[float], losses_b: Sequence[float], tolerances: Tolerances,
-            val_losses: tuple[float, float] | None = None, backends: tuple[str, str] = ("a", "b")) -> ParityResult:
+            val_losses: tuple[float, float] | None = None, backends: tuple[str, str] = ("a", "b"),
+            config: Any = None) -> ParityResult:
     """Compare two backends' step-0 probes and training-loss curves, in float64.
 
     A probe maps "logits" (B, T, V), "x", "y" (the batch) and "grad/<canonical name>" to arrays, as the worker's
     `<backend>.probe.npz`; optionally "dropout_grad/<name>" (gradients under the step-0 dropout masks) and
     "opt/<k>/param|adam_m|adam_v/<name>" (the state after training step k; k = 0: the parameters before it),
     graded by depth 3 with `tolerances.opt` and `diagnose_optimizer`. `losses_*` are the per-step training
-    losses, `val_losses` the two final validation losses (checked against the loss tolerance). Every deviation
+    losses, `val_losses` the two final validation losses (checked against the loss tolerance); `config` (the run's
+    harness Config, optional) lets the FAIL lines name option and schedule causes (diagnose_gelu, diagnose_tying,
+    diagnose_schedule). Every deviation
     beyond its tolerance, a NaN, a missing or misshapen array or a different batch is a failure, named in
     `result.failures`.
     """
@@ -524,10 +546,13 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
     else:
         r.logits_max_abs, r.logits_where = max_abs_diff(probe_a["logits"], probe_b["logits"])
         if not _within(r.logits_max_abs, tolerances.logits):
-            fail(f"FAIL: logits max abs diff {_fmt(r.logits_max_abs)} > tol {tolerances.logits:g}")
+            fail(f"FAIL: logits max abs diff {_fmt(r.logits_max_abs)} > tol {tolerances.logits:g}"
+                 + _cause(config and diagnose_gelu(probe_a, probe_b, config, (a, b))))
     # (b) gradients (and, with dropout, the gradients under the harness's step-0 masks)
+    tying = diagnose_tying(_grads(probe_a), _grads(probe_b), probe_b.get("x"), tolerances.grad)
     r.grad_rel_err, r.worst_grad, r.worst_grad_rel_err = _compare_grads(
-        _grads(probe_a), _grads(probe_b), tolerances.grad, "gradient", (a, b), fail, required=True)
+        _grads(probe_a), _grads(probe_b), tolerances.grad, "gradient", (a, b), fail, required=True,
+        cause=f"likely cause: {tying}" if tying else None)
     grads_ok = all(_within(e, tolerances.grad) for e in r.grad_rel_err.values())
     if any(k.startswith(DROPOUT_GRAD_PREFIX) for k in (*probe_a, *probe_b)):
         r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err = _compare_grads(
@@ -537,7 +562,8 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
                    if grads_ok and r.grad_rel_err else None))
         grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
     # (c) the optimizer step
-    _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok)
+    _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok, config)
+    _compare_rates(probe_a, probe_b, tolerances.opt / 100, (a, b), r, config)
     # (d) the training-loss curve
     r.loss_steps = min(len(losses_a), len(losses_b))
     if len(losses_a) != len(losses_b):
@@ -590,6 +616,188 @@ def format_optimizer(result: ParityResult) -> str:
     df = df.loc[df.max(axis=1).sort_values(ascending=False).index].map(_fmt)
     df.index.name = "parameter"
     return df.to_string()
+
+
+# --- diagnoses of the model options and the learning-rate schedule (docs/nanogpt.md) --------------------------------
+# Each takes the quantities of one depth and the config, and returns a cause (a phrase) or None when its pattern is
+# absent; compare() appends the cause to the FAIL line of that depth.
+EXPLAINS = 0.25  # a schedule hypothesis fits when it leaves at most this fraction of the rate difference unexplained
+
+
+def update_ratios(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
+                  steps: Sequence[int]) -> dict[int, tuple[float, float]]:
+    """Per optimizer step k (1-based): (s, t) with update_b ~ s update_a and update_a ~ t update_b, least squares over
+    every parameter. From the same state before step k an AdamW update is proportional to the learning rate (the
+    decay term too), so s is rate_b / rate_a; NaN where a backend did not move."""
+    out: dict[int, tuple[float, float]] = {}
+    for k in steps:
+        ua, ub = opt_quantities(probe_a, k)["update"], opt_quantities(probe_b, k)["update"]
+        names = [n for n in ub if n in ua and np.shape(ua[n]) == np.shape(ub[n])]
+        a, b = _concat(ua, names), _concat(ub, names)
+        aa, bb, ab = float(a @ a), float(b @ b), float(a @ b)
+        out[k] = (ab / aa if aa > 0 else math.nan, ab / bb if bb > 0 else math.nan)
+    return out
+
+
+def rate_ratios(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
+                ) -> dict[int, tuple[float, float]] | None:
+    """Per training step k (1-based): (rate_b / rate_a, rate_a / rate_b) of the learning rates the two backends'
+    steps took (the probes' `lr_used`, each measured from that backend's own consecutive states by
+    harness.schedule.effective_rate, so what the other backend did before does not enter); None without them."""
+    if "lr_used" not in probe_a or "lr_used" not in probe_b:
+        return None
+    ra, rb = (np.asarray(p["lr_used"], dtype=np.float64).ravel() for p in (probe_a, probe_b))
+    n = min(len(ra), len(rb))
+    return {k + 1: (rb[k] / ra[k] if ra[k] else math.nan, ra[k] / rb[k] if rb[k] else math.nan) for k in range(n)}
+
+
+def diagnose_schedule(ratios: Mapping[int, tuple[float, float]], config: Any,
+                      backends: tuple[str, str] = ("a", "b")) -> str | None:
+    """The learning-rate schedule a backend used, when it is a known mistake: `ratios` from `update_ratios` (steps
+    where both backends started from the same state), `config` the run's (harness.schedule gives the rates).
+
+    Hypotheses: the warm-up off by one step (the rate of the step after, or before, with 0 at the first step; or
+    nanoGPT's old lr * it / warmup), the cosine decaying to 0 instead of min_lr, no warm-up, the schedule ignored (a
+    constant learning_rate). A backend's implied rates are the schedule's times its ratio (b: s, a: t); a hypothesis
+    fits when, at the step where it differs most from the schedule, it explains all but EXPLAINS of the difference,
+    and at every step the implied rate is no further from it than that.
+    """
+    from harness.schedule import learning_rate
+
+    steps = sorted(ratios)
+    if not steps:
+        return None
+    lrs = {k: learning_rate(config, k - 1) for k in steps}  # optimizer step k (1-based) used get_lr(k - 1)
+    lr, w = config.learning_rate, config.warmup_steps
+    hypotheses: list[tuple[str, Any]] = [
+        ("the warm-up is off by one step: it used the rate of the next step (nanoGPT's get_lr(it) is "
+         "lr * (it + 1) / (warmup + 1))", lambda it: learning_rate(config, it + 1)),
+        ("the warm-up is off by one step: it used the rate of the step before (0 at the first step; nanoGPT's "
+         "get_lr(it) is lr * (it + 1) / (warmup + 1))", lambda it: learning_rate(config, it - 1) if it else 0.0),
+    ]
+    if w:
+        hypotheses += [
+            ("the warm-up is off by one step: lr * it / warmup (nanoGPT before its fix: 0 at the first step) "
+             "instead of lr * (it + 1) / (warmup + 1)",
+             lambda it: lr * it / w if it < w else learning_rate(config, it)),
+            ("the warm-up is off by one step: lr * (it + 1) / warmup instead of lr * (it + 1) / (warmup + 1)",
+             lambda it: lr * (it + 1) / w if it < w else learning_rate(config, it)),
+            ("the warm-up is missing (warmup_steps = 0 used)",
+             lambda it: learning_rate(config.replace(warmup_steps=0), it)),
+        ]
+    if config.lr_schedule == "cosine":
+        hypotheses.append((f"the cosine decays to 0 instead of min_lr = {config.min_lr:g}",
+                           lambda it: learning_rate(config.replace(min_lr=0.0), it)))
+    if w or config.lr_schedule != "constant":
+        hypotheses.append((f"the schedule is ignored: a constant learning_rate {lr:g}", lambda it: lr))
+
+    def rel(u: float, v: float) -> float:
+        return abs(u - v) / max(abs(u), abs(v), 1e-12 * lr)
+
+    best: tuple[float, str, str] | None = None
+    for who, index, other in ((backends[1], 0, backends[0]), (backends[0], 1, backends[1])):
+        implied = {k: lrs[k] * ratios[k][index] for k in steps}
+        if not all(math.isfinite(v) for v in implied.values()):
+            continue
+        for text, rate in hypotheses:
+            h = {k: rate(k - 1) for k in steps}
+            distinct = max(rel(h[k], lrs[k]) for k in steps)
+            unexplained = max(rel(implied[k], h[k]) for k in steps)
+            if distinct > 1e-6 and unexplained <= EXPLAINS * distinct \
+                    and (best is None or unexplained / distinct < best[0]):
+                first = next(k for k in steps if rel(h[k], lrs[k]) > 1e-6)
+                most = max(steps, key=lambda k: rel(h[k], lrs[k]))
+                shown = [first] if first == most else [first, most]
+                best = (unexplained / distinct, text,
+                        f"from optimizer step {first} on {who} stepped with other rates than the schedule ("
+                        + "; ".join(f"step {k}: {implied[k]:.4g}, not {lrs[k]:.4g}" for k in shown)
+                        + f"), {other} with the schedule's")
+    return None if best is None else f"learning-rate schedule: {best[1]}; {best[2]}"
+
+
+def _compare_rates(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
+                   backends: tuple[str, str], r: ParityResult, config: Any) -> None:
+    """Into `r`: per backend, the worst relative error of the rate its steps took (`lr_used`) against the
+    harness's schedule (`lr`), the first step over `tol` and, from the pattern, the likely cause. Each backend
+    is measured on its own states, so drift between the two cannot enter; a FAIL line when over `tol`."""
+    if not all("lr_used" in p and "lr" in p for p in (probe_a, probe_b)):
+        return  # probes from before the rates were recorded
+    r.rate_tol = tol
+    for name, probe in zip(backends, (probe_a, probe_b)):
+        used = np.asarray(probe["lr_used"], dtype=np.float64).ravel()
+        lr = np.asarray(probe["lr"], dtype=np.float64).ravel()[:len(used)]
+        err = np.abs(used - lr) / np.maximum(np.abs(lr), TINY)
+        r.rate_rel_err[name] = float(np.nan_to_num(err, nan=np.inf).max()) if err.size else 0.0
+        over = np.flatnonzero(~(err <= tol))
+        if over.size and (r.rate_first_bad is None or over[0] + 1 < r.rate_first_bad[1]):
+            k = int(over[0])
+            r.rate_first_bad = (name, k + 1)
+            r.rate_cause = (config is not None and diagnose_schedule(rate_ratios(probe_a, probe_b), config, backends)) \
+                or (f"{name}'s steps took other rates than the ones the harness handed it (or its AdamW update "
+                    "differs: see the optimizer depth)")
+            line = (f"FAIL: learning rate of optimizer step {k + 1}: {name} stepped with {used[k]:.6g}, the schedule "
+                    f"gives {lr[k]:.6g} (rel err {_fmt(float(err[k]))} > tol {tol:g}); likely cause: {r.rate_cause}")
+    if r.rate_first_bad is not None:
+        r.failures.append(line)
+
+
+def diagnose_tying(grads_a: Mapping[str, np.ndarray], grads_b: Mapping[str, np.ndarray], x: np.ndarray | None,
+                   tol: float) -> str | None:
+    """Tied embeddings (the probes hold wte.weight and no lm_head.weight): when wte.weight is the only gradient out of
+    tolerance, the shared matrix's gradient is not the sum of its two uses. A difference confined to the rows of the
+    tokens in the batch `x` is the embedding lookup's part; one on other rows too, the output layer's."""
+    if "wte.weight" not in grads_b or "lm_head.weight" in grads_a or "lm_head.weight" in grads_b:
+        return None
+    over = [n for n in grads_a if n in grads_b and np.shape(grads_a[n]) == np.shape(grads_b[n])
+            and not _within(relative_error(grads_a[n], grads_b[n]), tol)]
+    if over != ["wte.weight"]:
+        return None
+    d = np.asarray(grads_a["wte.weight"], dtype=np.float64) - np.asarray(grads_b["wte.weight"], dtype=np.float64)
+    part = ""
+    if x is not None:
+        used = np.zeros(d.shape[0], dtype=bool)
+        used[np.unique(np.asarray(x))] = True
+        if (~used).any():
+            outside = float(np.linalg.norm(d[~used])) / max(float(np.linalg.norm(d)), TINY)
+            part = (" (the difference lies only on the rows of the batch's tokens: the embedding lookup's part is "
+                    "missing on one side)" if outside < 1e-6 else
+                    " (the difference reaches rows of tokens absent from the batch: the output layer's part is "
+                    "missing on one side)")
+    return ("tied embeddings: only the shared wte.weight gradient differs; it must be the sum of both uses, the "
+            "token embedding and the output layer (logits = h @ wte.T)" + part)
+
+
+def diagnose_gelu(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], config: Any,
+                  backends: tuple[str, str] = ("a", "b")) -> str | None:
+    """When the step-0 logits differ: the float64 oracle's logits of the probe's batch `x` from its initial
+    parameters (`opt/0/param/`) in both GELU forms; a backend whose logits lie 10x closer to the other form than to
+    the config's computes that form."""
+    from python_impl import numpy_gpt
+
+    params = opt_state(probe_b, 0)["param"] or opt_state(probe_a, 0)["param"]
+    if "x" not in probe_b or not params or "logits" not in probe_a or "logits" not in probe_b:
+        return None
+    other = "tanh" if config.gelu == "exact" else "exact"
+    x = np.asarray(probe_b["x"])
+    try:
+        want = numpy_gpt.gpt_forward(params, x, config)[0]
+        alt = numpy_gpt.gpt_forward(params, x, config.replace(gelu=other))[0]
+    except (KeyError, ValueError):  # parameters that do not fit the config: not this pattern
+        return None
+    for name, probe in zip(backends, (probe_a, probe_b)):
+        logits = np.asarray(probe["logits"], dtype=np.float64)
+        if logits.shape != want.shape:
+            continue
+        d_want, d_alt = float(np.abs(logits - want).max()), float(np.abs(logits - alt).max())
+        if d_alt < 0.1 * d_want:
+            return (f"GELU form: {name} computes the {other} GELU where the config asks for {config.gelu} (its logits "
+                    f"are {d_alt:.1e} from the oracle's with the {other} form, {d_want:.1e} from the {config.gelu})")
+    return None
+
+
+def _cause(cause: str | None) -> str:
+    """`; likely cause: ...` for a FAIL line, or nothing."""
+    return f"; likely cause: {cause}" if cause else ""
 
 
 # --- the command -------------------------------------------------------------------------------------------------
@@ -680,11 +888,14 @@ def backend_dtype(name: str, requested: str | None) -> tuple[str, dict]:
 
 
 def resolve_tolerances(args: argparse.Namespace, pair: str) -> tuple[Tolerances, dict[str, str]]:
-    """Command-line tolerances over the measured defaults of `pair` and the size preset (none for --config);
-    also says where each came from."""
-    size = None if getattr(args, "config", None) else getattr(args, "size", None)
+    """Command-line tolerances over the measured defaults of `pair` and the size preset (none for --config, nor
+    for a preset changed by --set: the preset's were measured on its own model and schedule); also says where each
+    came from."""
+    size = None if getattr(args, "config", None) or getattr(args, "set", None) else getattr(args, "size", None)
     base = default_tolerances(pair, size)
-    where = f"default ({pair} pair, {size} preset)" if size else f"default ({pair} pair, loosest over the presets)"
+    why = ", --set changes the preset" if getattr(args, "set", None) else ""
+    where = (f"default ({pair} pair, {size} preset)" if size else
+             f"default ({pair} pair, loosest over the presets{why})")
     chosen, source = {}, {}
     for key in TOL_KEYS:
         given = getattr(args, f"tol_{key}", None)
@@ -733,7 +944,10 @@ def command(args: argparse.Namespace) -> int:
     device, devices = parse_devices(args.device, backends)  # --device DEVICE or NAME=DEVICE (repeatable)
     pair = precision_pair(*(dtypes[n] for n in backends))
     tolerances, tol_source = resolve_tolerances(args, pair)
-    config = load_config(args.size, args.config).replace(dropout=dropout, steps=args.steps)
+    from harness.nanogpt import parse_sets
+
+    config = load_config(args.size, args.config, parse_sets(getattr(args, "set", None))).replace(
+        dropout=dropout, steps=args.steps)
     corpus = load_corpus(args.data)
     progress = not getattr(args, "quiet", False)
     plan = launch.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
@@ -797,7 +1011,7 @@ def command(args: argparse.Namespace) -> int:
                      _load_probe(directory / f"{backends[1]}.probe.npz"),
                      ra["steps"]["loss"], rb["steps"]["loss"], tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
-                     backends=(backends[0], backends[1]))
+                     backends=(backends[0], backends[1]), config=config)
     for problem in launch.compare_fingerprints([ra, rb]):
         result.failures.append(f"FAIL: {problem}")
     record.update(verdict="pass" if result.passed else "fail", failures=list(result.failures),

@@ -21,16 +21,20 @@ from typing import Any
 import pandas as pd
 
 from harness import records
+from harness.config import OPTION_DEFAULTS
 from harness.errors import UsageError
 
 CONFIG_COLUMNS = ("n_embd", "n_layer", "n_head", "block_size", "batch_size", "d_hidden", "learning_rate", "dropout",
                   "weight_decay", "scheme", "target_val_loss")
+OPTION_COLUMNS = ("tie_embeddings", "gelu", "bias", "lm_head_bias", "decay", "lr_schedule", "warmup_steps",
+                  "decay_steps", "min_lr")
 COLUMNS = ("run_id", "backend", "label", "sweep_id", "cell", "contended", "seed", "device", "dtype", "precision",
            "dtype_option", "precision_option", "status", "steps_done", "total_steps", "final_eval_step",
            "final_val_loss", "final_train_loss", "step_median_s", "step_p10_s", "step_p90_s", "tokens_per_s",
            "contended_fraction", "mostly_disturbed", "disturbed_steps", "peak_bytes", "train_s", "wall_s",
            "setup_s", "first_step_s", "n_params", "flops_per_token", "achieved_flops", "target_reached",
-           "target_step", "target_train_s", "chrf", "bleu", "config_hash", *CONFIG_COLUMNS, "started_at")
+           "target_step", "target_train_s", "chrf", "bleu", "config_hash", *CONFIG_COLUMNS, *OPTION_COLUMNS,
+           "started_at")
 
 
 def costs(rec: dict) -> dict[str, Any]:
@@ -154,6 +158,8 @@ def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
         "started_at": rec.get("started_at"),
     }
     out.update({k: cfg.get(k) for k in CONFIG_COLUMNS})
+    # the model options and schedule: a record from before they existed ran the original model (their defaults)
+    out.update({k: cfg.get(k, OPTION_DEFAULTS[k]) for k in OPTION_COLUMNS})
     return out
 
 

@@ -30,6 +30,7 @@ from harness.backends.base import Backend
 from harness.config import Config
 from harness.contention import Sampler
 from harness.data import BatchStream
+from harness.schedule import learning_rate
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart
 WARMUP_STEPS = 10  # steps left out of the steady-state statistics (JIT, allocator and cache warm-up)
@@ -151,6 +152,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
           after_step: Callable[[int], None] | None = None, sampler: Sampler | None = None) -> Outcome:
     """Train from `start_step` to `total_steps`, appending to `curves`; never raises for Ctrl-C or NaN.
 
+    Step k trains with the schedule's rate `harness.schedule.learning_rate(config, k)` (nanoGPT's get_lr(k)).
     Evaluation happens before step 0, every `config.eval_interval` steps and after the last step. `on_flush(k)`
     is called when the curves hold every step before k (to persist them); `on_checkpoint(k)` after k updates.
     Parity mode: `masks(step)` gives the harness's dropout masks of a step (handed to `train_step`), and
@@ -159,7 +161,6 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     every evaluation, never per step); its chunks go to `curves.chunks`.
     """
     tokens_per_step = config.batch_size * config.block_size
-    lr = config.learning_rate
     clock = device_clock(backend)
     pending: list = []  # losses still on the device
     pending_t: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
@@ -225,6 +226,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                     break
                 do_eval(step)
             x, y = stream.batch(step)
+            lr = learning_rate(config, step)  # the schedule's rate, the same for every backend
             step_masks = masks(step) if masks else None  # drawn outside the timed region
             kw = {} if step_masks is None else {"masks": step_masks}
             if clock is None:  # synchronous device: host clock around the step and its (no-op) sync

@@ -15,26 +15,36 @@ from harness.config import Config
 
 
 def param_shapes(config: Config, vocab_size: int) -> dict[str, tuple[int, ...]]:
-    """Every parameter's canonical name and shape, in a fixed order."""
+    """Every parameter's canonical name and shape, in a fixed order.
+
+    The options leave parameters out: `bias = false` every bias of the blocks' Linears and LayerNorms and of ln_f
+    (nanoGPT's `bias`), `lm_head_bias = false` lm_head's bias, and `tie_embeddings` lm_head's weight (the output
+    layer uses wte.weight, which carries the gradient of both uses), as nanoGPT's named_parameters() lists them.
+    """
     d, dh, V = config.n_embd, config.d_hidden, vocab_size
     shapes: dict[str, tuple[int, ...]] = {
         "wte.weight": (V, d),
         "wpe.weight": (config.block_size, d),
     }
+
+    def add(name: str, shape: tuple[int, ...], bias: bool) -> None:
+        shapes[name + ".weight"] = shape
+        if bias:
+            shapes[name + ".bias"] = shape[:1]
+
     for i in range(config.n_layer):
         p = f"h.{i}."
-        shapes.update({
-            p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
-            p + "attn.c_attn.weight": (3 * d, d), p + "attn.c_attn.bias": (3 * d,),
-            p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
-            p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
-            p + "mlp.c_fc.weight": (dh, d), p + "mlp.c_fc.bias": (dh,),
-            p + "mlp.c_proj.weight": (d, dh), p + "mlp.c_proj.bias": (d,),
-        })
-    shapes.update({
-        "ln_f.weight": (d,), "ln_f.bias": (d,),
-        "lm_head.weight": (V, d), "lm_head.bias": (V,),
-    })
+        add(p + "ln_1", (d,), config.bias)
+        add(p + "attn.c_attn", (3 * d, d), config.bias)
+        add(p + "attn.c_proj", (d, d), config.bias)
+        add(p + "ln_2", (d,), config.bias)
+        add(p + "mlp.c_fc", (dh, d), config.bias)
+        add(p + "mlp.c_proj", (d, dh), config.bias)
+    add("ln_f", (d,), config.bias)
+    if not config.tie_embeddings:
+        shapes["lm_head.weight"] = (V, d)
+    if config.lm_head_bias:
+        shapes["lm_head.bias"] = (V,)
     return shapes
 
 
@@ -68,14 +78,26 @@ def init_weights(config: Config, vocab_size: int, seed: int) -> dict[str, np.nda
     return weights
 
 
-def decays(name: str, shape: tuple[int, ...]) -> bool:
-    """Whether AdamW's weight decay applies: only to >= 2-D tensors (matrices and embeddings), as nanoGPT."""
+def decays(name: str, shape: tuple[int, ...], convention: str = "nanogpt") -> bool:
+    """Whether AdamW's weight decay applies to a parameter (the config's `decay`).
+
+    "nanogpt": every tensor of 2 or more dimensions (Linear weights and the embeddings), as nanoGPT's
+    configure_optimizers. "mingpt": Linear weights only (c_attn, c_proj, c_fc, lm_head), not the embeddings, biases
+    or LayerNorm weights, as minGPT's; with tied embeddings the shared matrix is wte.weight, an embedding: not decayed.
+    """
+    if convention == "mingpt":
+        return len(shape) >= 2 and name not in ("wte.weight", "wpe.weight")
+    if convention != "nanogpt":
+        raise ValueError(f"unknown weight-decay convention {convention!r}; use nanogpt or mingpt")
     return len(shape) >= 2
 
 
 def count_parameters(shapes: dict[str, tuple[int, ...]], embeddings: bool = True) -> int:
-    """Number of scalars; without `embeddings`, the token and position tables are left out (as in nanoGPT)."""
-    return sum(int(np.prod(s)) for n, s in shapes.items() if embeddings or n not in ("wte.weight", "wpe.weight"))
+    """Number of scalars (a tied matrix once). Without `embeddings` the position table is left out, and the token
+    table unless it is also the output layer (tied: no lm_head.weight), as nanoGPT's get_num_params(non_embedding)."""
+    tied = "lm_head.weight" not in shapes
+    left_out = () if embeddings else ("wpe.weight",) if tied else ("wte.weight", "wpe.weight")
+    return sum(int(np.prod(s)) for n, s in shapes.items() if n not in left_out)
 
 
 def fingerprint(weights: dict[str, np.ndarray]) -> str:

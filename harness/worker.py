@@ -104,6 +104,7 @@ from harness.errors import UsageError  # noqa: E402
 from harness.masks import dropout_masks  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.runner import Curves, Interrupted, steady_start, summarize_times, train, truncate_chunks  # noqa: E402
+from harness.schedule import effective_rate, learning_rates  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
 OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
@@ -263,24 +264,34 @@ class Worker:
         """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`; with
         dropout also the gradients under the step-0 masks (`dropout_grad/`); the parameters before step 1."""
         x, y = self.stream.batch(0)
-        arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y}
+        arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y,
+                  "lr": np.asarray(learning_rates(self.config, self.total_steps))}  # the rate of every step
         arrays.update({f"grad/{k}": np.asarray(v) for k, v in self.backend.gradients(x, y).items()})
         if self.masks:
             arrays.update({f"dropout_grad/{k}": np.asarray(v)
                            for k, v in self.backend.gradients(x, y, masks=self.masks(0)).items()})
-        arrays.update({f"opt/0/param/{k}": np.asarray(v) for k, v in self.backend.parameters().items()})
+        self.before = self.backend.parameters()  # for the rate each step takes (save_opt_step)
+        arrays.update({f"opt/0/param/{k}": np.asarray(v) for k, v in self.before.items()})
         self.probe = arrays
         records.atomic_write_npz(self.paths.probe(self.name), arrays)
 
     def save_opt_step(self, done: int) -> None:
         """Parity: after training step `done` (1..opt_steps), the parameters and AdamW moments into the probe
-        (`opt/<done>/param|adam_m|adam_v/<name>`); written once the last of them is in."""
-        if self.probe is None or done > self.opt_steps:
+        (`opt/<done>/param|adam_m|adam_v/<name>`); after every step, the learning rate the step took
+        (harness.schedule.effective_rate, `lr_used`). Written once the last state is in, and after the last step."""
+        if self.probe is None:
             return
         state = self.backend.state_dict()
-        self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
-                           if k.startswith(("param/", "adam_m/", "adam_v/"))})
-        if done == min(self.opt_steps, self.total_steps):
+        part = {kind: {k[len(kind) + 1:]: v for k, v in state.items() if k.startswith(kind + "/")}
+                for kind in ("param", "adam_m", "adam_v")}
+        self.lr_used.append(effective_rate(self.before, part["param"], part["adam_m"], part["adam_v"],
+                                           int(state["adam_t"]), self.config))
+        self.before = part["param"]
+        if done <= self.opt_steps:
+            self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
+                               if k.startswith(("param/", "adam_m/", "adam_v/"))})
+        if done == min(self.opt_steps, self.total_steps) or done == self.total_steps:
+            self.probe["lr_used"] = np.asarray(self.lr_used, dtype=np.float64)
             records.atomic_write_npz(self.paths.probe(self.name), self.probe)
 
     def resume(self) -> tuple[int, dict]:
@@ -355,6 +366,7 @@ class Worker:
         self.record = record
         parity = self.spec.get("parity")  # True, or {"opt_steps": K} from `harness parity`
         self.opt_steps = int(parity.get("opt_steps", OPT_STEPS)) if isinstance(parity, dict) else OPT_STEPS
+        self.lr_used: list[float] = []  # parity: the rate each training step took (save_opt_step)
         self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
                       if parity and self.config.dropout > 0 else None)  # the harness draws every mask
         if parity and start == 0:

@@ -68,6 +68,15 @@ def use_device(device: str) -> Any:
     raise DeviceUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu (or cuda with CuPy)")
 
 
+def _erf(x: Array) -> Array:
+    """The error function, elementwise, of the current array module (SciPy's, or CuPy's)."""
+    if xp is np:
+        from scipy.special import erf
+    else:
+        from cupyx.scipy.special import erf
+    return erf(x)
+
+
 def to_numpy(a: Array) -> np.ndarray:
     """A NumPy copy of an array of the current module (copies device arrays to the host)."""
     if xp is np:
@@ -105,39 +114,44 @@ def embedding_backward(dout: Array, cache: Cache) -> tuple[Array, Array]:
     return dwte, dwpe
 
 
-def linear_forward(x: Array, w: Array, b: Array) -> tuple[Array, Cache]:
-    """y = x @ W.T + b with W of shape (out, in); x (..., in) -> (..., out)."""
+def linear_forward(x: Array, w: Array, b: Array | None) -> tuple[Array, Cache]:
+    """y = x @ W.T + b with W of shape (out, in); x (..., in) -> (..., out). `b` None: no bias."""
     # one (N, in) @ (in, out) product over all leading axes: a single large BLAS call, not one per batch row
-    y = x.reshape(-1, x.shape[-1]) @ w.T + b
-    return y.reshape(*x.shape[:-1], w.shape[0]), (x, w)
+    y = x.reshape(-1, x.shape[-1]) @ w.T
+    if b is not None:
+        y = y + b
+    return y.reshape(*x.shape[:-1], w.shape[0]), (x, w, b is not None)
 
 
-def linear_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array]:
-    """Gradients (dx, dW, db); the leading axes of x are all "batch" and are summed over for dW and db."""
-    x, w = cache
+def linear_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array | None]:
+    """Gradients (dx, dW, db); the leading axes of x are all "batch" and are summed over for dW and db (None
+    without a bias)."""
+    x, w, has_bias = cache
     dout2 = dout.reshape(-1, dout.shape[-1])
     dx = (dout2 @ w).reshape(x.shape)
     dw = dout2.T @ x.reshape(-1, x.shape[-1])
-    db = dout2.sum(axis=0)
+    db = dout2.sum(axis=0) if has_bias else None
     return dx, dw, db
 
 
-def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float = LN_EPS) -> tuple[Array, Cache]:
-    """Normalise each feature vector to mean 0, variance 1 (biased variance + eps, as torch), then scale, shift."""
+def layernorm_forward(x: Array, gamma: Array, beta: Array | None, eps: float = LN_EPS) -> tuple[Array, Cache]:
+    """Normalise each feature vector to mean 0, variance 1 (biased variance + eps, as torch), then scale, shift
+    (`beta` None: no shift)."""
     mean = x.mean(axis=-1, keepdims=True)
     xc = x - mean
     var = (xc * xc).mean(axis=-1, keepdims=True)  # biased: divide by C, not C - 1
     rstd = 1.0 / xp.sqrt(var + eps)
     xhat = xc * rstd
-    return xhat * gamma + beta, (xhat, rstd, gamma)
+    out = xhat * gamma if beta is None else xhat * gamma + beta
+    return out, (xhat, rstd, gamma, beta is not None)
 
 
-def layernorm_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array]:
-    """Gradients (dx, dgamma, dbeta)."""
-    xhat, rstd, gamma = cache
+def layernorm_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array | None]:
+    """Gradients (dx, dgamma, dbeta); dbeta None without a shift."""
+    xhat, rstd, gamma, has_beta = cache
     C = dout.shape[-1]
     dgamma = (dout * xhat).reshape(-1, C).sum(axis=0)
-    dbeta = dout.reshape(-1, C).sum(axis=0)
+    dbeta = dout.reshape(-1, C).sum(axis=0) if has_beta else None
     dxhat = dout * gamma
     # xhat also moves with x through the mean and the variance; removing the components of dxhat along
     # those two directions (the constant vector and xhat itself) gives the gradient with respect to x.
@@ -157,6 +171,21 @@ def gelu_backward(dout: Array, cache: Cache) -> Array:
     x, t = cache
     du_dx = GELU_C * (1.0 + 3 * 0.044715 * x * x)
     return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx)
+
+
+def gelu_erf_forward(x: Array) -> tuple[Array, Cache]:
+    """GELU, exact form: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), Phi the standard normal CDF (torch's nn.GELU())."""
+    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+    return x * cdf, (x, cdf)
+
+
+def gelu_erf_backward(dout: Array, cache: Cache) -> Array:
+    """Gradient dx = dout (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the normal density."""
+    x, cdf = cache
+    return dout * (cdf + x * xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
+
+
+GELU = {"tanh": (gelu_forward, gelu_backward), "exact": (gelu_erf_forward, gelu_erf_backward)}  # config.gelu
 
 
 def dropout_forward(x: Array, p: float, rng: np.random.Generator | None,
@@ -249,19 +278,20 @@ def attention_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array, 
     return dx, dw_attn, db_attn, dw_proj, db_proj
 
 
-def mlp_forward(x: Array, w_fc: Array, b_fc: Array, w_proj: Array, b_proj: Array) -> tuple[Array, Cache]:
-    """Linear(C, F) -> GELU -> Linear(F, C)."""
+def mlp_forward(x: Array, w_fc: Array, b_fc: Array | None, w_proj: Array, b_proj: Array | None,
+                gelu: str = "tanh") -> tuple[Array, Cache]:
+    """Linear(C, F) -> GELU (`gelu`: "tanh" or "exact") -> Linear(F, C)."""
     h, fc_cache = linear_forward(x, w_fc, b_fc)
-    a, gelu_cache = gelu_forward(h)
+    a, gelu_cache = GELU[gelu][0](h)
     out, proj_cache = linear_forward(a, w_proj, b_proj)
-    return out, (fc_cache, gelu_cache, proj_cache)
+    return out, (fc_cache, gelu_cache, proj_cache, gelu)
 
 
 def mlp_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array, Array, Array]:
     """Gradients (dx, dw_fc, db_fc, dw_proj, db_proj)."""
-    fc_cache, gelu_cache, proj_cache = cache
+    fc_cache, gelu_cache, proj_cache, gelu = cache
     da, dw_proj, db_proj = linear_backward(dout, proj_cache)
-    dh = gelu_backward(da, gelu_cache)
+    dh = GELU[gelu][1](da, gelu_cache)
     dx, dw_fc, db_fc = linear_backward(dh, fc_cache)
     return dx, dw_fc, db_fc, dw_proj, db_proj
 
@@ -298,8 +328,8 @@ def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Confi
 
     `masks` are the harness's keep-masks by site ("h.{i}.attn", "h.{i}.mlp"; see gpt_forward).
     """
-    def p(name: str) -> Array:
-        return params[prefix + name]
+    def p(name: str) -> Array | None:
+        return params.get(prefix + name)  # a bias is absent (None) with config.bias false
 
     masks = masks or {}
 
@@ -310,7 +340,7 @@ def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Confi
     x = x + a
     h, ln2_cache = layernorm_forward(x, p("ln_2.weight"), p("ln_2.bias"))
     m, mlp_cache = mlp_forward(h, p("mlp.c_fc.weight"), p("mlp.c_fc.bias"),
-                               p("mlp.c_proj.weight"), p("mlp.c_proj.bias"))
+                               p("mlp.c_proj.weight"), p("mlp.c_proj.bias"), config.gelu)
     m, drop2_cache = dropout_forward(m, config.dropout, rng, masks.get(prefix + "mlp"))
     return x + m, (ln1_cache, attn_cache, drop1_cache, ln2_cache, mlp_cache, drop2_cache)
 
@@ -330,7 +360,7 @@ def block_backward(dout: Array, cache: Cache, prefix: str) -> tuple[Array, dict[
         attention_backward(da, attn_cache)
     dx_branch, g["ln_1.weight"], g["ln_1.bias"] = layernorm_backward(dh, ln1_cache)
     dx = dx + dx_branch
-    return dx, {prefix + name: grad for name, grad in g.items()}
+    return dx, {prefix + name: grad for name, grad in g.items() if grad is not None}  # no bias: no gradient
 
 
 def gpt_forward(params: dict[str, Array], idx: Array, config: Config,
@@ -350,23 +380,30 @@ def gpt_forward(params: dict[str, Array], idx: Array, config: Config,
     for i in range(config.n_layer):
         x, c = block_forward(x, params, f"h.{i}.", config, rng, masks)
         block_caches.append(c)
-    h, lnf_cache = layernorm_forward(x, params["ln_f.weight"], params["ln_f.bias"])
-    logits, head_cache = linear_forward(h, params["lm_head.weight"], params["lm_head.bias"])
-    return logits, (emb_cache, drop_cache, block_caches, lnf_cache, head_cache)
+    h, lnf_cache = layernorm_forward(x, params["ln_f.weight"], params.get("ln_f.bias"))
+    # tied embeddings: the output layer is the token table itself, logits = h @ wte.T
+    w_head = params["wte.weight"] if config.tie_embeddings else params["lm_head.weight"]
+    logits, head_cache = linear_forward(h, w_head, params.get("lm_head.bias"))
+    return logits, (emb_cache, drop_cache, block_caches, lnf_cache, head_cache, config.tie_embeddings)
 
 
 def gpt_backward(dlogits: Array, cache: Cache) -> dict[str, Array]:
     """Gradients of every parameter, {canonical name: array of the canonical shape}."""
-    emb_cache, drop_cache, block_caches, lnf_cache, head_cache = cache
-    grads: dict[str, Array] = {}
-    dh, grads["lm_head.weight"], grads["lm_head.bias"] = linear_backward(dlogits, head_cache)
-    dx, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(dh, lnf_cache)
+    emb_cache, drop_cache, block_caches, lnf_cache, head_cache, tied = cache
+    g: dict[str, Array | None] = {}
+    dh, dw_head, db_head = linear_backward(dlogits, head_cache)
+    if not tied:
+        g["lm_head.weight"] = dw_head
+    g["lm_head.bias"] = db_head
+    dx, g["ln_f.weight"], g["ln_f.bias"] = layernorm_backward(dh, lnf_cache)
     for i in reversed(range(len(block_caches))):
         dx, block_grads = block_backward(dx, block_caches[i], f"h.{i}.")
-        grads.update(block_grads)
+        g.update(block_grads)
     dx = dropout_backward(dx, drop_cache)
-    grads["wte.weight"], grads["wpe.weight"] = embedding_backward(dx, emb_cache)
-    return grads
+    g["wte.weight"], g["wpe.weight"] = embedding_backward(dx, emb_cache)
+    if tied:  # one matrix used twice: its gradient is the sum of both uses
+        g["wte.weight"] = g["wte.weight"] + dw_head
+    return {name: grad for name, grad in g.items() if grad is not None}
 
 
 def loss_and_gradients(params: dict[str, Array], idx: Array, targets: Array, config: Config,
@@ -407,7 +444,7 @@ class AdamW:
     """AdamW with torch.optim.AdamW's semantics and order of operations (single-tensor path, amsgrad off).
 
     Per parameter p with gradient g, at step t (starting at 1):
-        p *= 1 - lr * weight_decay                     only where harness.weights.decays(name, shape)
+        p *= 1 - lr * weight_decay                     only where harness.weights.decays(name, shape, decay)
         m  = m + (1 - beta1) (g - m)                   = beta1 m + (1 - beta1) g, written as torch's lerp
         v  = beta2 v + (1 - beta2) g^2
         p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
@@ -415,11 +452,11 @@ class AdamW:
     """
 
     def __init__(self, params: dict[str, Array], betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, decay: str = "nanogpt") -> None:
         self.beta1, self.beta2 = float(betas[0]), float(betas[1])
         self.eps = float(eps)
         self.weight_decay = float(weight_decay)
-        self.decay = {name: decays(name, tuple(p.shape)) for name, p in params.items()}
+        self.decay = {name: decays(name, tuple(p.shape), decay) for name, p in params.items()}  # config.decay
         self.m = {name: xp.zeros_like(p) for name, p in params.items()}
         self.v = {name: xp.zeros_like(p) for name, p in params.items()}
         self.t = 0

@@ -1,4 +1,8 @@
-"""The PyTorch nanoGPT of docs/design.md, after karpathy/nanoGPT's model.py (biases on, untied lm_head, tanh GELU).
+"""The PyTorch nanoGPT of docs/design.md, after karpathy/nanoGPT's model.py.
+
+By default biases on, an untied lm_head with a bias and tanh GELU (the harness's original model); the options
+`bias`, `lm_head_bias`, `tie_embeddings` and `gelu="exact"` give nanoGPT's own (bias=False, no lm_head bias, tied,
+nn.GELU()), with nanoGPT's operations in nanoGPT's order (docs/nanogpt.md has the bitwise comparison).
 
 Parameter names equal the harness's canonical names (harness/weights.py), so canonical weights load with
 `load_state_dict` and gradients come back under the same names without any mapping.
@@ -24,11 +28,11 @@ class Dropout(nn.Dropout):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool = True):
         super().__init__()
         self.n_head = n_head
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)  # fused q, k, v: rows [q; k; v]
-        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # fused q, k, v: rows [q; k; v]
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,24 +47,26 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, n_embd: int, d_hidden: int, dropout: float):
+    def __init__(self, n_embd: int, d_hidden: int, dropout: float, bias: bool = True, gelu: str = "tanh"):
         super().__init__()
-        self.c_fc = nn.Linear(n_embd, d_hidden)
-        self.c_proj = nn.Linear(d_hidden, n_embd)
+        self.c_fc = nn.Linear(n_embd, d_hidden, bias=bias)
+        self.c_proj = nn.Linear(d_hidden, n_embd, bias=bias)
         self.dropout = Dropout(dropout)
+        # "tanh" (NNlib's default `gelu` is the tanh form too) or "exact" x * Phi(x), nanoGPT's nn.GELU()
+        self.approximate = {"tanh": "tanh", "exact": "none"}[gelu]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        # tanh GELU: the same form in every backend (NNlib's default `gelu` is the tanh form too)
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")), mask)
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)), mask)
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, d_hidden: int, dropout: float):
+    def __init__(self, n_embd: int, n_head: int, d_hidden: int, dropout: float, bias: bool = True,
+                 gelu: str = "tanh"):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
-        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.mlp = MLP(n_embd, d_hidden, dropout)
+        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5, bias=bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5, bias=bias)
+        self.mlp = MLP(n_embd, d_hidden, dropout, bias, gelu)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 mlp_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,18 +75,21 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token + position embedding, n_layer blocks, final LayerNorm, untied lm_head with bias."""
+    """Token + position embedding, n_layer blocks, final LayerNorm, lm_head (untied with a bias by default)."""
 
     def __init__(self, vocab_size: int, block_size: int, n_embd: int, n_layer: int, n_head: int,
-                 d_hidden: int, dropout: float):
+                 d_hidden: int, dropout: float, bias: bool = True, lm_head_bias: bool = True,
+                 tie_embeddings: bool = False, gelu: str = "tanh"):
         super().__init__()
         self.block_size = block_size
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = Dropout(dropout)
-        self.h = nn.ModuleList(Block(n_embd, n_head, d_hidden, dropout) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
-        self.lm_head = nn.Linear(n_embd, vocab_size)
+        self.h = nn.ModuleList(Block(n_embd, n_head, d_hidden, dropout, bias, gelu) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, eps=1e-5, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=lm_head_bias)
+        if tie_embeddings:  # one Parameter in both places, as nanoGPT: autograd sums the gradients of both uses
+            self.wte.weight = self.lm_head.weight
         # Weights are never initialised here: the harness hands every backend the same canonical arrays.
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,

@@ -56,7 +56,7 @@ def test_committed_fixture_is_what_the_generator_writes(fresh: str):
     committed = (TEST_DIR / "fixture.txt").read_text(encoding="utf-8")
     assert not _differences(committed, fresh), (
         "julia/NanoGPTFlux/test/fixture.txt is stale: run `python julia/NanoGPTFlux/test/make_fixture.py`")
-    assert len(committed.encode()) < 100_000
+    assert len(committed.encode()) < 120_000  # with the options case (nanoGPT's options): 110 kB
 
 
 def test_stale_fixture_is_caught(fresh: str):
@@ -89,3 +89,27 @@ def test_fixture_layout_and_contents(fresh: str):
     assert not np.allclose(arrays["grad/wte.weight"], arrays["grad_masked/wte.weight"])
     assert not np.allclose(arrays["step1/param/h.0.ln_1.bias"], arrays["param/h.0.ln_1.bias"])
     assert scalars["loss_step_1"] == scalars["loss_masked"]
+
+
+def test_fixture_options_case(fresh: str):
+    """The options case (nanoGPT's model options and a cosine schedule): its parameters are those the options leave
+    (no biases, no lm_head.weight), in the Flux layout, and its two rates are the schedule's."""
+    from harness.schedule import learning_rates
+    from harness.weights import param_shapes
+
+    cfg, scalars, arrays = make_fixture.parse(fresh)
+    config = make_fixture.options_config()
+    assert (cfg["options.tie_embeddings"], cfg["options.gelu"], cfg["options.bias"]) == ("true", "exact", "false")
+    names = list(param_shapes(config, make_fixture.VOCAB))
+    assert "lm_head.weight" not in names and not [n for n in names if n.endswith(".bias")]
+    assert cfg["options.decay"].split(",") == [n for n, s in param_shapes(config, make_fixture.VOCAB).items()
+                                               if decays(n, s, config.decay)]
+    weights = make_fixture.tiny_weights(config)
+    for name, a in to_flux(weights).items():
+        np.testing.assert_array_equal(arrays[f"options/param/{name}"].astype(np.float32), a)
+        for prefix in ("options/grad", "options/step1/param", "options/step2/param", "options/step2/adam_v"):
+            assert arrays[f"{prefix}/{name}"].shape == a.shape, (prefix, name)
+    rates = [scalars["options/lr_1"], scalars["options/lr_2"]]
+    np.testing.assert_allclose(rates, learning_rates(config, 2), rtol=1e-12)
+    assert scalars["options/lr_1"] != scalars["options/lr_2"]  # a warm-up step, then the peak
+    assert not [k for k in arrays if k.startswith("options/") and "lm_head.weight" in k]

@@ -23,7 +23,7 @@ PKG_DIR = JULIA_DIR / "NanoGPTFlux"
 JULIAPKG_JSON = ROOT / "harness" / "juliapkg.json"
 
 # UUIDs as read from each package's own Project.toml (FluxML/Flux.jl, FluxML/NNlib.jl, FluxML/Optimisers.jl,
-# FluxML/Zygote.jl, FluxML/OneHotArrays.jl, JuliaGPU/CUDA.jl and its lib/cudnn).
+# FluxML/Zygote.jl, FluxML/OneHotArrays.jl, JuliaGPU/CUDA.jl and its lib/cudnn; SpecialFunctions from NNlib's).
 UUIDS = {
     "Flux": "587475ba-b771-5e3f-ad9e-33799f191a9c",
     "NNlib": "872c559c-99b0-510c-b3b7-b6c96a88d5cd",
@@ -32,10 +32,11 @@ UUIDS = {
     "OneHotArrays": "0b1bfda6-eb8a-41d2-88d8-f5af5cad476f",
     "CUDA": "052768ef-5323-5732-b1bb-66c8b64840ba",
     "cuDNN": "02a925ec-e4fe-4b08-9a7e-0d78e3d38ccd",
+    "SpecialFunctions": "276daf66-3868-5448-9aa4-cd146d93841b",  # NNlib's weak dependency: gelu_erf
 }
 # Lower bounds the code relies on (see the comments in Project.toml).
 MIN_VERSIONS = {"Flux": (0, 16, 0), "NNlib": (0, 9, 37), "Optimisers": (0, 4, 2), "OneHotArrays": (0, 2, 4),
-                "CUDA": (5, 5, 0), "Zygote": (0, 6, 67), "cuDNN": (1, 3, 0)}
+                "CUDA": (5, 5, 0), "Zygote": (0, 6, 67), "cuDNN": (1, 3, 0), "SpecialFunctions": (2, 0, 0)}
 
 
 def _fatou(*args: str) -> subprocess.CompletedProcess:

@@ -143,7 +143,7 @@ def test_outside_port_is_green(which: str, dtype: str, request: pytest.FixtureRe
     code, out, _ = check(capsys, kit, results)
     assert code == 0, out
     assert "PASS: the port agrees with the oracle at logits, gradients, " in out
-    assert out.count(" ok ") == (5 if which == "kit_drop" else 4)  # every depth graded
+    assert out.count(" ok ") == (6 if which == "kit_drop" else 5)  # every depth graded, and the rate of each step
     verdict = json.loads((tmp_path / "results.check.json").read_text())
     assert verdict["verdict"] == "pass" and verdict["dtype"] == dtype and verdict["diagnosis"] is None
     assert verdict["results"]["optimizer"]["steps"] == [1, 2, 3]

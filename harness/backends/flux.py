@@ -186,7 +186,8 @@ def _manifest_versions(project: str | None) -> dict[str, str]:
         return {}
     deps = manifest.get("deps", manifest)  # format 2.0 nests under [deps]
     out = {}
-    for name in ("PythonCall", "Flux", "NNlib", "Optimisers", "Zygote", "OneHotArrays", "CUDA", "cuDNN", PACKAGE):
+    for name in ("PythonCall", "Flux", "NNlib", "Optimisers", "Zygote", "OneHotArrays", "CUDA", "cuDNN",
+                 "SpecialFunctions", PACKAGE):
         entries = deps.get(name)
         if isinstance(entries, list) and entries:
             out[name] = str(entries[0].get("version", "dev" if "path" in entries[0] else "?"))
@@ -407,8 +408,12 @@ class FluxBackend:
             "weight_decay": float(config.weight_decay), "beta1": float(config.beta1), "beta2": float(config.beta2),
             "eps": float(config.eps), "grad_clip": float(config.grad_clip), "seed": int(seed),
             "device": device, "tf32": self.tf32, "gc_every": GC_EVERY,
+            # the model options (harness.config.OPTION_DEFAULTS); which parameters exist follows from them
+            "tie_embeddings": bool(config.tie_embeddings), "gelu": config.gelu, "bias": bool(config.bias),
+            "lm_head_bias": bool(config.lm_head_bias),
             # which parameters AdamW decays: harness/weights.py decides, Julia only reads the list
-            "decay": ",".join(name for name, w in weights.items() if decays(name, tuple(np.shape(w)))),
+            "decay": ",".join(name for name, w in weights.items()
+                              if decays(name, tuple(np.shape(w)), config.decay)),
         })
         try:
             self._state = self._mod.build(cfg, self._jdict(to_flux(weights)))

@@ -156,7 +156,7 @@ class NumpyBackend:
         self.device = device
         self.params = {name: xp.array(weights[name], dtype=self.dtype) for name in expected}
         self.optimizer = numpy_gpt.AdamW(self.params, betas=(config.beta1, config.beta2), eps=config.eps,
-                                         weight_decay=config.weight_decay)
+                                         weight_decay=config.weight_decay, decay=config.decay)
         if xp is np:
             self.rng = np.random.Generator(np.random.PCG64(seed))
         else:

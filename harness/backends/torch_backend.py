@@ -32,6 +32,29 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t
 
 
+def build_model(config: Config, weights: dict[str, np.ndarray], vocab_size: int) -> GPT:
+    """python_impl.torch_gpt.GPT of `config` (its model options) holding the canonical `weights` (float32, CPU).
+
+    Tied embeddings: state_dict() lists the one shared matrix under both names, so it is loaded under both."""
+    model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head, config.d_hidden,
+                config.dropout, bias=config.bias, lm_head_bias=config.lm_head_bias,
+                tie_embeddings=config.tie_embeddings, gelu=config.gelu)
+    state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
+    if config.tie_embeddings and "wte.weight" in state:
+        state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def adamw_groups(model: torch.nn.Module, config: Config) -> list[dict]:
+    """AdamW's two groups, as nanoGPT's configure_optimizers: decayed parameters (harness.weights.decays with the
+    config's convention) and the rest, each in named_parameters() order (a tied matrix once)."""
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if decays(n, tuple(p.shape), config.decay)],
+             "weight_decay": config.weight_decay},
+            {"params": [p for n, p in named if not decays(n, tuple(p.shape), config.decay)], "weight_decay": 0.0}]
+
+
 def adamw_flags(device_type: str, parity: bool) -> dict[str, bool]:
     """AdamW implementation flags: fused on CUDA for speed; in parity mode the single-tensor loop on every device
     (the fused kernel computes the bias corrections in float32 and orders the operations differently from the
@@ -128,16 +151,11 @@ class TorchBackend:
         # TF32 off unless asked for: parity needs plain fp32 matmuls on Ampere+ GPUs
         torch.backends.cuda.matmul.allow_tf32 = self.precision == "tf32"
         torch.backends.cudnn.allow_tf32 = self.precision == "tf32"
-        model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
-                    config.d_hidden, config.dropout)
-        model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}, strict=True)
+        model = build_model(config, weights, vocab_size)
         self.model = model.to(device=self.device, dtype=self.dtype)
         named = list(self.model.named_parameters())
-        groups = [
-            {"params": [p for n, p in named if decays(n, tuple(p.shape))], "weight_decay": config.weight_decay},
-            {"params": [p for n, p in named if not decays(n, tuple(p.shape))], "weight_decay": 0.0},
-        ]
-        self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2),
+        self.optimizer = torch.optim.AdamW(adamw_groups(self.model, config), lr=config.learning_rate,
+                                           betas=(config.beta1, config.beta2),
                                            eps=config.eps, **adamw_flags(self.device.type, self.parity))
         self._kernels = attention_kernels(self.device.type, self.parity)
         self.forward = torch.compile(self.model) if self.compile else self.model

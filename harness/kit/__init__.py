@@ -19,14 +19,18 @@ DEFAULT_STEPS = 5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `export` and `check` subcommands of `harness kit`."""
-    from harness.config import SIZES
+    from harness.config import PRESETS
     from harness.options import Parser, positive_int
 
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
     e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json")
-    e.add_argument("--size", default="small", choices=SIZES, metavar="SIZE",
-                   help=f"size preset: {', '.join(SIZES)} (default small)")
-    e.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`)")
+    e.add_argument("--size", default="small", choices=PRESETS, metavar="SIZE",
+                   help=f"size preset: {', '.join(PRESETS)} (default small)")
+    e.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`), "
+                   "or a nanoGPT config .py")
+    e.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="override one config value (repeatable), e.g. tie_embeddings=true, gelu=exact, "
+                        "lr_schedule=cosine, warmup_steps=2, decay_steps=4, min_lr=0.001")
     e.add_argument("--data", metavar="PATH", help="UTF-8 text (default: $HARNESS_DATA, else Tiny Shakespeare)")
     e.add_argument("--seed", type=int, default=1337, help="seed of the weights, batches and masks (1337)")
     e.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS, metavar="N",

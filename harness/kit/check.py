@@ -207,10 +207,41 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
     port = {key: (results[key] if key in results else value) for key, value in oracle.items()}
     for n in params:  # the state before step 1, the same on both sides: the kit's initial weights
         oracle[opt_key(0, "param", n)] = port[opt_key(0, "param", n)] = np.asarray(weights[n], dtype=np.float64)
+    batches = kit.get("batches.npz") or {}
+    for key in ("x", "y"):  # step 0's batch, as a parity probe holds it (the option diagnoses read it)
+        if key in batches:
+            oracle[key] = port[key] = np.asarray(batches[key][0])
+    config = _config(manifest)
+    if config is not None and opt_k and "lr" in batches:  # the rate each side's steps took, from its own states,
+        for probe in (oracle, port):  # against the kit's schedule (harness.parity's learning-rate check)
+            probe["lr"] = np.asarray(batches["lr"], dtype=np.float64)
+            probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
-    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT))
+    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
+                            config=config)
     return result, tol
+
+
+def _rate(probe: dict[str, np.ndarray], k: int, params: list[str], config: Any) -> float:
+    """The learning rate optimizer step k took in `probe` (harness.schedule.effective_rate)."""
+    from harness.schedule import effective_rate
+
+    def state(step: int, kind: str) -> dict[str, np.ndarray]:
+        return {n: probe[opt_key(step, kind, n)] for n in params}
+
+    return effective_rate(state(k - 1, "param"), state(k, "param"), state(k, "adam_m"), state(k, "adam_v"), k,
+                          config)
+
+
+def _config(manifest: dict[str, Any]) -> Any:
+    """The kit's harness Config (for the option and schedule diagnoses), or None when the manifest's is not one."""
+    from harness.config import config_from_dict
+
+    try:
+        return config_from_dict(manifest.get("config"), MANIFEST)
+    except (UsageError, TypeError):
+        return None
 
 
 def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
@@ -248,6 +279,9 @@ CAUSES = {
 }
 
 
+FAIL_LINE = {"logits": "FAIL: logits", "gradients": "FAIL: gradient ", "dropout_gradients": "FAIL: gradient with"}
+
+
 def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict[str, Any] | None:
     """The first broken depth (in the order the model computes them), the parameter harness.parity names there
     and the likely cause."""
@@ -257,16 +291,18 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
     for depth in DEPTHS:
         if depth not in failed:
             continue
+        named = next((f.split("likely cause: ", 1)[1] for f in result.failures
+                      if f.startswith(FAIL_LINE.get(depth, "-")) and "likely cause: " in f), None)
         if depth == "logits":
             w = result.logits_where
-            return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
+            return {"depth": depth, "parameter": None, "cause": named or CAUSES[depth],
                     "detail": f"largest difference at batch row {w[0]}, position {w[1]}, token {w[2]}"
                     if len(w) == 3 else ""}
         if depth in ("gradients", "dropout_gradients"):
             errs = result.grad_rel_err if depth == "gradients" else result.dropout_grad_rel_err
             worst = result.worst_grad if depth == "gradients" else result.worst_dropout_grad
             over = [n for n in params if not errs.get(n, math.nan) <= result.tolerances.grad]
-            return {"depth": depth, "parameter": worst, "cause": CAUSES[depth],
+            return {"depth": depth, "parameter": worst, "cause": named or CAUSES[depth],
                     "detail": f"worst rel err {errs.get(worst, math.nan):.1e}; {len(over)} of {len(params)} "
                               "parameters over tolerance"}
         if depth == "optimizer":

@@ -115,12 +115,14 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     from harness.backends.numpy_backend import NumpyBackend
     from harness.data import BatchStream
     from harness.masks import dropout_masks
+    from harness.schedule import learning_rates
     from harness.weights import init_weights, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
     weights = init_weights(config, corpus.vocab_size, seed)
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, seed, config.scheme)
     batches = [stream.batch(k) for k in range(steps)]
+    lrs = learning_rates(config, steps)  # the harness's schedule: what every backend gets, and the port reads
     oracle = NumpyBackend(dtype="float64")
     dropout = config.dropout > 0
     masks = [dropout_masks(config, seed, k) for k in range(steps)] if dropout else []  # parity's masks exactly
@@ -142,9 +144,9 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     losses = []
     for k, (x, y) in enumerate(batches):
         if dropout:
-            loss = oracle.train_step(x, y, config.learning_rate, masks=masks[k])
+            loss = oracle.train_step(x, y, lrs[k], masks=masks[k])
         else:
-            loss = oracle.train_step(x, y, config.learning_rate)
+            loss = oracle.train_step(x, y, lrs[k])
         losses.append(float(loss))
         state = oracle.state_dict()
         for kind in KINDS:
@@ -158,7 +160,8 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     files: dict[str, dict[str, np.ndarray]] = {
         "weights.npz": dict(weights),
         "batches.npz": {"x": np.stack([b[0] for b in batches]).astype(np.int64),
-                        "y": np.stack([b[1] for b in batches]).astype(np.int64)},
+                        "y": np.stack([b[1] for b in batches]).astype(np.int64),
+                        "lr": np.asarray(lrs, dtype=np.float64)},
         "expected.npz": expected,
     }
     if dropout:
@@ -170,12 +173,18 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
 def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps: int,
                    files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
     """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
-    from harness import __version__
+    from harness import __version__, schedule
     from harness.kit.layout import describe
     from harness.parity import default_tolerances
-    from harness.weights import param_shapes
+    from harness.weights import decays, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
+    gelu = {"tanh": "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
+            "exact": "exact GELU x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))) (torch nn.GELU(), nanoGPT's)"}[config.gelu]
+    head = ("tied lm_head: logits = h @ wte.weight.T (no lm_head.weight; the gradient of wte.weight is the sum of "
+            "both uses)" if config.tie_embeddings else "untied lm_head")
+    head += " with bias" if config.lm_head_bias else " without bias"
+    decayed = [n for n, shape in shapes.items() if decays(n, shape, config.decay)]
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -189,15 +198,26 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "model": ("token + learned position embedding, dropout, n_layer pre-LayerNorm blocks x + drop(attn(ln_1(x))),"
                   " x + drop(mlp(ln_2(x))); causal attention with one fused qkv Linear (rows q, k, v; head h owns "
                   "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), no dropout on the attention probabilities;"
-                  " MLP Linear -> tanh GELU -> Linear; final LayerNorm (eps 1e-5, biased variance); untied lm_head"
-                  " with bias; loss = mean cross-entropy over all B*T positions"),
+                  f" MLP Linear -> {gelu} -> Linear; final LayerNorm (eps 1e-5, biased variance); {head}; "
+                  + ("biases in every Linear and LayerNorm of the blocks and ln_f" if config.bias else
+                     "no biases in the blocks' Linears and LayerNorms nor in ln_f (nanoGPT's bias = False)")
+                  + "; loss = mean cross-entropy over all B*T positions"),
+        "model_options": {"tie_embeddings": config.tie_embeddings, "gelu": config.gelu, "bias": config.bias,
+                          "lm_head_bias": config.lm_head_bias, "mlp_hidden": config.d_hidden},
         "training": {
-            "learning_rate": config.learning_rate, "schedule": "constant",
+            "learning_rate": config.learning_rate, "schedule": schedule.describe(config),
+            "lr_schedule": config.lr_schedule, "warmup_steps": config.warmup_steps,
+            "decay_steps": config.decay_steps, "min_lr": config.min_lr,
+            "learning_rates": [float(v) for v in files["batches.npz"]["lr"]],
+            "decay": config.decay, "decayed_parameters": decayed,
             "clip": "global L2 norm over all gradients; coef = min(1, grad_clip / (norm + 1e-6)) multiplies every "
                     "gradient (torch.nn.utils.clip_grad_norm_); grad_clip 0 disables",
-            "adamw": "PyTorch AdamW: p *= 1 - lr*weight_decay (decoupled, only parameters with >= 2 dimensions); "
-                     "m = beta1 m + (1-beta1) g; v = beta2 v + (1-beta2) g^2; "
-                     "p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps), t = 1, 2, ...",
+            "adamw": "PyTorch AdamW: p *= 1 - lr*weight_decay (decoupled, only the decayed_parameters: "
+                     + ("every parameter with >= 2 dimensions, embeddings included, as nanoGPT" if config.decay ==
+                        "nanogpt" else "Linear weights only, not embeddings, biases or LayerNorm weights, as minGPT")
+                     + "); m = beta1 m + (1-beta1) g; v = beta2 v + (1-beta2) g^2; "
+                     "p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps), t = 1, 2, ...; lr = "
+                     "learning_rates[k] (batches.npz lr[k]) at step k",
             "dropout": "inverted: x * mask / (1 - p) with masks[k] at step k; on the embedding sum (emb), after each "
                        "block's attention output projection (h.i.attn) and MLP output projection (h.i.mlp), before "
                        "the residual add" if config.dropout > 0 else "none (dropout 0)",
@@ -205,6 +225,8 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "definitions": {
             "x, y": "batches.npz: x[k], y[k] are step k's (B, T) inputs and targets, 0-based token ids (a 1-based "
                     "language adds 1); y is x shifted by one position",
+            "lr": "batches.npz: lr[k] is step k's learning rate (0-based k; nanoGPT's get_lr(k)), as in "
+                  "training.learning_rates",
             "logits": "step 0: forward of x[0] with the initial weights, dropout off",
             "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
             "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
@@ -246,8 +268,11 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {args.steps} is more than {MAX_STEPS}; a kit checks the first few steps "
                          "(5 is plenty), pass fewer")
     _check_out(args.out)
-    config = load_config(args.size, args.config).replace(dropout=dropout, steps=args.steps)
-    size = None if args.config else args.size
+    from harness.nanogpt import parse_sets
+
+    config = load_config(args.size, args.config, parse_sets(getattr(args, "set", None))).replace(
+        dropout=dropout, steps=args.steps)
+    size = None if args.config or getattr(args, "set", None) else args.size  # measured tolerances: the preset's
     corpus = load_corpus(args.data)
     check_fits(corpus, config.block_size, config.batch_size)
     print(f"kit: {config.name}, {args.steps} steps, dropout {dropout:g}, seed {args.seed} -> {args.out}",

@@ -36,7 +36,9 @@ def describe(group: str, key: str, shape: tuple[int, ...]) -> dict[str, Any]:
     last axis fastest) and, for Flux/Lux, the per-step shape and the conversion."""
     name = key.rsplit("/", 1)[-1]
     out: dict[str, Any] = {"shape": list(shape), "order": "C"}
-    if group == "batches":
+    if group == "batches" and key == "lr":
+        out.update(axes=["step"], flux="unchanged: lr[k] is step k's learning rate (0-based k)")
+    elif group == "batches":
         step = flux_layout.tokens_to_flux(np.zeros(shape[1:], dtype=np.int64))
         out.update(axes=["step", "batch", "time"], flux_per_step_shape=list(step.shape),
                    flux="x[k] is (B, T) 0-based: transpose to (T, B) and add 1 (flux_layout.tokens_to_flux)")

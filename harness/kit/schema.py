@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness.config import GELUS, PRESETS
 from harness.errors import UsageError
 from harness.kit.export import FILES, MANIFEST, MAX_STEPS, SCHEMA, SCHEMA_VERSION
 
@@ -39,7 +40,7 @@ FIELDS: dict[str, dict[str, Any]] = {
     "schema_version": {"const": SCHEMA_VERSION},
     "created_at": _TEXT,
     "harness_version": _TEXT,
-    "size": {"enum": ["small", "medium", "large", None]},  # null: exported from a --config of one's own
+    "size": {"enum": [*PRESETS, None]},  # null: exported from a --config of one's own
     "config": {"type": "object", "required": ["name", "dropout", "learning_rate"],
                "properties": {"name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"},
                               "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
@@ -55,6 +56,10 @@ FIELDS: dict[str, dict[str, Any]] = {
                    "additionalProperties": {"type": "array", "items": {"type": "integer", "minimum": 1},
                                             "minItems": 1, "maxItems": 2}},
     "model": _TEXT,
+    "model_options": {"type": "object", "additionalProperties": False,
+                      "properties": {"tie_embeddings": {"type": "boolean"}, "gelu": {"enum": list(GELUS)},
+                                     "bias": {"type": "boolean"}, "lm_head_bias": {"type": "boolean"},
+                                     "mlp_hidden": {"type": "integer", "minimum": 1}}},
     "training": {"type": "object"},
     "definitions": {"type": "object"},
     "results": {"type": "object"},

@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from harness.config import SIZES, Config, load_config
+from harness.config import PRESETS, Config, load_config
 from harness.errors import UsageError
 
 DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
@@ -90,8 +90,9 @@ def _list(value: Any, what: str, kind: type | tuple[type, ...] = str) -> list:
     values = value if isinstance(value, list) else [value]
     if not values:
         raise UsageError(f"sweep axis {what} is empty; list at least one value or leave it out")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
     for v in values:
-        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+        if not isinstance(v, kind) or (isinstance(v, bool) and bool not in kinds):
             raise UsageError(f"sweep axis {what}: {v!r} is not a {getattr(kind, '__name__', kind)}; fix the value")
     if len(set(map(repr, values))) != len(values):
         raise UsageError(f"sweep axis {what} lists a value twice ({values}); name each value once")
@@ -179,8 +180,8 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     if "sizes" in doc:
         spec.sizes = _list(doc["sizes"], "sizes")
         for s in spec.sizes:
-            if s not in SIZES:
-                raise UsageError(f"unknown size {s!r} in the sweep; choose from {', '.join(SIZES)}")
+            if s not in PRESETS:
+                raise UsageError(f"unknown size {s!r} in the sweep; choose from {', '.join(PRESETS)}")
     if "configs" in doc:
         spec.configs = [str((base / p).resolve()) if not Path(p).is_absolute() else p
                         for p in _list(doc["configs"], "configs")]
@@ -201,7 +202,7 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
             hint = " (set it at the top level of the sweep)" if name in NOT_SWEEPABLE else ""
             raise UsageError(f"unknown config field {name!r} in the sweep{hint}; sweepable fields: "
                              f"{', '.join(sorted(FIELDS))}")
-        spec.fields[name] = _list(values, f"fields.{name}", (int, float, str))
+        spec.fields[name] = _list(values, f"fields.{name}", (int, float, str, bool))  # bool: the model options
     if doc.get("steps") is not None and doc.get("epochs") is not None:
         raise UsageError("the sweep sets both steps and epochs; keep one")
     spec.steps = _positive(doc.get("steps"), "steps")

@@ -20,6 +20,7 @@ import NNlib
 import OneHotArrays
 import Optimisers
 import Random
+import SpecialFunctions # loaded for NNlib's SpecialFunctions extension: NNlib.gelu_erf (exact GELU)
 import Zygote
 using Statistics: mean
 

@@ -2,7 +2,16 @@
 #
 # Layout of every parameter (the "Flux layout" the Python bridge hands over):
 #   Dense weights (out, in) as in PyTorch; Embedding weights (dim, vocab); wpe (dim, block_size);
-#   LayerNorm weights and all biases are vectors.
+#   LayerNorm weights and all biases are vectors. Without biases (nanoGPT's `bias = False`) a bias
+#   field holds `false`, as Flux's `Dense(W, false)`.
+
+"""
+    add_bias(y, b)
+
+`y .+ b` for a bias vector `b`; `y` itself when `b` is `false` (a layer without a bias).
+"""
+add_bias(y, b::AbstractVector) = y .+ b
+add_bias(y, ::Bool) = y
 
 """
     LayerNorm(weight, bias)
@@ -10,10 +19,11 @@
 LayerNorm over the first (feature) dimension with PyTorch's semantics, independent of the Flux
 version: `(x - μ) / sqrt(σ² + 1f-5) * weight + bias`, with the biased variance σ² and `eps` added to
 the variance. (Flux's own `LayerNorm` placed `eps` differently in 0.14, 0.15-0.16.10 and 0.16.11.)
+`bias` is a vector, or `false` for no shift (nanoGPT's `LayerNorm(ndim, bias=False)`).
 """
-struct LayerNorm{V <: AbstractVector}
+struct LayerNorm{V <: AbstractVector, B}
     weight::V
-    bias::V
+    bias::B
 end
 
 Flux.@layer LayerNorm
@@ -24,7 +34,7 @@ function (ln::LayerNorm)(x::AbstractArray)
     μ = mean(x; dims = 1)
     xc = x .- μ
     σ² = mean(abs2.(xc); dims = 1)
-    return xc ./ sqrt.(σ² .+ LN_EPS) .* ln.weight .+ ln.bias
+    return add_bias(xc ./ sqrt.(σ² .+ LN_EPS) .* ln.weight, ln.bias)
 end
 
 """
@@ -92,7 +102,9 @@ end
 """
     MLP(c_fc, c_proj, drop)
 
-`Dense(d => d_h, gelu_tanh)` then `Dense(d_h => d)` then dropout.
+`Dense(d => d_h, gelu)` then `Dense(d_h => d)` then dropout, with `gelu` either `NNlib.gelu_tanh`
+or the exact `NNlib.gelu_erf` (nanoGPT's `nn.GELU()`; it needs SpecialFunctions loaded, see
+[`gelu_function`](@ref)).
 """
 struct MLP{D1, D2, R}
     c_fc::D1
@@ -134,11 +146,38 @@ function (b::Block)(
 end
 
 """
+    TiedHead(bias)
+
+The output layer of tied embeddings (nanoGPT's `wte.weight = lm_head.weight`): logits = wteᵀ h
+(+ `bias`, a vector or `false`), with the token table itself as the weight, so Zygote adds the
+gradients of both uses into the one array `wte.weight`.
+"""
+struct TiedHead{B}
+    bias::B
+end
+
+Flux.@layer TiedHead
+
+"""
+    output_layer(head, wte, h)
+
+The logits (V, T, B) of the final hidden states `h` (d, T, B): `head(h)` for an untied `Dense`
+head; `wte.weight` transposed times `h`, plus the bias, for a [`TiedHead`](@ref).
+"""
+output_layer(head::Flux.Dense, ::Flux.Embedding, h::AbstractArray) = head(h)
+
+function output_layer(head::TiedHead, wte::Flux.Embedding, h::AbstractArray)
+    logits = transpose(wte.weight) * reshape(h, size(h, 1), :)
+    return reshape(add_bias(logits, head.bias), :, size(h)[2:end]...)
+end
+
+"""
     GPT(wte, wpe, drop, blocks, ln_f, lm_head)
 
 Token embedding (`Flux.Embedding`, weight (d, V)) plus the learned position table `wpe` (d, n),
-dropout, the blocks (a `Tuple`), the final LayerNorm and an untied `lm_head` `Dense(d => V)` with
-bias. Called as `model(idx, mask)` with 1-based token ids `idx` (T, B) and the causal mask (T, T);
+dropout, the blocks (a `Tuple`), the final LayerNorm and the output layer: an untied `lm_head`
+`Dense(d => V)` (with a bias or `false`) or a [`TiedHead`](@ref) that uses `wte`'s weight.
+Called as `model(idx, mask)` with 1-based token ids `idx` (T, B) and the causal mask (T, T);
 returns logits (V, T, B). `model(idx, mask, keeps)` applies the harness's dropout masks instead of
 the layers' own dropout: `keeps = (emb = KeepMask, blocks = ((attn = …, mlp = …), …))` (see
 [`keep_masks`](@ref)).
@@ -173,7 +212,7 @@ function (m::GPT)(
     pos = m.wpe[:, 1:T]
     x = apply_dropout(m.drop, tok .+ pos, keeps === nothing ? nothing : keeps.emb)
     x = apply_blocks(m.blocks, x, mask, keeps === nothing ? nothing : keeps.blocks)
-    return m.lm_head(m.ln_f(x))
+    return output_layer(m.lm_head, m.wte, m.ln_f(x))
 end
 
 """

@@ -22,6 +22,10 @@ struct Config
     tf32::Bool
     decay::Union{Nothing, Set{String}}
     gc_every::Int
+    tie_embeddings::Bool
+    gelu::String
+    bias::Bool
+    lm_head_bias::Bool
 end
 
 # A value of `cfg` by its String key (or the same name as a Symbol), converted to `T`.
@@ -60,7 +64,13 @@ function parse_config(cfg::AbstractDict)
         cfg_value(cfg, "tf32", Bool, false),
         parse_decay(cfg_value(cfg, "decay", String, "")),
         cfg_value(cfg, "gc_every", Int, device == "cuda" ? 1 : 0),
+        cfg_value(cfg, "tie_embeddings", Bool, false),
+        cfg_value(cfg, "gelu", String, "tanh"),
+        cfg_value(cfg, "bias", Bool, true),
+        cfg_value(cfg, "lm_head_bias", Bool, true),
     )
+    c.gelu in ("tanh", "exact") ||
+        throw(ArgumentError("build: gelu must be \"tanh\" or \"exact\", got \"$(c.gelu)\""))
     c.n_embd % c.n_head == 0 ||
         throw(ArgumentError("build: n_head=$(c.n_head) does not divide n_embd=$(c.n_embd)"))
     0 <= c.dropout < 1 ||
@@ -91,6 +101,8 @@ end
 
 Every parameter in the canonical order of `harness/weights.py`, with its Flux-layout size:
 embedding tables transposed ((d, V), (d, block_size)), Dense weights (out, in), vectors unchanged.
+The options leave parameters out as there: `bias = false` the biases of the blocks and `ln_f`,
+`lm_head_bias = false` the head's bias, `tie_embeddings` the head's weight (it is `wte.weight`).
 """
 function param_specs(c::Config)
     d, dh, V = c.n_embd, c.d_hidden, c.vocab_size
@@ -98,48 +110,25 @@ function param_specs(c::Config)
         ParamSpec("wte.weight", (:wte, :weight), (d, V)),
         ParamSpec("wpe.weight", (:wpe,), (d, c.block_size)),
     ]
-    for i in 1:c.n_layer
-        p = "h.$(i - 1)."
-        blk = (:blocks, i)
-        append!(
-            specs,
-            [
-                ParamSpec(p * "ln_1.weight", (blk..., :ln_1, :weight), (d,)),
-                ParamSpec(p * "ln_1.bias", (blk..., :ln_1, :bias), (d,)),
-                ParamSpec(
-                    p * "attn.c_attn.weight",
-                    (blk..., :attn, :c_attn, :weight),
-                    (3d, d),
-                ),
-                ParamSpec(p * "attn.c_attn.bias", (blk..., :attn, :c_attn, :bias), (3d,)),
-                ParamSpec(
-                    p * "attn.c_proj.weight",
-                    (blk..., :attn, :c_proj, :weight),
-                    (d, d),
-                ),
-                ParamSpec(p * "attn.c_proj.bias", (blk..., :attn, :c_proj, :bias), (d,)),
-                ParamSpec(p * "ln_2.weight", (blk..., :ln_2, :weight), (d,)),
-                ParamSpec(p * "ln_2.bias", (blk..., :ln_2, :bias), (d,)),
-                ParamSpec(p * "mlp.c_fc.weight", (blk..., :mlp, :c_fc, :weight), (dh, d)),
-                ParamSpec(p * "mlp.c_fc.bias", (blk..., :mlp, :c_fc, :bias), (dh,)),
-                ParamSpec(
-                    p * "mlp.c_proj.weight",
-                    (blk..., :mlp, :c_proj, :weight),
-                    (d, dh),
-                ),
-                ParamSpec(p * "mlp.c_proj.bias", (blk..., :mlp, :c_proj, :bias), (d,)),
-            ],
-        )
+    # a layer's weight, and its bias where it has one; `path` leads to the layer in the model
+    function layer!(name, path, shape, bias)
+        push!(specs, ParamSpec(name * ".weight", (path..., :weight), shape))
+        bias && push!(specs, ParamSpec(name * ".bias", (path..., :bias), shape[1:1]))
+        return nothing
     end
-    append!(
-        specs,
-        [
-            ParamSpec("ln_f.weight", (:ln_f, :weight), (d,)),
-            ParamSpec("ln_f.bias", (:ln_f, :bias), (d,)),
-            ParamSpec("lm_head.weight", (:lm_head, :weight), (V, d)),
-            ParamSpec("lm_head.bias", (:lm_head, :bias), (V,)),
-        ],
-    )
+    for i in 1:c.n_layer
+        p, blk = "h.$(i - 1).", (:blocks, i)
+        layer!(p * "ln_1", (blk..., :ln_1), (d,), c.bias)
+        layer!(p * "attn.c_attn", (blk..., :attn, :c_attn), (3d, d), c.bias)
+        layer!(p * "attn.c_proj", (blk..., :attn, :c_proj), (d, d), c.bias)
+        layer!(p * "ln_2", (blk..., :ln_2), (d,), c.bias)
+        layer!(p * "mlp.c_fc", (blk..., :mlp, :c_fc), (dh, d), c.bias)
+        layer!(p * "mlp.c_proj", (blk..., :mlp, :c_proj), (d, dh), c.bias)
+    end
+    layer!("ln_f", (:ln_f,), (d,), c.bias)
+    c.tie_embeddings ||
+        push!(specs, ParamSpec("lm_head.weight", (:lm_head, :weight), (V, d)))
+    c.lm_head_bias && push!(specs, ParamSpec("lm_head.bias", (:lm_head, :bias), (V,)))
     return specs
 end
 
@@ -174,11 +163,27 @@ function fetch_array(
     return Array{T}(a)
 end
 
+"""
+    gelu_function(c::Config)
+
+The MLP's activation: `NNlib.gelu_tanh`, or for `gelu = "exact"` `NNlib.gelu_erf`, x Φ(x) with
+`erf` (NNlib 0.9.28+ defines it, and its derivative `deriv_gelu_erf`, in the extension that
+loading SpecialFunctions activates; this package imports SpecialFunctions for that).
+"""
+gelu_function(c::Config) = c.gelu == "exact" ? NNlib.gelu_erf : NNlib.gelu_tanh
+
 function build_model(c::Config, arrays::AbstractDict, rng)
     dev(name) = to_device(c.device, arrays[name])
+    # `false` for a layer without a bias, as Flux's `Dense(W, false)`
+    bias(name, has) = has ? dev(name * ".bias") : false
     drop() = Flux.Dropout(c.dropout; rng = rng, active = false)
-    dense(name, σ = identity) = Flux.Dense(dev(name * ".weight"), dev(name * ".bias"), σ)
-    layernorm(name) = LayerNorm(dev(name * ".weight"), dev(name * ".bias"))
+    dense(name, σ = identity) = Flux.Dense(dev(name * ".weight"), bias(name, c.bias), σ)
+    layernorm(name) = LayerNorm(dev(name * ".weight"), bias(name, c.bias))
+    head = if c.tie_embeddings
+        TiedHead(bias("lm_head", c.lm_head_bias))
+    else
+        Flux.Dense(dev("lm_head.weight"), bias("lm_head", c.lm_head_bias))
+    end
     blocks = ntuple(c.n_layer) do i
         p = "h.$(i - 1)."
         return Block(
@@ -190,7 +195,7 @@ function build_model(c::Config, arrays::AbstractDict, rng)
                 c.n_head,
             ),
             layernorm(p * "ln_2"),
-            MLP(dense(p * "mlp.c_fc", NNlib.gelu_tanh), dense(p * "mlp.c_proj"), drop()),
+            MLP(dense(p * "mlp.c_fc", gelu_function(c)), dense(p * "mlp.c_proj"), drop()),
         )
     end
     return GPT(
@@ -199,7 +204,7 @@ function build_model(c::Config, arrays::AbstractDict, rng)
         drop(),
         blocks,
         layernorm("ln_f"),
-        dense("lm_head"),
+        head,
     )
 end
 
@@ -293,7 +298,12 @@ end
 `eta`: [`train_step!`](@ref) sets the rate of every step); `decay` (optional String, the
 comma-separated names of the parameters AdamW decays; default: those with two or more
 dimensions); `gc_every` (optional Int, `GC.gc(false)` after every `gc_every`-th training step on
-CUDA so that the memory figures count little garbage; default 1 on CUDA, 0 = never).
+CUDA so that the memory figures count little garbage; default 1 on CUDA, 0 = never); the model
+options (harness/config.py), each optional with the original model as default:
+`tie_embeddings` (Bool, false: the output layer uses `wte.weight`, see [`TiedHead`](@ref)),
+`gelu` ("tanh" or "exact", see [`gelu_function`](@ref)), `bias` (Bool, true: biases in the
+blocks' Dense layers and LayerNorms and in `ln_f`) and `lm_head_bias` (Bool, true).
+`params` must hold exactly the parameters these options leave ([`param_specs`](@ref)).
 
 `params` maps every canonical name (e.g. "h.0.attn.c_attn.weight") to an array already in the
 Flux layout; the arrays are copied (as Float32) and moved to the device.
@@ -630,7 +640,7 @@ end
 """
     describe(s::FluxState) -> Dict{String,Any}
 
-Versions (Julia, Flux, NNlib, Optimisers, Zygote, OneHotArrays, CUDA, cuDNN), device name, CUDA
+Versions (Julia, Flux, NNlib, Optimisers, Zygote, OneHotArrays, CUDA, cuDNN, SpecialFunctions), device name, CUDA
 math mode, dtype, thread counts and the compile time so far.
 """
 function describe(s::FluxState)
@@ -644,6 +654,7 @@ function describe(s::FluxState)
         "OneHotArrays" => string(pkgversion(OneHotArrays)),
         "CUDA" => string(pkgversion(CUDA)),
         "cuDNN" => string(pkgversion(cuDNN)),
+        "SpecialFunctions" => string(pkgversion(SpecialFunctions)),
         "dtype" => "float32",
         "tf32" => s.cfg.tf32,
         "julia_threads" => Threads.nthreads(),

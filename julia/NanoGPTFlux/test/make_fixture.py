@@ -4,6 +4,9 @@ NanoGPTFlux's `Pkg.test()` (runtests.jl) reads it as an outside reference: logit
 weights (dropout off, and with given dropout keep-masks), two full training steps (forward and backward with the
 masks, global-norm clipping that is active, AdamW with weight decay on the parameters harness/weights.py decays)
 with the parameters and AdamW moments after each, and the oracle's AdamW alone on fixed arrays for three steps.
+An options case (`options.` config lines, `options/` names) repeats logits, loss, gradients and two training steps on
+a one-layer model with nanoGPT's options: tied embeddings, exact GELU, no biases, no lm_head bias, and the learning
+rates of a cosine schedule with warm-up (harness.schedule).
 
 Run from the repository root (tests/test_flux_fixture.py checks the committed file is what this writes):
 
@@ -28,6 +31,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from harness.backends.flux_layout import logits_to_flux, masks_to_flux, to_flux, tokens_to_flux  # noqa: E402
 from harness.config import load_config  # noqa: E402
+from harness.schedule import learning_rates  # noqa: E402
 from harness.weights import decays, init_weights  # noqa: E402
 from python_impl import numpy_gpt  # noqa: E402
 
@@ -107,7 +111,45 @@ def fixture() -> tuple[dict[str, object], dict[str, float], dict[str, np.ndarray
             arrays.update({f"step{step}/{kind}/{k}": v for k, v in _flux64(values).items()})
 
     arrays.update(adamw_case())
+    options_case(x, y, masks, cfg, scalars, arrays)
     return cfg, scalars, arrays
+
+
+def options_config():
+    """The options case's model: nanoGPT's options on one layer, a cosine schedule whose first two rates differ."""
+    return tiny_config().replace(n_layer=1, tie_embeddings=True, gelu="exact", bias=False, lm_head_bias=False,
+                                 lr_schedule="cosine", warmup_steps=1, decay_steps=3, min_lr=1e-3)
+
+
+def options_case(x: np.ndarray, y: np.ndarray, masks: dict[str, np.ndarray], cfg: dict[str, object],
+                 scalars: dict[str, float], arrays: dict[str, np.ndarray]) -> None:
+    """Add the options case: its config lines, logits, loss, gradients and two training steps (masks, clipping,
+    AdamW with the schedule's rates); the parameters after step 1, and parameters and moments after step 2."""
+    config = options_config()
+    weights = tiny_weights(config)
+    masks = {k: m for k, m in masks.items() if k in ("emb", "h.0.attn", "h.0.mlp")}
+    decayed = [name for name, w in weights.items() if decays(name, w.shape, config.decay)]
+    cfg.update({"options.n_layer": config.n_layer, "options.tie_embeddings": "true", "options.gelu": config.gelu,
+                "options.bias": "false", "options.lm_head_bias": "false", "options.decay": ",".join(decayed)})
+    lrs = learning_rates(config, 2)
+    scalars.update({"options/lr_1": lrs[0], "options/lr_2": lrs[1]})
+    arrays.update({f"options/param/{k}": v for k, v in to_flux(weights).items()})
+    params = _f64(weights)
+    logits, _ = numpy_gpt.gpt_forward(params, x, config)
+    arrays["options/logits"] = logits_to_flux(logits).astype(np.float64)
+    loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config)
+    scalars["options/loss"] = float(loss)
+    arrays.update({f"options/grad/{k}": v for k, v in _flux64(grads).items()})
+    opt = numpy_gpt.AdamW(params, betas=(config.beta1, config.beta2), eps=config.eps,
+                          weight_decay=config.weight_decay, decay=config.decay)
+    for step, lr in enumerate(lrs, start=1):
+        loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, masks=masks)
+        numpy_gpt.clip_grad_norm(grads, config.grad_clip)
+        opt.step(params, grads, lr)
+        scalars[f"options/loss_step_{step}"] = float(loss)
+        kinds = (("param", params),) if step == 1 else (("param", params), ("adam_m", opt.m), ("adam_v", opt.v))
+        for kind, values in kinds:
+            arrays.update({f"options/step{step}/{kind}/{k}": v for k, v in _flux64(values).items()})
 
 
 def _flux64(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

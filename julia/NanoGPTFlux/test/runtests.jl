@@ -116,6 +116,24 @@ function fixture_params(fx::Fixture, ::Type{T}) where {T}
     )
 end
 
+# The fixture's options case: its `options.` config lines over the main config (nanoGPT's options).
+function options_cfg(fx::Fixture)
+    cfg = fixture_cfg(fx)
+    for (k, v) in fx.cfg
+        startswith(k, "options.") || continue
+        cfg[k[(length("options.") + 1):end]] = v == "true" ? true : v == "false" ? false : v
+    end
+    return cfg
+end
+
+function options_params(fx::Fixture, ::Type{T}) where {T}
+    c = NG.parse_config(options_cfg(fx))
+    return Dict{String, Any}(
+        spec.name => T.(Float32.(fx.arrays["options/param/" * spec.name]))
+        for spec in NG.param_specs(c)
+    )
+end
+
 fixture_masks(fx::Fixture) = Dict{String, Any}(
     k[6:end] => a
     for (k, a) in fx.arrays
@@ -471,6 +489,89 @@ end
                 ref = fx.arrays["step$step/param/" * spec.name]
                 @test close_to(p[spec.name], ref; rtol = 1.0e-4, atol = 1.0e-3 * lr)
             end
+        end
+    end
+
+    @testset "outside reference: nanoGPT's options (tied, exact GELU, no biases), Float64" begin
+        fx = FIXTURE
+        cfg = options_cfg(fx)
+        c = NG.parse_config(cfg)
+        @test c.tie_embeddings && c.gelu == "exact" && !c.bias && !c.lm_head_bias
+        names = [spec.name for spec in NG.param_specs(c)]
+        @test !("lm_head.weight" in names) && !any(n -> endswith(n, ".bias"), names)
+        s = build(cfg, options_params(fx, Float64); float_type = Float64)
+        @test s.model.lm_head isa NG.TiedHead && s.model.lm_head.bias === false
+        @test s.model.blocks[1].mlp.c_fc.σ === NG.NNlib.gelu_erf
+        x, y = fixture_tokens(fx)
+        masks = filter(kv -> kv.first in ("emb", "h.0.attn", "h.0.mlp"), fixture_masks(fx))
+        @test close_to(logits(s, x), fx.arrays["options/logits"]; rtol = 1.0e-10)
+        l, g = loss_and_grads(s, x, y)
+        @test l ≈ fx.scalars["options/loss"] rtol = 1.0e-10
+        for spec in s.specs
+            # wte.weight: the sum of the embedding's and the output layer's gradient
+            @test close_to(
+                g[spec.name],
+                fx.arrays["options/grad/" * spec.name];
+                rtol = 1.0e-9,
+            )
+        end
+        # two steps with the schedule's rates (a warm-up step, then the peak), masks, clipping
+        for step in 1:2
+            loss = train_step!(s, x, y, fx.scalars["options/lr_$step"], masks)
+            @test loss ≈ fx.scalars["options/loss_step_$step"] rtol = 1.0e-6
+            st = opt_state(s)
+            for (spec, p) in zip(s.specs, s.params)
+                @test close_to(
+                    p,
+                    fx.arrays["options/step$step/param/" * spec.name];
+                    rtol = 1.0e-9,
+                )
+                step == 2 || continue
+                for kind in ("adam_m", "adam_v")
+                    ref = fx.arrays["options/step2/$kind/" * spec.name]
+                    @test close_to(st["$kind/" * spec.name], ref; rtol = 1.0e-9)
+                end
+            end
+        end
+        # the bridge's Float32 path
+        s32 = build(cfg, options_params(fx, Float32))
+        @test close_to(logits(s32, x), fx.arrays["options/logits"]; rtol = 1.0e-5)
+        g32 = gradients(s32, x, y)
+        @test all(
+            close_to(g32[spec.name], fx.arrays["options/grad/" * spec.name]; rtol = 1.0e-4)
+            for spec in s32.specs
+        )
+        # parameters that the options remove are refused
+        @test_throws ArgumentError build(
+            cfg,
+            merge(
+                options_params(fx, Float32),
+                Dict{String, Any}("lm_head.weight" => zeros(Float32, 5, 4)),
+            ),
+        )
+        @test_throws ArgumentError build(
+            merge(cfg, Dict{String, Any}("gelu" => "erf")),
+            options_params(fx, Float32),
+        )
+    end
+
+    @testset "finite differences: tied embeddings and exact GELU (Float64 model)" begin
+        fx = FIXTURE
+        s = build(options_cfg(fx), options_params(fx, Float64); float_type = Float64)
+        x, y = fixture_tokens(fx)
+        _, g = loss_and_grads(s, x, y)
+        idx, onehot, mask = NG.device_batch(s, x, y)
+        f() = NG.loss(s.model, idx, onehot, mask)
+        h = 1.0e-6
+        rng = Random.Xoshiro(7)
+        for (spec, p) in zip(s.specs, s.params), i in unique(rand(rng, 1:length(p), 4))
+            p0 = p[i]
+            p[i] = p0 + h
+            up = f()
+            p[i] = p0 - h
+            down = f()
+            p[i] = p0
+            @test g[spec.name][i] ≈ (up - down) / 2h rtol = 1.0e-5 atol = 1.0e-8
         end
     end
 
