@@ -120,7 +120,7 @@ def corpus_path() -> Path:
     """The generated corpus as a file (written once per machine, atomically; rewritten if altered)."""
     text = make_corpus().encode("utf-8")
     digest = hashlib.sha256(text).hexdigest()
-    folder = Path(tempfile.gettempdir()) / "nanogpt-parity-tests"
+    folder = Path(tempfile.gettempdir()) / f"nanogpt-parity-tests-{os.getuid()}"  # per user: /tmp is shared
     path = folder / f"corpus-{digest[:16]}.txt"
     if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:
         return path
