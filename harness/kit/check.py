@@ -299,10 +299,13 @@ def command(args: argparse.Namespace) -> int:
     steps = int(manifest["steps"])
     results = _load_npz(args.results, "results file")
     given, dtype, opt_steps = validate(results, expected, params, steps, args.dtype)
-    html_path = args.html or args.results.with_suffix(".check.html")
-    json_path = args.json or args.results.with_suffix(".check.json")
+    folder = args.out if getattr(args, "out", None) is not None else args.results.parent
+    html_path = args.html or folder / args.results.with_suffix(".check.html").name
+    json_path = args.json or folder / args.results.with_suffix(".check.json").name
+    if getattr(args, "out", None) is not None:
+        records.check_writable(args.out)  # created below, once the inputs are known to be good
     for p in (html_path, json_path):
-        if not p.resolve().parent.is_dir():
+        if p.parent != folder and not p.resolve().parent.is_dir():
             raise UsageError(f"cannot write {str(p)!r}: its directory does not exist; create it or pass another path")
         if p.resolve() in (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST))):
             raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
@@ -335,6 +338,7 @@ def command(args: argparse.Namespace) -> int:
     if recorded is not None and recorded != asdict(tol):
         print(f"note: this harness's measured tolerances for {dtype} differ from those recorded in the kit; "
               "this harness's apply (export the kit again to record them)", file=sys.stderr)
+    folder.mkdir(parents=True, exist_ok=True)
     records.atomic_write_json(json_path, verdict)
     records.atomic_write_bytes(html_path, render_html(verdict, rows, table).encode())
 

@@ -187,6 +187,7 @@ def command(args: argparse.Namespace) -> int:
     from harness import records
     from harness.config import load_config
     from harness.data import check_fits, load_corpus
+    from harness.options import pick_sizes
 
     dropout = args.dropout
     if not isinstance(dropout, float) or not math.isfinite(dropout) or not 0 <= dropout < 1:
@@ -195,6 +196,7 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {args.steps} is more than {MAX_STEPS}; a kit checks the first few steps "
                          "(5 is plenty), pass fewer")
     _check_out(args.out)
+    args.size = pick_sizes(args.size, one=True)[0]
     config = load_config(args.size, args.config).replace(dropout=dropout, steps=args.steps)
     size = None if args.config else args.size
     corpus = load_corpus(args.data)
