@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `harness sizes | head`: the reader has gone; nothing to say, and nothing more to print
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process killed by SIGPIPE
     except OSError as exc:  # the file system said no (full disk, read-only, a name too long, ...): not a bug
         from harness.records import os_error_message
 

@@ -138,3 +138,15 @@ def test_report_missing_and_corrupt(tmp_path):
 def test_unknown_command_is_one_line():
     result = run_cli("trian")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_reader_that_leaves_is_not_an_error():
+    """`harness sizes | head -1`: the pipe closes early; no 'cannot write: Broken pipe' message, exit 141 (SIGPIPE)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", "sizes"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
