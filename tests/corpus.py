@@ -130,3 +130,12 @@ def corpus_path() -> Path:
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+if __name__ == "__main__":  # `python tests/corpus.py PATH` writes the corpus there (CI's wheel check trains on it)
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/corpus.py PATH")
+    Path(sys.argv[1]).write_bytes(corpus_path().read_bytes())
+    print(sys.argv[1])

@@ -4,7 +4,7 @@
 float64 NumPy oracle's answers (step-0 logits and gradients, parameters and AdamW moments after each step, the
 per-step losses) as NPZ files with a schema-versioned manifest.json. A port reads them, runs, and writes a results
 NPZ with the documented names; `harness kit check` grades it with the same comparison code and measured tolerances
-as `harness parity` (harness.parity.compare and default_tolerances). README, "Check your own port".
+as `harness parity` (harness.parity.compare and default_tolerances). docs/kit.md.
 """
 
 from __future__ import annotations

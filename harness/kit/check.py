@@ -108,7 +108,7 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
             m = OPT_NAME.match(key)
             hint = (f"k must be 1..{steps} and the name a parameter of this kit" if m else
                     f"the names are {names}; parameters: {', '.join(params)}")
-            raise UsageError(f"results: unknown array {key!r}; {hint} (README, 'Check your own port')")
+            raise UsageError(f"results: unknown array {key!r}; {hint} (docs/kit.md)")
     given = [d for d in DEPTHS if any(_depth_of(k) == d for k in results)]
     if not given:
         raise UsageError(f"results hold no arrays; write at least one depth: {names}")
@@ -127,7 +127,7 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
             want = value.shape  # a port may check the first few steps only
         if value.shape != want:
             raise UsageError(f"results: {key!r} has shape {value.shape}, expected {want} (canonical layout, "
-                             "README 'Check your own port')")
+                             "docs/kit.md)")
         if value.dtype not in (np.float32, np.float64):
             raise UsageError(f"results: {key!r} has dtype {value.dtype}; write float32 or float64")
         float_dtypes.add(str(value.dtype))
