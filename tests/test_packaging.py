@@ -8,6 +8,7 @@ a broken install in a second, in any clone.
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -111,3 +112,17 @@ def test_no_large_binaries_in_the_repository():
     large = [f for f in tracked_files() if not f.startswith(FIXTURES)
              and (ROOT / f).stat().st_size > BINARY_LIMIT and _is_binary(ROOT / f)]
     assert large == [], f"binary files over {BINARY_LIMIT // 1024} KB (a wheel? a dataset?): {large}"
+
+
+def test_the_readme_set_up_is_what_ci_runs():
+    """The README's install and test commands stay literally runnable: CI (.ci/run) runs the same ones (torch from
+    the machine's local index instead of PyTorch's CPU index URL)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" --quiet", "")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    install, tests = blocks[0], next(b for b in blocks if b.strip().startswith("pytest"))
+    commands = [line.split("#")[0].strip() for line in (install + tests).splitlines() if line.split("#")[0].strip()]
+    assert commands[0] == "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    for command in commands:
+        command = command.replace(" --index-url https://download.pytorch.org/whl/cpu", "")
+        assert re.search(rf"^(python3 -m )?{re.escape(command)}( |$)", ci, flags=re.M), f"CI does not run {command!r}"
