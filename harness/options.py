@@ -174,7 +174,7 @@ def pick_backends(values: str | list[str] | None, default: tuple[str, ...] = ("t
         if not names:
             raise UsageError(f"{option} all: no backend can run here on {device} "
                              f"({'; '.join(missing.values())})")
-        left = "; ".join(f"{reason}" for reason in missing.values())
+        left = "; ".join(missing.values())
         print(f"{option} all: {', '.join(names)} on {device}" + (f" (left out: {left})" if left else ""),
               file=sys.stderr)
     check_names(names)
