@@ -172,18 +172,24 @@ def test_time_limit_signal_requeues_the_cell_and_it_resumes(partition: str, tmp_
     job, path, before = _long_cell_at_checkpoint(out, partition, tiny_config)
     ckpt = before["checkpoint"]["step"]
     subprocess.run(["scancel", job, "--signal", "USR2"], check=True)
-    # SLURM holds a requeued job back for about two minutes (its begin time); let it start now instead
+    # SLURM holds a requeued job back for about two minutes (its begin time); let it start sooner, but not within
+    # the second of the requeue: slurmd refuses a launch credential made in the same second as the requeue revoked
+    # the old one (`cred->ctime <= j->revoked`, whole seconds) and the job then FAILS ("Job credential revoked").
     deadline = time.monotonic() + 60
     while True:
         state = _state(job)
         if state.startswith("PENDING"):
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], capture_output=True)
             break
         assert time.monotonic() < deadline, f"the job was not requeued ({state})"
         time.sleep(0.3)
     _wait_until_running(job)  # other jobs may have taken the node meanwhile
-    deadline = time.monotonic() + 240
+    deadline, ended = time.monotonic() + 240, 0
     while _read(path).get("status") != "completed" or not _read(path).get("resumed_at"):
+        state = _state(job)
+        ended = 0 if state.startswith(("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")) else ended + 1
+        if ended >= 4:  # the job is over (seen four times running) and the cell is not complete: fail now
+            pytest.fail(f"the requeued job ended ({state or 'gone from squeue'}) without completing the cell")
         assert time.monotonic() < deadline, f"the requeued cell did not complete: {_read(path).get('status')}"
         time.sleep(0.5)
     rec = _read(path)
