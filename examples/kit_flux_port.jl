@@ -1,4 +1,4 @@
-# A Flux.jl nanoGPT checked from outside with the conformance kit (README, "Check your own port").
+# A Flux.jl nanoGPT checked from outside with the conformance kit (docs/kit.md).
 #
 #     harness kit export --size small --steps 5 --out kit/
 #     julia --project=@kit -e 'using Pkg; Pkg.develop(path="julia/NanoGPTFlux"); Pkg.add(["NPZ", "JSON"])'

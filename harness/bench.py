@@ -49,11 +49,11 @@ from typing import Any
 import numpy as np
 
 from harness import environment, records, runner
-from harness.backends import REGISTRY, BackendUnavailable, backend_class, create_backend
+from harness.backends import BackendUnavailable, backend_class, create_backend
 from harness.config import PRESETS, SIZES, Config, load_config, seed_arg
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
-from harness.options import out_arg
+from harness.options import add_backend, add_data, add_quiet, add_size, out_arg, pick_backends, pick_sizes
 from harness.runner import Curves, train
 from harness.stats import median_ci as _median_ci
 from harness.weights import init_weights
@@ -95,18 +95,19 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness bench`."""
-    p.add_argument("--backends", default="torch", metavar="LIST",
-                   help="comma-separated backends: torch, numpy, flux (default torch)")
-    p.add_argument("--sizes", default="small,medium", metavar="LIST",
-                   help=f"comma-separated presets: {', '.join(PRESETS)} (default small,medium)")
+    add_backend(p, "torch, numpy, flux, or all (every backend that can run here); repeat or comma-separate "
+                "(default torch)")
+    add_size(p, f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}); repeat or comma-separate "
+             "(default small,medium)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     p.add_argument("--steps", type=_count(1), default=5, metavar="N",
-                   help="timed steps per repeat (5: short rounds pair the two loops closely in time)")
+                   help="unlike run: the timed steps of each repeat (5: short rounds pair the two loops closely "
+                        "in time)")
     p.add_argument("--warmup", type=_count(0), default=10, metavar="N",
                    help="untimed steps before the first repeat, per loop (10)")
     p.add_argument("--repeats", type=_count(1), default=30, metavar="N",
                    help="rounds of runner, bare, stream; the figures are medians over them (30)")
-    p.add_argument("--data", metavar="PATH", help="UTF-8 text (default: $HARNESS_DATA, else Tiny Shakespeare)")
+    add_data(p)
     p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR",
                    help="output directory; the JSON goes to DIR/bench/ (reports/)")
     p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights and batches (1337)")
@@ -114,13 +115,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
     p.add_argument("--compile", action="store_true", help="torch: torch.compile both loops' model")
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on CUDA: matmul precision (fp32)")
-    p.add_argument("--threads", type=_count(1), metavar="N", help="torch: intra-op CPU threads (torch's default)")
+    p.add_argument("--threads", type=_count(1), metavar="N",
+                   help="unlike run: torch's intra-op CPU threads in the measuring process (default: torch's own "
+                        "choice; numpy's BLAS keeps its own)")
     p.add_argument("--isolate", action="store_true",
                    help="measure every backend and size in a fresh child process (flux always is)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a target is missed (overhead > 3%% on CPU for medium/large, > 5%% on CUDA; "
                         "batch stream < 50x faster than a step)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_quiet(p)
     g = p.add_argument_group("noise benchmark (--noise: does a speed verdict survive other work on the machine?)")
     g.add_argument("--noise", action="store_true",
                    help="instead of the overhead measurements: a sweep and a run of --sizes (one) and --backends "
@@ -132,19 +135,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--noise-run-steps", type=_count(1), default=300, metavar="N",
                    help="--noise: steps of the single-backend run (300)")
 
-
-def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    """Split a comma-separated option; unknown, empty or repeated names are a UsageError."""
-    names = [t.strip() for t in text.split(",")]
-    if not all(names):
-        raise UsageError(f"--{what} {text!r} has an empty entry; pass names separated by commas, "
-                         f"e.g. {','.join(allowed[:2])}")
-    for name in names:
-        if name not in allowed:
-            raise UsageError(f"unknown {what[:-1]} {name!r} in --{what}; choose from {', '.join(allowed)}")
-    if len(set(names)) != len(names):
-        raise UsageError(f"--{what} {text!r} names an entry twice; name each once")
-    return names
 
 
 @dataclass
@@ -181,10 +171,10 @@ def backend_options(args: argparse.Namespace, name: str) -> dict:
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
     """Validate every input (nothing is written on failure) and return the measurements to make."""
-    backends = parse_list(args.backends, list(REGISTRY), "backends")
-    sizes = parse_list(args.sizes, list(PRESETS), "sizes")
+    backends = pick_backends(args.backend, default=("torch",), device=args.device)
+    sizes = pick_sizes(args.size, default=("small", "medium"))
     if (args.compile or args.precision) and "torch" not in backends:
-        raise UsageError("--compile and --precision apply to the torch backend only; add torch to --backends")
+        raise UsageError("--compile and --precision apply to the torch backend only; add torch to --backend")
     for name in backends:
         cls = backend_class(name)  # importing a backend module imports no framework (flux: juliacall is lazy)
         try:

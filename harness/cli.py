@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -11,13 +12,19 @@ from harness.config import PRESETS, SIZES, load_config
 from harness.errors import UsageError
 from harness.options import (
     DEFAULT_OUT,
+    THREADS_HELP,
     Parser,
+    add_backend,
     add_common,
     add_paired,
+    add_quiet,
     add_schedule,
     backend_options,
     configure,
+    listed,
     out_arg,
+    pick_backends,
+    pick_sizes,
     positive_int,
 )
 
@@ -29,16 +36,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         return resume_run(args)
-    args.size = args.size or "small"
     args.seed = 1337 if args.seed is None else args.seed
     args.device = args.device or "cpu"
-    backends = list(args.backend or [])
+    backends = pick_backends(args.backend, default=(), device=args.device, repeats=True)
     if args.both:
         backends += [b for b in ("torch", "flux") if b not in backends]
-    backends = backends or ["torch"]
-    sizes = list(SIZES) if args.size == "all" else [args.size]
-    if args.size == "all" and args.config:
-        raise UsageError("--size all and --config exclude each other; pass one")
+    backends = list(dict.fromkeys(backends)) or ["torch"]  # --backend torch --both: torch once
+    sizes = pick_sizes(args.size)
+    if len(sizes) > 1 and args.config:
+        raise UsageError(f"--size {','.join(sizes)} and --config exclude each other; pass one")
     check_option_targets(args, backends)
     records.check_writable(args.out)
     corpus = load_corpus(args.data, keep_line_endings=args.keep_line_endings)
@@ -149,7 +155,7 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
     def differ(option: str, stored: object) -> None:
         problems.append(f"{option} (the run has {stored})")
 
-    if given["size"] is not None and given["size"] != spec.get("label"):
+    if given["size"] is not None and pick_sizes(given["size"]) != [spec.get("label")]:
         differ("--size", f"config {spec.get('label')!r}")
     if given["config"] is not None or given["set"]:
         from harness.config import config_from_dict
@@ -172,7 +178,7 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
     for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
         if given[key] is not None and given[key] != config.get(key):
             differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {config.get(key)}")
-    wanted = list(given["backend"] or []) + (["torch", "flux"] if given["both"] else [])
+    wanted = listed(given["backend"], "--backend") + (["torch", "flux"] if given["both"] else [])
     if wanted and set(wanted) != set(stored_backends):
         differ("--backend", ", ".join(stored_backends))
     if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.get("checkpoint_every"):
@@ -285,22 +291,25 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("run", help="train one or more backends and write records and a report")
-    add_common(p, (*PRESETS, "all"))
+    add_common(p, f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}; one run each); repeat or "
+               "comma-separate (default small)")
     add_schedule(p)
-    p.add_argument("--backend", action="append", metavar="NAME", help="torch, numpy or flux (repeatable)")
-    p.add_argument("--both", action="store_true", help="same as --backend torch --backend flux")
+    add_backend(p, "torch, numpy, flux, or all (every backend that can run here); repeat or comma-separate, "
+                "e.g. --backend torch,numpy (default torch)")
+    p.add_argument("--both", action="store_true", help="same as --backend torch,flux (flux needs Julia: "
+                   "`harness setup julia`)")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help="save model+optimizer every N steps")
     p.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run from its checkpoints")
     p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (compiled before step "
                    "0, recorded as compile_s)")
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on a CUDA GPU of compute capability "
                    "8.0+: matmul precision (fp32)")
-    p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per backend (OMP, OpenBLAS, "
-                   "MKL, Julia); default: the frameworks' own choice")
+    p.add_argument("--threads", type=positive_int, metavar="N", help=f"{THREADS_HELP}; default: the frameworks' "
+                   "own choice")
     p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
     add_paired(p, None)
     p.add_argument("--no-report", action="store_true", help="write records only, no HTML report")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(p)
     p.add_argument("--allow-large", action="store_true", help="train even when the memory estimate exceeds the "
                    "machine's available memory")
     p.add_argument("--keep-line-endings", action="store_true", help="keep CRLF/CR in the text as symbols (default: "
@@ -309,18 +318,21 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_run, size=None, seed=None, device=None)
 
     p = sub.add_parser("sizes", help="print the size presets")
-    p.add_argument("--toml", choices=PRESETS, metavar="SIZE", help="print that preset's TOML file instead")
+    p.add_argument("--toml", choices=PRESETS, metavar="SIZE", help=f"print that preset's TOML file instead "
+                   f"({', '.join(PRESETS)})")
     p.set_defaults(func=cmd_sizes)
 
     p = sub.add_parser("report", help="rebuild an HTML report from stored run records")
-    p.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    p.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="one or more run ids (the folder names under "
+                   "DIR/runs/); several make one comparison report")
     p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     p.set_defaults(func=cmd_report)
 
     from harness import bench, parity
 
     p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth")
-    add_common(p, per_backend_device=True)
+    add_common(p, f"the size preset: one of {', '.join(SIZES)} (default small; parity checks one size at a time)",
+               per_backend_device=True, one_size=True)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)
 
@@ -364,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `harness sizes | head`: the reader has gone; nothing to say, and nothing more to print
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process killed by SIGPIPE
     except OSError as exc:  # the file system said no (full disk, read-only, a name too long, ...): not a bug
         from harness.records import os_error_message
 

@@ -4,7 +4,7 @@ Decoding belongs to the harness, not the backend: a backend only returns next-to
 samples with its own seeded RNG from a float64 softmax by inverse CDF. Identical weights therefore give identical
 text in every backend, and the text of two frameworks differs only where their logits differ.
 
-The protocol (fixed, the same for every backend and every size; README, "Text quality"):
+The protocol (fixed, the same for every backend and every size; docs/usage.md, "Text quality"):
 
 - Prompts: ``N_PROMPTS`` = 40 windows of ``PROMPT_CHARS`` = 64 characters at evenly spaced offsets of the
   validation split (the first at offset 0, the last ending ``CONTINUATION_CHARS`` before the split's end).

@@ -257,23 +257,22 @@ def format_result(result: dict[str, Any]) -> str:
 
 def command(args: argparse.Namespace) -> int:
     """`harness bench --noise`: the four legs, the table, the JSON."""
-    from harness.bench import parse_list
-    from harness.config import SIZES
+    from harness.options import pick_backends, pick_sizes
 
-    backends = parse_list(args.backends, ["torch", "numpy", "flux"], "backends")
-    sizes = parse_list(args.sizes, list(SIZES), "sizes")
-    if len(backends) < 2 or len(sizes) != 1:
-        raise UsageError("--noise compares two backends at one size; pass e.g. --backends torch,numpy --sizes small")
+    backends = pick_backends(args.backend, default=(), device=args.device)
+    sizes = pick_sizes(args.size, default=())
+    if len(backends) != 2 or len(sizes) != 1:
+        raise UsageError("--noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
     records.check_writable(args.out)
     hogs = args.hogs or _cores()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
     common = [*(["--threads", str(args.threads)] if args.threads else []),
               *(["--data", args.data] if args.data else []), "--no-text", "--quiet"]
-    sweep = ["sweep", "--sizes", sizes[0], "--backends", ",".join(backends[:2]), "--seeds", str(args.noise_seeds),
+    sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.noise_seeds),
              "--steps", str(args.noise_steps), *common]
     run = ["run", "--size", sizes[0], "--steps", str(args.noise_run_steps), "--backend", backends[0], *common]
-    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends[:2], "seeds": args.noise_seeds,
+    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends, "seeds": args.noise_seeds,
                                           "steps": args.noise_steps, "run_steps": args.noise_run_steps,
                                           "hogs": hogs, "cores": _cores(), "threads": args.threads},
                               "started_at": stamp, "dir": str(root)}

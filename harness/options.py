@@ -1,18 +1,31 @@
 """The command line's shared vocabulary: the parser that fails in one line, argument types and the options that
-run, parity, bench, sweep and kit have in common. Below every command module, so none of them imports the CLI."""
+run, parity, bench, sweep and kit have in common. Below every command module, so none of them imports the CLI.
+
+One spelling per concept in every command (tests/test_cli_vocabulary.py holds the table): `--backend` and `--size`
+take one or more values, repeated or as a comma list (`--backend torch,numpy` = `--backend torch --backend numpy`),
+and `all`; the plural spellings `--backends`, `--sizes`, `--configs` are aliases. A command that takes exactly one
+(parity: one size, two backends; kit export: one size) says so in one line. docs/usage.md has the whole table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from harness.config import PRESETS, load_config, seed_arg
+from harness.config import PRESETS, SIZES, load_config, seed_arg
+from harness.errors import UsageError
 
 DEFAULT_OUT = Path("reports")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the problem and where to look), exit 2."""
+    """argparse, but a usage error is one line (the problem and where to look), exit 2, and no abbreviations: a
+    prefix (`--thread`, or `--size` where only `--sizes` exists) is an error, never silently another option."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
@@ -54,20 +67,19 @@ def out_arg(text: str) -> Path:
     return Path(text)
 
 
-def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = PRESETS, per_backend_device: bool = False) -> None:
-    """Options shared by run, parity and bench: what to train on what data, and where to write.
+def add_common(p: argparse.ArgumentParser, size_help: str | None = None, per_backend_device: bool = False,
+               one_size: bool = False) -> None:
+    """Options shared by run and parity: what to train on what data, and where to write.
 
     With `per_backend_device` (parity), --device is repeatable and takes DEVICE or NAME=DEVICE
     (harness.devices.parse_devices)."""
-    p.add_argument("--size", default="small", choices=sizes, metavar="SIZE",
-                   help=f"size preset: {', '.join(sizes)} (default small)")
-    p.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`), "
-                   "or a nanoGPT config .py (read, never run; docs/nanogpt.md)")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help="override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, "
-                        "lr_schedule=cosine, ...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
-    p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
-                   "Shakespeare, downloaded once into the user cache)")
+    add_size(p, size_help or f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}); repeat or "
+             "comma-separate (default small)",
+             one=one_size)
+    p.add_argument("--config", metavar="FILE", help="a TOML config of your own instead of a preset "
+                   "(see `harness sizes --toml small`), or a nanoGPT config .py (read, never run; docs/nanogpt.md)")
+    add_set(p)
+    add_data(p)
     if per_backend_device:
         p.add_argument("--device", action="append", metavar="DEVICE|NAME=DEVICE",
                        help="cpu (default) or cuda for every backend, or NAME=DEVICE for one (repeatable), e.g. "
@@ -79,6 +91,123 @@ def add_common(p: argparse.ArgumentParser, sizes: tuple[str, ...] = PRESETS, per
     p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
+
+
+# --- the options every command spells the same way ---------------------------------------------------------------
+LIST_METAVAR = "NAME[,NAME...]"
+
+
+def add_backend(p: argparse.ArgumentParser, help: str) -> None:
+    """--backend (alias --backends): one or more names, repeated or comma-separated; `all` = every backend that can
+    run here (see available_backends). Parsed by pick_backends."""
+    p.add_argument("--backend", "--backends", dest="backend", action="append", metavar=LIST_METAVAR, help=help)
+
+
+def add_size(p: argparse.ArgumentParser, help: str, one: bool = False) -> None:
+    """--size (alias --sizes): one or more presets, repeated or comma-separated, or `all`; a command that takes one
+    (`one`) shows SIZE. Parsed by pick_sizes."""
+    p.add_argument("--size", "--sizes", dest="size", action="append", metavar="SIZE" if one else "SIZE[,SIZE...]",
+                   help=help)
+
+
+def add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, "
+                        "lr_schedule=cosine, ...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
+
+
+def add_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
+                   "Shakespeare, downloaded once into the user cache)")
+
+
+def add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars or progress lines on stderr")
+
+
+THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
+
+
+def listed(values: str | list[str] | None, option: str) -> list[str]:
+    """`--option a,b --option c` (argparse gives ["a,b", "c"]) -> ["a", "b", "c"]; an empty entry is a UsageError."""
+    if values is None:
+        return []
+    texts = [values] if isinstance(values, str) else list(values)
+    names = []
+    for text in texts:
+        parts = [t.strip() for t in str(text).split(",")]
+        if not all(parts):
+            raise UsageError(f"{option} {text!r} has an empty entry; pass names separated by commas, "
+                             f"e.g. {option} a,b")
+        names += parts
+    return names
+
+
+def _once(names: list[str], option: str) -> list[str]:
+    for name in names:
+        if names.count(name) > 1:
+            raise UsageError(f"{option} names {name!r} twice; name each once")
+    return names
+
+
+def pick_sizes(values: str | list[str] | None, default: tuple[str, ...] = ("small",), one: bool = False,
+               option: str = "--size") -> list[str]:
+    """The size presets of --size: any preset (harness.config.PRESETS: the sizes and nanoGPT's recipes); `all` is
+    the harness's own sizes (small, medium, large); unknown or repeated names are a UsageError, and with `one` so is
+    more than one size."""
+    names = listed(values, option) or list(default)
+    given = ",".join(names)
+    if "all" in names:
+        if names != ["all"]:
+            raise UsageError(f"{option} all already names every size ({', '.join(SIZES)}); drop the others")
+        names = list(SIZES)
+    for name in names:
+        if name not in PRESETS:
+            raise UsageError(f"unknown size {name!r} in {option}; choose from {', '.join(PRESETS)} or all "
+                             f"({', '.join(SIZES)})")
+    _once(names, option)
+    if one and len(names) != 1:
+        raise UsageError(f"{option} {given}: this command takes one size; run it once per size")
+    return names
+
+
+def available_backends(device: str = "cpu") -> tuple[list[str], dict[str, str]]:
+    """What `--backend all` means: every registered backend that can run on `device` here without installing
+    anything first (flux only where Julia and Flux are installed), and why each other one cannot."""
+    from harness.backends import REGISTRY, BackendUnavailable, backend_class
+
+    ready, missing = [], {}
+    for name in REGISTRY:
+        try:
+            cls = backend_class(name)
+            check = getattr(cls, "check_installed", None) or getattr(cls, "check_available", None)
+            if check is not None:
+                check(device)
+            ready.append(name)
+        except (BackendUnavailable, ImportError) as exc:
+            missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ready, missing
+
+
+def pick_backends(values: str | list[str] | None, default: tuple[str, ...] = ("torch",), device: str = "cpu",
+                  option: str = "--backend", repeats: bool = False) -> list[str]:
+    """The backend names of --backend: `all` is every backend available on `device` (stderr says which were left
+    out and why); unknown names (and, unless `repeats`, repeated ones) are a UsageError."""
+    from harness.backends import check_names
+
+    names = listed(values, option) or list(default)
+    if "all" in names:
+        if names != ["all"]:
+            raise UsageError(f"{option} all already names every available backend; drop the others")
+        names, missing = available_backends(device)
+        if not names:
+            raise UsageError(f"{option} all: no backend can run here on {device} "
+                             f"({'; '.join(missing.values())})")
+        left = "; ".join(missing.values())
+        print(f"{option} all: {', '.join(names)} on {device}" + (f" (left out: {left})" if left else ""),
+              file=sys.stderr)
+    check_names(names)
+    return names if repeats else _once(names, option)
 
 
 def add_schedule(p: argparse.ArgumentParser) -> None:
@@ -94,7 +223,8 @@ def configure(args: argparse.Namespace, size: str | None = None) -> object:
     """The validated Config for `size` (or --config) with the command line's overrides applied."""
     from harness.nanogpt import parse_sets
 
-    config = load_config(size or args.size, args.config, parse_sets(getattr(args, "set", None)))
+    config = load_config(size or pick_sizes(args.size, one=True)[0], args.config,
+                         parse_sets(getattr(args, "set", None)))
     changes = {k: v for k, v in {
         "steps": getattr(args, "steps", None), "epochs": getattr(args, "epochs", None),
         "eval_interval": getattr(args, "eval_interval", None), "dropout": getattr(args, "dropout", None),

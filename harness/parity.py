@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UsageError
+from harness.options import THREADS_HELP, add_backend, add_quiet, pick_sizes
 
 SCHEMA = "nanogpt-parity/parity-record"
 SCHEMA_VERSION = 1
@@ -823,10 +824,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     by the CLI), and the exit statuses in its --help."""
     p.epilog = EXIT_STATUSES
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--backends", default=DEFAULT_BACKENDS, metavar="A,B",
-                   help=f"the two backends to compare, comma-separated: torch, numpy, flux ({DEFAULT_BACKENDS})")
+    add_backend(p, f"the two backends to compare (torch, numpy, flux), in the order the report names them: "
+                f"--backend torch --backend numpy or --backend torch,numpy ({DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
-                   help=f"training steps whose losses are compared ({DEFAULT_STEPS})")
+                   help=f"training steps, all of whose losses are compared ({DEFAULT_STEPS})")
     p.add_argument("--tol-logits", type=_float, metavar="X",
                    help="max abs difference of the step-0 logits (default: measured per precision pair and size, "
                         "see docs/parity.md)")
@@ -844,26 +845,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dropout probability; with P > 0 the harness draws every mask and hands the same masks to "
                         "both backends (0)")
     p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU threads per backend (OMP, OpenBLAS, MKL, Julia); default 1: one thread makes every "
-                        "reduction's order fixed, so a rerun gives bit-identical numbers (parity times nothing)")
+                   help=f"{THREADS_HELP}; default 1, unlike run and sweep: one thread fixes every reduction's "
+                        "order, so a rerun gives bit-identical numbers (parity times nothing)")
     p.add_argument("--per-parameter", action="store_true",
                    help="also print every parameter's gradient and optimizer-step error")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(p)
 
 
-def parse_backends(text: str) -> list[str]:
-    """The two backend names of --backends; UsageError for anything else."""
-    from harness.backends import check_names
+def parse_backends(values: str | list[str] | None) -> list[str]:
+    """The two backend names of --backend (repeated or comma-separated; default torch,numpy); UsageError for
+    anything else."""
+    from harness.options import pick_backends
 
-    names = [n.strip() for n in str(text).split(",")]
-    if any(not n for n in names):
-        raise UsageError(f"--backends {text!r}: empty name; pass two names, e.g. --backends torch,numpy")
-    check_names(names)
+    names = pick_backends(values if values else DEFAULT_BACKENDS, repeats=True)
+    text = ",".join(names)
     if len(names) != 2:
-        raise UsageError(f"--backends {text!r}: parity compares exactly two backends, got {len(names)}; "
-                         "pass two, e.g. --backends torch,numpy")
+        raise UsageError(f"--backend {text}: parity compares exactly two backends, got {len(names)}; "
+                         "pass two, e.g. --backend torch --backend numpy")
     if names[0] == names[1]:
-        raise UsageError(f"--backends {text!r}: the same backend twice; compare two different backends "
+        raise UsageError(f"--backend {text}: the same backend twice; compare two different backends "
                          "(use --dtype to vary precision)")
     return names
 
@@ -925,7 +925,8 @@ def command(args: argparse.Namespace) -> int:
     from harness.devices import parity_options, parse_devices
 
     # --- validate everything before anything is written ---
-    backends = parse_backends(args.backends)
+    backends = parse_backends(args.backend)
+    args.size = pick_sizes(args.size, one=True)[0]
     if not isinstance(args.steps, int) or args.steps <= 0:
         raise UsageError(f"--steps must be a positive whole number, got {args.steps!r}")
     opt_k = getattr(args, "opt_steps", DEFAULT_OPT_STEPS)

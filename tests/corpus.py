@@ -120,7 +120,7 @@ def corpus_path() -> Path:
     """The generated corpus as a file (written once per machine, atomically; rewritten if altered)."""
     text = make_corpus().encode("utf-8")
     digest = hashlib.sha256(text).hexdigest()
-    folder = Path(tempfile.gettempdir()) / "nanogpt-parity-tests"
+    folder = Path(tempfile.gettempdir()) / f"nanogpt-parity-tests-{os.getuid()}"  # per user: /tmp is shared
     path = folder / f"corpus-{digest[:16]}.txt"
     if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:
         return path
@@ -130,3 +130,12 @@ def corpus_path() -> Path:
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+if __name__ == "__main__":  # `python tests/corpus.py PATH` writes the corpus there (CI's wheel check trains on it)
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/corpus.py PATH")
+    Path(sys.argv[1]).write_bytes(corpus_path().read_bytes())
+    print(sys.argv[1])

@@ -335,3 +335,21 @@ def test_a_prefix_of_the_steps_is_checked(kit: Path, good: dict, tmp_path: Path,
     np.savez(path, **{**good, "opt/2/param/wte.weight": good["opt/2/param/wte.weight"] + 1e-3})
     code, out, _ = check(capsys, kit, path)
     assert code == 1 and "first broken: optimizer, parameter wte.weight (first at step 2" in out, out
+
+
+def test_check_out_is_where_the_page_and_verdict_go(kit: Path, good: dict, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """`kit check --out DIR` (as every command's --out): DIR is created and holds both files; nothing lands beside
+    the results file. An --out that cannot be a directory is one line, exit 2, nothing written."""
+    path = tmp_path / "port" / "results.npz"
+    path.parent.mkdir()
+    np.savez(path, **good)
+    code, out, _ = check(capsys, kit, path, "--out", tmp_path / "checks" / "today")
+    assert code == 0, out
+    assert sorted(p.name for p in (tmp_path / "checks" / "today").iterdir()) == ["results.check.html",
+                                                                                 "results.check.json"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["results.npz"]
+    (tmp_path / "afile").write_text("x")
+    code, out, err = check(capsys, kit, path, "--out", tmp_path / "afile" / "sub")
+    assert code == 2 and "not a directory" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == ["results.npz"]

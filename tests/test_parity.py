@@ -365,7 +365,7 @@ def test_parity_cli_catches_planted_bug_end_to_end(tmp_path: Path) -> None:
     (["--backends", "torch"], "exactly two backends, got 1"),
     (["--backends", "torch,numpy,flux"], "exactly two backends, got 3"),
     (["--backends", "numpy,numpy"], "the same backend twice"),
-    (["--backends", "torch,"], "empty name"),
+    (["--backends", "torch,"], "empty entry"),
     (["--tol-grad=-1e-4"], "--tol-grad must be a finite number >= 0"),
     (["--tol-loss", "nan"], "--tol-loss must be a finite number >= 0"),
     (["--tol-logits", "inf"], "--tol-logits must be a finite number >= 0"),

@@ -348,3 +348,12 @@ def test_geometric_mean_interval_by_hand_and_never_below_zero():
     assert g.estimate == pytest.approx(math.exp(lm))
     assert g.lo == pytest.approx(math.exp(lm - 4.303 * ls / math.sqrt(3)), rel=1e-3) and g.lo > 0
     assert g.hi == pytest.approx(math.exp(lm + 4.303 * ls / math.sqrt(3)), rel=1e-3)
+
+
+def test_slurm_memory_request_is_whole_megabytes(tmp_path):
+    """--mem-gb 1.5 reaches sbatch as --mem=1536M (sbatch refuses "--mem=1.5")."""
+    from harness.sweep.slurm import SlurmExecutor
+
+    assert SlurmExecutor(tmp_path, mem_gb=1.5).params["mem"] == "1536M"
+    assert SlurmExecutor(tmp_path, mem_gb=2).params["mem"] == "2048M"
+    assert "mem" not in SlurmExecutor(tmp_path).params

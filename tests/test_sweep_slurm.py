@@ -57,8 +57,8 @@ def test_slurm_and_local_give_bit_identical_losses(partition: str, tmp_path: Pat
               "--threads", "1", "--no-text", "--no-report", "--quiet"]
     local = run_cli(*common, "--out", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr
-    slurm = run_cli(*common, "--executor", "slurm", "--partition", partition, "--out", str(tmp_path / "slurm"),
-                    timeout=300)
+    slurm = run_cli(*common, "--executor", "slurm", "--partition", partition, *SMALL_JOB,
+                    "--out", str(tmp_path / "slurm"), timeout=QUEUE_WAIT_S)
     assert slurm.returncode == 0, slurm.stderr
     assert "Bypassing sacct" not in slurm.stderr  # no status noise where accounting is off
     doc = _manifest(tmp_path / "slurm")
@@ -81,6 +81,14 @@ def test_unknown_partition_is_one_line(partition: str, tmp_path: Path, tiny_conf
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_sbatch_refusal_is_one_line(partition: str, tmp_path: Path, tiny_config):
+    out = tmp_path / "out"
+    proc = run_cli("sweep", "--configs", str(tiny_config()), "--steps", "2", "--executor", "slurm",
+                   "--partition", partition, "--sbatch", "no-such-sbatch-option=1", "--out", str(out))
+    assert proc.returncode == 2 and "sbatch refused cell" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 3 and "Traceback" not in proc.stderr  # 2 progress lines
+
+
 def _read(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -88,18 +96,47 @@ def _read(path: Path) -> dict:
         return {}
 
 
+# What one tiny numpy cell needs. Without a request the cluster's default applies, and on the CI cluster (no
+# DefMemPerCPU) that is the whole node's memory: every job, this test's and anyone else's, then runs alone on the
+# one node and waits for all the others. With it, the cell shares the node with other jobs where CPUs are free.
+SMALL_JOB = ("--mem-gb", "1", "--cpus-per-job", "1")
+# How long a job may wait in the queue behind other people's jobs (the one-node cluster is shared); the test's own
+# deadlines count from when its job runs, so a busy cluster slows the test down but does not fail it.
+QUEUE_WAIT_S = 900
+
+
+def _state(job: str) -> str:
+    q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True)
+    return q.stdout.strip() if q.returncode == 0 else ""
+
+
+def _wait_until_running(job: str) -> None:
+    """Wait while the job is queued behind other jobs; return once it runs (or has already ended)."""
+    deadline = time.monotonic() + QUEUE_WAIT_S
+    while (state := _state(job)).startswith(("PENDING", "CONFIGURING", "REQUEUED")):
+        assert time.monotonic() < deadline, f"job {job} still queued after {QUEUE_WAIT_S} s ({state}): the " \
+            f"cluster is busy with other jobs: {_queue()}"
+        time.sleep(0.5)
+
+
+def _queue() -> str:
+    q = subprocess.run(["squeue", "-h", "-o", "%i %T %j %u"], capture_output=True, text=True)
+    return "; ".join(q.stdout.strip().splitlines())
+
+
 def _long_cell_at_checkpoint(out: Path, partition: str, tiny_config) -> tuple[str, Path, dict]:
     """Submit one 4000-step numpy cell (checkpoint every 100) and wait until it has checkpointed past step 200;
     returns its job id, its record's path and the record then."""
     sub = run_cli("sweep", "--configs", str(tiny_config(interval=1000)), "--backends", "numpy", "--seeds", "1",
                   "--steps", "4000", "--checkpoint-every", "100", "--threads", "1", "--no-text", "--no-report",
-                  "--executor", "slurm", "--partition", partition, "--no-wait", "--out", str(out))
+                  "--executor", "slurm", "--partition", partition, *SMALL_JOB, "--no-wait", "--out", str(out))
     assert sub.returncode == 0, sub.stderr
     (cell,) = _manifest(out)["cells"]
     path = out / "runs" / cell["run_id"] / "numpy.json"
+    _wait_until_running(cell["job_ids"][0])
     deadline = time.monotonic() + 180
     while (_read(path).get("checkpoint") or {}).get("step", 0) < 200:
-        assert time.monotonic() < deadline, "the cell never checkpointed"
+        assert time.monotonic() < deadline, f"the cell never checkpointed ({_state(cell['job_ids'][0])})"
         time.sleep(0.3)
     return cell["job_ids"][0], path, _read(path)
 
@@ -122,7 +159,8 @@ def test_scancel_mid_run_then_resume_from_the_checkpoint(partition: str, tmp_pat
     ckpt = before["checkpoint"]["step"]
     status = run_cli("sweep", "--status", _manifest(out)["sweep_id"], "--out", str(out))
     assert status.returncode == 0 and "interrupted" in status.stdout and "Bypassing" not in status.stderr
-    res = run_cli("sweep", "--resume", _manifest(out)["sweep_id"], "--out", str(out), "--no-report", timeout=400)
+    res = run_cli("sweep", "--resume", _manifest(out)["sweep_id"], "--out", str(out), "--no-report",
+                  timeout=QUEUE_WAIT_S)
     assert res.returncode == 0, res.stderr
     (cell,) = _manifest(out)["cells"]
     assert cell["status"] == "completed" and len(cell["job_ids"]) == 2 and cell["attempts"] == 2
@@ -140,17 +178,24 @@ def test_time_limit_signal_requeues_the_cell_and_it_resumes(partition: str, tmp_
     job, path, before = _long_cell_at_checkpoint(out, partition, tiny_config)
     ckpt = before["checkpoint"]["step"]
     subprocess.run(["scancel", job, "--signal", "USR2"], check=True)
-    # SLURM holds a requeued job back for about two minutes (its begin time); let it start now instead
+    # SLURM holds a requeued job back for about two minutes (its begin time); let it start sooner, but not within
+    # the second of the requeue: slurmd refuses a launch credential made in the same second as the requeue revoked
+    # the old one (`cred->ctime <= j->revoked`, whole seconds) and the job then FAILS ("Job credential revoked").
     deadline = time.monotonic() + 60
     while True:
-        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
-        if q.stdout.strip().startswith("PENDING"):
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        state = _state(job)
+        if state.startswith("PENDING"):
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], capture_output=True)
             break
-        assert time.monotonic() < deadline, f"the job was not requeued ({q.stdout.strip()})"
+        assert time.monotonic() < deadline, f"the job was not requeued ({state})"
         time.sleep(0.3)
-    deadline = time.monotonic() + 240
+    _wait_until_running(job)  # other jobs may have taken the node meanwhile
+    deadline, ended = time.monotonic() + 240, 0
     while _read(path).get("status") != "completed" or not _read(path).get("resumed_at"):
+        state = _state(job)
+        ended = 0 if state.startswith(("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")) else ended + 1
+        if ended >= 4:  # the job is over (seen four times running) and the cell is not complete: fail now
+            pytest.fail(f"the requeued job ended ({state or 'gone from squeue'}) without completing the cell")
         assert time.monotonic() < deadline, f"the requeued cell did not complete: {_read(path).get('status')}"
         time.sleep(0.5)
     rec = _read(path)

@@ -395,6 +395,15 @@ class FluxBackend:
         if reason:
             raise BackendUnavailable(reason)
 
+    @classmethod
+    def check_installed(cls, device: str = "cpu") -> None:
+        """check_available, and also refuse where Julia or the Flux packages would first be downloaded: what
+        `--backend all` asks of a backend (it never starts a download)."""
+        if find_julia()[0] is None or not environment_resolved():  # local checks first: no network probe
+            raise BackendUnavailable("flux backend: Julia and the Flux packages are not installed here (`harness "
+                                     "setup julia` installs them)")
+        cls.check_available(device)
+
     # --- setup -------------------------------------------------------------------------------------------------
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
               seed: int) -> None:

@@ -4,7 +4,7 @@
 float64 NumPy oracle's answers (step-0 logits and gradients, parameters and AdamW moments after each step, the
 per-step losses) as NPZ files with a schema-versioned manifest.json. A port reads them, runs, and writes a results
 NPZ with the documented names; `harness kit check` grades it with the same comparison code and measured tolerances
-as `harness parity` (harness.parity.compare and default_tolerances). README, "Check your own port".
+as `harness parity` (harness.parity.compare and default_tolerances). docs/kit.md.
 """
 
 from __future__ import annotations
@@ -19,25 +19,24 @@ DEFAULT_STEPS = 5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `export` and `check` subcommands of `harness kit`."""
-    from harness.config import PRESETS
-    from harness.options import Parser, positive_int
+    from harness.config import PRESETS, seed_arg
+    from harness.options import Parser, add_data, add_set, add_size, out_arg, positive_int
 
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
     e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json")
-    e.add_argument("--size", default="small", choices=PRESETS, metavar="SIZE",
-                   help=f"size preset: {', '.join(PRESETS)} (default small)")
-    e.add_argument("--config", metavar="FILE", help="a TOML config of your own (see `harness sizes --toml small`), "
-                   "or a nanoGPT config .py")
-    e.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help="override one config value (repeatable), e.g. tie_embeddings=true, gelu=exact, "
-                        "lr_schedule=cosine, warmup_steps=2, decay_steps=4, min_lr=0.001")
-    e.add_argument("--data", metavar="PATH", help="UTF-8 text (default: $HARNESS_DATA, else Tiny Shakespeare)")
-    e.add_argument("--seed", type=int, default=1337, help="seed of the weights, batches and masks (1337)")
+    add_size(e, f"the size preset: one of {', '.join(PRESETS)} (default small; a kit is one size)", one=True)
+    e.add_argument("--config", metavar="FILE", help="a TOML config of your own instead of a preset "
+                   "(see `harness sizes --toml small`), or a nanoGPT config .py (read, never run)")
+    add_set(e)
+    add_data(e)
+    e.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and masks, 0 to "
+                   "2**32-1 (1337)")
     e.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS, metavar="N",
                    help=f"training steps whose losses, parameters and AdamW moments are exported ({DEFAULT_STEPS})")
     e.add_argument("--dropout", type=float, default=0.0, metavar="P",
                    help="dropout probability; > 0 exports the harness's dropout masks for every step (default 0)")
-    e.add_argument("--out", type=Path, required=True, metavar="DIR", help="a new or empty directory for the kit")
+    e.add_argument("--out", type=out_arg, required=True, metavar="DIR",
+                   help="output directory: a new or empty directory for the kit (required)")
     e.set_defaults(kit_func="export")
 
     c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed")
@@ -45,8 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("results", type=Path, metavar="RESULTS", help="the port's results .npz")
     c.add_argument("--dtype", choices=("float32", "float64"),
                    help="the precision the port computed in (default: the dtype of the results' arrays)")
-    c.add_argument("--html", type=Path, metavar="PATH", help="HTML page (default: RESULTS with .check.html)")
-    c.add_argument("--json", type=Path, metavar="PATH", help="JSON verdict (default: RESULTS with .check.json)")
+    c.add_argument("--out", type=out_arg, metavar="DIR",
+                   help="output directory for RESULTS-name.check.html and .check.json (default: RESULTS' folder)")
+    c.add_argument("--html", type=Path, metavar="PATH", help="the HTML page's exact path (overrides --out)")
+    c.add_argument("--json", type=Path, metavar="PATH", help="the JSON verdict's exact path (overrides --out)")
     c.add_argument("--per-parameter", action="store_true", help="also print every parameter's gradient error")
     c.set_defaults(kit_func="check")
 

@@ -144,7 +144,7 @@ def check_array(key: str, shape: tuple[int, ...], dtype: np.dtype, expected: Map
         want = tuple(shape)  # a port may check the first few steps only
     if tuple(shape) != want:
         raise UsageError(f"results: {key!r} has shape {tuple(shape)}, expected {want} (canonical layout, "
-                         "README 'Check your own port')")
+                         "docs/kit.md)")
     if dtype.kind != "f" or dtype.itemsize not in (4, 8):
         raise UsageError(f"results: {key!r} has dtype {describe_dtype(dtype)}; write float32 or float64")
 
@@ -378,15 +378,18 @@ def command(args: argparse.Namespace) -> int:
     steps = int(manifest["steps"])
     results = load_results(args.results, manifest, kit)
     given, dtype, opt_steps = validate(results, expected, params, steps, args.dtype)
-    html_path = args.html or args.results.with_suffix(".check.html")
-    json_path = args.json or args.results.with_suffix(".check.json")
+    folder = args.out if getattr(args, "out", None) is not None else args.results.parent
+    html_path = args.html or folder / args.results.with_suffix(".check.html").name
+    json_path = args.json or folder / args.results.with_suffix(".check.json").name
+    if getattr(args, "out", None) is not None:
+        records.check_writable(args.out)  # created below, once the inputs are known to be good
     inputs = (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST)))
     for option, p, default in (("--html", html_path, ".check.html"), ("--json", json_path, ".check.json")):
         if os.path.lexists(p) and not os.path.isfile(p):
             what = kind_of(os.stat(p).st_mode) if os.path.exists(p) else "a dangling symlink"
             raise UsageError(f"{option} {str(p)!r} is {what}, not a file; pass the path of the file to write, e.g. "
                              f"{option} {str(p / args.results.with_suffix(default).name)!r}")
-        if not p.resolve().parent.is_dir():
+        if p.parent != folder and not p.resolve().parent.is_dir():
             raise UsageError(f"cannot write {str(p)!r}: its directory does not exist; create it or pass another path")
         if p.resolve() in inputs:
             raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
@@ -421,6 +424,7 @@ def command(args: argparse.Namespace) -> int:
     if recorded is not None and recorded != asdict(tol):
         print(f"note: this harness's measured tolerances for {dtype} differ from those recorded in the kit; "
               "this harness's apply (export the kit again to record them)", file=sys.stderr)
+    folder.mkdir(parents=True, exist_ok=True)
     page = render_html(verdict, rows, table).encode()
     records.atomic_write_all([(html_path, page), (json_path, records.json_bytes(verdict))])  # both or neither
 

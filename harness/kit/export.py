@@ -260,6 +260,7 @@ def command(args: argparse.Namespace) -> int:
     """`harness kit export`: validate, compute with the oracle, write the files, then manifest.json last."""
     from harness.config import load_config
     from harness.data import check_fits, load_corpus
+    from harness.options import pick_sizes
 
     dropout = args.dropout
     if not isinstance(dropout, float) or not math.isfinite(dropout) or not 0 <= dropout < 1:
@@ -270,6 +271,7 @@ def command(args: argparse.Namespace) -> int:
     _check_out(args.out)
     from harness.nanogpt import parse_sets
 
+    args.size = pick_sizes(args.size, one=True)[0]
     config = load_config(args.size, args.config, parse_sets(getattr(args, "set", None))).replace(
         dropout=dropout, steps=args.steps)
     size = None if args.config or getattr(args, "set", None) else args.size  # measured tolerances: the preset's

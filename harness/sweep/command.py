@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness import launch, records
 from harness.errors import UsageError
+from harness.options import listed, pick_backends, pick_sizes
 from harness.sweep import manifest as mf
 from harness.sweep.spec import MAX_CELLS_WITHOUT_YES, Cell, SweepSpec, build_spec, expand, load_toml, parse_set
 
@@ -25,27 +26,46 @@ def _csv(text: str) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness sweep`."""
-    from harness.options import DEFAULT_OUT, add_paired, positive_int
+    from harness.config import PRESETS, SIZES
+    from harness.options import (
+        DEFAULT_OUT,
+        THREADS_HELP,
+        add_backend,
+        add_data,
+        add_paired,
+        add_quiet,
+        add_size,
+        out_arg,
+        positive_int,
+        seed_arg,
+    )
 
     p.add_argument("spec", nargs="?", metavar="SPEC.toml", help="a sweep file (flags override its keys)")
     g = p.add_argument_group("axes (cells are the cross product)")
-    g.add_argument("--sizes", type=_csv, metavar="A,B", help="size presets (default small)")
-    g.add_argument("--configs", type=_csv, metavar="F1,F2", help="TOML config files, as axis values")
-    g.add_argument("--backends", type=_csv, metavar="A,B", help="torch, numpy, flux (default torch)")
+    add_size(g, f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}); repeat or comma-separate "
+             "(default small)")
+    g.add_argument("--config", "--configs", dest="config", action="append", metavar="FILE[,FILE...]",
+                   help="TOML config files as axis values (beside or instead of --size); repeat or comma-separate")
+    add_backend(g, "torch, numpy, flux, or all (every backend that can run here); repeat or comma-separate "
+                "(default torch)")
+    g.add_argument("--seed", action="append", type=seed_arg, metavar="S",
+                   help="a seed of the seed axis (repeatable); or use --seeds")
     g.add_argument("--seeds", metavar="N|S1,S2", help="a count (N seeds from 1337) or a list (default 1)")
-    g.add_argument("--device", type=_csv, metavar="D", help="cpu and/or cuda (default cpu)")
-    g.add_argument("--precision", type=_csv, metavar="P", help="torch/flux matmul precision: fp32, tf32, bf16")
-    g.add_argument("--dtype", type=_csv, metavar="T", help="float32 and/or float64 where the backend has a choice")
+    g.add_argument("--device", type=_csv, metavar="D[,D]", help="cpu and/or cuda, comma-separated (default cpu)")
+    g.add_argument("--precision", type=_csv, metavar="P[,P]", help="torch/flux matmul precision: fp32, tf32, bf16")
+    g.add_argument("--dtype", type=_csv, metavar="T[,T]", help="float32 and/or float64 where the backend has a choice")
     g.add_argument("--set", action="append", default=[], metavar="FIELD=V1,V2",
                    help="any config field as a list, e.g. --set learning_rate=0.003,0.01 (repeatable); "
                    "d_hidden follows n_embd unless set too")
     g = p.add_argument_group("schedule (every cell)")
-    g.add_argument("--steps", type=positive_int, metavar="N")
-    g.add_argument("--epochs", type=positive_int, metavar="N")
-    g.add_argument("--eval-interval", type=positive_int, metavar="N")
+    s = g.add_mutually_exclusive_group()
+    s.add_argument("--steps", type=positive_int, metavar="N", help="train every cell exactly N steps")
+    s.add_argument("--epochs", type=positive_int, metavar="N", help="train every cell N epochs (preset: 20)")
+    g.add_argument("--eval-interval", type=positive_int, metavar="N", help="evaluate every N steps")
     g.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="checkpoint every N steps, so an interrupted or requeued cell resumes there")
-    g.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads per worker")
+    g.add_argument("--threads", type=positive_int, metavar="N", help=f"{THREADS_HELP}, in every cell; default: "
+                   "the frameworks' own choice")
     g.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF in every cell")
     add_paired(g, None)
     g.add_argument("--name", metavar="NAME", help="a name for the sweep (part of its id)")
@@ -53,9 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--executor", choices=("local", "slurm"), help="local (default): this machine; slurm: submitit")
     g.add_argument("--jobs", type=positive_int, metavar="N", help="local: N cells at once (timings then contend)")
     g.add_argument("--partition", metavar="P", help="slurm partition")
-    g.add_argument("--gpus-per-job", type=positive_int, metavar="N")
-    g.add_argument("--cpus-per-job", type=positive_int, metavar="N")
-    g.add_argument("--mem-gb", type=float, metavar="G")
+    g.add_argument("--gpus-per-job", type=positive_int, metavar="N", help="slurm: GPUs per job (sbatch "
+                   "--gpus-per-node)")
+    g.add_argument("--cpus-per-job", type=positive_int, metavar="N", help="slurm: CPUs per job (sbatch "
+                   "--cpus-per-task)")
+    g.add_argument("--mem-gb", type=float, metavar="G", help="slurm: memory per job in GB (sbatch --mem); without "
+                   "it the cluster's default applies, which on some clusters is a whole node")
     g.add_argument("--time-min", type=positive_int, metavar="M", help="slurm time limit per job (60)")
     g.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE", help="extra sbatch option")
     g.add_argument("--no-wait", action="store_true", help="slurm: submit and return; follow with --status")
@@ -63,10 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--status", metavar="SWEEP_ID", help="print the table of cells of a sweep")
     g.add_argument("--resume", metavar="SWEEP_ID", help="run what is missing, failed or interrupted")
     g.add_argument("--report", metavar="SWEEP_ID", help="rebuild the sweep report from the records")
-    g.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default $HARNESS_DATA or Tiny Shakespeare)")
-    g.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
+    add_data(g)
+    g.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     g.add_argument("--yes", action="store_true", help=f"allow more than {MAX_CELLS_WITHOUT_YES} cells")
-    g.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(g)
     g.add_argument("--no-report", action="store_true", help="no HTML report at the end")
 
 
@@ -77,21 +100,29 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     base = Path.cwd()
     if args.spec:
         doc, base = load_toml(Path(args.spec))
-    flags = {"sizes": args.sizes, "backends": args.backends, "devices": args.device, "precision": args.precision,
+    devices = args.device or doc.get("devices") or ["cpu"]
+    flags = {"sizes": pick_sizes(args.size) if args.size else None,
+             "backends": pick_backends(args.backend, device=devices[0] if isinstance(devices, list) else devices)
+             if args.backend else None,
+             "devices": args.device, "precision": args.precision,
              "dtype": args.dtype, "steps": args.steps, "epochs": args.epochs, "eval_interval": args.eval_interval,
              "checkpoint_every": args.checkpoint_every, "threads": args.threads, "name": args.name,
              "paired_rounds": args.paired_rounds}
     for key, value in flags.items():
         if value is not None:
             doc[key] = value
-    if args.configs is not None:
-        doc["configs"] = [str(Path(c).resolve()) for c in args.configs]
+    if args.config is not None:
+        doc["configs"] = [str(Path(c).resolve()) for c in listed(args.config, "--config")]
     if args.steps is not None:
         doc.pop("epochs", None)
     if args.epochs is not None:
         doc.pop("steps", None)
+    if args.seed is not None and args.seeds is not None:
+        raise UsageError("--seed and --seeds exclude each other; pass one (--seeds 3 or --seed 1 --seed 2)")
     if args.seeds is not None:
         doc["seeds"] = args.seeds
+    if args.seed is not None:
+        doc["seeds"] = args.seed
     if args.no_text:
         doc["text"] = False
     if args.set:

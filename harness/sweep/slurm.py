@@ -16,7 +16,10 @@ then comes from its RunRecord.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
+import io
+import math
 import os
 import shutil
 import signal
@@ -142,7 +145,7 @@ class SlurmExecutor:
         if cpus_per_job:
             self.params["cpus_per_task"] = cpus_per_job
         if mem_gb:
-            self.params["mem"] = mem_gb
+            self.params["mem"] = f"{math.ceil(mem_gb * 1024)}M"  # sbatch --mem takes whole units, not "1.5"
         extra = parse_sbatch(sbatch or [])
         if extra:
             self.params["additional_parameters"] = extra
@@ -158,7 +161,18 @@ class SlurmExecutor:
             job = executor.submit(CellJob(str(out), "paired", cell.get("threads"), paired_command(out, cell)))
             return str(job.job_id)
         executor.update_parameters(job_name=f"harness-{cell['index']}", **self.params)
-        job = executor.submit(CellJob(str(records.run_dir(out, cell["run_id"])), cell["backend"], cell.get("threads")))
+        said = io.StringIO()  # submitit copies sbatch's stderr to ours; a refusal becomes one line instead
+        try:
+            with contextlib.redirect_stderr(said):
+                job = executor.submit(CellJob(str(records.run_dir(out, cell["run_id"])), cell["backend"],
+                                              cell.get("threads")))
+        except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as exc:
+            why = next((line.strip() for line in (said.getvalue() or str(exc)).splitlines() if line.strip()), "")
+            raise UsageError(f"sbatch refused cell {cell['key']} ({why[:300]}); fix the SLURM options "
+                             "(--partition, --mem-gb, --sbatch, ...) and continue with `harness sweep --resume`"
+                             ) from None
+        if said.getvalue().strip():
+            print(said.getvalue().rstrip(), file=sys.stderr)  # a warning from sbatch on success is kept
         return str(job.job_id)
 
     def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
