@@ -44,7 +44,9 @@ import numpy as np
 from harness.errors import UsageError
 
 SCHEMA = "nanogpt-parity/run-record"
-SCHEMA_VERSION = 2  # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
+# 2: vocabulary and text normalisation in `data`; null for non-finite numbers. 3: `resumed_from_step`, the step each
+# resume continued from (one entry per resume; absent in a record that was never resumed). Older records still load.
+SCHEMA_VERSION = 3
 SPEC_SCHEMA = "nanogpt-parity/run-spec"
 SPEC_SCHEMA_VERSION = 1
 _UMASK = os.umask(0)
@@ -79,6 +81,9 @@ def is_failed(status: str) -> bool:
 
 def check_run_id(run_id: str) -> str:
     """A run id must be a plain name (no `/`, `..`, NUL): anything else could write outside --out."""
+    if run_id == "":
+        raise UsageError("the run id is empty (an unset shell variable?); pass a run id, a directory name from "
+                         "<out>/runs")
     if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id) or ".." in run_id:
         raise UsageError(f"{run_id!r} is not a run id (a name from <out>/runs, not a path); pass the directory "
                          "name only, and --out for where the runs are")
@@ -419,6 +424,7 @@ RECORD_JSON_SCHEMA: dict = {
         "fingerprints": {"type": "object"}, "data": {"type": "object"},
         "checkpoint": {"type": ["object", "null"]},
         "text": {"type": ["object", "null"]},
+        "resumed_from_step": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     },
 }
 
