@@ -387,16 +387,18 @@ needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare
 
 
 @needs_mounts
-def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file):
-    """The worker says the disk is full; the parent, failing to write the report for the same reason, does not say it
-    a second time."""
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file, command):
+    """The worker says the disk is full; the parent, failing to write the report (run) or the manifest (sweep) for
+    the same reason, does not say it a second time."""
     full = tmp_path / "full"
     full.mkdir()
-    py = f"{sys.executable} -m harness.cli"
+    what = f"run --config {config_file} --backend numpy" if command == "run" else \
+        f"sweep --configs {config_file} --backends numpy --seeds 3"
     r = _in_own_mounts(textwrap.dedent(f"""\
         mount -t tmpfs -o size=2m tmpfs {full}
-        HARNESS_TEST_PAUSE_AT=after-record:sleep HARNESS_TEST_PAUSE_S=2 {py} run --config {config_file} \\
-            --steps 3000 --checkpoint-every 100 --backend numpy --quiet --no-text --out {full}/out &
+        HARNESS_TEST_PAUSE_AT=after-record:sleep HARNESS_TEST_PAUSE_S=2 {sys.executable} -m harness.cli {what} \\
+            --steps 3000 --checkpoint-every 100 --quiet --no-text --out {full}/out &
         pid=$!
         while ! ls {full}/out/runs/*/numpy.json >/dev/null 2>&1; do sleep 0.1; done
         dd if=/dev/zero of={full}/fill bs=64k 2>/dev/null
@@ -405,7 +407,7 @@ def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower() and "OSError" not in line]
     assert "rc=2" in r.stdout and "Traceback" not in r.stderr, (r.stdout, r.stderr)
     assert len(errors) == 1 and "No space left on device" in errors[0], r.stderr
-    assert "no report" in r.stderr
+    assert ("no report" if command == "run" else "stopped: the disk is full") in r.stderr, r.stderr
 
 
 @needs_mounts

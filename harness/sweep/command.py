@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import shlex
 import shutil
 import sys
@@ -247,6 +248,7 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
                   f"({done[0]}/{total} done)", file=sys.stderr, flush=True)
         m.save()
 
+    executor = _executor(m, progress, wait)
     try:
         for cell in todo:
             if not _has_run(m, cell):
@@ -254,8 +256,8 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
                 fresh.append(cell)
                 cell["run_id"] = launch.write_spec(_plan_of(m, cell, corpus, progress))
         m.save()
-        return _executor(m, progress, wait).run(m.out, todo, notify)
-    except BaseException:
+        return executor.run(m.out, todo, notify)
+    except BaseException as exc:
         unborn = [c for c in fresh if c["index"] not in begun]
         for cell in unborn:
             if cell.get("run_id"):
@@ -264,7 +266,19 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
         if unborn:
             with contextlib.suppress(OSError):
                 m.save()
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                and getattr(executor, "worker_error", False):
+            raise DiskFull(m) from None  # a worker has already said so: one error line, not two
         raise
+
+
+class DiskFull(Exception):
+    """The disk filled up during a sweep, and a worker has already printed the error line that says so."""
+
+    def __init__(self, m: mf.Manifest):
+        again = f"harness sweep --resume {m.sweep_id} --out {shlex.quote(str(m.out))}"
+        super().__init__(f"  sweep {m.sweep_id} stopped: the disk is full (as the worker said above); free some "
+                         f"space, then continue with `{again}`")
 
 
 def refresh(m: mf.Manifest) -> list[dict]:
@@ -410,6 +424,9 @@ def command(args: argparse.Namespace) -> int:
         m.save()
         print(f"sweep {sweep_id}: manifest {m.path}", file=sys.stderr)
         code = _run_cells(m, m.cells, corpus, progress=not args.quiet, wait=not args.no_wait)
+    except DiskFull as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except (UsageError, OSError):
         if not any(c.get("attempts") for c in m.cells):  # nothing ran or was submitted: leave nothing behind
             _discard(m, before)
@@ -474,5 +491,9 @@ def resume(args: argparse.Namespace) -> int:
           + (f", {busy} still queued or running (left alone)" if busy else ""), file=sys.stderr)
     _own(m)
     m.save()
-    code = _run_cells(m, todo, corpus, progress=not args.quiet, wait=not args.no_wait) if todo else 0
+    try:
+        code = _run_cells(m, todo, corpus, progress=not args.quiet, wait=not args.no_wait) if todo else 0
+    except DiskFull as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return _finish(m, code, args.no_report)

@@ -56,6 +56,7 @@ class LocalExecutor:
 
     def __init__(self, jobs: int = 1, progress: bool = True):
         self.jobs, self.progress = jobs, progress
+        self.worker_error = False  # a worker exited with status 2 (it printed its one error line itself)
 
     def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
         if self.jobs <= 1:
@@ -68,6 +69,7 @@ class LocalExecutor:
             directory = records.run_dir(out, cell["run_id"])
             codes = launch.execute(directory, [cell["backend"]], resume=True,
                                    progress=self.progress, threads=cell.get("threads"))
+            self.worker_error = self.worker_error or codes.get(cell["backend"]) == 2
             notify(cell, "finished")
             if codes.get(cell["backend"]) == 130:
                 return 130
@@ -83,6 +85,7 @@ class LocalExecutor:
             nonlocal interrupted
             cell = running.pop(proc)
             code = proc.returncode
+            self.worker_error = self.worker_error or code == 2
             if code < 0:  # killed by a signal: its record must not stay "running"
                 launch.mark_ended(records.run_dir(out, cell["run_id"]), cell["backend"], -code,
                                   stopped_by=stopped_by, killed_by_us=killed)

@@ -268,11 +268,11 @@ class SlurmExecutor:
                 cell.setdefault("job_ids", []).append(job_id)
                 notify(cell, "queued")
             submitted += len(chunk)
-            array = job_ids[0].split("_")[0]
-            where = f"job array {array} ({array}_[0-{len(chunk) - 1}]" if len(chunk) > 1 else f"job {array} ("
-            limit = self.params.get("array_parallelism")
-            print(f"sweep: submitted {len(chunk)} cell(s) as SLURM {where}"
-                  + (f", at most {limit} at once)" if limit and len(chunk) > 1 else ")"), file=sys.stderr, flush=True)
+            array, limit = job_ids[0].split("_")[0], self.params.get("array_parallelism")
+            where = (f"job array {array} ({array}_[0-{len(chunk) - 1}]" + (f", at most {limit} at once)" if limit
+                                                                           else ")")
+                     if len(chunk) > 1 else f"job {array}")
+            print(f"sweep: submitted {len(chunk)} cell(s) as SLURM {where}", file=sys.stderr, flush=True)
         if not self.wait:
             return 0
         return self.follow(cells, notify)
