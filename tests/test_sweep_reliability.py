@@ -461,6 +461,8 @@ def test_14_every_resume_of_a_run_is_recorded_and_old_records_still_load(tmp_pat
     assert "resumed from step 20, then 40" in third.stderr
     rec = records.load_record(run / "numpy.json")
     assert rec["resumed_from_step"] == [20, 40] and rec["schema_version"] == records.SCHEMA_VERSION == 3
+    report = run_cli("report", run.name, "--out", str(out))
+    assert report.returncode == 0 and "resumed from step" in (out / f"{run.name}.html").read_text()
     edit(run / "numpy.json", lambda d: (d.update(schema_version=2), d.pop("resumed_from_step")))
     assert "resumed_from_step" not in records.load_record(run / "numpy.json")  # a version-2 record still loads
     edit(run / "numpy.json", lambda d: d.update(resumed_from_step=["x"]))
