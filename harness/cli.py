@@ -34,7 +34,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness import launch, records
     from harness.data import load_corpus
 
-    if args.resume:
+    if args.resume is not None:  # an empty id (an unset shell variable) is refused, never a new run
         return resume_run(args)
     args.seed = 1337 if args.seed is None else args.seed
     args.device = args.device or "cpu"
@@ -74,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             worst = 130
             break
     if not args.no_report:
-        write_reports(args.out, run_ids)
+        write_reports(args.out, run_ids, quiet_disk_error=worst == 2)
     return worst
 
 
@@ -109,7 +109,9 @@ def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
         val = f", val loss {last['val_loss']:.4f} at step {last['step']}" if last else ""
         tps = rec["timings"].get("tokens_per_s")
         speed = f", {tps:,.0f} tokens/s" if tps else ""
-        print(f"  {rec['backend']}: {rec['status']}{val}{speed} -> {directory / (rec['backend'] + '.json')}",
+        resumed = rec.get("resumed_from_step")
+        since = f", resumed from step {', then '.join(map(str, resumed))}" if resumed else ""
+        print(f"  {rec['backend']}: {rec['status']}{val}{speed}{since} -> {directory / (rec['backend'] + '.json')}",
               file=sys.stderr)
     paired_path = records.RunPaths(Path(out), run_id).paired_timing
     if paired_path.exists():
@@ -129,13 +131,23 @@ def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
     return 130 if 130 in codes.values() else 0
 
 
-def write_reports(out: Path, run_ids: list[str]) -> None:
+def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False) -> None:
+    """The run report and the index; with `quiet_disk_error` (a worker has already printed the error line of a full
+    or unwritable disk) a report that cannot be written is a note, not a second error line."""
+    from harness.records import os_error_message
     from harness.report import write_index, write_report
 
-    if run_ids:
+    if not run_ids:
+        return
+    try:
         path = write_report(out, run_ids)
         write_index(out)
-        print(f"report: {path}", file=sys.stderr)
+    except OSError as exc:
+        if not quiet_disk_error:
+            raise
+        print(f"  no report: {os_error_message(exc, 'it cannot be written either')}", file=sys.stderr)
+        return
+    print(f"report: {path}", file=sys.stderr)
 
 
 # options of `harness run` that define what a run computes: on --resume they must match the stored spec
@@ -220,7 +232,7 @@ def resume_run(args: argparse.Namespace) -> int:
                            paired_rounds=paired_rounds(args, spec))
     code = finish(args.out, args.resume, codes)
     if not args.no_report:
-        write_reports(args.out, [args.resume])
+        write_reports(args.out, [args.resume], quiet_disk_error=code == 2)
     return code
 
 

@@ -139,16 +139,28 @@ def gpu_memory() -> tuple[int, int] | None:
     return total_mib * 2**20, free_mib * 2**20
 
 
+# what to change when a part of the estimate is the biggest (the fix of the refusal names the option that helps)
+MEMORY_FIX = {"parameters": "make the model smaller (n_embd, n_layer, d_hidden)",
+              "activations": "make the model or the batch smaller (batch_size, block_size, n_embd, n_layer)",
+              "data": "make eval_batches smaller or train on a smaller text",
+              "curves": "train fewer steps (a smaller --steps or --epochs)"}
+
+
+def memory_need(plan: Plan) -> tuple[int, dict[str, int]]:
+    """(bytes, parts) one worker of `plan` needs: the estimate in the float width of its widest backend."""
+    per_float = max(float_bytes(b, plan.backend_options.get(b, {})) for b in plan.backends)
+    parts = estimate_memory(plan.config, plan.corpus, per_float)
+    return sum(parts.values()), parts
+
+
 def check_memory(plan: Plan) -> int:
     """Refuse (UsageError) a run whose worker would not fit in this machine's memory, or in the GPU's when a backend
     runs on CUDA (parameters, optimizer state and activations live there); returns the estimate."""
-    per_float = max(float_bytes(b, plan.backend_options.get(b, {})) for b in plan.backends)
-    parts = estimate_memory(plan.config, plan.corpus, per_float)
-    need = sum(parts.values())
-    fix = "make the model, batch or eval_batches smaller, or pass --allow-large if you mean it"
+    need, parts = memory_need(plan)
+    biggest = max(parts, key=parts.get)
+    fix = f"{MEMORY_FIX[biggest]}, or pass --allow-large if you mean it"
     total, available = machine_memory()
     if need > available and not plan.allow_large:
-        biggest = max(parts, key=parts.get)
         raise UsageError(f"config {plan.config.name!r} needs about {fmt_bytes(need)} of memory (mostly "
                          f"{biggest}: {fmt_bytes(parts[biggest])}) but this machine has {fmt_bytes(available)} "
                          f"available of {fmt_bytes(total)}; {fix}")
@@ -157,6 +169,8 @@ def check_memory(plan: Plan) -> int:
     if gpu is not None:
         device_need = parts["parameters"] + parts["activations"]
         if device_need > gpu[1]:
+            fix = f"{MEMORY_FIX['parameters' if parts['parameters'] > parts['activations'] else 'activations']}, " \
+                  "or pass --allow-large if you mean it"
             raise UsageError(f"config {plan.config.name!r} needs about {fmt_bytes(device_need)} of GPU memory "
                              f"(parameters, AdamW state and activations) but the GPU has {fmt_bytes(gpu[1])} free of "
                              f"{fmt_bytes(gpu[0])}; {fix}")
@@ -276,14 +290,15 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
-               threads: int | None = None, lock: RunLock | None = None) -> int:
-    """Run one backend's worker process to its end and return its exit status (128+N when killed by signal N).
+def spawn_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
+                 threads: int | None = None, lock: RunLock | None = None) -> subprocess.Popen:
+    """Start one backend's worker (`python -m harness.worker`), set up as every worker is, whoever starts it
+    (`run_worker`, the sweep's parallel local executor): its own session (a terminal Ctrl-C reaches only us, and we
+    forward exactly one signal), PR_SET_PDEATHSIG at spawn (it stops if this process dies, even before its first
+    instruction), this process's pid in HARNESS_PARENT_PID, the thread caps, and the compile caches under --out.
 
-    Ctrl-C / SIGTERM here are forwarded once (with SIGCONT); after `KILL_GRACE_S` the worker is SIGKILLed. A
-    worker that died by a signal has its record marked (see `mark_ended`). `lock`: the run-directory lock the
-    caller holds; the worker shares it (without one, the worker takes the lock itself).
-    """
+    PR_SET_PDEATHSIG fires when the *thread* that forked the worker ends: call this from a thread that outlives the
+    worker (the main thread)."""
     directory = Path(directory)
     cmd = [sys.executable, "-m", "harness.worker", str(directory), backend]
     cmd += ["--resume"] if resume else []
@@ -300,9 +315,19 @@ def run_worker(directory: Path, backend: str, resume: bool = False, progress: bo
             env.update(compile_cache_env(directory))
     except UsageError:
         pass  # the worker reports a bad spec itself
-    # Its own session: a terminal Ctrl-C reaches only us, and we forward exactly one signal, so the worker's
-    # clean shutdown (saving the record) is not itself interrupted by a second copy of the same Ctrl-C.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds, preexec_fn=_pdeathsig)
+    return subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds, preexec_fn=_pdeathsig)
+
+
+def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
+               threads: int | None = None, lock: RunLock | None = None) -> int:
+    """Run one backend's worker process to its end and return its exit status (128+N when killed by signal N).
+
+    Ctrl-C / SIGTERM here are forwarded once (with SIGCONT); after `KILL_GRACE_S` the worker is SIGKILLed. A
+    worker that died by a signal has its record marked (see `mark_ended`). `lock`: the run-directory lock the
+    caller holds; the worker shares it (without one, the worker takes the lock itself).
+    """
+    directory = Path(directory)
+    proc = spawn_worker(directory, backend, resume=resume, progress=progress, threads=threads, lock=lock)
     asked: list[str] = []  # the signals we received (forwarded once)
 
     def forward(signum: int, frame: object) -> None:

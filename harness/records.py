@@ -48,8 +48,9 @@ from harness.errors import UsageError
 SCHEMA = "nanogpt-parity/run-record"
 # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
 # 3: contention evidence: `chunks` (per chunk of steps: wall and CPU time, run-queue wait, machine load, GPU state)
-#    and `timings.contention`; steady-state figures from the undisturbed steps (`timings.disturbed_steps`).
-#    Version 2 records load as they are (no evidence: reports say so).
+#    and `timings.contention`; steady-state figures from the undisturbed steps (`timings.disturbed_steps`);
+#    `resumed_from_step`, the step each resume continued from (one entry per resume; absent in a record that was
+#    never resumed). Version 2 records load as they are (no evidence: reports say so).
 SCHEMA_VERSION = 3
 SPEC_SCHEMA = "nanogpt-parity/run-spec"
 SPEC_SCHEMA_VERSION = 1
@@ -85,6 +86,9 @@ def is_failed(status: str) -> bool:
 
 def check_run_id(run_id: str) -> str:
     """A run id must be a plain name (no `/`, `..`, NUL): anything else could write outside --out."""
+    if run_id == "":
+        raise UsageError("the run id is empty (an unset shell variable?); pass a run id, a directory name from "
+                         "<out>/runs")
     if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id) or ".." in run_id:
         raise UsageError(f"{run_id!r} is not a run id (a name from <out>/runs, not a path); pass the directory "
                          "name only, and --out for where the runs are")
@@ -462,6 +466,7 @@ RECORD_JSON_SCHEMA: dict = {
         "chunks": {"type": "array", "items": {"type": "object", "required": ["step", "n", "wall_s", "cpu_s"],
                                               "properties": {"step": {"type": "integer", "minimum": 0},
                                                              "n": {"type": "integer", "minimum": 1}}}},
+        "resumed_from_step": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     },
 }
 

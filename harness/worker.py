@@ -304,7 +304,8 @@ class Worker:
             self.tail = Curves(step=list(old["steps"]["step"]), loss=list(old["steps"]["loss"]),
                                time_s=list(old["steps"]["time_s"]), evals=list(old["evals"]),
                                chunks=list(old.get("chunks") or []))
-            carry = {"started_at": old.get("started_at"), "timings": old.get("timings") or {}}
+            carry = {"started_at": old.get("started_at"), "timings": old.get("timings") or {},
+                     "resumed_from_step": list(old.get("resumed_from_step") or [])}
         if not os.path.lexists(ckpt):
             return 0, carry  # nothing saved: start again from the initial weights (the old curves stay as a tail)
         fix = f"delete {ckpt.name} to restart {self.name} from step 0, or start a new run"
@@ -359,8 +360,12 @@ class Worker:
         # only now, with the backend ready and the checkpoint restored, may a new record replace the old one
         record = self.new_record(corpus)
         record["backend_info"] = self.backend.describe()
-        if carry.get("started_at"):
-            record.update(started_at=carry["started_at"], resumed_at=_now())
+        if carry.get("started_at") or start:  # a resume of an earlier attempt: say from which step, every time
+            record.update(started_at=carry.get("started_at") or record["started_at"], resumed_at=_now(),
+                          resumed_from_step=[*carry.get("resumed_from_step", []), start])
+            print(f"{self.name}: resuming from step {start} of {self.total_steps}"
+                  + (f" (checkpoint {self.paths.checkpoint(self.name).name})" if start else
+                     " (no checkpoint: from the start)"), file=sys.stderr, flush=True)
         record["timings"] = dict(carry.get("timings") or {})
         record["checkpoint"] = carry.get("checkpoint")
         self.record = record

@@ -19,7 +19,7 @@ from conftest import data_path, run_cli
 
 from harness import stats
 from harness.errors import UsageError
-from harness.sweep.spec import DEFAULT_SEED, build_spec, expand, parse_seeds, parse_set
+from harness.sweep.spec import DEFAULT_SEED, build_spec, expand, parse_seed_flag, parse_seeds, parse_set
 
 # --- statistics ------------------------------------------------------------------------------------------------------
 # Two-sided 95 % critical values t_{0.975, df} from the printed Student-t table (NIST/SEMATECH e-Handbook 1.3.6.7.2)
@@ -83,7 +83,8 @@ def test_spec_cross_product_and_scaling(tmp_path: Path):
     assert {c.config.d_hidden for c in wide} == {128}  # the preset's 4x ratio follows n_embd
     assert all(c.config.steps == 5 for c in cells)
     assert cells[0].config.name == "small-n_embd16-learning_rate0.003"
-    assert parse_seeds("3") == [1337, 1338, 1339] and parse_seeds("4,7") == [4, 7] and parse_seeds([5]) == [5]
+    assert list(parse_seeds(parse_seed_flag("3"))) == [1337, 1338, 1339]
+    assert parse_seeds(parse_seed_flag("4,7")) == [4, 7] and parse_seeds([5]) == [5]
     assert parse_set(["learning_rate=0.003,0.01", "scheme=random"]) == {"learning_rate": [0.003, 0.01],
                                                                        "scheme": ["random"]}
 

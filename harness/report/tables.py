@@ -232,6 +232,8 @@ def environment_table(view: RunView) -> Markup:
         })
         if rec.get("resumed_at"):
             col["resumed at"] = _cell(rec["resumed_at"])
+        if rec.get("resumed_from_step"):  # one entry per resume (records of schema version 3)
+            col["resumed from step"] = ", then ".join(str(int(s)) for s in rec["resumed_from_step"])
         cols[rec["backend"]] = col
     if not cols:
         return Markup("<p>No record, so no environment.</p>")

@@ -9,6 +9,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,7 +21,20 @@ from harness import launch, records
 from harness.errors import UsageError
 from harness.options import listed, pick_backends, pick_sizes
 from harness.sweep import manifest as mf
-from harness.sweep.spec import MAX_CELLS_WITHOUT_YES, Cell, SweepSpec, build_spec, expand, load_toml, parse_set
+from harness.sweep.settings import check_executor
+from harness.sweep.spec import (
+    MAX_CELLS_WITHOUT_YES,
+    Cell,
+    SweepSpec,
+    build_spec,
+    check_count,
+    expand,
+    load_toml,
+    parse_seed_flag,
+    parse_set,
+)
+
+SLURM_FLAGS = ("partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "array_parallelism")
 
 
 def _csv(text: str) -> list[str]:
@@ -80,7 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mem-gb", type=float, metavar="G", help="slurm: memory per job in GB (sbatch --mem); without "
                    "it the cluster's default applies, which on some clusters is a whole node")
     g.add_argument("--time-min", type=positive_int, metavar="M", help="slurm time limit per job (60)")
-    g.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE", help="extra sbatch option")
+    g.add_argument("--array-parallelism", type=positive_int, metavar="N",
+                   help="slurm: at most N cells of the job array run at once (default: as many as the cluster allows)")
+    g.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra sbatch long option (name [a-z0-9_-]+, one line of plain text)")
     g.add_argument("--no-wait", action="store_true", help="slurm: submit and return; follow with --status")
     g = p.add_argument_group("other")
     g.add_argument("--status", metavar="SWEEP_ID", help="print the table of cells of a sweep")
@@ -120,7 +140,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     if args.seed is not None and args.seeds is not None:
         raise UsageError("--seed and --seeds exclude each other; pass one (--seeds 3 or --seed 1 --seed 2)")
     if args.seeds is not None:
-        doc["seeds"] = args.seeds
+        doc["seeds"] = parse_seed_flag(args.seeds)
     if args.seed is not None:
         doc["seeds"] = args.seed
     if args.no_text:
@@ -128,38 +148,57 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     if args.set:
         doc["fields"] = dict(doc.get("fields", {}), **parse_set(args.set))
     slurm = dict(doc.get("slurm", {}))
-    for key in ("partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min"):
+    for key in SLURM_FLAGS:
         if getattr(args, key) is not None:
             slurm[key] = getattr(args, key)
-    if slurm.get("mem_gb") is not None and not (isinstance(slurm["mem_gb"], (int, float)) and slurm["mem_gb"] > 0):
-        raise UsageError(f"mem_gb must be a positive number of GB, got {slurm['mem_gb']!r}")
     if args.sbatch:
         slurm["sbatch"] = list(slurm.get("sbatch", [])) + args.sbatch
     executor = {"kind": args.executor or doc.get("executor", "local"), "jobs": args.jobs or doc.get("jobs", 1),
                 "slurm": slurm}
-    if executor["kind"] not in ("local", "slurm"):
-        raise UsageError(f"unknown executor {executor['kind']!r}; use local or slurm")
+    check_executor(executor)
     if executor["kind"] == "slurm" and args.jobs:
-        raise UsageError("--jobs is for the local executor; on SLURM every cell is its own job")
-    if not isinstance(executor["jobs"], int) or executor["jobs"] < 1:
-        raise UsageError(f"jobs must be a positive whole number, got {executor['jobs']!r}")
+        raise UsageError("--jobs is for the local executor; on SLURM the cells are one job array "
+                         "(--array-parallelism N caps how many run at once)")
+    given = [f"--{k.replace('_', '-')}" for k in SLURM_FLAGS if getattr(args, k) is not None]
+    given += ["--sbatch"] * bool(args.sbatch) + ["--no-wait"] * bool(args.no_wait)
+    if executor["kind"] == "local" and given:
+        raise UsageError(f"{given[0]} is for the SLURM executor and this sweep runs locally; add --executor slurm "
+                         f"or drop {given[0]}")
     doc.pop("slurm", None), doc.pop("executor", None), doc.pop("jobs", None)
     return build_spec(doc, base), executor
 
 
-def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None) -> object:
-    """Every check that can fail, for every cell, before anything is written; returns the corpus."""
+def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None, jobs: int = 1) -> object:
+    """Every check that can fail, for every cell, before anything is written; returns the corpus.
+
+    `jobs` workers at once (the local executor's --jobs) must fit in memory together: the `jobs` biggest cells'
+    estimates are added up."""
     from harness.data import load_corpus
 
     corpus = load_corpus(data)
-    seen: set[tuple] = set()
-    for cell in cells:
-        key = (cell.config.config_hash(), cell.backend, cell.device, tuple(sorted(cell.options.items())))
-        if key in seen:
-            continue
-        seen.add(key)
-        launch.preflight(_plan(spec, cell, corpus, out))
+    check_plans([_plan(spec, cell, corpus, out) for cell in cells], jobs)
     return corpus
+
+
+def check_plans(plans: list[launch.Plan], jobs: int = 1) -> None:
+    """`launch.preflight` for each distinct plan, then the memory of `jobs` workers at once."""
+    need: dict[tuple, int] = {}
+    sizes = []
+    for plan in plans:
+        (backend,) = plan.backends
+        key = (plan.config.config_hash(), backend, plan.device, tuple(sorted(plan.backend_options[backend].items())))
+        if key not in need:
+            launch.preflight(plan)
+            need[key] = launch.memory_need(plan)[0]
+        sizes.append(need[key])
+    if jobs > 1 and len(sizes) > 1:
+        together = sum(sorted(sizes, reverse=True)[:jobs])
+        total, available = launch.machine_memory()
+        if together > available:
+            raise UsageError(f"{min(jobs, len(sizes))} cells at once (--jobs {jobs}) need about "
+                             f"{launch.fmt_bytes(together)} of memory together but this machine has "
+                             f"{launch.fmt_bytes(available)} available of {launch.fmt_bytes(total)}; pass a smaller "
+                             "--jobs (--jobs 1 runs one cell at a time)")
 
 
 def _plan(spec: SweepSpec, cell: Cell, corpus: object, out: Path) -> launch.Plan:
@@ -176,10 +215,21 @@ def _cell_doc(cell: Cell, spec: SweepSpec) -> dict:
             "contended": False}
 
 
-def _config_of(cell: dict):
-    from harness.config import Config
+def _plan_of(m: mf.Manifest, cell: dict, corpus: object, progress: bool = False) -> launch.Plan:
+    """The run plan of a stored cell (its config checked when the manifest was loaded)."""
+    from harness.config import config_from_dict
 
-    return Config(**cell["config"])
+    spec = m.doc["spec"]
+    return launch.Plan(config=config_from_dict(cell["config"], f"{m.path} cell {cell['index']}"),
+                       corpus=corpus, backends=[cell["backend"]], device=cell["device"],  # type: ignore[arg-type]
+                       seed=cell["seed"], out=m.out, backend_options={cell["backend"]: dict(cell["backend_options"])},
+                       checkpoint_every=spec["checkpoint_every"] or 0, text=spec["text"], progress=progress,
+                       threads=cell.get("threads"))
+
+
+def _has_run(m: mf.Manifest, cell: dict) -> bool:
+    """Whether the cell's run directory exists with its spec (a run id whose directory is gone gets a new run)."""
+    return bool(cell.get("run_id")) and records.RunPaths(m.out, cell["run_id"]).spec.is_file()
 
 
 # --- running -----------------------------------------------------------------------------------------------------
@@ -188,10 +238,8 @@ def _executor(m: mf.Manifest, progress: bool, wait: bool = True):
     if ex["kind"] == "slurm":
         from harness.sweep.slurm import SlurmExecutor
 
-        s = ex.get("slurm", {})
-        return SlurmExecutor(m.dir / "slurm", partition=s.get("partition"), gpus_per_job=s.get("gpus_per_job"),
-                             cpus_per_job=s.get("cpus_per_job"), mem_gb=s.get("mem_gb"),
-                             time_min=s.get("time_min") or 60, sbatch=s.get("sbatch"), wait=wait)
+        return SlurmExecutor.from_settings(m.dir / "slurm", ex.get("slurm", {}), wait=wait,
+                                           job_name=f"harness-{m.doc['spec'].get('name', 'sweep')}")
     from harness.sweep.executors import LocalExecutor
 
     return LocalExecutor(jobs=ex.get("jobs", 1), progress=progress)
@@ -200,36 +248,32 @@ def _executor(m: mf.Manifest, progress: bool, wait: bool = True):
 def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool, wait: bool,
                paired: list[dict] | None = None) -> int:
     """Give every cell of `todo` a run directory (spec.json) and run them, each block's paired timing (`paired`)
-    after its last cell; the manifest follows every event."""
+    after its last cell; the manifest follows every event.
+
+    Should anything fail before a cell was started or submitted (a full disk while the specs are written, sbatch
+    refusing the array), the run directories made here for those cells are removed again, so no run directory
+    exists that the manifest does not list."""
     spec = m.doc["spec"]
     total = len(todo)
     done, started = [0], [0]
     contended = m.doc["executor"]["kind"] == "local" and m.doc["executor"].get("jobs", 1) > 1
-    for cell in todo:
-        if not cell.get("run_id"):
-            plan = launch.Plan(config=_config_of(cell), corpus=corpus, backends=[cell["backend"]],  # type: ignore[arg-type]
-                               device=cell["device"], seed=cell["seed"], out=m.out,
-                               backend_options={cell["backend"]: dict(cell["backend_options"])},
-                               checkpoint_every=spec["checkpoint_every"], text=spec["text"], progress=progress,
-                               threads=cell.get("threads"))
-            cell["run_id"] = launch.write_spec(plan)
-    for entry in paired or []:
-        mf.ensure_paired_doc(m.out, entry, m.cells, spec.get("threads"))
-    m.save()
+    fresh: list[dict] = []  # cells given a run directory here
+    begun: set[int] = set()  # cells an executor started or submitted
 
     def notify(cell: dict, event: str) -> None:
         if cell.get("kind") == "paired":
             return notify_paired(cell, event)
         if event == "started":
+            begun.add(cell["index"])
             cell["attempts"] = cell.get("attempts", 0) + 1
             cell["status"] = "running"
             cell["contended"] = cell.get("contended") or contended
             started[0] += 1
             print(f"[{started[0]}/{total}] {cell['key']}: run {cell['run_id']}", file=sys.stderr, flush=True)
         elif event == "queued":
+            begun.add(cell["index"])
             cell["attempts"] = cell.get("attempts", 0) + 1
             cell["status"] = "queued"
-            print(f"  queued {cell['key']} as SLURM job {cell['job_ids'][-1]}", file=sys.stderr, flush=True)
         elif event == "running":
             cell["status"] = "running"
             print(f"  running {cell['key']} (job {cell['job_ids'][-1]})", file=sys.stderr, flush=True)
@@ -259,7 +303,39 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
             print(f"  {entry['key']}: {entry['status']}; {line}", file=sys.stderr, flush=True)
         m.save()
 
-    return _executor(m, progress, wait).run(m.out, mf.ordered(todo, paired or []), notify)
+    executor = _executor(m, progress, wait)
+    try:
+        for cell in todo:
+            if not _has_run(m, cell):
+                cell["run_id"] = None
+                fresh.append(cell)
+                cell["run_id"] = launch.write_spec(_plan_of(m, cell, corpus, progress))
+        for entry in paired or []:
+            mf.ensure_paired_doc(m.out, entry, m.cells, spec.get("threads"))
+        m.save()
+        return executor.run(m.out, mf.ordered(todo, paired or []), notify)
+    except BaseException as exc:
+        unborn = [c for c in fresh if c["index"] not in begun]
+        for cell in unborn:
+            if cell.get("run_id"):
+                shutil.rmtree(records.run_dir(m.out, cell["run_id"]), ignore_errors=True)
+            cell["run_id"] = None
+        if unborn:
+            with contextlib.suppress(OSError):
+                m.save()
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                and getattr(executor, "worker_error", False):
+            raise DiskFull(m) from None  # a worker has already said so: one error line, not two
+        raise
+
+
+class DiskFull(Exception):
+    """The disk filled up during a sweep, and a worker has already printed the error line that says so."""
+
+    def __init__(self, m: mf.Manifest):
+        again = f"harness sweep --resume {m.sweep_id} --out {shlex.quote(str(m.out))}"
+        super().__init__(f"  sweep {m.sweep_id} stopped: the disk is full (as the worker said above); free some "
+                         f"space, then continue with `{again}`")
 
 
 def refresh(m: mf.Manifest) -> list[dict]:
@@ -366,12 +442,16 @@ def _finish(m: mf.Manifest, code: int, no_report: bool) -> int:
     if not no_report and counts.get("completed"):
         path = write_sweep_report(m)
         print(f"report: {path}", file=sys.stderr)
+    again = f"`harness sweep --resume {m.sweep_id} --out {shlex.quote(str(m.out))}`"
     if code == 130:
-        print(f"interrupted; continue with `harness sweep --resume {m.sweep_id} --out {m.out}`", file=sys.stderr)
+        print(f"interrupted; continue with {again}", file=sys.stderr)
         return 130
     if counts.get("queued") or counts.get("running"):
-        print(f"follow with `harness sweep --status {m.sweep_id} --out {m.out}`", file=sys.stderr)
+        print(f"follow with `harness sweep --status {m.sweep_id} --out {shlex.quote(str(m.out))}`", file=sys.stderr)
         return 0
+    rerun = [f"{counts[k]} {k}" for k in mf.RERUNNABLE if counts.get(k)]
+    if rerun:  # e.g. a cell whose job was cancelled: say how to go on (it continues from its checkpoint)
+        print(f"{', '.join(rerun)}: run them again (each from its last checkpoint) with {again}", file=sys.stderr)
     return 0 if counts.get("completed", 0) == len(m.cells) else 1
 
 
@@ -387,38 +467,44 @@ def write_sweep_report(m: mf.Manifest) -> Path:
 # --- the command -------------------------------------------------------------------------------------------------
 def command(args: argparse.Namespace) -> int:
     """`harness sweep`: new sweep, --status, --resume or --report."""
-    chosen = [x for x in ("status", "resume", "report") if getattr(args, x)]
+    chosen = [x for x in ("status", "resume", "report") if getattr(args, x) is not None]
     if len(chosen) > 1:
         raise UsageError(f"--{chosen[0]} and --{chosen[1]} exclude each other; pass one")
     if chosen and args.spec:
         raise UsageError(f"--{chosen[0]} takes a sweep id, not a sweep file; drop {args.spec}")
-    if args.status:
+    for option in chosen:  # an empty id (an unset shell variable) is an error, never a new sweep
+        mf.check_sweep_id(getattr(args, option), args.out)
+    if args.status is not None:
         m = mf.Manifest.load(args.out, args.status)
         print_status(m)  # reads only: the sweep process that owns the manifest may be writing it
         return 0
-    if args.report:
+    if args.report is not None:
         m = mf.Manifest.load(args.out, args.report)
         records.check_writable(args.out)
         refresh(m)
         print(f"report: {write_sweep_report(m)}")
         return 0
-    if args.resume:
+    if args.resume is not None:
         return resume(args)
     spec, executor = spec_from_args(args)
+    check_count(spec, args.yes)  # by arithmetic: nothing is built for a sweep that is refused for its size
     cells = expand(spec)
-    if len(cells) > MAX_CELLS_WITHOUT_YES and not args.yes:
-        raise UsageError(f"this sweep has {len(cells)} cells (more than {MAX_CELLS_WITHOUT_YES}); pass --yes to run "
-                         "them all, or shrink an axis")
+    slurm = None
     if executor["kind"] == "slurm":
-        from harness.sweep.slurm import check_cluster
+        from harness.sweep.slurm import SlurmExecutor, check_cluster
 
         check_cluster(executor["slurm"].get("partition"))
-    corpus = validate(spec, cells, args.out, args.data)
+        slurm = SlurmExecutor.from_settings(Path(args.out).resolve() / "sweeps" / "ID" / "slurm", executor["slurm"],
+                                            job_name=f"harness-{spec.name}")
+    corpus = validate(spec, cells, args.out, args.data, jobs=executor["jobs"] if executor["kind"] == "local" else 1)
+    if slurm is not None:
+        slurm.check_submission(len(cells))  # sbatch --test-only: what sbatch would refuse, refused now
     groups = len({c.group for c in cells})
     where = ("one at a time on this machine" if executor["kind"] == "local" and executor["jobs"] == 1 else
              f"{executor['jobs']} at a time on this machine (timings contended)" if executor["kind"] == "local"
-             else "as SLURM jobs")
+             else "as a SLURM job array")
     print(f"sweep: {len(cells)} cells ({groups} groups x {len(spec.seeds)} seeds), {where}", file=sys.stderr)
+    before = _existing(args.out, corpus)
     sweep_id = mf.new_sweep_id(args.out, spec.name)
     m = mf.Manifest(args.out, {
         "schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
@@ -427,29 +513,67 @@ def command(args: argparse.Namespace) -> int:
         "cells": [_cell_doc(c, spec) for c in cells]})
     m.doc["paired"] = mf.paired_entries(sweep_id, m.cells, spec.paired_rounds)
     _own(m)
-    m.save()
-    print(f"sweep {sweep_id}: manifest {m.path}", file=sys.stderr)
-    if m.doc["paired"]:
-        print(f"sweep: {len(m.doc['paired'])} paired timings (each block's backends side by side after its cells, "
-              f"{spec.paired_rounds} undisturbed rounds)", file=sys.stderr)
-    code = _run_cells(m, m.cells, corpus, progress=not args.quiet, wait=not args.no_wait, paired=m.doc["paired"])
+    try:
+        m.save()
+        print(f"sweep {sweep_id}: manifest {m.path}", file=sys.stderr)
+        if m.doc["paired"]:
+            print(f"sweep: {len(m.doc['paired'])} paired timings (each block's backends side by side after its "
+                  f"cells, {spec.paired_rounds} undisturbed rounds)", file=sys.stderr)
+        code = _run_cells(m, m.cells, corpus, progress=not args.quiet, wait=not args.no_wait, paired=m.doc["paired"])
+    except DiskFull as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except (UsageError, OSError):
+        if not any(c.get("attempts") for c in m.cells):  # nothing ran or was submitted: leave nothing behind
+            _discard(m, before)
+        raise
     return _finish(m, code, args.no_report)
 
 
+def _existing(out: Path, corpus: object) -> set[Path]:
+    """The paths a new sweep may create (its --out, runs/, sweeps/, data/, the corpus copy) that exist already."""
+    out = Path(out)
+    paths = [out, out / "runs", out / "sweeps", out / "data", records.corpus_copy(out, corpus.sha256)]  # type: ignore[attr-defined]
+    return {p for p in paths if p.exists()}
+
+
+def _discard(m: mf.Manifest, before: set[Path]) -> None:
+    """Remove a new sweep that never started a cell: its run directories, its manifest and what it created."""
+    for cell in m.cells:
+        if cell.get("run_id"):
+            shutil.rmtree(records.run_dir(m.out, cell["run_id"]), ignore_errors=True)
+    shutil.rmtree(m.dir, ignore_errors=True)
+    out = Path(m.out)
+    copy = records.corpus_copy(out, m.doc["data"]["sha256"])
+    if copy not in before:
+        with contextlib.suppress(OSError):
+            copy.unlink()
+    for path in (out / "runs", out / "sweeps", out / "data", out):
+        if path not in before:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only when empty
+
+
 def resume(args: argparse.Namespace) -> int:
-    """Run the cells of a sweep that are pending, failed or interrupted (never one that completed or still runs)."""
+    """Run the cells of a sweep that are pending, failed or interrupted (never one that completed or still runs).
+
+    Every cell to run is checked again (config, backend, device, options, memory, and on SLURM `sbatch --test-only`)
+    before a run directory is made for it or anything is submitted."""
     from harness.data import load_corpus
 
-    m = mf.Manifest.load(args.out, args.resume)
-    if m.doc["executor"]["kind"] == "slurm":
-        from harness.sweep.slurm import check_cluster
-
-        check_cluster(m.doc["executor"].get("slurm", {}).get("partition"))
-    if args.jobs and m.doc["executor"]["kind"] == "local":
-        m.doc["executor"]["jobs"] = args.jobs
+    m = mf.Manifest.load(args.out, args.resume)  # schema, executor settings and cell configs checked
+    ex = m.doc["executor"]
+    if args.jobs and ex["kind"] == "local":
+        ex["jobs"] = args.jobs
+    elif args.jobs:
+        raise UsageError(f"--jobs is for the local executor and sweep {m.sweep_id} runs on SLURM; drop --jobs")
     if _local_alive(m):
         raise UsageError(f"sweep {m.sweep_id} is still running (or waiting for its jobs) in process "
                          f"{m.doc['owner']['pid']}; wait for it or stop it first")
+    if ex["kind"] == "slurm":
+        from harness.sweep.slurm import check_cluster
+
+        check_cluster(ex.get("slurm", {}).get("partition"))
     corpus = load_corpus(m.doc["data"]["path"])
     if corpus.sha256 != m.doc["data"]["sha256"]:
         raise UsageError(f"data file {corpus.path!r} changed since the sweep started; restore it")
@@ -457,12 +581,19 @@ def resume(args: argparse.Namespace) -> int:
     refresh_paired(m)
     todo = [c for c in m.cells if c["status"] in mf.RERUNNABLE]
     ptodo = [e for e in m.doc.get("paired") or [] if e["status"] in mf.PAIRED_RERUNNABLE]
+    check_plans([_plan_of(m, c, corpus) for c in todo], ex.get("jobs", 1) if ex["kind"] == "local" else 1)
+    if todo and ex["kind"] == "slurm":
+        _executor(m, progress=False).check_submission(len(todo))
     busy = sum(c["status"] in ("queued", "running") for c in m.cells)
     print(f"sweep {m.sweep_id}: {len(todo)} of {len(m.cells)} cells to run"
           + (f", {len(ptodo)} paired timings" if ptodo else "")
           + (f", {busy} still queued or running (left alone)" if busy else ""), file=sys.stderr)
     _own(m)
     m.save()
-    code = _run_cells(m, todo, corpus, progress=not args.quiet, wait=not args.no_wait, paired=ptodo) \
-        if todo or ptodo else 0
+    try:
+        code = _run_cells(m, todo, corpus, progress=not args.quiet, wait=not args.no_wait, paired=ptodo) \
+            if todo or ptodo else 0
+    except DiskFull as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return _finish(m, code, args.no_report)

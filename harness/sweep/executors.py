@@ -6,8 +6,10 @@ caller reads the records.
 
 - `LocalExecutor`: on this machine. `jobs=1` (the default) runs cells one after another through
   `harness.launch.execute`, so timings never contend; `jobs=N` runs N workers at once (loss-only studies: the
-  manifest marks those cells' timings as contended).
-- `SlurmExecutor` (harness/sweep/slurm.py): one SLURM job per cell through submitit.
+  manifest marks those cells' timings as contended). Either way each worker is started by
+  `harness.launch.spawn_worker` from the main thread, so it gets the parent-death signal at spawn: a sweep killed
+  at any moment leaves no worker training unsupervised.
+- `SlurmExecutor` (harness/sweep/slurm.py): the cells as SLURM job arrays through submitit.
 
 The list may also hold paired-timing entries (`kind` "paired", harness.sweep.manifest): their command is
 `python -m harness.paired run <record>` (`paired_command`), which starts every contender on the machine it runs
@@ -17,13 +19,13 @@ training cell: with `jobs=N` after the pool of cells.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -76,6 +78,7 @@ class LocalExecutor:
 
     def __init__(self, jobs: int = 1, progress: bool = True):
         self.jobs, self.progress = jobs, progress
+        self.worker_error = False  # a worker exited with status 2 (it printed its one error line itself)
 
     def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
         if self.jobs <= 1:
@@ -84,56 +87,79 @@ class LocalExecutor:
 
     def _serial(self, out: Path, cells: list[dict], notify: Notify) -> int:
         for cell in cells:
-            notify(cell, "started")
             if cell.get("kind") == "paired":
                 code = run_paired_entry(out, cell, self.progress)
                 notify(cell, "finished")
                 if code == 130:
                     return 130
                 continue
+            notify(cell, "started")
             directory = records.run_dir(out, cell["run_id"])
             codes = launch.execute(directory, [cell["backend"]], resume=True,
                                    progress=self.progress, threads=cell.get("threads"))
+            self.worker_error = self.worker_error or codes.get(cell["backend"]) == 2
             notify(cell, "finished")
             if codes.get(cell["backend"]) == 130:
                 return 130
         return 0
 
     def _parallel(self, out: Path, cells: list[dict], notify: Notify) -> int:
-        lock = threading.Lock()
-        stop = threading.Event()
-        procs: set[subprocess.Popen] = set()
+        """Up to `jobs` workers at once, started and watched from this (the main) thread; the paired-timing entries
+        after them, one at a time."""
+        entries = [c for c in cells if c.get("kind") == "paired"]
+        queue = [c for c in cells if c.get("kind") != "paired"]
+        running: dict[subprocess.Popen, dict] = {}
+        interrupted = False
 
-        def one(cell: dict) -> int:
-            if stop.is_set():
-                return 130
-            with lock:
-                notify(cell, "started")
-            cmd = worker_command(records.run_dir(out, cell["run_id"]), cell["backend"], True)
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **launch.thread_env(cell.get("threads")))
-            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-            with lock:
-                procs.add(proc)
-            code = proc.wait()
-            with lock:
-                procs.discard(proc)
-                notify(cell, "finished")
-            return code
+        def reap(proc: subprocess.Popen, stopped_by: str | None = None, killed: bool = False) -> None:
+            nonlocal interrupted
+            cell = running.pop(proc)
+            code = proc.returncode
+            self.worker_error = self.worker_error or code == 2
+            if code < 0:  # killed by a signal: its record must not stay "running"
+                launch.mark_ended(records.run_dir(out, cell["run_id"]), cell["backend"], -code,
+                                  stopped_by=stopped_by, killed_by_us=killed)
+            interrupted = interrupted or code == 130 or stopped_by is not None
+            notify(cell, "finished")
 
-        entries = [c for c in cells if c.get("kind") == "paired"]  # after the pool, one at a time
-        cells = [c for c in cells if c.get("kind") != "paired"]
-        pool = ThreadPoolExecutor(max_workers=self.jobs)
-        futures = [pool.submit(one, cell) for cell in cells]
         try:
-            codes = [f.result() for f in futures]
+            while queue or running:
+                while queue and len(running) < self.jobs:
+                    cell = queue.pop(0)
+                    notify(cell, "started")
+                    proc = launch.spawn_worker(records.run_dir(out, cell["run_id"]), cell["backend"], resume=True,
+                                               progress=False, threads=cell.get("threads"))
+                    running[proc] = cell
+                for proc in [p for p in running if p.poll() is not None]:
+                    reap(proc)
+                time.sleep(0.05)
         except KeyboardInterrupt:
-            stop.set()
-            with lock:
-                for proc in procs:  # each worker saves its record as interrupted and exits
+            self._stop(running, reap)
+            return 130
+        return 130 if interrupted else self._serial(out, entries, notify)
+
+    @staticmethod
+    def _stop(running: dict[subprocess.Popen, dict], reap: Callable[..., None]) -> None:
+        """Ctrl-C / SIGTERM: each worker gets one SIGINT (it saves its record as interrupted and exits); one that
+        has not exited `launch.KILL_GRACE_S` seconds later is killed. Further signals wait until this is done."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for proc in running:
+                with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
-            pool.shutdown(wait=True, cancel_futures=True)
-            return 130
-        pool.shutdown()
-        if 130 in codes:
-            return 130
-        return self._serial(out, entries, notify)
+                    proc.send_signal(signal.SIGCONT)  # a stopped worker must wake up to handle it
+            deadline = time.monotonic() + launch.KILL_GRACE_S
+            while running and time.monotonic() < deadline:
+                for proc in [p for p in running if p.poll() is not None]:
+                    reap(proc, stopped_by="SIGINT")
+                time.sleep(0.05)
+            for proc in list(running):
+                print(f"{running[proc]['backend']}: the worker did not stop {launch.KILL_GRACE_S:g} s after SIGINT; "
+                      "killing it (SIGKILL)", file=sys.stderr, flush=True)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                reap(proc, stopped_by="SIGINT", killed=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -3,24 +3,72 @@
 The manifest is written only by the `harness sweep` process (atomically, like every record). The status it holds
 is a cache: the truth about a cell is its RunRecord (and, on SLURM, whether its job is still queued or running),
 and `refresh` reads that again.
+
+Every load checks the document against `SWEEP_JSON_SCHEMA`, the executor settings again (they are written into
+job scripts: harness.sweep.settings) and every cell's config, so a damaged or hand-edited sweep.json is one line
+naming the field, never a traceback and never a job script built from it. The directory `--out` must still be
+trusted: on SLURM, submitit's pickles under `<out>/sweeps/<id>/slurm/` are what each job unpickles and runs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from pathlib import Path
 from typing import Any
 
 from harness import records
+from harness.config import SEED_MAX, config_from_dict
 from harness.errors import UsageError
+from harness.sweep.settings import check_executor
 
 SCHEMA = "nanogpt-parity/sweep"
 SCHEMA_VERSION = 1
 # cell states: pending (never started), queued / running (an executor holds it), completed, interrupted, failed
 DONE = "completed"
 RERUNNABLE = ("pending", "interrupted", "failed")
+STATES = ("pending", "queued", "running", "completed", "interrupted", "failed")
+SWEEP_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+_CELL = {
+    "type": "object",
+    "required": ["index", "key", "config", "backend", "seed", "device", "backend_options", "status"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 0}, "key": {"type": "string"}, "group": {"type": "string"},
+        "label": {"type": "string"}, "source": {"type": "string"}, "overrides": {"type": "object"},
+        "config": {"type": "object"},
+        "backend": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,31}$"},
+        "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX},
+        "device": {"enum": ["cpu", "cuda"]},
+        "backend_options": {"type": "object"},
+        "threads": {"type": ["integer", "null"], "minimum": 1},
+        "run_id": {"type": ["string", "null"], "pattern": records.RUN_ID_RE.pattern},
+        "job_ids": {"type": "array", "items": {"type": "string", "pattern": "^[0-9]{1,20}(_[0-9]{1,9})?$"}},
+        "status": {"enum": list(STATES)},
+        "attempts": {"type": "integer", "minimum": 0},
+        "contended": {"type": "boolean"},
+    },
+}
+SWEEP_JSON_SCHEMA: dict = {
+    "type": "object",
+    "required": ["schema", "schema_version", "sweep_id", "spec", "executor", "data", "cells"],
+    "properties": {
+        "schema": {"const": SCHEMA},
+        "schema_version": {"type": "integer", "minimum": 1},
+        "sweep_id": {"type": "string", "pattern": SWEEP_ID_RE},
+        "spec": {"type": "object", "required": ["checkpoint_every", "text"],
+                 "properties": {"checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
+                                "text": {"type": "boolean"}, "seeds": {"type": "array"}}},
+        "executor": {"type": "object", "required": ["kind"]},  # every field: settings.check_executor
+        "data": {"type": "object", "required": ["path", "sha256"],
+                 "properties": {"path": {"type": "string"},
+                                "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+        "cells": {"type": "array", "items": _CELL},
+        "owner": {"type": "object", "properties": {"pid": {"type": "integer"}, "host": {"type": "string"}}},
+    },
+}
 
 
 def sweeps_dir(out: Path) -> Path:
@@ -68,22 +116,52 @@ class Manifest:
 
     @classmethod
     def load(cls, out: Path, sweep_id: str) -> Manifest:
-        """The manifest of `sweep_id` under `out`; UsageError naming the problem when there is none or it is corrupt."""
-        if not sweep_id or "/" in sweep_id or sweep_id in (".", ".."):
-            raise UsageError(f"{sweep_id!r} is not a sweep id; pass one from `ls {sweeps_dir(out)}`")
+        """The manifest of `sweep_id` under `out`, checked (schema, executor settings, cell configs); a UsageError
+        naming the problem and the field when there is none or it is damaged."""
+        check_sweep_id(sweep_id, out)
         path = sweeps_dir(out) / sweep_id / "sweep.json"
+        fix = "that sweep cannot be used; restore its sweep.json or start a new sweep"
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise UsageError(f"no sweep {sweep_id!r} under {str(sweeps_dir(out))!r}; pass an existing sweep id "
                              "and the --out it was written to") from None
+        except OSError as exc:
+            raise UsageError(records.os_error_message(exc, "cannot read the sweep manifest")) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path} is corrupt ({exc}); that sweep cannot be read") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("cells"), list):
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise UsageError(f"{path} is not a nanogpt-parity sweep manifest")
-        if doc.get("schema_version", 0) > SCHEMA_VERSION:
-            raise UsageError(f"{path} has schema version {doc['schema_version']}; upgrade nanogpt-parity")
+        version = doc.get("schema_version")
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+            raise UsageError(f"{path} has schema version {version}; upgrade nanogpt-parity")
+        check_document(doc, path, fix)
+        if doc["sweep_id"] != sweep_id:
+            raise UsageError(f"{str(path)!r} is invalid at field 'sweep_id': {doc['sweep_id']!r} is not its "
+                             f"directory's name; {fix}")
         return cls(out, doc)
+
+
+def check_sweep_id(sweep_id: str, out: Path) -> str:
+    """A sweep id is a name from `<out>/sweeps` (never empty: an unset shell variable must not mean "new work")."""
+    if not sweep_id:
+        raise UsageError(f"the sweep id is empty (an unset shell variable?); pass one from `ls {sweeps_dir(out)}`")
+    if not re.match(SWEEP_ID_RE, sweep_id) or ".." in sweep_id:
+        raise UsageError(f"{sweep_id!r} is not a sweep id; pass one from `ls {sweeps_dir(out)}`")
+    return sweep_id
+
+
+def check_document(doc: dict, path: Path, fix: str) -> None:
+    """The manifest's schema, its executor settings and every cell's config (UsageError naming the field)."""
+    records._validate(doc, SWEEP_JSON_SCHEMA, path, fix)
+    try:
+        check_executor(doc["executor"], "executor.slurm")
+    except UsageError as exc:
+        raise UsageError(f"{str(path)!r} is invalid at field 'executor': {exc}; a sweep whose executor settings "
+                         "fail these checks is not run (they go into job scripts): fix them or start a new sweep"
+                         ) from None
+    for i, cell in enumerate(doc["cells"]):
+        config_from_dict(cell["config"], f"{path} field 'cells/{i}'")
 
 
 def record_status(out: Path, cell: dict) -> tuple[str, dict | None]:

@@ -1,10 +1,22 @@
-"""The SLURM executor: one job per cell through submitit (no hand-written sbatch scripts).
+"""The SLURM executor: the cells as job arrays through submitit (no hand-written sbatch scripts).
 
-Each job runs the ordinary worker (`python -m harness.worker RUN_DIR BACKEND --resume`) on a node that sees the same
-filesystem, so the RunRecord lands under `--out` as on this machine. The callable is a
+All the cells of one submission go to sbatch as ONE job array (`executor.batch()`; job ids `JOBID_0` ..
+`JOBID_{n-1}`, in the order of the cells), so a 1000-cell sweep is one job for the scheduler (clusters limit
+`MaxSubmitJobs`), and `--array-parallelism N` caps how many elements run at once. More cells than the cluster's
+`MaxArraySize` become several arrays; a single cell is a plain job.
+
+Each element runs the ordinary worker (`python -m harness.worker RUN_DIR BACKEND --resume`) on a node that sees the
+same filesystem, so the RunRecord lands under `--out` as on this machine. The callable is a
 `submitit.helpers.Checkpointable`: when SLURM signals a time limit or a preemption, submitit calls `checkpoint()`,
-which stops the worker (it saves its record) and resubmits the same cell; the requeued job's worker resumes from
-the cell's last `--checkpoint-every` checkpoint, not from step 0.
+which stops the worker (it saves its record) and requeues that element alone (`scontrol requeue JOBID_i`); the
+requeued worker resumes from the cell's last `--checkpoint-every` checkpoint, not from step 0.
+
+Before anything is written, the job script submitit would write is shown to `sbatch --test-only`
+(`check_submission`): an option sbatch does not know or a value it refuses is one line with sbatch's own reason.
+Should sbatch still refuse the real submission, `SubmissionError` carries that reason and the sweep command removes
+what it had prepared. Security: every setting was checked by harness.sweep.settings (no newline, no option name of
+its own making); the pickles under `<out>/sweeps/<id>/slurm/` are code that the jobs run, so `--out` must be a
+directory only you can write.
 
 Status without accounting: submitit's `SlurmInfoWatcher` asks `sacct`; where accounting is off (`sacct` prints
 "Slurm accounting storage is disabled") it logs "Bypassing sacct error ..., status may be inaccurate" at every
@@ -21,18 +33,22 @@ import getpass
 import io
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from harness import launch, records
 from harness.errors import UsageError
 from harness.sweep.executors import Notify, paired_command, worker_command
+from harness.sweep.settings import DEFAULT_TIME_MIN, parse_sbatch
 
 ALIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
          "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED"}
@@ -61,11 +77,26 @@ def check_cluster(partition: str | None) -> None:
         raise UsageError(f"unknown SLURM partition {partition!r}; this cluster has: {', '.join(partitions) or 'none'}")
 
 
+def max_array_size() -> int:
+    """How many elements one job array may have on this cluster (`MaxArraySize`; SLURM's default 1001)."""
+    done = _run(["scontrol", "show", "config"])
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", done.stdout if done else "", re.MULTILINE)
+    return max(1, int(found.group(1))) if found else 1001
+
+
+def sbatch_reason(text: str) -> str:
+    """sbatch's reason for a refusal, on one line (its error lines, without the "Try sbatch --help" advice)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not ln.strip().startswith("Try ")]
+    errors = [ln for ln in lines if "error" in ln.lower() or "unrecognized" in ln.lower() or "invalid" in ln.lower()]
+    return "; ".join(errors or lines[:1]) or "no reason given"
+
+
 def job_states(job_ids: list[str]) -> dict[str, str] | None:
-    """{job id: SLURM state} of this user's jobs known to squeue (recently ended ones too); None if squeue fails."""
+    """{job id: SLURM state} of this user's jobs known to squeue (recently ended ones too), one entry per array
+    element (`JOBID_i`); None if squeue fails."""
     if not job_ids:
         return {}
-    done = _run(["squeue", "-h", "--states=all", "-u", getpass.getuser(), "-o", "%i|%T"])
+    done = _run(["squeue", "-h", "-r", "--states=all", "-u", getpass.getuser(), "-o", "%i|%T"])
     if done is None or done.returncode != 0:
         return None
     states = {}
@@ -99,8 +130,11 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **launch.thread_env(self.threads))
+        # SLURM sends the time-limit signal (USR2) to every process of the job step, the worker included, whose
+        # default action would kill it on the spot (record left "running"): the worker ignores it, and
+        # checkpoint() below stops it with SIGTERM, so it saves its record first
         cmd = getattr(self, "command", None) or worker_command(Path(self.run_dir), self.backend, True)
-        self._proc = subprocess.Popen(cmd, env=env)
+        self._proc = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_requeue_signal)
         while True:
             try:  # polling (not a blocking wait) so that checkpoint() may run in a signal handler meanwhile
                 return self._proc.wait(timeout=1.0)
@@ -119,6 +153,10 @@ class CellJob(submitit.helpers.Checkpointable):
                                                           getattr(self, "command", None)))
 
 
+def _ignore_requeue_signal() -> None:  # runs in the worker between fork and exec; SIG_IGN survives exec
+    signal.signal(submitit.JobEnvironment._usr_sig(), signal.SIG_IGN)
+
+
 def _running(pid: int) -> bool:
     """Whether `pid` still runs (a zombie awaiting its parent's wait counts as finished)."""
     try:
@@ -128,15 +166,24 @@ def _running(pid: int) -> bool:
         return False
 
 
+class SubmissionError(UsageError):
+    """sbatch refused a submission (its reason in the message); `submitted` cells had been submitted before."""
+
+    def __init__(self, message: str, submitted: int = 0):
+        super().__init__(message)
+        self.submitted = submitted
+
+
 class SlurmExecutor:
-    """One SLURM job per cell (submitit); waits for them unless `wait` is False (then `--status` follows them)."""
+    """The cells as job arrays (submitit); waits for them unless `wait` is False (then `--status` follows them)."""
 
     kind = "slurm"
 
     def __init__(self, folder: Path, partition: str | None = None, gpus_per_job: int | None = None,
-                 cpus_per_job: int | None = None, mem_gb: float | None = None, time_min: int = 60,
-                 sbatch: list[str] | None = None, wait: bool = True, poll_s: float = 5.0):
-        self.folder, self.wait, self.poll_s = Path(folder), wait, poll_s
+                 cpus_per_job: int | None = None, mem_gb: float | None = None, time_min: int = DEFAULT_TIME_MIN,
+                 sbatch: list[str] | None = None, array_parallelism: int | None = None, wait: bool = True,
+                 poll_s: float = 5.0, job_name: str = "harness"):
+        self.folder, self.wait, self.poll_s, self.job_name = Path(folder), wait, poll_s, job_name
         self.params: dict = {"time": time_min, "signal_delay_s": 90}
         if partition:
             self.params["partition"] = partition
@@ -144,42 +191,114 @@ class SlurmExecutor:
             self.params["gpus_per_node"] = gpus_per_job
         if cpus_per_job:
             self.params["cpus_per_task"] = cpus_per_job
-        if mem_gb:
-            self.params["mem"] = f"{math.ceil(mem_gb * 1024)}M"  # sbatch --mem takes whole units, not "1.5"
+        self.mem_mb = math.ceil(mem_gb * 1024) if mem_gb else None
+        if self.mem_mb:
+            self.params["mem"] = f"{self.mem_mb}M"  # sbatch --mem takes whole units, not "1.5"
+        if array_parallelism:
+            self.params["array_parallelism"] = array_parallelism
         extra = parse_sbatch(sbatch or [])
         if extra:
             self.params["additional_parameters"] = extra
 
-    def submit(self, out: Path, cell: dict) -> str:
-        """Submit one cell (or paired-timing entry); returns its SLURM job id."""
+    @classmethod
+    def from_settings(cls, folder: Path, slurm: dict, wait: bool = True, job_name: str = "harness") -> SlurmExecutor:
+        """From the `slurm` settings of a sweep (already checked by harness.sweep.settings)."""
+        return cls(folder, partition=slurm.get("partition"), gpus_per_job=slurm.get("gpus_per_job"),
+                   cpus_per_job=slurm.get("cpus_per_job"), mem_gb=slurm.get("mem_gb"),
+                   time_min=slurm.get("time_min") or DEFAULT_TIME_MIN, sbatch=slurm.get("sbatch"),
+                   array_parallelism=slurm.get("array_parallelism"), wait=wait, job_name=job_name)
+
+    def script(self, n_cells: int) -> str:
+        """The job script submitit writes for an array of `n_cells` (a plain job for one), as sbatch reads it."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
         executor = submitit.SlurmExecutor(folder=self.folder)
-        if cell.get("kind") == "paired":  # every contender alive at once on one node: their memory together
-            params = dict(self.params)
-            if params.get("mem"):
-                params["mem"] = params["mem"] * len(cell["members"])
-            executor.update_parameters(job_name=f"harness-paired-{cell['index']}", **params)
-            job = executor.submit(CellJob(str(out), "paired", cell.get("threads"), paired_command(out, cell)))
-            return str(job.job_id)
-        executor.update_parameters(job_name=f"harness-{cell['index']}", **self.params)
-        said = io.StringIO()  # submitit copies sbatch's stderr to ours; a refusal becomes one line instead
+        executor.update_parameters(job_name=self.job_name, **self.params)  # submitit's own checks of the names
+        return _make_sbatch_string(command="true", folder=executor.folder, map_count=n_cells if n_cells > 1 else None,
+                                   **executor.parameters)
+
+    def check_submission(self, n_cells: int) -> None:
+        """Ask `sbatch --test-only` whether it would accept these cells' job (nothing is submitted or written
+        under --out); a refusal is a UsageError with sbatch's reason."""
+        n = min(n_cells, max_array_size())
         try:
-            with contextlib.redirect_stderr(said):
-                job = executor.submit(CellJob(str(records.run_dir(out, cell["run_id"])), cell["backend"],
-                                              cell.get("threads")))
-        except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as exc:
-            why = next((line.strip() for line in (said.getvalue() or str(exc)).splitlines() if line.strip()), "")
-            raise UsageError(f"sbatch refused cell {cell['key']} ({why[:300]}); fix the SLURM options "
-                             "(--partition, --mem-gb, --sbatch, ...) and continue with `harness sweep --resume`"
-                             ) from None
-        if said.getvalue().strip():
-            print(said.getvalue().rstrip(), file=sys.stderr)  # a warning from sbatch on success is kept
-        return str(job.job_id)
+            text = self.script(n)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"submitit refuses the SLURM settings ({str(exc).splitlines()[0]}); fix the [slurm] "
+                             "settings or the flags") from None
+        with tempfile.TemporaryDirectory(prefix="harness-sbatch-") as tmp:
+            path = Path(tmp) / "job.sh"
+            path.write_text(text, encoding="utf-8")
+            done = _run(["sbatch", "--test-only", str(path)])
+        if done is None:
+            raise UsageError("sbatch --test-only did not answer within 20 s; check the SLURM controller, or use "
+                             "--executor local")
+        if done.returncode != 0:
+            raise UsageError(f"sbatch refuses this sweep's jobs: {sbatch_reason(done.stderr or done.stdout)}; fix "
+                             "the [slurm] settings or the flags (--partition, --gpus-per-job, --cpus-per-job, "
+                             "--mem-gb, --time-min, --sbatch)")
+
+    def submit(self, out: Path, cells: list[dict], dependency: str | None = None) -> list[str]:
+        """Submit `cells` as one job array (one plain job for a single cell); returns their job ids, in order.
+
+        Paired-timing entries (`kind` "paired") go as their own array, after `dependency` (the training jobs they
+        time): each element starts every contender of its block on one node, so its memory is theirs together."""
+        executor = submitit.SlurmExecutor(folder=self.folder)
+        params = dict(self.params, **({"dependency": dependency} if dependency else {}))
+        paired = [c for c in cells if c.get("kind") == "paired"]
+        if paired and self.mem_mb:
+            params["mem"] = f"{self.mem_mb * max(len(c['members']) for c in paired)}M"
+        executor.update_parameters(job_name=self.job_name + ("-paired" if paired else ""), **params)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        before = set(os.listdir(self.folder))
+        said = io.StringIO()  # submitit prints sbatch's stderr itself when sbatch fails: that goes into our one line
+        try:
+            with contextlib.redirect_stderr(said), executor.batch():
+                jobs = [executor.submit(CellJob(str(out), "paired", c.get("threads"), paired_command(out, c))
+                                        if c.get("kind") == "paired" else
+                                        CellJob(str(records.run_dir(out, c["run_id"])), c["backend"], c.get("threads")))
+                        for c in cells]
+        except BaseException:
+            for name in set(os.listdir(self.folder)) - before:  # the pickles and script of a refused submission
+                with contextlib.suppress(OSError):
+                    os.unlink(self.folder / name)
+            raise
+        sys.stderr.write(said.getvalue())
+        return [str(job.job_id) for job in jobs]
 
     def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
-        for cell in cells:
-            job_id = self.submit(out, cell)
-            cell.setdefault("job_ids", []).append(job_id)
-            notify(cell, "queued")
+        """Submit the cells as job arrays, then the paired-timing entries as one more array that starts once every
+        training job of this submission is over (`afterany`), and wait for all of them unless `wait` is False."""
+        training = [c for c in cells if c.get("kind") != "paired"]
+        entries = [c for c in cells if c.get("kind") == "paired"]
+        size = max_array_size()
+        submitted, arrays = 0, []
+        chunks = [training[i:i + size] for i in range(0, len(training), size)]
+        chunks += [entries[i:i + size] for i in range(0, len(entries), size)]
+        for chunk in chunks:
+            paired = chunk[0].get("kind") == "paired"
+            after = f"afterany:{':'.join(arrays)}" if paired and arrays else None
+            what = "paired timing(s)" if paired else "cell(s)"
+            try:
+                job_ids = self.submit(out, chunk, dependency=after)
+            except (FailedJobError, FailedSubmissionError) as exc:
+                raise SubmissionError(f"sbatch refused the {'job array' if len(chunk) > 1 else 'job'} of "
+                                      f"{len(chunk)} {what}: {sbatch_reason(str(exc))}", submitted) from None
+            except OSError as exc:
+                raise SubmissionError(records.os_error_message(exc, "cannot submit the SLURM jobs"),
+                                      submitted) from None
+            for cell, job_id in zip(chunk, job_ids):
+                cell.setdefault("job_ids", []).append(job_id)
+                notify(cell, "queued")
+            submitted += len(chunk)
+            array, limit = job_ids[0].split("_")[0], self.params.get("array_parallelism")
+            if not paired:
+                arrays.append(array)
+            where = (f"job array {array} ({array}_[0-{len(chunk) - 1}]" + (f", at most {limit} at once)" if limit
+                                                                           else ")")
+                     if len(chunk) > 1 else f"job {array}")
+            print(f"sweep: submitted {len(chunk)} {what} as SLURM {where}"
+                  + (f", after job(s) {', '.join(arrays)}" if after else ""), file=sys.stderr, flush=True)
         if not self.wait:
             return 0
         return self.follow(cells, notify)
@@ -212,14 +331,3 @@ class SlurmExecutor:
                   "(follow them with `harness sweep --status ID`)", file=sys.stderr)
             return 130
         return 0
-
-
-def parse_sbatch(items: list[str]) -> dict[str, object]:
-    """`--sbatch account=abc --sbatch exclusive` -> {"account": "abc", "exclusive": True} (sbatch's long options)."""
-    extra: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.lstrip("-").partition("=")
-        if not key:
-            raise UsageError(f"--sbatch {item!r}: write an sbatch long option, KEY=VALUE or KEY (e.g. account=abc)")
-        extra[key.replace("-", "_")] = value if sep else True
-    return extra

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -22,16 +23,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from harness.config import PRESETS, Config, load_config
+from harness.config import PRESETS, SEED_MAX, Config, load_config
 from harness.errors import UsageError
+from harness.sweep.settings import check_slurm
 
 DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
 MAX_CELLS_WITHOUT_YES = 300
+MAX_CELLS = 10_000  # even with --yes: one manifest, one process following it; split a larger study into sweeps
 PRECISION_BACKENDS = ("torch", "flux")  # the backends that take a matmul precision option
 TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "precision", "dtype", "steps", "epochs",
             "eval_interval", "checkpoint_every", "threads", "text", "fields", "slurm", "executor", "jobs",
             "paired_rounds"}
-SLURM_KEYS = {"partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "sbatch"}
 # Config fields a sweep may not list: the name is the cell's label, steps/epochs are the schedule (top level)
 NOT_SWEEPABLE = {"name", "steps", "epochs"}
 FIELDS = {f.name for f in dataclasses.fields(Config)} - NOT_SWEEPABLE
@@ -45,7 +47,7 @@ class SweepSpec:
     sizes: list[str] = field(default_factory=list)
     configs: list[str] = field(default_factory=list)  # TOML paths (absolute once parsed)
     backends: list[str] = field(default_factory=lambda: ["torch"])
-    seeds: list[int] = field(default_factory=lambda: [DEFAULT_SEED])
+    seeds: list[int] | range = field(default_factory=lambda: [DEFAULT_SEED])  # a count stays a range until expanded
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     precision: list[str | None] = field(default_factory=lambda: [None])
     dtype: list[str | None] = field(default_factory=lambda: [None])
@@ -59,7 +61,7 @@ class SweepSpec:
     paired_rounds: int = 10  # harness.paired.ROUNDS: undisturbed rounds of paired timing per block; 0: none
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return dict(dataclasses.asdict(self), seeds=list(self.seeds))
 
 
 @dataclass
@@ -99,23 +101,37 @@ def _list(value: Any, what: str, kind: type | tuple[type, ...] = str) -> list:
     return values
 
 
-def parse_seeds(value: Any) -> list[int]:
-    """`3` -> [1337, 1338, 1339]; `[1, 2]` -> [1, 2]; also the flag text "3" or "1,2"."""
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",") if p.strip()]
-        try:
-            ints = [int(p) for p in parts]
-        except ValueError:
-            raise UsageError(f"--seeds {value!r}: give a count (3) or a list of whole numbers (1,2,3)") from None
-        value = ints[0] if len(ints) == 1 and "," not in value else ints
+def parse_seeds(value: Any) -> list[int] | range:
+    """`3` -> the 3 seeds from 1337 (a range: counted before anything is built); `[1, 2]` -> [1, 2].
+
+    A TOML value must be a whole number or a list of them (`seeds = "3"` is refused); the flag's text goes through
+    `parse_seed_flag` first."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
             raise UsageError(f"seeds = {value}: the number of seeds must be positive")
-        return [DEFAULT_SEED + i for i in range(value)]
+        if value > SEED_MAX - DEFAULT_SEED + 1:
+            raise UsageError(f"seeds = {value}: the seeds would run past {SEED_MAX} (they count up from "
+                             f"{DEFAULT_SEED}); give a smaller count or a list of seeds")
+        return range(DEFAULT_SEED, DEFAULT_SEED + value)
+    if not isinstance(value, list):
+        raise UsageError(f"seeds = {value!r}: give a count (seeds = 3) or a list of whole numbers (seeds = [1, 2, 3])")
     seeds = _list(value, "seeds", int)
-    if any(s < 0 for s in seeds):
-        raise UsageError(f"seeds {seeds}: seeds must be >= 0")
+    bad = [s for s in seeds if not 0 <= s <= SEED_MAX]
+    if bad:
+        raise UsageError(f"seed {bad[0]} is out of range; a seed is a whole number from 0 to {SEED_MAX}")
     return seeds
+
+
+def parse_seed_flag(text: str) -> int | list[int]:
+    """The text of `--seeds`: "3" -> 3 (a count), "1,2" -> [1, 2]."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        ints = [int(p) for p in parts]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: give a count (3) or a list of whole numbers (1,2,3)") from None
+    if not ints:
+        raise UsageError(f"--seeds {text!r}: give a count (3) or a list of whole numbers (1,2,3)")
+    return ints[0] if len(ints) == 1 and "," not in text else ints
 
 
 def parse_value(text: str) -> Any:
@@ -161,10 +177,10 @@ def load_toml(path: Path) -> tuple[dict, Path]:
     unknown = set(doc) - TOP_KEYS
     if unknown:
         raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
-    slurm = doc.get("slurm", {})
-    if not isinstance(slurm, dict) or set(slurm) - SLURM_KEYS:
-        raise UsageError(f"{path}: unknown key(s) in [slurm]: {', '.join(sorted(set(slurm) - SLURM_KEYS))}; "
-                         f"allowed: {', '.join(sorted(SLURM_KEYS))}")
+    try:
+        check_slurm(doc.get("slurm", {}))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     if not isinstance(doc.get("fields", {}), dict):
         raise UsageError(f"{path}: [fields] must be a table of FIELD = [values]")
     return doc, path.parent
@@ -196,6 +212,10 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     for key in ("precision", "dtype"):
         if key in doc:
             setattr(spec, key, _list(doc[key], key))
+    if spec.precision != [None] and not set(PRECISION_BACKENDS) & set(spec.backends):
+        # as `harness run --precision` with such backends: an option that would apply to no cell is an error
+        raise UsageError(f"precision applies to {' and '.join(PRECISION_BACKENDS)} only, and this sweep has "
+                         f"{', '.join(spec.backends)}; drop precision or add one of those backends")
     fields = doc.get("fields", {})
     for name, values in fields.items():
         if name not in FIELDS:
@@ -220,6 +240,26 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
             raise UsageError(f"sweep text must be true or false, got {doc['text']!r}")
         spec.text = doc["text"]
     return spec
+
+
+def count_cells(spec: SweepSpec) -> int:
+    """How many cells `expand(spec)` makes, by arithmetic alone (nothing is built: seeds = 2**40 is counted at once)."""
+    per_seed = len(spec.devices) * len(spec.dtype) * sum(
+        len(spec.precision) if backend in PRECISION_BACKENDS else 1 for backend in spec.backends)
+    return (len(spec.sizes) + len(spec.configs)) * math.prod(len(v) for v in spec.fields.values()) \
+        * len(spec.seeds) * per_seed
+
+
+def check_count(spec: SweepSpec, yes: bool) -> int:
+    """The number of cells, refused (UsageError) above MAX_CELLS_WITHOUT_YES without `yes` and above MAX_CELLS."""
+    n = count_cells(spec)
+    if n > MAX_CELLS:
+        raise UsageError(f"this sweep has {n:,} cells; a sweep holds at most {MAX_CELLS:,}: shrink an axis or split "
+                         "the study into several sweeps")
+    if n > MAX_CELLS_WITHOUT_YES and not yes:
+        raise UsageError(f"this sweep has {n:,} cells (more than {MAX_CELLS_WITHOUT_YES}); pass --yes to run them all, "
+                         "or shrink an axis")
+    return n
 
 
 def _base_configs(spec: SweepSpec) -> list[tuple[str, Config]]:
