@@ -243,6 +243,22 @@ def complete(doc: dict) -> bool:
     return clean_rounds(doc) >= (doc.get("plan") or {}).get("rounds", ROUNDS)
 
 
+def check_contenders(doc: dict, path: Path) -> None:
+    """Every contender is a backend of a run directory (`<out>/runs/<run id>`) beside this record's `--out`: a
+    record (written by the harness, but read back from disk) never makes the coordinator start anything else."""
+    from harness.backends import check_names
+
+    contenders = doc.get("contenders")
+    if not isinstance(contenders, list) or len(contenders) < 2:
+        raise UsageError(f"{str(path)!r} names fewer than two contenders; delete it to time again")
+    for c in contenders:
+        run_dir = Path(str(c.get("run_dir", "")))
+        if run_dir.parent.name != "runs" or not records.RUN_ID_RE.match(run_dir.name) or not run_dir.is_dir():
+            raise UsageError(f"{str(path)!r}: contender {c.get('name')!r} points at {str(run_dir)!r}, which is not a "
+                             "run directory of the harness; delete the record to time again")
+        check_names([str(c.get("backend"))])
+
+
 # --- the coordinator -----------------------------------------------------------------------------------------------
 class Child:
     """One timing process and its protocol pipe (JSON lines prefixed with MARK on its stdout)."""
@@ -333,6 +349,7 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
         doc["plan"].update(rounds=rounds, max_rounds=rounds * MAX_ROUNDS_FACTOR)
     if complete(doc):
         return doc
+    check_contenders(doc, path)
     p = doc["plan"]
     wanted, max_rounds, burst_s, gap_s = p["rounds"], p["max_rounds"], p["burst_s"], p["gap_s"]
     session: dict[str, Any] = {"started_at": _now(), "host": socket.gethostname(), "status": "running",

@@ -51,6 +51,22 @@ _CELL = {
         "contended": {"type": "boolean"},
     },
 }
+# A paired-timing entry (issue 17): its record's path is derived from the sweep id and the entry's index, and the
+# schema holds it to exactly that (a stored sweep.json must not point the harness at a file outside its sweep).
+_PAIRED = {
+    "type": "object",
+    "required": ["index", "kind", "key", "label", "seed", "device", "members", "rounds", "path", "status"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 0}, "kind": {"const": "paired"}, "key": {"type": "string"},
+        "label": {"type": "string"}, "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX},
+        "device": {"enum": ["cpu", "cuda"]}, "dtype": {"enum": ["float32", "float64", None]},
+        "members": {"type": "array", "minItems": 2, "items": {"type": "integer", "minimum": 0}},
+        "rounds": {"type": "integer", "minimum": 1},
+        "path": {"type": "string", "pattern": r"^sweeps/[A-Za-z0-9][A-Za-z0-9._-]{0,199}/paired/[0-9]{1,9}\.json$"},
+        "status": {"enum": [*STATES, "incomplete"]}, "attempts": {"type": "integer", "minimum": 0},
+        "job_ids": {"type": "array", "items": {"type": "string", "pattern": "^[0-9]{1,20}(_[0-9]{1,9})?$"}},
+    },
+}
 SWEEP_JSON_SCHEMA: dict = {
     "type": "object",
     "required": ["schema", "schema_version", "sweep_id", "spec", "executor", "data", "cells"],
@@ -66,6 +82,7 @@ SWEEP_JSON_SCHEMA: dict = {
                  "properties": {"path": {"type": "string"},
                                 "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
         "cells": {"type": "array", "items": _CELL},
+        "paired": {"type": "array", "items": _PAIRED},
         "owner": {"type": "object", "properties": {"pid": {"type": "integer"}, "host": {"type": "string"}}},
     },
 }
@@ -162,6 +179,11 @@ def check_document(doc: dict, path: Path, fix: str) -> None:
                          ) from None
     for i, cell in enumerate(doc["cells"]):
         config_from_dict(cell["config"], f"{path} field 'cells/{i}'")
+    for i, entry in enumerate(doc.get("paired") or []):
+        if entry["path"] != f"sweeps/{doc['sweep_id']}/paired/{entry['index']}.json" or \
+                any(m >= len(doc["cells"]) for m in entry["members"]):
+            raise UsageError(f"{str(path)!r} is invalid at field 'paired/{i}': its path or members do not belong to "
+                             f"this sweep; {fix}")
 
 
 def record_status(out: Path, cell: dict) -> tuple[str, dict | None]:
