@@ -269,7 +269,7 @@ def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.n
     `name` agree), `params` the initial parameters (may be empty), `x` the token rows the taps were taken on."""
     k = kind(name)
     prev = previous_tap(name, n_layer)
-    inp = tb.get(prev) if prev else None
+    inp = (tb[prev] if prev in tb else ta.get(prev)) if prev else None  # the input, where it agrees
     p = f"h.{block_of(name)}." if block_of(name) is not None else ""
     if name == "emb":
         return embedding_cause(ta[name], tb[name], params, x, names)
@@ -280,8 +280,9 @@ def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.n
         return layernorm_cause(ta[name], tb[name], inp, params.get(f"{ln}.weight"), params.get(f"{ln}.bias"), names)
     if k in ("attn.q", "attn.k", "attn.v"):
         return qkv_cause(name, ta, tb, names)
+    agreed = {**ta, **tb}  # the taps before `name`, which agree (either side's, where only one gave them)
     if k == "attn.probs":
-        q = tb.get(p + "attn.q")
+        q = agreed.get(p + "attn.q")
         return attention_probs_cause(ta[name], tb[name], int(q.shape[-1]) if q is not None else 1, names)
     if k == "attn.y":
         return ("attention output: y = probs @ v with the heads merged back (transpose before reshape) differs while "
@@ -290,7 +291,7 @@ def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.n
         return linear_cause("the attention output projection c_proj", ta[name], inp,
                             params.get(p + "attn.c_proj.weight"), params.get(p + "attn.c_proj.bias"), names)
     if k in ("res1", "res2"):
-        return residual_cause(name, ta, tb, names)
+        return residual_cause(name, ta, {**agreed, name: tb[name]}, names)
     if k == "mlp.fc" and inp is not None:
         return linear_cause("the MLP's c_fc", ta[name], inp, params.get(p + "mlp.c_fc.weight"),
                             params.get(p + "mlp.c_fc.bias"), names)

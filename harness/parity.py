@@ -664,7 +664,7 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
     errs: dict[str, float] = {}
     for name in sorted(set(ga) ^ set(gb)):
         fail(f"FAIL: {what} {name} missing from the {a if name not in ga else b} probe")
-    for name in [n for n in gb if n in ga]:
+    for name in [n for n in ga if n in gb]:  # a's order: the canonical one (the oracle's, in the kit)
         if np.shape(ga[name]) != np.shape(gb[name]):
             fail(f"FAIL: {what} {name} shapes differ: {a} {np.shape(ga[name])} vs {b} {np.shape(gb[name])}")
             errs[name] = math.nan
@@ -698,7 +698,7 @@ def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
                     r.failures.append(f"FAIL: {name}'s activation taps are not its forward pass: its tap logits "
                                       f"differ from its logits by {_fmt(diff)} (the path that records the taps "
                                       "and the model's forward differ)")
-    missing = {name: sorted(set(other) - set(own)) for name, own, other in ((a, ta, tb), (b, tb, ta))}
+    missing = {name: sorted(set(other) - set(own)) for name, own, other in ((a, ta, tb), (b, tb, ta)) if own}
     r.taps_missing = {k: v for k, v in missing.items() if v}
     for name, lacking in r.taps_missing.items():
         shown = ", ".join(lacking[:3]) + (", ..." if len(lacking) > 3 else "")
