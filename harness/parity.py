@@ -410,6 +410,24 @@ def opt_quantities(probe: Mapping[str, np.ndarray], step: int,
     return {"update": update, "adam_m": now["adam_m"], "adam_v": now["adam_v"]}
 
 
+NOISE_FLOOR = 1e-4  # an entry whose sqrt(v) is below this fraction of its parameter's median is rounding noise
+
+
+def update_error(ua: np.ndarray, ub: np.ndarray, va: np.ndarray | None, vb: np.ndarray | None) -> float:
+    """The relative error of two updates, leaving out the entries whose gradient is at rounding level on both sides:
+    sqrt(v) > 0 but below NOISE_FLOOR x the parameter's median sqrt(v) (e.g. the key bias, whose exact gradient is 0:
+    Adam divides its rounding noise by sqrt(v) and moves it by up to the learning rate, differently in every
+    backend). Entries with v exactly 0 (rows no token used: decay only) are kept."""
+    if va is None or vb is None or np.shape(va) != np.shape(ua) or np.shape(vb) != np.shape(ua):
+        return relative_error(ua, ub)
+    s = np.sqrt(np.maximum(np.maximum(np.asarray(va, dtype=np.float64), np.asarray(vb, dtype=np.float64)), 0.0))
+    live = s > 0
+    if not live.any():
+        return relative_error(ua, ub)
+    keep = ~(live & (s < NOISE_FLOOR * float(np.median(s[live]))))
+    return relative_error(np.asarray(ua)[keep], np.asarray(ub)[keep])
+
+
 def synchronised(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]) -> int | None:
     """Which probe (0 or 1) is the reference the other re-synchronised its steps from (the other holds
     `sync/steps`), None for two free-running probes."""
@@ -527,8 +545,11 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
     fresh = all(not np.any(m_before[n]) for n in names_)  # step 1: m and v start at zero
 
     def over(q: str, subset: Sequence[str] = names_) -> list[str]:
-        return [n for n in subset if n in qa[q] and n in qb[q] and not _within(relative_error(qa[q][n], qb[q][n]),
-                                                                                tol)]
+        def err(n: str) -> float:
+            if q == "update":
+                return update_error(qa[q][n], qb[q][n], qa["adam_v"].get(n), qb["adam_v"].get(n))
+            return relative_error(qa[q][n], qb[q][n])
+        return [n for n in subset if n in qa[q] and n in qb[q] and not _within(err(n), tol)]
 
     one_d = [n for n in names_ if np.ndim(qb["update"][n]) < 2]
     matrices = [n for n in names_ if np.ndim(qb["update"][n]) >= 2]
@@ -814,7 +835,12 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                                   f"{a if name not in qa[q] else b} probe")
             for name in [n for n in qa[q] if n in qb[q]]:
                 shape_ok = np.shape(qa[q][name]) == np.shape(qb[q][name])
-                errs[name] = relative_error(qa[q][name], qb[q][name]) if shape_ok else math.nan
+                if not shape_ok:
+                    errs[name] = math.nan
+                elif q == "update":
+                    errs[name] = update_error(qa[q][name], qb[q][name], qa["adam_v"].get(name), qb["adam_v"].get(name))
+                else:
+                    errs[name] = relative_error(qa[q][name], qb[q][name])
                 key = (not math.isfinite(errs[name]), errs[name] if math.isfinite(errs[name]) else 0.0)
                 if key > worst_key:
                     worst_key, r.worst_opt, r.worst_opt_rel_err = key, (k, q, name), errs[name]
