@@ -133,7 +133,9 @@ class Port:
             t.grad = None
         loss = self.loss(x, y, masks, step)
         loss.backward()
-        return float(loss.detach()), {n: t.grad.detach().clone() for n, t in self.p.items()}
+        # a parameter the forward pass does not use (a planted missing bias) gets a zero gradient
+        return float(loss.detach()), {n: t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t)
+                                      for n, t in self.p.items()}
 
 
 class AdamW:

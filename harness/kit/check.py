@@ -266,7 +266,9 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
             # the first broken in backward order points at a defect of the backward pass only when the gradients
             # nearest the loss agree; when even those differ the forward pass differs, and the worst is the hint
             named = first if first and first != next(reversed(params), None) else worst
-            return {"depth": depth, "parameter": named, "worst": worst, "cause": CAUSES[depth],
+            line = next((f for f in result.failures if f.startswith("FAIL: gradient") and "likely cause: " in f), "")
+            cause = line.split("likely cause: ", 1)[1] if "gets no gradient" in line else CAUSES[depth]
+            return {"depth": depth, "parameter": named, "worst": worst, "cause": cause,
                     "detail": f"first broken in backward order {first}, worst {worst} (rel err "
                               f"{errs.get(worst, math.nan):.1e}); {len(over)} of {len(params)} parameters over "
                               "tolerance"}
