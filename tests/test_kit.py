@@ -344,3 +344,72 @@ def test_a_prefix_of_the_steps_is_checked(kit: Path, good: dict, tmp_path: Path,
     np.savez(path, **{**good, "opt/2/param/wte.weight": good["opt/2/param/wte.weight"] + 1e-3})
     code, out, _ = check(capsys, kit, path)
     assert code == 1 and "first broken: optimizer, parameter wte.weight (first at step 2" in out, out
+
+
+# ------------------------------------------------------------------------------------------ issue 20 through the kit
+# port plant: (kit, port dtype, port depths, what "first broken:" names, a word of the likely cause)
+ISSUE20 = {
+    "tied": ("kit", "float32", None, "taps, tap logits", "tied"),
+    "tied (logits only)": ("kit", "float32", "logits", "logits", "tied"),
+    "no-decay-emb": ("kit", "float32", None, "optimizer, parameter wte.weight", "embeddings"),
+    "aliased": ("kit", "float32", None, "optimizer", "aliased"),
+    "masks-off-by-one": ("kit_drop", "float32", None, "optimizer", "the wrong batch or dropout masks"),
+    "float64-file": ("kit", "float32", None, "taps, tap emb", "--dtype float32"),  # computed in float32
+    "ln-eps": ("kit", "float32", None, "taps, tap h.0.ln_1", "LayerNorm"),
+    "pos-shift": ("kit", "float32", None, "taps, tap emb", "position"),
+    "attn-scale": ("kit", "float32", None, "taps, tap h.0.attn.probs", "scale"),
+}
+
+
+@pytest.mark.parametrize("case", list(ISSUE20))
+def test_issue20_bugs_through_the_kit_are_named(case: str, request: pytest.FixtureRequest, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    which, dtype, depths, named, word = ISSUE20[case]
+    kit = request.getfixturevalue(which)
+    args = ["--dtype", dtype, "--plant", case.split(" ")[0]] + (["--depths", depths] if depths else [])
+    results = run_port(kit, tmp_path / "results.npz", *args)
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1, out
+    first = next(x for x in out.splitlines() if x.startswith("first broken: "))
+    cause = next(x for x in out.splitlines() if x.startswith("likely cause: "))
+    assert first.startswith(f"first broken: {named}"), out
+    assert word in cause, cause
+    page = (tmp_path / "results.check.html").read_text()
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    stated = verdict["failures"][0] if case != "float64-file" else verdict["diagnosis"]["cause"]
+    assert page.count(html_escape(stated.removeprefix("FAIL: "))) <= 1  # the failure is stated once on the page
+    assert "<th>first broken</th><th>worst</th>" in page and "What the depths given cannot see" in page
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def test_a_logits_only_port_without_lm_head_bias_passes_and_is_told_why(kit: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    results = run_port(kit, tmp_path / "r.npz", "--dtype", "float64", "--depths", "taps,logits", "--plant",
+                       "no-lm-bias")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 0 and "a missing lm_head.bias passes" in out, out  # the blind spot, said where it matters
+    results = run_port(kit, tmp_path / "full.npz", "--dtype", "float64", "--plant", "no-lm-bias")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1 and "likely cause: lm_head.bias gets no gradient in port" in out, out
+
+
+def test_unreadable_results_get_the_harness_s_own_words(kit: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    import pickle
+
+    for name, blob, words in [("junk.npz", b"not a zip at all", "does not start with the zip signature"),
+                              ("pickle.npz", pickle.dumps({"logits": [1, 2]}), "a Python pickle"),
+                              ("one.npz", None, "a single .npy array")]:
+        path = tmp_path / name
+        if blob is None:
+            np.save(open(path, "wb"), np.zeros(3))
+        else:
+            path.write_bytes(blob)
+        code, out, err = check(capsys, kit, path)
+        assert code == 2 and out == "" and words in err, err
+        assert "allow_pickle" not in err and len(err.strip().splitlines()) == 1

@@ -318,7 +318,8 @@ def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str)
     others = verdict.get("other_failures") or []
     fails = "".join(f"<li>{e(f)}</li>" for f in others)
     blind = "".join(f"<li><b>{e(d)}</b>: {e(text)}</li>" for d, text in (verdict.get("blind_spots") or {}).items())
-    hint = f"<p><b>Hint:</b> {e(verdict['hint'])}</p>" if verdict.get("hint") else ""
+    hint = (f"<p><b>Hint:</b> {e(verdict['hint'])}</p>" if verdict.get("hint") and verdict["hint"] != (diag or {})
+            .get("cause") else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kit check: {e(verdict['verdict'])}</title>
 <style>
