@@ -578,7 +578,8 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
             if v_names and math.isfinite(fv) and abs(fv - f * f) <= 0.05 * f * f:
                 return (f"gradient clipping: every parameter's gradient entered AdamW scaled by one common factor "
                         f"({f:.3g} in m, {fv:.3g} = its square in v); check the max norm and the global-norm "
-                        "computation")
+                        "computation (clipping per parameter clips nothing while each parameter's own norm is below "
+                        "the max)")
             if not v_over:
                 return (f"beta1: m is off by one common factor {f:.3g} for every parameter while v agrees (m = "
                         "beta1 m + (1 - beta1) g)")
