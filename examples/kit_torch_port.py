@@ -205,7 +205,8 @@ def main() -> None:
     def masks(k: int) -> dict | None:
         return None if all_masks is None else {key: v[k] for key, v in all_masks.items()}
 
-    model = Port(manifest, load_npz(args.kit / "weights.npz"), getattr(torch, args.dtype), args.plant)
+    compute = "float32" if args.plant == "float64-file" else args.dtype  # that plant computes in float32 always
+    model = Port(manifest, load_npz(args.kit / "weights.npz"), getattr(torch, compute), args.plant)
     out: dict[str, np.ndarray] = {}
     with torch.no_grad():
         logits = model.logits(x[0])  # dropout off
@@ -237,7 +238,7 @@ def main() -> None:
                 out[f"opt/{k + 1}/adam_m/{n}"] = copy(opt.m[n]).numpy()
                 out[f"opt/{k + 1}/adam_v/{n}"] = copy(opt.v[n]).numpy()
     if "loss" in depths:
-        out["loss"] = np.asarray(losses, dtype=args.dtype)
+        out["loss"] = np.asarray(losses, dtype=compute)
     if args.plant == "float64-file":
         out = {k: v.astype(np.float64) for k, v in out.items()}
     np.savez(args.out, **out)
