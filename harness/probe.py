@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from harness.config import Config
+from harness.errors import UsageError
 from harness.taps import PREFIX as TAP_PREFIX
 from harness.taps import tap_rows
 
@@ -116,8 +117,13 @@ class Recorder:
     def _resync(self, done: int) -> dict[str, np.ndarray]:
         """Take step `done` from the reference's state after step done - 1; put the backend's own state back."""
         b = self.backend
+        try:
+            start = reference_state(self.reference, done - 1)
+        except KeyError:
+            raise UsageError(f"parity: the reference's probe ({self.reference_name}) holds no state after step "
+                             f"{done - 1}: its worker did not complete those steps; run the comparison again") from None
         own = b.state_dict()
-        b.load_state_dict(reference_state(self.reference, done - 1))
+        b.load_state_dict(start)
         x, y = self.stream.batch(done - 1)
         kw = {} if self.masks is None else {"masks": self.masks(done - 1)}
         loss = b.train_step(x, y, self.learning_rate(done - 1), **kw)
