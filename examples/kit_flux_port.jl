@@ -24,6 +24,14 @@ tokens(x, k) = permutedims(x[k, :, :], (2, 1)) .+ 1
 # Step k's (B, T, C) keep-mask as Flux takes it: (C, T, B).
 flux_mask(m, k) = permutedims(m[k, :, :, :], (3, 2, 1))
 
+# An activation tap from NanoGPTFlux.taps in the canonical layout: q, k and v come as NNlib splits the heads,
+# (D, H, T, B) -> (B, H, T, D); every other tap has its axes reversed ((C, T, B) -> (B, T, C), the attention
+# probabilities (key, query, H, B) -> (B, H, query, key)).
+const HEAD_TAPS = (".attn.q", ".attn.k", ".attn.v")
+canonical_tap(name, a) = any(endswith(name, t) for t in HEAD_TAPS) ?
+    permutedims(a, (4, 2, 3, 1)) :
+    permutedims(a, ndims(a):-1:1)
+
 # The manifest's config entries NanoGPTFlux.build reads (besides vocab_size, seed, device and decay),
 # the model options (tied embeddings, GELU form, biases) included.
 const CONFIG_KEYS = [
@@ -70,6 +78,11 @@ function run_kit(kit::AbstractString, out::AbstractString)
     results = Dict{String, Any}()
     # step 0: logits (Flux (V, T, B) -> canonical (B, T, V)) and gradients, dropout off
     results["logits"] = permutedims(NanoGPTFlux.logits(s, tokens(x, 1)), (3, 2, 1))
+    # the activation taps on the first rows of step 0's batch (tokens are (T, B): the first columns)
+    rows = manifest["taps"]["rows"]
+    for (name, a) in NanoGPTFlux.taps(s, tokens(x, 1)[:, 1:rows])
+        results["tap/$name"] = canonical_tap(name, a)
+    end
     for (name, g) in NanoGPTFlux.gradients(s, tokens(x, 1), tokens(y, 1))
         results["grad/$name"] = relayout(name, g)
     end

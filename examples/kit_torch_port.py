@@ -27,6 +27,18 @@ import torch.nn.functional as F
 
 PLANTS = {
     "attn-scale": "attention scores not scaled by 1/sqrt(head size)",
+    "ln-eps": "LayerNorm eps 1e-3 instead of 1e-5",
+    "mask-wide": "causal mask one too wide (key t + 1 visible to query t)",
+    "gelu-exact": "exact (erf) GELU where the tanh form is expected",
+    "pos-shift": "position embedding shifted by one (position t reads wpe[t-1])",
+    "tied": "lm_head tied to the token embedding (logits = ln_f @ wte^T + lm_head.bias)",
+    "no-lm-bias": "no lm_head bias (invisible at step 0: the bias starts at zero)",
+    "no-decay-emb": "no weight decay on the embeddings wte, wpe (minGPT's convention)",
+    "aliased": "the optimizer state saved by reference (every opt/<k> array is the final state)",
+    "adam-t-stops": "AdamW's step counter stops advancing after step 3",
+    "clip-per-param": "gradient clipping per parameter instead of by the global norm",
+    "masks-off-by-one": "step k trains with the dropout masks of step k + 1 (the training loop only)",
+    "float64-file": "computes in float32 but writes float64 arrays",
     "no-bias-correction": "AdamW without the bias corrections 1 - beta^t",
     "decay-1d": "weight decay on every parameter, also biases and LayerNorm weights",
     "clip-0.5": "gradient clipping at global norm 0.5 instead of the manifest's grad_clip",
@@ -85,7 +97,8 @@ class Port:
         return y + self.p[name + ".bias"] if name + ".bias" in self.p else y  # bias = false: none
 
     def layernorm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.layer_norm(x, (x.shape[-1],), self.p[name + ".weight"], self.p.get(name + ".bias"), eps=1e-5)
+        eps = 1e-3 if self.plant == "ln-eps" else 1e-5
+        return F.layer_norm(x, (x.shape[-1],), self.p[name + ".weight"], self.p.get(name + ".bias"), eps=eps)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """lm_head; tied embeddings (nanoGPT's wte.weight = lm_head.weight): the token table is the weight."""
@@ -95,36 +108,54 @@ class Port:
         y = x @ w.T
         return y + self.p["lm_head.bias"] if "lm_head.bias" in self.p else y
 
-    def attention(self, x: torch.Tensor, i: int, masks: dict | None, step: int) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, i: int, masks: dict | None, step: int, taps: dict) -> torch.Tensor:
         B, T, C = x.shape
         H = self.c["n_head"]
         q, k, v = self.linear(x, f"h.{i}.attn.c_attn").split(C, dim=2)
         q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
         scale = 1.0 if self.plant == "attn-scale" else 1.0 / math.sqrt(C // H)
         scores = (q @ k.transpose(-2, -1)) * scale
-        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=2 if self.plant == "mask-wide" else 1)
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        taps.update({f"h.{i}.attn.q": q, f"h.{i}.attn.k": k, f"h.{i}.attn.v": v, f"h.{i}.attn.probs": probs})
         mask = None if masks is None else masks[f"h.{i}.attn"]
         if self.plant == "dropout-on-attn-probs" and mask is not None:
             g = torch.Generator().manual_seed(step)
             keep = (torch.rand(probs.shape, generator=g) >= self.c["dropout"]).to(probs.dtype)
             probs, mask = probs * keep / (1 - self.c["dropout"]), None
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
+        taps[f"h.{i}.attn.y"] = y
         if self.plant == "dropout-before-proj":
             return self.linear(self.drop(y, mask), f"h.{i}.attn.c_proj")
-        return self.drop(self.linear(y, f"h.{i}.attn.c_proj"), mask)
+        taps[f"h.{i}.attn.proj"] = out = self.linear(y, f"h.{i}.attn.c_proj")
+        return self.drop(out, mask)
 
-    def logits(self, idx: np.ndarray, masks: dict | None = None, step: int = 0) -> torch.Tensor:
+    def logits(self, idx: np.ndarray, masks: dict | None = None, step: int = 0,
+               taps: dict | None = None) -> torch.Tensor:
+        """Logits (B, T, V); `taps` is filled with the manifest's activation taps (taps.names)."""
+        taps = {} if taps is None else taps
         x_ids = torch.from_numpy(np.asarray(idx, dtype=np.int64))
         T = x_ids.shape[1]
-        x = self.drop(self.p["wte.weight"][x_ids] + self.p["wpe.weight"][:T], None if masks is None else masks["emb"])
+        pos = torch.arange(T) - 1 if self.plant == "pos-shift" else torch.arange(T)  # -1: wpe's last row
+        taps["emb"] = x = self.p["wte.weight"][x_ids] + self.p["wpe.weight"][pos]
+        x = self.drop(x, None if masks is None else masks["emb"])
         for i in range(self.c["n_layer"]):
-            x = x + self.attention(self.layernorm(x, f"h.{i}.ln_1"), i, masks, step)
-            exact = self.c.get("gelu", "tanh") == "exact" and self.plant != "gelu-tanh"
-            h = F.gelu(self.linear(self.layernorm(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"),
-                       approximate="none" if exact else "tanh")
-            x = x + self.drop(self.linear(h, f"h.{i}.mlp.c_proj"), None if masks is None else masks[f"h.{i}.mlp"])
-        return self.head(self.layernorm(x, "ln_f"))
+            taps[f"h.{i}.ln_1"] = h = self.layernorm(x, f"h.{i}.ln_1")
+            taps[f"h.{i}.res1"] = x = x + self.attention(h, i, masks, step, taps)
+            taps[f"h.{i}.ln_2"] = h = self.layernorm(x, f"h.{i}.ln_2")
+            taps[f"h.{i}.mlp.fc"] = h = self.linear(h, f"h.{i}.mlp.c_fc")
+            exact = (self.c.get("gelu", "tanh") == "exact" and self.plant != "gelu-tanh") or self.plant == "gelu-exact"
+            taps[f"h.{i}.mlp.act"] = h = F.gelu(h, approximate="none" if exact else "tanh")
+            taps[f"h.{i}.mlp.proj"] = h = self.linear(h, f"h.{i}.mlp.c_proj")
+            taps[f"h.{i}.res2"] = x = x + self.drop(h, None if masks is None else masks[f"h.{i}.mlp"])
+        taps["ln_f"] = h = self.layernorm(x, "ln_f")
+        if self.plant == "tied":  # ties lm_head to wte although the kit's model is untied
+            taps["logits"] = out = h @ self.p["wte.weight"].T + self.p["lm_head.bias"]
+        elif self.plant == "no-lm-bias":
+            taps["logits"] = out = h @ self.p["lm_head.weight"].T
+        else:
+            taps["logits"] = out = self.head(h)
+        return out
 
     def loss(self, x: np.ndarray, y: np.ndarray, masks: dict | None = None, step: int = 0) -> torch.Tensor:
         logits = self.logits(x, masks, step)
@@ -136,7 +167,9 @@ class Port:
             t.grad = None
         loss = self.loss(x, y, masks, step)
         loss.backward()
-        return float(loss.detach()), {n: t.grad.detach().clone() for n, t in self.p.items()}
+        # a parameter the forward pass does not use (a planted missing bias) gets a zero gradient
+        return float(loss.detach()), {n: t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t)
+                                      for n, t in self.p.items()}
 
 
 class AdamW:
@@ -155,15 +188,16 @@ class AdamW:
 
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: float) -> None:
-        self.t += 1
+        self.t = min(self.t + 1, 3) if self.plant == "adam-t-stops" else self.t + 1
         if self.plant == "no-bias-correction":
             step_size, bc2_sqrt = lr, 1.0
         else:
             step_size, bc2_sqrt = lr / (1 - self.b1 ** self.t), (1 - self.b2 ** self.t) ** 0.5
         for n, p in params.items():
             g, m, v = grads[n], self.m[n], self.v[n]
-            decays = (p.ndim >= 2 and not (self.mingpt and n in ("wte.weight", "wpe.weight"))) \
-                or self.plant == "decay-1d"
+            embedding = n in ("wte.weight", "wpe.weight")
+            decays = ((p.ndim >= 2 and not (self.mingpt and embedding)) or self.plant == "decay-1d") and not (
+                self.plant == "no-decay-emb" and embedding)
             if decays and self.plant == "coupled-decay":
                 g = g + self.wd * p
             elif decays:
@@ -173,9 +207,13 @@ class AdamW:
             p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(self.eps), value=-step_size)
 
 
-def clip_(grads: dict[str, torch.Tensor], max_norm: float) -> None:
+def clip_(grads: dict[str, torch.Tensor], max_norm: float, plant: str | None = None) -> None:
     """Global-norm clipping as torch.nn.utils.clip_grad_norm_."""
     if max_norm <= 0:
+        return
+    if plant == "clip-per-param":
+        for g in grads.values():
+            g.mul_(torch.clamp(max_norm / (g.norm() + 1e-6), max=1.0))
         return
     total = torch.stack([g.norm() for g in grads.values()]).norm()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -189,7 +227,7 @@ def main() -> None:
     ap.add_argument("out", type=Path, help="results .npz to write")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--plant", choices=sorted(PLANTS), help="plant one known bug")
-    ap.add_argument("--depths", default="logits,gradients,optimizer,loss",
+    ap.add_argument("--depths", default="taps,logits,gradients,optimizer,loss",
                     help="which depths to write (comma-separated subset)")
     args = ap.parse_args()
     depths = set(args.depths.split(","))
@@ -204,12 +242,17 @@ def main() -> None:
     def masks(k: int) -> dict | None:
         return None if all_masks is None else {key: v[k] for key, v in all_masks.items()}
 
-    model = Port(manifest, load_npz(args.kit / "weights.npz"), getattr(torch, args.dtype), args.plant)
+    compute = "float32" if args.plant == "float64-file" else args.dtype  # that plant computes in float32 always
+    model = Port(manifest, load_npz(args.kit / "weights.npz"), getattr(torch, compute), args.plant)
     out: dict[str, np.ndarray] = {}
     with torch.no_grad():
         logits = model.logits(x[0])  # dropout off
+        taps: dict[str, torch.Tensor] = {}
+        model.logits(x[0][:manifest["taps"]["rows"]], taps=taps)  # the activation taps on the first rows
     if "logits" in depths:
         out["logits"] = logits.numpy()
+    if "taps" in depths:
+        out.update({f"tap/{name}": taps[name].numpy() for name in manifest["taps"]["names"] if name in taps})
     if "gradients" in depths:  # step-0 gradients, dropout off, no clipping
         _, grads = model.gradients(x[0], y[0], None, 0)
         out.update({f"grad/{n}": g.numpy() for n, g in grads.items()})
@@ -219,18 +262,22 @@ def main() -> None:
     opt = AdamW(model.p, c, args.plant)
     max_norm = 0.5 if args.plant == "clip-0.5" else c["grad_clip"]
     losses = []
+    copy = (lambda t: t.detach()) if args.plant == "aliased" else (lambda t: t.detach().clone())
     for k in range(manifest["steps"]):
-        loss, grads = model.gradients(x[k], y[k], masks(k), k)
+        shift = 1 if args.plant == "masks-off-by-one" and k + 1 < manifest["steps"] else 0
+        loss, grads = model.gradients(x[k], y[k], masks(k + shift), k)
         losses.append(loss)
-        clip_(grads, max_norm)
+        clip_(grads, max_norm, args.plant)
         opt.step(model.p, grads, get_lr(c, k, args.plant))
         if "optimizer" in depths:
             for n, p in model.p.items():
-                out[f"opt/{k + 1}/param/{n}"] = p.detach().clone().numpy()
-                out[f"opt/{k + 1}/adam_m/{n}"] = opt.m[n].clone().numpy()
-                out[f"opt/{k + 1}/adam_v/{n}"] = opt.v[n].clone().numpy()
+                out[f"opt/{k + 1}/param/{n}"] = copy(p).numpy()
+                out[f"opt/{k + 1}/adam_m/{n}"] = copy(opt.m[n]).numpy()
+                out[f"opt/{k + 1}/adam_v/{n}"] = copy(opt.v[n]).numpy()
     if "loss" in depths:
-        out["loss"] = np.asarray(losses, dtype=args.dtype)
+        out["loss"] = np.asarray(losses, dtype=compute)
+    if args.plant == "float64-file":
+        out = {k: v.astype(np.float64) for k, v in out.items()}
     np.savez(args.out, **out)
     print(f"wrote {args.out}: {len(out)} arrays ({args.dtype}{', plant ' + args.plant if args.plant else ''})")
 

@@ -1,17 +1,19 @@
 """`harness parity`: do two backends compute the same thing? (docs/design.md, "Parity")
 
 Parity mode trains both backends from the same canonical weights on the same batches (dropout 0, or the same
-harness-drawn dropout masks), each in its own worker process (harness.launch), and compares them at four depths,
-in float64:
+harness-drawn dropout masks), each in its own worker process (harness.launch), and compares them, in float64, at
+five depths, each failure naming where it first breaks and, where the pattern tells, the likely cause
+(harness/diagnose.py):
 
+0. the activation taps (harness/taps.py): the named intermediate tensors of the step-0 forward pass on the first
+   rows of the first batch, walked in forward order; the first divergent tap and its cause are named;
 1. step-0 logits on the first training batch: max absolute difference;
-2. step-0 gradients of the mean loss, per parameter: relative error ||ga - gb|| / max(||ga||, ||gb||, tiny),
-   the worst parameter named;
-3. the optimizer step: after each of the first K training steps (forward, backward, clip, AdamW), each
-   parameter's update and AdamW moments m and v, per parameter and step (relative error, as the gradients); a
-   failure names the worst parameter and, where the pattern tells, the likely cause (`diagnose_optimizer`);
-4. the per-step training loss over N steps: max absolute deviation and the step where it peaks, plus the
-   final evaluation's validation loss.
+2. step-0 gradients of the mean loss, per parameter: relative error ||ga - gb|| / max(||ga||, ||gb||, tiny);
+3. the optimizer step, re-synchronised: after each training step k (every step by default, `--opt-steps K`: the
+   first K), each parameter's update and AdamW moments m and v, where the non-reference backend took step k from
+   the reference's state after step k - 1 (harness/probe.py); also the loss of each such step;
+4. the per-step training loss over N steps: the first step over tolerance and the peak, plus the final
+   evaluation's validation loss.
 
 With `--dropout P` the harness draws every dropout mask (harness.masks) and hands the same masks to both backends,
 so the training steps, the optimizer check and an extra step-0 gradient check under the step-0 masks
@@ -36,8 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from harness import diagnose
 from harness.errors import UsageError
 from harness.options import THREADS_HELP, add_backend, add_quiet, pick_sizes
+from harness.taps import PREFIX as TAP_PREFIX
+from harness.taps import block_of, in_forward_order
 
 SCHEMA = "nanogpt-parity/parity-record"
 SCHEMA_VERSION = 1
@@ -46,28 +51,45 @@ DEFAULT_BACKENDS = "torch,numpy"
 TINY = 1e-300  # floor of the relative error's denominator: two all-zero gradients agree exactly
 GRAD_PREFIX = "grad/"
 DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's step-0 dropout masks
-OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>: the state after training step k (k = 0: params only)
+OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>, opt/<k>/adam_t: the state after training step k
 OPT_QUANTITIES = ("update", "adam_m", "adam_v")  # update = param after step k - param after step k - 1
-DEFAULT_OPT_STEPS = 3
+SYNC_STEPS, SYNC_LOSS, SYNC_REFERENCE = "sync/steps", "sync/loss", "sync/reference"  # harness/probe.py
+DEFAULT_OPT_STEPS: int | None = None  # None: every training step is re-synchronised and compared
 EXPLAINED = 0.1  # a pattern "explains" a difference when it leaves less than this fraction of it unexplained
 
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Pass thresholds: logits max |diff|, worst per-parameter gradient relative error, loss max |diff|, and the
-    worst per-parameter relative error of the optimizer step (updates and AdamW moments)."""
+    """Pass thresholds: logits max |diff|, worst per-parameter gradient relative error, loss max |diff|, the worst
+    per-parameter relative error of the optimizer step (updates and AdamW moments), the activation taps' max |diff|
+    relative to each tap's largest value (None: the logits tolerance) and the loss of a re-synchronised step, both
+    sides from the same state (None: the loss tolerance)."""
 
     logits: float
     grad: float
     loss: float
     opt: float
+    taps: float | None = None
+    step_loss: float | None = None
 
     def validate(self) -> None:
-        """Raise UsageError unless every tolerance is a finite number >= 0."""
+        """Raise UsageError unless every tolerance is a finite number >= 0 (taps and step_loss may be None)."""
         for key, value in asdict(self).items():
+            if value is None and key in ("taps", "step_loss"):
+                continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
                     or value < 0:
-                raise UsageError(f"--tol-{key} must be a finite number >= 0, got {value!r}")
+                raise UsageError(f"--tol-{key.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def tap(self) -> float:
+        """The activation taps' tolerance in effect."""
+        return self.logits if self.taps is None else self.taps
+
+    @property
+    def step(self) -> float:
+        """The re-synchronised step loss's tolerance in effect."""
+        return self.loss if self.step_loss is None else self.step_loss
 
 
 # 10x the worst deviation measured on CPU for each precision pair and size preset, rounded up to a power of ten
@@ -77,27 +99,29 @@ class Tolerances:
 # float32/float64. The loss tolerance depends on the size: medium and large pass through an unstable phase at
 # lr 0.01 where any rounding difference grows by up to 1e5-1e6, so float32 pairs check the training loop sharply only
 # on small; the float64/float64 pair checks it sharply on every size.
-# The optimizer step (depth 3), same rule, measured over 3 steps with dropout 0 and 0.2: Adam divides by sqrt(v), so
-# an entry whose gradient is at rounding level (e.g. the key bias, whose exact gradient is 0) moves by up to lr from
-# noise alone; float32 against float64 reaches 6.1e-4 (small, dropout 0.2), float64 pairs 7.9e-13 (docs/parity.md).
+# The optimizer step (depth 3), same rule, measured over 50 steps re-synchronised, dropout 0 and 0.2 (worst 5.7e-5 for
+# float32 pairs, 4.3e-14 for float64/float64; large: 10 steps, one seed), with the entries whose gradient is at
+# rounding level left out of the update's error (`update_error`). The taps (depth 0) and the step loss: the same rule
+# rounded up to 1, 2 or 5 x a power of ten: the tanh-vs-exact GELU difference in small's taps is 20x float32 rounding,
+# so a power of ten would hide it.
 DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
     "float64/float64": {
-        "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13, opt=1e-11),
-        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-7, opt=1e-11),
-        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12, opt=1e-11),
+        "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-13, opt=1e-12, taps=1e-14, step_loss=1e-13),
+        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1e-7, opt=1e-12, taps=2e-14, step_loss=1e-13),
+        "large": Tolerances(logits=1e-14, grad=1e-13, loss=1e-12, opt=1e-12, taps=2e-14, step_loss=1e-13),
     },
     "float32/float64": {
-        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5, opt=1e-2),
-        "medium": Tolerances(logits=1e-5, grad=1e-5, loss=1.0, opt=1e-2),
-        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=1e-3),
+        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5, opt=1e-3, taps=5e-6, step_loss=1e-5),
+        "medium": Tolerances(logits=1e-5, grad=1e-5, loss=1.0, opt=1e-3, taps=1e-5, step_loss=1e-5),
+        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=1e-3, taps=1e-5, step_loss=1e-5),
     },
     "float32/float32": {
-        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5, opt=1e-2),
-        "medium": Tolerances(logits=1e-5, grad=1e-4, loss=10.0, opt=1e-2),
-        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=1e-3),
+        "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-5, opt=1e-3, taps=5e-6, step_loss=1e-5),
+        "medium": Tolerances(logits=1e-5, grad=1e-4, loss=10.0, opt=1e-3, taps=1e-5, step_loss=1e-5),
+        "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=1e-3, taps=1e-5, step_loss=1e-5),
     },
 }
-TOL_KEYS = ("logits", "grad", "loss", "opt")
+TOL_KEYS = ("logits", "grad", "loss", "opt", "taps", "step_loss")
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured
 
 # A backend's default dtype when it is not said otherwise (used only if its class cannot be inspected).
@@ -121,6 +145,12 @@ def default_tolerances(pair: str, size: str | None = None) -> Tolerances:
     return Tolerances(**{k: max(getattr(t, k) for t in table.values()) for k in TOL_KEYS})
 
 
+def reference_backend(backends: Sequence[str]) -> str:
+    """The backend whose optimizer states the other re-synchronises from: the NumPy oracle where it takes part,
+    else the first named."""
+    return "numpy" if "numpy" in backends else backends[0]
+
+
 # --- the comparison (pure) ---------------------------------------------------------------------------------------
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[int, ...]]:
     """max |a - b| in float64 and the index where it occurs (NaN anywhere gives NaN at the first NaN)."""
@@ -134,6 +164,14 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[int, ...]]:
     flat = int(np.argmax(bad)) if bad.any() else int(np.argmax(d))
     index = tuple(int(i) for i in np.unravel_index(flat, d.shape))
     return (math.nan if bad.any() else float(d.flat[flat])), index
+
+
+def tap_error(a: np.ndarray, b: np.ndarray) -> tuple[float, float, tuple[int, ...]]:
+    """(max |a - b| / the larger of max |a| and max |b|, max |a - b|, its index): a tap's deviation relative to its
+    own scale (activations range from ~0.01 to ~4), NaN anywhere gives NaN."""
+    diff, where = max_abs_diff(a, b)
+    scale = max(float(np.max(np.abs(a))) if np.size(a) else 0.0, float(np.max(np.abs(b))) if np.size(b) else 0.0)
+    return (diff / scale if scale > 0 else diff) if math.isfinite(scale) else math.nan, diff, where
 
 
 def relative_error(a: np.ndarray, b: np.ndarray, tiny: float = TINY) -> float:
@@ -157,6 +195,11 @@ def loss_deviation(losses_a: Sequence[float], losses_b: Sequence[float]) -> tupl
     return (math.nan if bad.any() else float(d[step])), step, [float(v) for v in d]
 
 
+def first_over(values: Sequence[float], tol: float) -> int:
+    """The index of the first value over `tol` (NaN counts as over), -1 if none."""
+    return next((i for i, v in enumerate(values) if not _within(v, tol)), -1)
+
+
 def _within(value: float, tol: float) -> bool:
     return bool(value <= tol)  # False for NaN
 
@@ -165,19 +208,34 @@ def _fmt(value: float) -> str:
     return "nan" if value != value else f"{value:.1e}"
 
 
+def _index(where: Sequence[int]) -> str:
+    return "[" + ",".join(str(i) for i in where) + "]"
+
+
 @dataclass
 class ParityResult:
-    """What `compare` found: the deviations, the tolerances they were held to, and what broke."""
+    """What `compare` found: the deviations, the tolerances they were held to, what broke first and worst."""
 
     backends: tuple[str, str]
     tolerances: Tolerances
     logits_max_abs: float = math.nan
     logits_where: tuple[int, ...] = ()  # (batch row, position, token) of the largest difference
+    logits_cause: str | None = None
+    # depth 0: {tap: max |diff| / the tap's scale}, the raw max |diff| and where; the first over tolerance
+    taps_rel_err: dict[str, float] = field(default_factory=dict)
+    taps_max_abs: dict[str, float] = field(default_factory=dict)
+    taps_where: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    first_tap: str | None = None
+    worst_tap: str | None = None
+    tap_cause: str | None = None
+    taps_missing: dict[str, list[str]] = field(default_factory=dict)  # backend -> taps only the other gave
     grad_rel_err: dict[str, float] = field(default_factory=dict)
     worst_grad: str | None = None
     worst_grad_rel_err: float = math.nan
+    first_grad: str | None = None  # the first over tolerance in backward order (nearest the loss first)
     loss_max_abs_dev: float = math.nan
     loss_peak_step: int = -1
+    loss_first_bad: int = -1  # the first step over the loss tolerance
     loss_steps: int = 0
     loss_abs_dev: list[float] = field(default_factory=list)
     val_loss: dict[str, float] | None = None
@@ -185,18 +243,24 @@ class ParityResult:
     dropout_grad_rel_err: dict[str, float] = field(default_factory=dict)  # under the step-0 masks (dropout > 0)
     worst_dropout_grad: str | None = None
     worst_dropout_grad_rel_err: float = math.nan
+    first_dropout_grad: str | None = None
     # depth 3: {step k: {"update" | "adam_m" | "adam_v": {name: rel err}}}
     opt_rel_err: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+    opt_reference: str | None = None  # re-synchronised: the backend whose state every step started from
     worst_opt: tuple[int, str, str] | None = None  # (step, quantity, parameter)
     worst_opt_rel_err: float = math.nan
     opt_first_bad: tuple[int, str, str] | None = None  # the worst at the first step out of tolerance
+    opt_first_bad_rel_err: float = math.nan
     opt_cause: str | None = None
     # the learning rate each training step took (probe `lr_used`) against the harness's schedule (`lr`), per backend
     rate_rel_err: dict[str, float] = field(default_factory=dict)
     rate_tol: float = math.nan
     rate_first_bad: tuple[str, int] | None = None  # (backend, optimizer step)
     rate_cause: str | None = None
+    step_loss_abs_dev: list[float] = field(default_factory=list)  # re-synchronised steps 1..K: |loss diff|
+    step_loss_first_bad: int = -1  # the first such step (1-based) over the step-loss tolerance
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the reader should know that is no failure
 
     @property
     def passed(self) -> bool:
@@ -204,62 +268,98 @@ class ParityResult:
         return not self.failures
 
     def rows(self) -> list[dict[str, Any]]:
-        """The summary table: one row per check, each with its depth (logits, gradients, dropout_gradients,
-        optimizer, loss)."""
+        """The summary table: one row per check, each with its depth (taps, logits, gradients, dropout_gradients,
+        optimizer, step_loss, loss) and where it first broke and where it is worst, in two columns."""
         t = self.tolerances
         lw = self.logits_where
-        where = f"batch row {lw[0]}, position {lw[1]}, token {lw[2]}" if len(lw) == 3 else ""
-        rows = [
-            {"depth": "logits", "check": "step-0 logits max |diff|", "value": self.logits_max_abs,
-             "tolerance": t.logits, "where": where},
-            {"depth": "gradients", "check": "step-0 gradient rel err (worst)", "value": self.worst_grad_rel_err,
-             "tolerance": t.grad, "where": self.worst_grad or ""},
-        ]
+        rows = []
+        if self.taps_rel_err:
+            wt = self.worst_tap
+            rows.append({"depth": "taps", "check": "step-0 activation taps max |diff| (scaled)",
+                         "value": self.taps_rel_err[wt] if wt else math.nan, "tolerance": t.tap,
+                         "first_broken": self.first_tap or "",
+                         "worst": f"{wt} {_index(self.taps_where.get(wt, ()))}" if wt else ""})
+        rows.append({"depth": "logits", "check": "step-0 logits max |diff|", "value": self.logits_max_abs,
+                     "tolerance": t.logits, "first_broken": "",
+                     "worst": f"batch row {lw[0]}, position {lw[1]}, token {lw[2]}" if len(lw) == 3 else ""})
+        rows.append({"depth": "gradients", "check": "step-0 gradient rel err", "value": self.worst_grad_rel_err,
+                     "tolerance": t.grad, "first_broken": self.first_grad or "", "worst": self.worst_grad or ""})
         if self.dropout_grad_rel_err:
             rows.append({"depth": "dropout_gradients", "check": "step-0 gradient rel err, dropout masks",
-                         "value": self.worst_dropout_grad_rel_err,
-                         "tolerance": t.grad, "where": self.worst_dropout_grad or ""})
+                         "value": self.worst_dropout_grad_rel_err, "tolerance": t.grad,
+                         "first_broken": self.first_dropout_grad or "", "worst": self.worst_dropout_grad or ""})
         if self.opt_rel_err:
-            wo = self.worst_opt
-            rows.append({"depth": "optimizer", "check": f"optimizer steps 1..{max(self.opt_rel_err)} rel err",
+            wo, fb = self.worst_opt, self.opt_first_bad
+            steps = sorted(self.opt_rel_err)
+            span = f"{steps[0]}..{steps[-1]}" if steps != list(range(steps[0], steps[-1] + 1)) or len(steps) > 1 \
+                else f"{steps[0]}"
+            sync = " (re-synchronised)" if self.opt_reference else ""
+            rows.append({"depth": "optimizer", "check": f"optimizer steps {span}{sync} rel err",
                          "value": self.worst_opt_rel_err, "tolerance": t.opt,
-                         "where": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
+                         "first_broken": f"step {fb[0]} {fb[1]} {fb[2]}" if fb else "",
+                         "worst": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
+        if self.step_loss_abs_dev:
+            dev = self.step_loss_abs_dev
+            peak = int(np.nanargmax(dev)) if np.isfinite(dev).any() else 0
+            rows.append({"depth": "step_loss", "check": "loss of each step from the same state",
+                         "value": max(dev, key=lambda v: (not math.isfinite(v), v if math.isfinite(v) else 0)),
+                         "tolerance": t.step,
+                         "first_broken": f"step {self.step_loss_first_bad}" if self.step_loss_first_bad > 0 else "",
+                         "worst": f"step {peak + 1} of {len(dev)}"})
         if self.rate_rel_err:
             who = max(self.rate_rel_err, key=lambda n: (not math.isfinite(self.rate_rel_err[n]), self.rate_rel_err[n]))
             bad = self.rate_first_bad
             rows.append({"depth": "optimizer", "check": "learning rate per step vs schedule",
                          "value": self.rate_rel_err[who], "tolerance": self.rate_tol,
-                         "where": f"{bad[0]} from step {bad[1]}" if bad else who})
+                         "first_broken": f"{bad[0]} at step {bad[1]}" if bad else "", "worst": who})
         rows.append({"depth": "loss", "check": "training loss max |diff|", "value": self.loss_max_abs_dev,
                      "tolerance": t.loss,
-                     "where": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""})
+                     "first_broken": f"step {self.loss_first_bad}" if self.loss_first_bad >= 0 else "",
+                     "worst": f"step {self.loss_peak_step} of {self.loss_steps}" if self.loss_steps else ""})
         if self.val_loss_abs_diff is not None:
             rows.append({"depth": "loss", "check": "final val loss |diff|", "value": self.val_loss_abs_diff,
-                         "tolerance": t.loss,
-                         "where": ", ".join(f"{k} {v:.6f}" for k, v in (self.val_loss or {}).items())})
+                         "tolerance": t.loss, "first_broken": "",
+                         "worst": ", ".join(f"{k} {v:.6f}" for k, v in (self.val_loss or {}).items())})
         for row in rows:
             row["result"] = "ok" if _within(row["value"], row["tolerance"]) else "FAIL"
+        if self.opt_first_bad and rows and any(r["depth"] == "optimizer" for r in rows):
+            for row in rows:  # a pattern caught within tolerance (decay on the embeddings, aliasing) still fails
+                if row["depth"] == "optimizer":
+                    row["result"] = "FAIL"
+        if self.first_tap:
+            for row in rows:
+                if row["depth"] == "taps":
+                    row["result"] = "FAIL"
         return rows
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready results (NaN stays NaN; json writes it as NaN)."""
         return {
-            "passed": self.passed, "failures": list(self.failures),
+            "passed": self.passed, "failures": list(self.failures), "notes": list(self.notes),
             "tolerances": asdict(self.tolerances),
-            "logits": {"max_abs_diff": self.logits_max_abs, "where": list(self.logits_where)},
+            "taps": {"first_divergent": self.first_tap, "cause": self.tap_cause, "worst": self.worst_tap,
+                     "rel_err": dict(self.taps_rel_err), "max_abs_diff": dict(self.taps_max_abs),
+                     "where": {k: list(v) for k, v in self.taps_where.items()},
+                     "missing": {k: list(v) for k, v in self.taps_missing.items()}} if self.taps_rel_err else None,
+            "logits": {"max_abs_diff": self.logits_max_abs, "where": list(self.logits_where),
+                       "cause": self.logits_cause},
             "gradients": {"worst": self.worst_grad, "worst_rel_err": self.worst_grad_rel_err,
-                          "rel_err": dict(self.grad_rel_err)},
+                          "first_broken": self.first_grad, "rel_err": dict(self.grad_rel_err)},
             "loss": {"max_abs_dev": self.loss_max_abs_dev, "peak_step": self.loss_peak_step,
+                     "first_bad_step": self.loss_first_bad if self.loss_first_bad >= 0 else None,
                      "steps": self.loss_steps, "abs_dev": list(self.loss_abs_dev)},
             "val_loss": {"values": self.val_loss, "abs_diff": self.val_loss_abs_diff},
             "dropout_gradients": {"worst": self.worst_dropout_grad, "worst_rel_err": self.worst_dropout_grad_rel_err,
+                                  "first_broken": self.first_dropout_grad,
                                   "rel_err": dict(self.dropout_grad_rel_err)} if self.dropout_grad_rel_err else None,
             "optimizer": {
                 "steps": sorted(self.opt_rel_err),
+                "resynchronised_from": self.opt_reference,
                 "worst": dict(zip(("step", "quantity", "parameter"), self.worst_opt)) if self.worst_opt else None,
                 "worst_rel_err": self.worst_opt_rel_err,
                 "first_bad": (dict(zip(("step", "quantity", "parameter"), self.opt_first_bad))
                               if self.opt_first_bad else None),
+                "first_bad_rel_err": self.opt_first_bad_rel_err,
                 "cause": self.opt_cause,
                 "rel_err": {str(k): v for k, v in self.opt_rel_err.items()},
             } if self.opt_rel_err else None,
@@ -268,11 +368,27 @@ class ParityResult:
                 "first_bad": dict(zip(("backend", "step"), self.rate_first_bad)) if self.rate_first_bad else None,
                 "cause": self.rate_cause,
             } if self.rate_rel_err else None,
+            "step_loss": {"abs_dev": list(self.step_loss_abs_dev),
+                          "first_bad_step": self.step_loss_first_bad if self.step_loss_first_bad > 0 else None,
+                          } if self.step_loss_abs_dev else None,
         }
 
 
 def _grads(probe: Mapping[str, np.ndarray], prefix: str = GRAD_PREFIX) -> dict[str, np.ndarray]:
     return {k[len(prefix):]: v for k, v in probe.items() if k.startswith(prefix)}
+
+
+def _taps(probe: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k[len(TAP_PREFIX):]: v for k, v in probe.items() if k.startswith(TAP_PREFIX)}
+
+
+def _initial_params(*probes: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The parameters before step 1 (`opt/0/param/`) of the first probe that holds them, float64."""
+    for probe in probes:
+        params = opt_state(probe, 0)["param"]
+        if params:
+            return params
+    return {}
 
 
 # --- the optimizer step (depth 3) ----------------------------------------------------------------------------------
@@ -294,13 +410,61 @@ def opt_state(probe: Mapping[str, np.ndarray], step: int) -> dict[str, dict[str,
     return out
 
 
-def opt_quantities(probe: Mapping[str, np.ndarray], step: int) -> dict[str, dict[str, np.ndarray]]:
+def adam_t(probe: Mapping[str, np.ndarray], step: int) -> int | None:
+    """AdamW's step counter after training step `step` as the probe recorded it (None: not recorded)."""
+    value = probe.get(f"{OPT_PREFIX}{step}/adam_t")
+    return None if value is None else int(np.asarray(value))
+
+
+def opt_quantities(probe: Mapping[str, np.ndarray], step: int,
+                   before: Mapping[str, np.ndarray] | None = None) -> dict[str, dict[str, np.ndarray]]:
     """What depth 3 grades after training step `step`: {"update": p_k - p_(k-1), "adam_m": m_k, "adam_v": v_k},
-    each {name: float64 array}. Without the parameters of step k - 1 the update is the parameter p_k itself."""
-    now, before = opt_state(probe, step), opt_state(probe, step - 1)
-    update = {n: (p - before["param"][n] if n in before["param"] and before["param"][n].shape == p.shape else p)
-              for n, p in now["param"].items()}
+    each {name: float64 array}. `before`: the parameters the step started from (re-synchronised: the reference's);
+    default the probe's own after step - 1. Without those the update is the parameter p_k itself."""
+    now = opt_state(probe, step)
+    prev = opt_state(probe, step - 1)["param"] if before is None else before
+    update = {n: (p - prev[n] if n in prev and np.shape(prev[n]) == p.shape else p) for n, p in now["param"].items()}
     return {"update": update, "adam_m": now["adam_m"], "adam_v": now["adam_v"]}
+
+
+NOISE_FLOOR = 1e-4  # an entry whose sqrt(v) is below this fraction of its parameter's median is rounding noise
+
+
+def update_error(ua: np.ndarray, ub: np.ndarray, va: np.ndarray | None, vb: np.ndarray | None) -> float:
+    """The relative error of two updates, leaving out the entries whose gradient is at rounding level on both sides:
+    sqrt(v) > 0 but below NOISE_FLOOR x the parameter's median sqrt(v) (e.g. the key bias, whose exact gradient is 0:
+    Adam divides its rounding noise by sqrt(v) and moves it by up to the learning rate, differently in every
+    backend). Entries with v exactly 0 (rows no token used: decay only) are kept."""
+    if va is None or vb is None or np.shape(va) != np.shape(ua) or np.shape(vb) != np.shape(ua):
+        return relative_error(ua, ub)
+    s = np.sqrt(np.maximum(np.maximum(np.asarray(va, dtype=np.float64), np.asarray(vb, dtype=np.float64)), 0.0))
+    live = s > 0
+    if not live.any():
+        return relative_error(ua, ub)
+    keep = ~(live & (s < NOISE_FLOOR * float(np.median(s[live]))))
+    return relative_error(np.asarray(ua)[keep], np.asarray(ub)[keep])
+
+
+def synchronised(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]) -> int | None:
+    """Which probe (0 or 1) is the reference the other re-synchronised its steps from (the other holds
+    `sync/steps`), None for two free-running probes."""
+    if SYNC_STEPS in probe_a and SYNC_STEPS not in probe_b:
+        return 1
+    if SYNC_STEPS in probe_b and SYNC_STEPS not in probe_a:
+        return 0
+    return None
+
+
+def start_state(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], step: int
+                ) -> dict[str, dict[str, np.ndarray]]:
+    """The state both sides started training step `step` from: the reference's after step - 1 when re-synchronised,
+    else probe_b's (the same as probe_a's when every earlier step agreed); zero moments at step 1."""
+    ref = synchronised(probe_a, probe_b)
+    state = opt_state(probe_a if ref == 0 else probe_b, step - 1)
+    for kind in ("adam_m", "adam_v"):
+        for name, p in state["param"].items():
+            state[kind].setdefault(name, np.zeros_like(p))
+    return state
 
 
 def _concat(arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
@@ -341,54 +505,119 @@ def _proportional_to(d: np.ndarray, p: np.ndarray) -> tuple[float, float]:
     return alpha, float(np.linalg.norm(d - alpha * p)) / nd
 
 
+def _hyper(hyper: Mapping[str, Any] | None, key: str) -> float | None:
+    value = (hyper or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def step_rate(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], step: int,
+              hyper: Mapping[str, Any] | None) -> float | None:
+    """The learning rate of optimizer step `step` (1-based): the harness's schedule as the probes hold it (`lr`, what
+    the runner handed `train_step`), else the config's constant `learning_rate` (probes from before the schedule)."""
+    for probe in (probe_a, probe_b):
+        lrs = probe.get("lr")
+        if lrs is not None and np.ndim(lrs) == 1 and len(lrs) >= step >= 1:
+            return float(lrs[step - 1])
+    return _hyper(hyper, "learning_rate")
+
+
+WRONG_STEP_INPUTS = ("the step's forward pass: its loss differs although both sides started the step from the same "
+                     "state and every step-0 check agrees: the wrong batch or dropout masks for this step (an "
+                     "off-by-one in the training loop), or dropout active only in the training step")
+
+
 def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], step: int,
-                       tol: float, gradients_agree: bool = True) -> str:
+                       tol: float, gradients_agree: bool = True,
+                       before: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+                       hyper: Mapping[str, Any] | None = None, step_loss_differs: bool = False,
+                       names: tuple[str, str] = ("a", "b")) -> str:
     """The likely cause of a difference first seen after training step `step`, from its pattern.
 
-    Both backends start the step from the same state (everything agreed before it) and, when `gradients_agree`,
-    with the same gradient, so the difference is the optimizer's. In the order tested:
-    the gradients already differ -> not the optimizer; m off by one common factor f for every parameter and v by
-    f^2 -> gradient clipping; each parameter's m off by its own factor -> clipping per parameter; m off by
-    alpha * p -> coupled (L2) weight decay; m agrees, v off by one common
-    factor -> beta2; then on the updates: only 1-D parameters differ -> weight decay on biases/LayerNorm; one
-    common factor -> bias correction (factor changing with t) or the learning rate (constant); only the decayed
-    matrices, by alpha * p -> the decoupled weight decay; concentrated where v is small -> eps.
+    Both sides started the step from the same state `before` ({"param" | "adam_m" | "adam_v": {name: array}};
+    default `start_state`) and, when `gradients_agree`, compute the same gradient, so the difference is the
+    step's own. `hyper`: the config (learning_rate, weight_decay, beta1, beta2); the patterns that need it are
+    skipped without it. In the order tested: the gradients already differ -> not the optimizer; the step's loss
+    differs -> the wrong batch or masks; AdamW's step counters differ; the gradient each side fed AdamW
+    (g = (m - beta1 m_before) / (1 - beta1)) off by one common factor f for every parameter and v's by f^2 ->
+    gradient clipping; each parameter's by its own factor -> clipping per parameter; m off by alpha * p -> coupled
+    (L2) weight decay; m off along (m_before - g) -> beta1; v off along (v_before - g^2), or by a common factor at
+    step 1 -> beta2; then on the updates: exactly +-lr x wd x p on some parameters -> which parameters are decayed
+    (the embeddings: minGPT's convention); only 1-D parameters differ -> weight decay on biases/LayerNorm; one
+    common factor -> the step counter's t, bias correction or the learning rate; only the decayed matrices, by
+    alpha * p -> the decoupled weight decay; concentrated where v is small -> eps.
     """
     if not gradients_agree:
         return ("the gradients already differ (see the gradient check): the optimizer step inherits it; fix the "
                 "forward/backward pass first")
-    qa, qb = opt_quantities(probe_a, step), opt_quantities(probe_b, step)
-    base = opt_state(probe_b, step - 1)["param"]
-    names = [n for n in qb["update"] if n in qa["update"] and np.shape(qa["update"][n]) == np.shape(qb["update"][n])]
-    if not names:
+    if step_loss_differs:
+        return WRONG_STEP_INPUTS
+    a_name, b_name = names
+    ta, tb = adam_t(probe_a, step), adam_t(probe_b, step)
+    if ta is not None and tb is not None and ta != tb:
+        return (f"AdamW's step counter: after step {step} {a_name}'s t is {ta}, {b_name}'s {tb} (the bias "
+                "correction uses t: a counter that stops, restarts or is not restored)")
+    synced = before is not None or synchronised(probe_a, probe_b) is not None
+    start = before if before is not None else start_state(probe_a, probe_b, step)
+    base = dict(start["param"])
+    # re-synchronised, both updates are from the common state; two free runs: each from its own previous state
+    qa, qb = (opt_quantities(p, step, base if synced else None) for p in (probe_a, probe_b))
+    names_ = [n for n in qb["update"] if n in qa["update"] and np.shape(qa["update"][n]) == np.shape(qb["update"][n])]
+    if not names_:
         return "no parameters in common"
+    beta1, beta2 = _hyper(hyper, "beta1"), _hyper(hyper, "beta2")
+    lr, wd = step_rate(probe_a, probe_b, step, hyper), _hyper(hyper, "weight_decay")
+    m_before = {n: start.get("adam_m", {}).get(n, np.zeros_like(base.get(n, qb["adam_m"].get(n, 0.0))))
+                for n in names_}
+    v_before = {n: start.get("adam_v", {}).get(n, np.zeros_like(base.get(n, qb["adam_v"].get(n, 0.0))))
+                for n in names_}
+    fresh = all(not np.any(m_before[n]) for n in names_)  # step 1: m and v start at zero
 
-    def over(q: str, subset: Sequence[str] = names) -> list[str]:
-        return [n for n in subset if n in qa[q] and n in qb[q] and not _within(relative_error(qa[q][n], qb[q][n]),
-                                                                                tol)]
+    def over(q: str, subset: Sequence[str] = names_) -> list[str]:
+        def err(n: str) -> float:
+            if q == "update":
+                return update_error(qa[q][n], qb[q][n], qa["adam_v"].get(n), qb["adam_v"].get(n))
+            return relative_error(qa[q][n], qb[q][n])
+        return [n for n in subset if n in qa[q] and n in qb[q] and not _within(err(n), tol)]
 
-    one_d = [n for n in names if np.ndim(qb["update"][n]) < 2]
-    matrices = [n for n in names if np.ndim(qb["update"][n]) >= 2]
-    m_names = [n for n in names if n in qa["adam_m"] and n in qb["adam_m"]]
-    v_names = [n for n in names if n in qa["adam_v"] and n in qb["adam_v"]]
+    one_d = [n for n in names_ if np.ndim(qb["update"][n]) < 2]
+    matrices = [n for n in names_ if np.ndim(qb["update"][n]) >= 2]
+    m_names = [n for n in names_ if n in qa["adam_m"] and n in qb["adam_m"]]
+    v_names = [n for n in names_ if n in qa["adam_v"] and n in qb["adam_v"]]
     m_over, v_over = over("adam_m", m_names), over("adam_v", v_names)
-    if m_over:
-        ma, mb = _concat(qa["adam_m"], m_names), _concat(qb["adam_m"], m_names)
-        f, rest = _common_factor(ma, mb)
-        if step == 1 and rest < EXPLAINED:
-            va, vb = _concat(qa["adam_v"], v_names), _concat(qb["adam_v"], v_names)
+
+    def fed(q: Mapping[str, np.ndarray], n: str) -> np.ndarray:
+        """The gradient a side fed AdamW (from its m), or m itself when beta1 is unknown (exact at step 1)."""
+        if beta1 is None:
+            return q["adam_m"][n]
+        return diagnose.effective_gradient(q["adam_m"][n], m_before[n], beta1)
+
+    def fed_square(q: Mapping[str, np.ndarray], n: str) -> np.ndarray:
+        if beta2 is None:
+            return q["adam_v"][n]
+        return (q["adam_v"][n] - beta2 * v_before[n]) / (1 - beta2)
+
+    if m_over and (beta1 is not None or fresh):
+        ga, gb = _concat({n: fed(qa, n) for n in m_names}, m_names), _concat({n: fed(qb, n) for n in m_names},
+                                                                             m_names)
+        f, rest = _common_factor(ga, gb)
+        if rest < EXPLAINED:
+            va, vb = (_concat({n: fed_square(q, n) for n in v_names}, v_names) for q in (qa, qb))
             fv, _ = _common_factor(va, vb)
             if v_names and math.isfinite(fv) and abs(fv - f * f) <= 0.05 * f * f:
                 return (f"gradient clipping: every parameter's gradient entered AdamW scaled by one common factor "
                         f"({f:.3g} in m, {fv:.3g} = its square in v); check the max norm and the global-norm "
-                        "computation")
+                        "computation (clipping per parameter clips nothing while each parameter's own norm is below "
+                        "the max)")
+            if not v_over:
+                return (f"beta1: m is off by one common factor {f:.3g} for every parameter while v agrees (m = "
+                        "beta1 m + (1 - beta1) g)")
             return f"the gradient fed to AdamW is scaled by one common factor {f:.3g} (m) for every parameter"
-        if step == 1:
-            own = [_common_factor(np.ravel(qa["adam_m"][n]), np.ravel(qb["adam_m"][n])) for n in m_over]
-            if all(rest_n < EXPLAINED for _, rest_n in own):
-                lo, hi = min(f_n for f_n, _ in own), max(f_n for f_n, _ in own)
-                return (f"gradient clipping per parameter: each parameter's m is scaled by its own factor ({lo:.3g} "
-                        f"to {hi:.3g}) instead of one global-norm factor")
+        own = [_common_factor(np.ravel(fed(qa, n)), np.ravel(fed(qb, n))) for n in m_over]
+        if all(rest_n < EXPLAINED for _, rest_n in own):
+            lo, hi = min(f_n for f_n, _ in own), max(f_n for f_n, _ in own)
+            return (f"gradient clipping per parameter: each parameter's gradient is scaled by its own factor "
+                    f"({lo:.3g} to {hi:.3g}) instead of one global-norm factor")
+    if m_over:
         with_p = [n for n in m_names if n in base]
         d = _concat(qa["adam_m"], with_p) - _concat(qb["adam_m"], with_p)
         alpha, rest = _proportional_to(d, _concat(base, with_p))
@@ -402,28 +631,54 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
             if rest < EXPLAINED:
                 return (f"coupled (L2) weight decay: m differs by {alpha:.3g} x the parameter on the decayed "
                         "matrices (weight decay added to the gradient instead of applied to the weights, AdamW)")
+        if beta1 is not None and not fresh:
+            d = _concat(qa["adam_m"], m_names) - _concat(qb["adam_m"], m_names)
+            direction = _concat(m_before, m_names) - _concat({n: fed(qb, n) for n in m_names}, m_names)
+            alpha, rest = _proportional_to(d, direction)
+            if rest < EXPLAINED:
+                return f"beta1: m differs by {alpha:.3g} x (m before the step - g), i.e. beta1 differs by {alpha:.3g}"
         return "the first moment m differs: beta1, or the gradient fed to AdamW"
     if v_over:
         va, vb = _concat(qa["adam_v"], v_names), _concat(qb["adam_v"], v_names)
-        fv, rest = _common_factor(va, vb)
-        if rest < EXPLAINED:
-            return (f"beta2: m agrees but v differs by one common factor {fv:.3g} for every parameter "
-                    f"(after step {step})")
+        if fresh:
+            fv, rest = _common_factor(va, vb)
+            if rest < EXPLAINED:
+                return (f"beta2: m agrees but v differs by one common factor {fv:.3g} for every parameter "
+                        f"(after step {step})")
+        elif beta2 is not None:
+            direction = _concat(v_before, v_names) - _concat({n: fed_square(qb, n) for n in v_names}, v_names)
+            alpha, rest = _proportional_to(va - vb, direction)
+            if rest < EXPLAINED:
+                return f"beta2: m agrees but v differs by {alpha:.3g} x (v before the step - g^2): beta2 differs"
         return "the second moment v differs (beta2, or the squared gradient) while m agrees"
+    if lr is not None and wd:
+        found = diagnose.decay_cause(diagnose.decay_ratios(qa["update"], qb["update"], base, lr * wd),
+                                     {n: np.shape(qb["update"][n]) for n in names_}, names)
+        if found:
+            return found[1]
     u_over = over("update")
     if not u_over:
         return "no single pattern (the parameters differ, the updates and moments do not)"
     if not [n for n in u_over if n in matrices]:
         return ("weight decay applied to 1-D parameters (biases, LayerNorm weights): only 1-D parameters' updates "
                 f"differ ({', '.join(u_over[:3])}{', ...' if len(u_over) > 3 else ''})")
-    ua, ub = _concat(qa["update"], names), _concat(qb["update"], names)
+    ua, ub = _concat(qa["update"], names_), _concat(qb["update"], names_)
     f, share = _typical_factor(ua, ub)
     if share >= 1 - EXPLAINED and abs(f - 1) > 0.01:
+        if beta1 is not None and beta2 is not None:
+            counter = diagnose.step_counter_cause(f, step, beta1, beta2, names)
+            if counter:
+                return counter
         factors = []
         for k in opt_steps(probe_b):
-            a_k, b_k = opt_quantities(probe_a, k)["update"], opt_quantities(probe_b, k)["update"]
-            common = [n for n in names if n in a_k and n in b_k]
+            if k not in opt_steps(probe_a):
+                continue
+            base_k = start_state(probe_a, probe_b, k)["param"] if synced else None
+            a_k, b_k = opt_quantities(probe_a, k, base_k)["update"], opt_quantities(probe_b, k, base_k)["update"]
+            common = [n for n in names_ if n in a_k and n in b_k]
             factors.append(_typical_factor(_concat(a_k, common), _concat(b_k, common))[0])
+            if len(factors) == 5:
+                break
         shown = ", ".join(f"{x:.3g}" for x in factors)
         if len(factors) > 1 and max(factors) - min(factors) > 0.02 * abs(factors[0]):
             return (f"bias correction: every parameter's update is off by one common factor that changes with t "
@@ -452,13 +707,14 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
 
 def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: float, what: str,
                    backends: tuple[str, str], fail: Any, required: bool = False, cause: str | None = None
-                   ) -> tuple[dict[str, float], str | None, float]:
-    """Per-parameter relative errors of two gradient sets, the worst one, and FAIL lines through `fail`."""
+                   ) -> tuple[dict[str, float], str | None, float, str | None]:
+    """Per-parameter relative errors of two gradient sets, the worst one, the first over tolerance in backward
+    order (nearest the loss first: the backward pass computes them in that order) and FAIL lines through `fail`."""
     a, b = backends
     errs: dict[str, float] = {}
     for name in sorted(set(ga) ^ set(gb)):
         fail(f"FAIL: {what} {name} missing from the {a if name not in ga else b} probe")
-    for name in [n for n in ga if n in gb]:
+    for name in [n for n in ga if n in gb]:  # a's order: the canonical one (the oracle's, in the kit)
         if np.shape(ga[name]) != np.shape(gb[name]):
             fail(f"FAIL: {what} {name} shapes differ: {a} {np.shape(ga[name])} vs {b} {np.shape(gb[name])}")
             errs[name] = math.nan
@@ -467,28 +723,146 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
     if required and not ga and not gb:
         fail("FAIL: no gradients in either probe")
     if not errs:
-        return errs, None, math.nan
+        return errs, None, math.nan, None
     worst = max(errs, key=lambda n: (not math.isfinite(errs[n]), errs[n]))
-    over = [n for n, e in errs.items() if not _within(e, tol)]
+    over = [n for n in reversed(list(errs)) if not _within(errs[n], tol)]
+    unused = [(n, side) for n in over for side, g, other in ((a, ga, gb), (b, gb, ga))
+              if np.shape(g[n]) == np.shape(other[n]) and not np.any(g[n]) and np.any(other[n])]
+    if unused and cause is None:
+        n, side = unused[0]
+        cause = (f"likely cause: {n} gets no gradient in {side}: its forward pass does not use it (a missing bias or "
+                 "an unused parameter)")
     if over:
         more = f" ({len(over) - 1} more parameter(s) over tol)" if len(over) > 1 else ""
         fail(f"FAIL: {what} {worst} rel err {_fmt(errs[worst])} > tol {tol:g}{more}"
              + (f"; {cause}" if cause else ""))
-    return errs, worst, errs[worst]
+    return errs, worst, errs[worst], (over[0] if over else None)
 
 
-def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
-                       backends: tuple[str, str], r: ParityResult, grads_ok: bool, config: Any = None) -> None:
-    """Depth 3 into `r`: per step and parameter, the relative error of the update and of m and v."""
+def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
+                  backends: tuple[str, str], r: ParityResult) -> None:
+    """Depth 0 into `r`: every tap both probes hold, in forward order; the first over tolerance is named with the
+    likely cause read from its pattern (harness.diagnose.forward_cause)."""
     a, b = backends
+    ta, tb = _taps(probe_a), _taps(probe_b)
+    for name, probe, label in ((a, probe_a, ta), (b, probe_b, tb)):
+        if "logits" in label and "logits" in probe and np.ndim(probe["logits"]) == 3:
+            rows = label["logits"].shape[0]
+            if np.shape(probe["logits"][:rows]) == np.shape(label["logits"]):
+                err, diff, _ = tap_error(label["logits"], probe["logits"][:rows])
+                if not _within(err, tol):
+                    r.failures.append(f"FAIL: {name}'s activation taps are not its forward pass: its tap logits "
+                                      f"differ from its logits by {_fmt(diff)} (the path that records the taps "
+                                      "and the model's forward differ)")
+    missing = {name: sorted(set(other) - set(own)) for name, own, other in ((a, ta, tb), (b, tb, ta)) if own}
+    r.taps_missing = {k: v for k, v in missing.items() if v}
+    for name, lacking in r.taps_missing.items():
+        shown = ", ".join(lacking[:3]) + (", ..." if len(lacking) > 3 else "")
+        r.notes.append(f"note: {name} gave no tap {shown} ({len(lacking)} of {len(ta) + len(tb) - len(lacking)}); "
+                       "those are not compared")
+    common = in_forward_order(set(ta) & set(tb))
+    worst_key = (False, -1.0)
+    for name in common:
+        if np.shape(ta[name]) != np.shape(tb[name]):
+            r.failures.append(f"FAIL: tap {name} shapes differ: {a} {np.shape(ta[name])} vs {b} {np.shape(tb[name])}")
+            r.taps_rel_err[name] = math.nan
+            continue
+        err, diff, where = tap_error(ta[name], tb[name])
+        r.taps_rel_err[name], r.taps_max_abs[name], r.taps_where[name] = err, diff, where
+        key = (not math.isfinite(err), err if math.isfinite(err) else 0.0)
+        if key > worst_key:
+            worst_key, r.worst_tap = key, name
+    over = [n for n in common if not _within(r.taps_rel_err.get(n, math.nan), tol)]
+    if not over:
+        return
+    first = r.first_tap = over[0]
+    if np.shape(ta[first]) != np.shape(tb[first]):
+        r.tap_cause = "the tap's shape differs (layout)"
+        return
+    f64a = {k: np.asarray(v, dtype=np.float64) for k, v in ta.items()}
+    f64b = {k: np.asarray(v, dtype=np.float64) for k, v in tb.items()}
+    n_layer = 1 + max((block_of(n) for n in (*ta, *tb) if block_of(n) is not None), default=-1)
+    x = probe_b.get("x", probe_a.get("x"))
+    rows = f64b[first].shape[0]
+    x = np.asarray(x)[:rows] if x is not None and np.ndim(x) == 2 else None
+    try:
+        r.tap_cause = diagnose.forward_cause(first, f64a, f64b, _initial_params(probe_b, probe_a), x, n_layer,
+                                             backends)
+    except (ValueError, IndexError, KeyError, FloatingPointError) as exc:  # a pattern test on odd input
+        r.tap_cause = f"the forward pass at {first} (no pattern read: {type(exc).__name__})"
+    more = f" ({len(over) - 1} later tap(s) over tol)" if len(over) > 1 else ""
+    r.failures.append(f"FAIL: forward: first divergent activation {first} (max abs {_fmt(r.taps_max_abs[first])} at "
+                      f"{_index(r.taps_where[first])}, {_fmt(r.taps_rel_err[first])} of its scale > tol "
+                      f"{tol:g}){more}; likely cause: {r.tap_cause}")
+
+
+def _logits_cause(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], r: ParityResult,
+                  backends: tuple[str, str]) -> str | None:
+    """Why the logits differ, when the taps did not already say: the output layer (a tied lm_head) read from the
+    reference's ln_f tap, or that the taps' rows agree."""
+    if r.first_tap:
+        return f"follows from the forward difference at {r.first_tap} (above)"
+    ta, tb = _taps(probe_a), _taps(probe_b)
+    ln_f = tb.get("ln_f", ta.get("ln_f"))
+    if "logits" in ta and "logits" in tb:
+        return (f"the activation taps (the first {tb['logits'].shape[0]} batch rows) agree: the difference lies in "
+                "later batch rows")
+    if ln_f is not None:
+        rows = ln_f.shape[0]
+        la, lb = (np.asarray(p["logits"][:rows], dtype=np.float64) for p in (probe_a, probe_b))
+        cause = diagnose.output_cause(la, lb, np.asarray(ln_f, dtype=np.float64), _initial_params(probe_b, probe_a),
+                                      backends)
+        if "ties lm_head" in cause:
+            return cause
+    return None
+
+
+def _step_loss_check(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
+                     losses_a: Sequence[float], losses_b: Sequence[float], tol: float, r: ParityResult) -> None:
+    """Re-synchronised: the loss of each step k (from the reference's state after k - 1) against the reference's
+    loss of that step."""
+    ref = synchronised(probe_a, probe_b)
+    if ref is None:
+        return
+    other = probe_b if ref == 0 else probe_a
+    ref_losses = losses_a if ref == 0 else losses_b
+    sync = [float(v) for v in np.ravel(other.get(SYNC_LOSS, []))]
+    n = min(len(sync), len(ref_losses))
+    r.step_loss_abs_dev = [abs(sync[i] - float(ref_losses[i])) for i in range(n)]
+    first = first_over(r.step_loss_abs_dev, tol)
+    r.step_loss_first_bad = first + 1 if first >= 0 else -1
+
+
+def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
+                       tolerances: Tolerances, backends: tuple[str, str], r: ParityResult, grads_ok: bool,
+                       hyper: Mapping[str, Any] | None, losses_a: Sequence[float], losses_b: Sequence[float],
+                       config: Any = None) -> None:
+    """Depth 3 into `r`: per step and parameter, the relative error of the update and of m and v, each side's step
+    from the same state (re-synchronised, or the first steps of two free runs); aliased states; the decay
+    pattern (exactly +-lr x wd x p), which fails even within tolerance; the cause at the first step that breaks
+    (with the run's `config`, a learning-rate schedule mistake is named before the optimizer's own patterns)."""
+    a, b = backends
+    tol = tolerances.opt
     sa, sb = opt_steps(probe_a), opt_steps(probe_b)
     if not sa and not sb:
         return  # probes from before the optimizer check (or a kit that does not ask for it)
     if sa != sb:
         r.failures.append(f"FAIL: optimizer steps recorded differ: {a} {sa} vs {b} {sb}")
+    ref = synchronised(probe_a, probe_b)
+    if ref is not None:
+        r.opt_reference = backends[ref]
+        _step_loss_check(probe_a, probe_b, losses_a, losses_b, tolerances.step, r)
+    aliased = {name: diagnose.aliased_quantities(probe, [k for k in sa if k in sb])
+               for name, probe in ((a, probe_a), (b, probe_b))}
+    alias_cause = next((f"aliased optimizer states: every opt/<k> {', '.join(q)} array {name} recorded is the same "
+                        "array (the final state), as when references to the live arrays are saved instead of copies"
+                        for name, q in aliased.items() if q), None)
+    wd = _hyper(hyper, "weight_decay")
     worst_key = (False, -1.0)
     for k in [k for k in sa if k in sb]:
-        qa, qb = opt_quantities(probe_a, k), opt_quantities(probe_b, k)
+        start = start_state(probe_a, probe_b, k)
+        base = start["param"] if ref is not None else None  # free runs: each update from its own previous state
+        qa, qb = opt_quantities(probe_a, k, base), opt_quantities(probe_b, k, base)
         step_err: dict[str, dict[str, float]] = {}
         for q in OPT_QUANTITIES:
             errs = step_err[q] = {}
@@ -497,48 +871,95 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                                   f"{a if name not in qa[q] else b} probe")
             for name in [n for n in qa[q] if n in qb[q]]:
                 shape_ok = np.shape(qa[q][name]) == np.shape(qb[q][name])
-                errs[name] = relative_error(qa[q][name], qb[q][name]) if shape_ok else math.nan
+                if not shape_ok:
+                    errs[name] = math.nan
+                elif q == "update":
+                    errs[name] = update_error(qa[q][name], qb[q][name], qa["adam_v"].get(name), qb["adam_v"].get(name))
+                else:
+                    errs[name] = relative_error(qa[q][name], qb[q][name])
                 key = (not math.isfinite(errs[name]), errs[name] if math.isfinite(errs[name]) else 0.0)
                 if key > worst_key:
                     worst_key, r.worst_opt, r.worst_opt_rel_err = key, (k, q, name), errs[name]
         r.opt_rel_err[k] = step_err
+        if r.opt_first_bad is not None:
+            continue
         bad = [(q, n, e) for q, errs in step_err.items() for n, e in errs.items() if not _within(e, tol)]
-        if bad and r.opt_first_bad is None:
+        lr = step_rate(probe_a, probe_b, k, hyper)
+        decay = (diagnose.decay_cause(diagnose.decay_ratios(qa["update"], qb["update"], start["param"], lr * wd),
+                                      {n: np.shape(v) for n, v in qb["update"].items()}, backends)
+                 if lr and wd and not bad and grads_ok else None)
+        step_loss_bad = (0 < r.step_loss_first_bad <= k) if ref is not None else (
+            k == 1 and len(losses_a) > 0 and len(losses_b) > 0
+            and not _within(abs(float(losses_a[0]) - float(losses_b[0])), tolerances.step))
+        if not bad and decay is None and not (alias_cause and k == sa[-1]):
+            continue
+        schedule_cause = None
+        if bad:
             q, n, e = max(bad, key=lambda t: (not math.isfinite(t[2]), t[2] if math.isfinite(t[2]) else 0.0))
-            r.opt_first_bad = (k, q, n)
-            synced = [s for s in sa if s <= k and s in sb and (s == 1 or s - 1 in sa)]  # from a common state
-            r.opt_cause = ((config is not None and grads_ok and diagnose_schedule(
-                rate_ratios(probe_a, probe_b) or update_ratios(probe_a, probe_b, synced), config, backends))
-                or diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok))
-            what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v"}[q]
+            synced = [s for s in sa if s <= k and s in sb and (ref is not None or s == 1 or s - 1 in sa)]
+            schedule_cause = (config is not None and grads_ok and diagnose_schedule(
+                rate_ratios(probe_a, probe_b) or update_ratios(probe_a, probe_b, synced), config, backends)) or None
             params = {p for _, p, _ in bad}
-            more = f" ({len(params) - 1} more parameter(s) over tol)" if len(params) > 1 else ""
-            r.failures.append(f"FAIL: optimizer step {k}: {n} {what} rel err {_fmt(e)} > tol {tol:g}{more}; "
-                              f"likely cause: {r.opt_cause}")
+        elif decay is not None:
+            q, n = "update", decay[0][0]
+            e, params = step_err["update"].get(n, math.nan), set(decay[0])
+        else:
+            q, n = "param", next(iter(qb["adam_m"]), "")
+            e, params = math.nan, set()
+        r.opt_first_bad, r.opt_first_bad_rel_err = (k, q, n), e
+        if alias_cause:
+            r.opt_cause = alias_cause
+        elif decay is not None:
+            r.opt_cause = decay[1]
+        elif bad and schedule_cause:
+            r.opt_cause = schedule_cause
+        else:
+            r.opt_cause = diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok,
+                                             before=start if ref is not None else None, hyper=hyper,
+                                             step_loss_differs=step_loss_bad, names=backends)
+        what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v", "param": "state"}[q]
+        more = f" ({len(params) - 1} more parameter(s) over tol)" if len(params) > 1 and bad else ""
+        how = (f"rel err {_fmt(e)} > tol {tol:g}{more}" if bad else
+               f"rel err {_fmt(e)}, within tol {tol:g} but exactly the pattern below" if decay is not None else
+               "identical arrays at every step")
+        r.failures.append(f"FAIL: optimizer step {k}: {n} {what} {how}; likely cause: {r.opt_cause}")
+    k = r.step_loss_first_bad
+    stated = r.opt_first_bad is not None and r.opt_first_bad[0] == k and r.opt_cause == WRONG_STEP_INPUTS
+    if k > 0 and grads_ok and not stated:  # with the forward pass already different, it follows from that
+        r.failures.append(f"FAIL: step {k}'s loss from the same state differs by {_fmt(r.step_loss_abs_dev[k - 1])} > "
+                          f"tol {tolerances.step:g}; likely cause: {WRONG_STEP_INPUTS}")
 
 
 def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
             losses_a: Sequence[float], losses_b: Sequence[float], tolerances: Tolerances,
             val_losses: tuple[float, float] | None = None, backends: tuple[str, str] = ("a", "b"),
-            config: Any = None) -> ParityResult:
-    """Compare two backends' step-0 probes and training-loss curves, in float64.
+            hyper: Mapping[str, Any] | None = None, config: Any = None) -> ParityResult:
+    """Compare two backends' probes and training-loss curves, in float64.
 
     A probe maps "logits" (B, T, V), "x", "y" (the batch) and "grad/<canonical name>" to arrays, as the worker's
-    `<backend>.probe.npz`; optionally "dropout_grad/<name>" (gradients under the step-0 dropout masks) and
-    "opt/<k>/param|adam_m|adam_v/<name>" (the state after training step k; k = 0: the parameters before it),
-    graded by depth 3 with `tolerances.opt` and `diagnose_optimizer`. `losses_*` are the per-step training
-    losses, `val_losses` the two final validation losses (checked against the loss tolerance); `config` (the run's
-    harness Config, optional) lets the FAIL lines name option and schedule causes (diagnose_gelu, diagnose_tying,
-    diagnose_schedule). Every deviation
-    beyond its tolerance, a NaN, a missing or misshapen array or a different batch is a failure, named in
-    `result.failures`.
+    `<backend>.probe.npz` (harness/probe.py); optionally "tap/<name>" (depth 0, harness/taps.py: any subset; the
+    taps both hold are compared), "dropout_grad/<name>" (gradients under the step-0 dropout masks) and
+    "opt/<k>/param|adam_m|adam_v/<name>", "opt/<k>/adam_t" (the state after training step k; k = 0: the parameters
+    before it), graded by depth 3 with `tolerances.opt` and `diagnose_optimizer` (re-synchronised when one probe
+    holds "sync/steps": then "sync/loss" is checked against the other's losses with `tolerances.step`).
+    `losses_*` are the per-step training losses, `val_losses` the two final validation losses (checked against the
+    loss tolerance), `hyper` the config (learning_rate, weight_decay, beta1, beta2) some diagnoses need; `config`
+    (the run's harness Config, optional; its fields serve as `hyper` when that is not given) lets the FAIL lines
+    name option and schedule causes (diagnose_gelu, diagnose_tying, diagnose_schedule). Every
+    deviation beyond its tolerance, a NaN, a missing or misshapen array or a different batch is a failure, named in
+    `result.failures`, the first divergent place first.
     """
     a, b = backends
+    if hyper is None and config is not None:
+        hyper = config.to_dict()
     r = ParityResult(backends=(a, b), tolerances=tolerances)
     fail = r.failures.append
     for key in ("x", "y"):
         if key in probe_a and key in probe_b and not np.array_equal(probe_a[key], probe_b[key]):
             fail(f"FAIL: the probes used different batches ({key} differs): the comparison is meaningless")
+    # (0) the activation taps
+    _compare_taps(probe_a, probe_b, tolerances.tap, (a, b), r)
+    downstream = f"; follows from the forward difference at {r.first_tap}" if r.first_tap else ""
     # (a) logits
     if "logits" not in probe_a or "logits" not in probe_b:
         fail(f"FAIL: logits missing from the {a if 'logits' not in probe_a else b} probe")
@@ -547,34 +968,39 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
     else:
         r.logits_max_abs, r.logits_where = max_abs_diff(probe_a["logits"], probe_b["logits"])
         if not _within(r.logits_max_abs, tolerances.logits):
-            fail(f"FAIL: logits max abs diff {_fmt(r.logits_max_abs)} > tol {tolerances.logits:g}"
-                 + _cause(config and diagnose_gelu(probe_a, probe_b, config, (a, b))))
+            r.logits_cause = _logits_cause(probe_a, probe_b, r, (a, b)) or (
+                config is not None and diagnose_gelu(probe_a, probe_b, config, (a, b))) or None
+            cause = ("" if not r.logits_cause or r.first_tap else f"; likely cause: {r.logits_cause}")
+            fail(f"FAIL: logits max abs diff {_fmt(r.logits_max_abs)} > tol {tolerances.logits:g}{cause}{downstream}")
     # (b) gradients (and, with dropout, the gradients under the harness's step-0 masks)
     tying = diagnose_tying(_grads(probe_a), _grads(probe_b), probe_b.get("x"), tolerances.grad)
-    r.grad_rel_err, r.worst_grad, r.worst_grad_rel_err = _compare_grads(
+    r.grad_rel_err, r.worst_grad, r.worst_grad_rel_err, r.first_grad = _compare_grads(
         _grads(probe_a), _grads(probe_b), tolerances.grad, "gradient", (a, b), fail, required=True,
-        cause=f"likely cause: {tying}" if tying else None)
+        cause=f"likely cause: {tying}" if tying else downstream[2:] or None)
     grads_ok = all(_within(e, tolerances.grad) for e in r.grad_rel_err.values())
     if any(k.startswith(DROPOUT_GRAD_PREFIX) for k in (*probe_a, *probe_b)):
-        r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err = _compare_grads(
-            _grads(probe_a, DROPOUT_GRAD_PREFIX), _grads(probe_b, DROPOUT_GRAD_PREFIX), tolerances.grad,
-            "gradient with dropout masks", (a, b), fail,
-            cause=("likely cause: dropout (placement or scaling; the gradients agree with dropout off)"
-                   if grads_ok and r.grad_rel_err else None))
+        r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err, r.first_dropout_grad = \
+            _compare_grads(_grads(probe_a, DROPOUT_GRAD_PREFIX), _grads(probe_b, DROPOUT_GRAD_PREFIX),
+                           tolerances.grad, "gradient with dropout masks", (a, b), fail,
+                           cause=("likely cause: dropout (placement or scaling; the gradients agree with dropout "
+                                  "off)" if grads_ok and r.grad_rel_err else downstream[2:] or None))
         grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
     # (c) the optimizer step
-    _compare_optimizer(probe_a, probe_b, tolerances.opt, (a, b), r, grads_ok, config)
+    _compare_optimizer(probe_a, probe_b, tolerances, (a, b), r, grads_ok and not r.first_tap, hyper,
+                       losses_a, losses_b, config)
     _compare_rates(probe_a, probe_b, tolerances.opt / 100, (a, b), r, config)
     # (d) the training-loss curve
     r.loss_steps = min(len(losses_a), len(losses_b))
     if len(losses_a) != len(losses_b):
         fail(f"FAIL: training ran {len(losses_a)} steps in {a} but {len(losses_b)} in {b}")
     r.loss_max_abs_dev, r.loss_peak_step, r.loss_abs_dev = loss_deviation(losses_a, losses_b)
+    r.loss_first_bad = first_over(r.loss_abs_dev, tolerances.loss)
     if r.loss_steps == 0:
         fail("FAIL: no training losses to compare")
     elif not _within(r.loss_max_abs_dev, tolerances.loss):
-        fail(f"FAIL: training loss max abs dev {_fmt(r.loss_max_abs_dev)} at step {r.loss_peak_step} "
-             f"> tol {tolerances.loss:g}")
+        k = r.loss_first_bad
+        fail(f"FAIL: training loss: first over tol {tolerances.loss:g} at step {k} (abs dev "
+             f"{_fmt(r.loss_abs_dev[k])}), peak {_fmt(r.loss_max_abs_dev)} at step {r.loss_peak_step}")
     if val_losses is not None:
         va, vb = (float(v) for v in val_losses)
         r.val_loss = {a: va, b: vb}
@@ -591,7 +1017,13 @@ def format_table(result: ParityResult) -> str:
     df = pd.DataFrame(result.rows()).drop(columns="depth").set_index("check")
     df["value"] = df["value"].map(_fmt)
     df["tolerance"] = df["tolerance"].map(lambda v: f"{v:g}")
-    return df[["value", "tolerance", "result", "where"]].to_string()
+    df = df.rename(columns={"first_broken": "first broken"})
+    return df[["value", "tolerance", "result", "first broken", "worst"]].to_string()
+
+
+def format_blind_spots(depths: Sequence[str]) -> str:
+    """What the given depths cannot see (harness.diagnose.BLIND_SPOTS), one line each."""
+    return "\n".join(f"  {d}: {diagnose.BLIND_SPOTS[d]}" for d in depths if d in diagnose.BLIND_SPOTS)
 
 
 def format_gradients(result: ParityResult) -> str:
@@ -837,10 +1269,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="max abs difference of the per-step training loss and the final val loss "
                         "(default: measured)")
     p.add_argument("--tol-opt", type=_float, metavar="X",
-                   help="max relative error of any parameter's update or AdamW moment after each of the first "
-                        "--opt-steps steps (default: measured)")
+                   help="max relative error of any parameter's update or AdamW moment after each re-synchronised "
+                        "step (default: measured)")
+    p.add_argument("--tol-taps", type=_float, metavar="X",
+                   help="max abs difference of a step-0 activation tap relative to the tap's largest value "
+                        "(default: measured)")
+    p.add_argument("--tol-step-loss", type=_float, metavar="X",
+                   help="max abs difference of a re-synchronised step's loss, both backends from the same state "
+                        "(default: measured)")
     p.add_argument("--opt-steps", type=int, default=DEFAULT_OPT_STEPS, metavar="K",
-                   help=f"training steps after which the optimizer state is compared ({DEFAULT_OPT_STEPS})")
+                   help="training steps whose optimizer step is re-synchronised and compared: the first K (default: "
+                        "every step); each costs the non-reference backend one more training step")
     p.add_argument("--dropout", type=_float, default=0.0, metavar="P",
                    help="dropout probability; with P > 0 the harness draws every mask and hands the same masks to "
                         "both backends (0)")
@@ -930,7 +1369,7 @@ def command(args: argparse.Namespace) -> int:
     if not isinstance(args.steps, int) or args.steps <= 0:
         raise UsageError(f"--steps must be a positive whole number, got {args.steps!r}")
     opt_k = getattr(args, "opt_steps", DEFAULT_OPT_STEPS)
-    if not isinstance(opt_k, int) or opt_k < 0:
+    if opt_k is not None and (not isinstance(opt_k, int) or opt_k < 0):
         raise UsageError(f"--opt-steps must be a whole number >= 0, got {opt_k!r}")
     dropout = getattr(args, "dropout", 0.0) or 0.0
     if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
@@ -951,8 +1390,11 @@ def command(args: argparse.Namespace) -> int:
         dropout=dropout, steps=args.steps)
     corpus = load_corpus(args.data)
     progress = not getattr(args, "quiet", False)
+    reference = reference_backend(backends)
+    opt_k = args.steps if opt_k is None else min(opt_k, args.steps)
     plan = launch.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
-                       out=args.out, backend_options=options, text=False, parity={"opt_steps": opt_k},
+                       out=args.out, backend_options=options, text=False,
+                       parity={"opt_steps": opt_k, "reference": reference},
                        progress=progress, threads=threads, devices=devices)
     try:
         launch.preflight(plan)
@@ -963,14 +1405,19 @@ def command(args: argparse.Namespace) -> int:
     run_id = launch.write_spec(plan)
     directory = records.run_dir(plan.out, run_id)
     drop = f"dropout {dropout:g} (shared masks)" if dropout else "dropout 0"
+    other = next(n for n in backends if n != reference)
+    sync = (f"optimizer steps 1..{opt_k} re-synchronised: {other} takes each from {reference}'s state"
+            if opt_k else "optimizer steps not compared")
     print(f"parity {run_id}: {config.name}, {args.steps} steps, {drop}, {backends[0]} ({dtypes[backends[0]]}) "
-          f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}", file=sys.stderr)
-    codes = launch.execute(directory, backends, progress=progress, threads=threads)
+          f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}; {sync}",
+          file=sys.stderr)
+    # the reference first: the other backend reads its states from the reference's probe
+    codes = launch.execute(directory, [reference, other], progress=progress, threads=threads)
     record: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": config.to_dict(), "config_name": config.name, "steps": args.steps, "seed": args.seed,
-        "dropout": dropout, "opt_steps": opt_k, "threads": threads,
+        "dropout": dropout, "opt_steps": opt_k, "opt_reference": reference, "threads": threads,
         "device": device, "devices": devices, "backends": backends, "dtypes": dtypes, "precision_pair": pair,
         "tolerances": asdict(tolerances), "tolerance_source": tol_source,
         "data": {"path": corpus.path, "sha256": corpus.sha256}, "worker_exit_codes": codes,
@@ -1016,7 +1463,7 @@ def command(args: argparse.Namespace) -> int:
     for problem in launch.compare_fingerprints([ra, rb]):
         result.failures.append(f"FAIL: {problem}")
     record.update(verdict="pass" if result.passed else "fail", failures=list(result.failures),
-                  results=result.to_dict(), dtypes=dtypes,
+                  results=result.to_dict(), dtypes=dtypes, blind_spots=dict(diagnose.BLIND_SPOTS),
                   backend_info={n: by_name[n].get("backend_info", {}) for n in backends})
     records.atomic_write_json(path, record)
 
@@ -1028,6 +1475,8 @@ def command(args: argparse.Namespace) -> int:
             print()
             print(format_optimizer(result))
     for line in result.failures:
+        print(line)
+    for line in result.notes:
         print(line)
     if result.passed:
         print(f"PASS: {backends[0]} ({dtypes[backends[0]]}) and {backends[1]} ({dtypes[backends[1]]}) agree "

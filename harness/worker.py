@@ -102,9 +102,9 @@ from harness.costs import flops_per_token, time_to_target  # noqa: E402
 from harness.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 from harness.masks import dropout_masks  # noqa: E402
+from harness.probe import Recorder  # noqa: E402
 from harness.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.runner import Curves, Interrupted, steady_start, summarize_times, train, truncate_chunks  # noqa: E402
-from harness.schedule import effective_rate, learning_rates  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
 OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
@@ -156,7 +156,7 @@ class Worker:
         self.record: dict | None = None
         self.tail = Curves()  # what an earlier attempt recorded beyond the checkpoint (kept until passed again)
         self.finished = False  # the record on disk says "completed": nothing may change that
-        self.probe: dict[str, np.ndarray] | None = None  # parity: the probe arrays, completed after step K
+        self.probe: Recorder | None = None  # parity: the probe, completed after step K
 
     # --- inputs, identical in every backend by construction --------------------------------------------------
     def load_inputs(self) -> Corpus:
@@ -260,39 +260,29 @@ class Worker:
             self.record["checkpoint"] = {"step": done, "file": path.name}
             self.persist()
 
-    def save_probe(self) -> None:
-        """Step-0 logits and per-parameter gradients on the first training batch, for `harness parity`; with
-        dropout also the gradients under the step-0 masks (`dropout_grad/`); the parameters before step 1."""
-        x, y = self.stream.batch(0)
-        arrays = {"logits": np.asarray(self.backend.logits(x)), "x": x, "y": y,
-                  "lr": np.asarray(learning_rates(self.config, self.total_steps))}  # the rate of every step
-        arrays.update({f"grad/{k}": np.asarray(v) for k, v in self.backend.gradients(x, y).items()})
-        if self.masks:
-            arrays.update({f"dropout_grad/{k}": np.asarray(v)
-                           for k, v in self.backend.gradients(x, y, masks=self.masks(0)).items()})
-        self.before = self.backend.parameters()  # for the rate each step takes (save_opt_step)
-        arrays.update({f"opt/0/param/{k}": np.asarray(v) for k, v in self.before.items()})
-        self.probe = arrays
-        records.atomic_write_npz(self.paths.probe(self.name), arrays)
+    def save_probe(self, parity: dict) -> None:
+        """`harness parity`: the step-0 probe (harness/probe.py: logits, gradients, taps, initial parameters),
+        written now and again once the optimizer states are in (`save_opt_step`). A backend that is not the
+        run's reference re-synchronises its optimizer steps from the reference's probe, which its worker (run
+        first) wrote."""
+        reference, ref_name = None, parity.get("reference")
+        if ref_name and ref_name != self.name:
+            path = self.paths.probe(ref_name)
+            try:
+                with np.load(path, allow_pickle=False) as f:
+                    reference = {k: f[k] for k in f.files if k.startswith("opt/")}
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:
+                raise UsageError(f"parity: cannot read the reference's probe {str(path)!r} ({type(exc).__name__}); "
+                                 f"the {ref_name} worker must complete before {self.name} starts") from None
+        self.probe = Recorder(self.backend, self.config, self.stream, self.opt_steps, self.total_steps,
+                              masks=self.masks, reference=reference, reference_name=ref_name or "")
+        records.atomic_write_npz(self.paths.probe(self.name), self.probe.start())
 
     def save_opt_step(self, done: int) -> None:
-        """Parity: after training step `done` (1..opt_steps), the parameters and AdamW moments into the probe
-        (`opt/<done>/param|adam_m|adam_v/<name>`); after every step, the learning rate the step took
-        (harness.schedule.effective_rate, `lr_used`). Written once the last state is in, and after the last step."""
-        if self.probe is None:
-            return
-        state = self.backend.state_dict()
-        part = {kind: {k[len(kind) + 1:]: v for k, v in state.items() if k.startswith(kind + "/")}
-                for kind in ("param", "adam_m", "adam_v")}
-        self.lr_used.append(effective_rate(self.before, part["param"], part["adam_m"], part["adam_v"],
-                                           int(state["adam_t"]), self.config))
-        self.before = part["param"]
-        if done <= self.opt_steps:
-            self.probe.update({f"opt/{done}/{k}": np.asarray(v) for k, v in state.items()
-                               if k.startswith(("param/", "adam_m/", "adam_v/"))})
-        if done == min(self.opt_steps, self.total_steps) or done == self.total_steps:
-            self.probe["lr_used"] = np.asarray(self.lr_used, dtype=np.float64)
-            records.atomic_write_npz(self.paths.probe(self.name), self.probe)
+        """Parity: after training step `done` (1..opt_steps), the optimizer state into the probe (re-synchronised
+        from the reference's state unless this backend is the reference); written once the last is in."""
+        if self.probe is not None and self.probe.after_step(done):
+            records.atomic_write_npz(self.paths.probe(self.name), self.probe.arrays)
 
     def resume(self) -> tuple[int, dict]:
         """Restore the backend and the curves from the checkpoint; returns the step to continue from and what the
@@ -369,13 +359,13 @@ class Worker:
         record["timings"] = dict(carry.get("timings") or {})
         record["checkpoint"] = carry.get("checkpoint")
         self.record = record
-        parity = self.spec.get("parity")  # True, or {"opt_steps": K} from `harness parity`
-        self.opt_steps = int(parity.get("opt_steps", OPT_STEPS)) if isinstance(parity, dict) else OPT_STEPS
-        self.lr_used: list[float] = []  # parity: the rate each training step took (save_opt_step)
+        parity = self.spec.get("parity")  # True, or {"opt_steps": K, "reference": name} from `harness parity`
+        opt_steps = parity.get("opt_steps", OPT_STEPS) if isinstance(parity, dict) else OPT_STEPS
+        self.opt_steps = self.total_steps if opt_steps is None else int(opt_steps)  # None: every step
         self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
                       if parity and self.config.dropout > 0 else None)  # the harness draws every mask
         if parity and start == 0:
-            self.save_probe()
+            self.save_probe(parity if isinstance(parity, dict) else {})
         timings = self.record["timings"]
         timings["setup_s"] = setup_s
         self.persist()

@@ -258,13 +258,19 @@ def merge_heads(y: Array) -> Array:
 
 
 def attention_forward(x: Array, w_attn: Array, b_attn: Array, w_proj: Array, b_proj: Array,
-                      n_head: int) -> tuple[Array, Cache]:
-    """Causal multi-head self-attention: one fused qkv Linear (q, k, v in that order), heads, output Linear."""
+                      n_head: int, taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
+    """Causal multi-head self-attention: one fused qkv Linear (q, k, v in that order), heads, output Linear.
+
+    `taps` (parity's depth 0, harness/taps.py): filled with "attn.q", "attn.k", "attn.v", "attn.probs", "attn.y"
+    and "attn.proj"."""
     qkv, attn_cache = linear_forward(x, w_attn, b_attn)  # (B, T, 3C)
-    q, k, v = xp.split(qkv, 3, axis=-1)
-    y, core_cache = causal_attention_forward(split_heads(q, n_head), split_heads(k, n_head),
-                                             split_heads(v, n_head))
-    out, proj_cache = linear_forward(merge_heads(y), w_proj, b_proj)
+    q, k, v = (split_heads(t, n_head) for t in xp.split(qkv, 3, axis=-1))
+    y, core_cache = causal_attention_forward(q, k, v)
+    merged = merge_heads(y)
+    out, proj_cache = linear_forward(merged, w_proj, b_proj)
+    if taps is not None:
+        taps.update({"attn.q": q, "attn.k": k, "attn.v": v, "attn.probs": core_cache[3], "attn.y": merged,
+                     "attn.proj": out})
     return out, (attn_cache, core_cache, proj_cache, n_head)
 
 
@@ -279,11 +285,14 @@ def attention_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array, 
 
 
 def mlp_forward(x: Array, w_fc: Array, b_fc: Array | None, w_proj: Array, b_proj: Array | None,
-                gelu: str = "tanh") -> tuple[Array, Cache]:
-    """Linear(C, F) -> GELU (`gelu`: "tanh" or "exact") -> Linear(F, C)."""
+                gelu: str = "tanh", taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
+    """Linear(C, F) -> GELU (`gelu`: "tanh" or "exact") -> Linear(F, C); `taps`: filled with "mlp.fc", "mlp.act"
+    and "mlp.proj"."""
     h, fc_cache = linear_forward(x, w_fc, b_fc)
     a, gelu_cache = GELU[gelu][0](h)
     out, proj_cache = linear_forward(a, w_proj, b_proj)
+    if taps is not None:
+        taps.update({"mlp.fc": h, "mlp.act": a, "mlp.proj": out})
     return out, (fc_cache, gelu_cache, proj_cache, gelu)
 
 
@@ -322,26 +331,33 @@ def cross_entropy_backward(dloss: float | Array, cache: Cache) -> Array:
 
 
 def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Config,
-                  rng: np.random.Generator | None, masks: dict[str, np.ndarray] | None = None
-                  ) -> tuple[Array, Cache]:
+                  rng: np.random.Generator | None, masks: dict[str, np.ndarray] | None = None,
+                  taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
     """Pre-LayerNorm transformer block: x + drop(attn(ln_1(x))), then x + drop(mlp(ln_2(x))).
 
-    `masks` are the harness's keep-masks by site ("h.{i}.attn", "h.{i}.mlp"; see gpt_forward).
+    `masks` are the harness's keep-masks by site ("h.{i}.attn", "h.{i}.mlp"; see gpt_forward); `taps` is filled
+    with the block's activation taps under `prefix` (see gpt_forward).
     """
     def p(name: str) -> Array | None:
         return params.get(prefix + name)  # a bias is absent (None) with config.bias false
 
     masks = masks or {}
+    own: dict[str, Array] | None = None if taps is None else {}
 
     h, ln1_cache = layernorm_forward(x, p("ln_1.weight"), p("ln_1.bias"))
     a, attn_cache = attention_forward(h, p("attn.c_attn.weight"), p("attn.c_attn.bias"),
-                                      p("attn.c_proj.weight"), p("attn.c_proj.bias"), config.n_head)
+                                      p("attn.c_proj.weight"), p("attn.c_proj.bias"), config.n_head, own)
     a, drop1_cache = dropout_forward(a, config.dropout, rng, masks.get(prefix + "attn"))
     x = x + a
+    if own is not None:
+        own.update({"ln_1": h, "res1": x})
     h, ln2_cache = layernorm_forward(x, p("ln_2.weight"), p("ln_2.bias"))
     m, mlp_cache = mlp_forward(h, p("mlp.c_fc.weight"), p("mlp.c_fc.bias"),
-                               p("mlp.c_proj.weight"), p("mlp.c_proj.bias"), config.gelu)
+                               p("mlp.c_proj.weight"), p("mlp.c_proj.bias"), config.gelu, own)
     m, drop2_cache = dropout_forward(m, config.dropout, rng, masks.get(prefix + "mlp"))
+    if own is not None:
+        own.update({"ln_2": h, "res2": x + m})
+        taps.update({prefix + name: value for name, value in own.items()})
     return x + m, (ln1_cache, attn_cache, drop1_cache, ln2_cache, mlp_cache, drop2_cache)
 
 
@@ -364,26 +380,31 @@ def block_backward(dout: Array, cache: Cache, prefix: str) -> tuple[Array, dict[
 
 
 def gpt_forward(params: dict[str, Array], idx: Array, config: Config,
-                rng: np.random.Generator | None = None, masks: dict[str, np.ndarray] | None = None
-                ) -> tuple[Array, Cache]:
+                rng: np.random.Generator | None = None, masks: dict[str, np.ndarray] | None = None,
+                taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
     """Logits (B, T, V) for token ids idx (B, T). Dropout is active iff `rng` is given (training).
 
     `masks` (harness.masks.dropout_masks, keys "emb", "h.{i}.attn", "h.{i}.mlp"): dropout with exactly these
-    keep-masks instead of drawing from `rng`.
+    keep-masks instead of drawing from `rng`. `taps` (parity's depth 0): filled with the named intermediate
+    activations of harness/taps.py ("emb", "h.{i}.ln_1", ..., "ln_f", "logits").
     """
     T = idx.shape[1]
     if T > config.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {config.block_size}")
     x, emb_cache = embedding_forward(idx, params["wte.weight"], params["wpe.weight"])
+    if taps is not None:
+        taps["emb"] = x
     x, drop_cache = dropout_forward(x, config.dropout, rng, (masks or {}).get("emb"))
     block_caches = []
     for i in range(config.n_layer):
-        x, c = block_forward(x, params, f"h.{i}.", config, rng, masks)
+        x, c = block_forward(x, params, f"h.{i}.", config, rng, masks, taps)
         block_caches.append(c)
     h, lnf_cache = layernorm_forward(x, params["ln_f.weight"], params.get("ln_f.bias"))
     # tied embeddings: the output layer is the token table itself, logits = h @ wte.T
     w_head = params["wte.weight"] if config.tie_embeddings else params["lm_head.weight"]
     logits, head_cache = linear_forward(h, w_head, params.get("lm_head.bias"))
+    if taps is not None:
+        taps.update({"ln_f": h, "logits": logits})
     return logits, (emb_cache, drop_cache, block_caches, lnf_cache, head_cache, config.tie_embeddings)
 
 

@@ -9,9 +9,13 @@ Parameter names equal the harness's canonical names (harness/weights.py), so can
 
 `forward(idx, targets, masks)` takes optional dropout keep-masks drawn by the harness (harness/masks.py), so that
 two backends drop the same activations in `harness parity --dropout P`; without them, nn.Dropout's own RNG.
+`forward(..., taps=dict)` fills the dict with the named intermediate activations of harness/taps.py (parity's
+depth 0).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
@@ -35,15 +39,24 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                taps: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs): head h owns features h*hs:(h+1)*hs
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # softmax(q k^T / sqrt(hs) + causal mask) v; no dropout on the attention probabilities (docs/design.md)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if taps is not None:  # SDPA does not return its probabilities: the same softmax, written out, for the tap
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            taps.update({"attn.q": q, "attn.k": k, "attn.v": v,
+                         "attn.probs": scores.masked_fill(future, float("-inf")).softmax(dim=-1)})
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y), mask)  # after the output projection, before the residual add
+        out = self.c_proj(y)
+        if taps is not None:
+            taps.update({"attn.y": y, "attn.proj": out})
+        return self.resid_dropout(out, mask)  # after the output projection, before the residual add
 
 
 class MLP(nn.Module):
@@ -55,8 +68,14 @@ class MLP(nn.Module):
         # "tanh" (NNlib's default `gelu` is the tanh form too) or "exact" x * Phi(x), nanoGPT's nn.GELU()
         self.approximate = {"tanh": "tanh", "exact": "none"}[gelu]
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)), mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                taps: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        h = self.c_fc(x)
+        a = F.gelu(h, approximate=self.approximate)
+        out = self.c_proj(a)
+        if taps is not None:
+            taps.update({"mlp.fc": h, "mlp.act": a, "mlp.proj": out})
+        return self.dropout(out, mask)
 
 
 class Block(nn.Module):
@@ -69,9 +88,16 @@ class Block(nn.Module):
         self.mlp = MLP(n_embd, d_hidden, dropout, bias, gelu)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                mlp_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), attn_mask)  # pre-LayerNorm residual blocks
-        return x + self.mlp(self.ln_2(x), mlp_mask)
+                mlp_mask: torch.Tensor | None = None, taps: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        h = self.ln_1(x)
+        x = x + self.attn(h, attn_mask, taps)  # pre-LayerNorm residual blocks
+        if taps is not None:
+            taps.update({"ln_1": h, "res1": x})
+        h = self.ln_2(x)
+        x = x + self.mlp(h, mlp_mask, taps)
+        if taps is not None:
+            taps.update({"ln_2": h, "res2": x})
+        return x
 
 
 class GPT(nn.Module):
@@ -93,14 +119,24 @@ class GPT(nn.Module):
         # Weights are never initialised here: the harness hands every backend the same canonical arrays.
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                masks: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                masks: dict[str, torch.Tensor] | None = None,
+                taps: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         masks = masks or {}  # keep-masks by site ("emb", "h.{i}.attn", "h.{i}.mlp"); absent: nn.Dropout's own
         T = idx.shape[1]
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos), masks.get("emb"))
+        x = self.wte(idx) + self.wpe(pos)
+        if taps is not None:
+            taps["emb"] = x
+        x = self.drop(x, masks.get("emb"))
         for i, block in enumerate(self.h):
-            x = block(x, masks.get(f"h.{i}.attn"), masks.get(f"h.{i}.mlp"))
-        logits = self.lm_head(self.ln_f(x))
+            own = None if taps is None else {}
+            x = block(x, masks.get(f"h.{i}.attn"), masks.get(f"h.{i}.mlp"), own)
+            if taps is not None:
+                taps.update({f"h.{i}.{name}": value for name, value in own.items()})
+        h = self.ln_f(x)
+        logits = self.lm_head(h)
+        if taps is not None:
+            taps.update({"ln_f": h, "logits": logits})
         if targets is None:
             return logits, None
         # mean cross-entropy over all B*T positions

@@ -52,8 +52,9 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> np.ndarray:
-    """NNlib.dot_product_attention(q, k, v; mask=causal, nheads) on (d, T, B) arrays."""
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> tuple[np.ndarray, np.ndarray]:
+    """NNlib.dot_product_attention(q, k, v; mask=causal, nheads) on (d, T, B) arrays: (y, the scores α after the
+    softmax, (kv_len, q_len, nheads, batch))."""
     d, T, B = q.shape
     hs = d // nheads
     split = [a.reshape(hs, nheads, T, B, order="F") for a in (q, k, v)]  # split_heads
@@ -68,36 +69,47 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> np.n
     alpha /= alpha.sum(axis=0, keepdims=True)
     # x[d, h, i, b] = sum_j alpha[j, i, h, b] * v[d, h, j, b]; join_heads = reshape(x, d, T, B)
     y = np.einsum("jihb,dhjb->dhib", alpha, vh)
-    return y.reshape(d, T, B, order="F")
+    return y.reshape(d, T, B, order="F"), alpha
 
 
 def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_head: int,
-                 keeps: dict[str, np.ndarray] | None = None, p_drop: float = 0.0) -> np.ndarray:
+                 keeps: dict[str, np.ndarray] | None = None, p_drop: float = 0.0,
+                 taps: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """NanoGPTFlux's GPT(idx, mask[, keeps]) in NumPy (float64): Flux-layout weights, (T, B) 1-based ids -> (V, T, B).
 
     `keeps`: Flux-layout (C, T, B) keep-masks by site, applied as `apply_dropout` does: x .* keep ./ (1 - p_drop).
+    `taps`: filled as NanoGPTFlux's `taps` fills its Dict (src/taps.jl), in the Flux layout: q, k, v as NNlib splits
+    the heads, reshape(a, hs, nh, T, B); the probabilities as NNlib returns α; the rest (features, T, B).
     """
+    taps = {} if taps is None else taps
     f = {k: np.asarray(v, dtype=np.float64) for k, v in fw.items()}
 
     def drop(x: np.ndarray, site: str) -> np.ndarray:
         return x if keeps is None else x * keeps[site] / (1 - p_drop)
 
-    T = ids_tb.shape[0]
+    T, B = ids_tb.shape
     x = f["wte.weight"][:, ids_tb - 1]  # Embedding: gather columns of the (d, V) table, 1-based ids
-    x = drop(x + f["wpe.weight"][:, :T][:, :, None], "emb")  # wpe[:, 1:T] broadcast over the batch
+    taps["emb"] = x = x + f["wpe.weight"][:, :T][:, :, None]  # wpe[:, 1:T] broadcast over the batch
+    x = drop(x, "emb")
     for layer in range(n_layer):
         p = f"h.{layer}."
-        h = _layernorm(f[p + "ln_1.weight"], f[p + "ln_1.bias"], x)
+        taps[p + "ln_1"] = h = _layernorm(f[p + "ln_1.weight"], f[p + "ln_1.bias"], x)
         qkv = _dense(f[p + "attn.c_attn.weight"], f[p + "attn.c_attn.bias"], h)
         d = x.shape[0]
         q, k, v = qkv[:d], qkv[d:2 * d], qkv[2 * d:]  # qkv[1:d], qkv[d+1:2d], qkv[2d+1:3d]
-        y = _attention(q, k, v, n_head)
-        x = x + drop(_dense(f[p + "attn.c_proj.weight"], f[p + "attn.c_proj.bias"], y), p + "attn")
-        h = _layernorm(f[p + "ln_2.weight"], f[p + "ln_2.bias"], x)
-        h = _gelu_tanh(_dense(f[p + "mlp.c_fc.weight"], f[p + "mlp.c_fc.bias"], h))
-        x = x + drop(_dense(f[p + "mlp.c_proj.weight"], f[p + "mlp.c_proj.bias"], h), p + "mlp")
-    x = _layernorm(f["ln_f.weight"], f["ln_f.bias"], x)
-    return _dense(f["lm_head.weight"], f["lm_head.bias"], x)
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            taps[p + "attn." + name] = a.reshape(d // n_head, n_head, T, B, order="F")
+        taps[p + "attn.y"], taps[p + "attn.probs"] = y, _ = _attention(q, k, v, n_head)
+        taps[p + "attn.proj"] = a = _dense(f[p + "attn.c_proj.weight"], f[p + "attn.c_proj.bias"], y)
+        taps[p + "res1"] = x = x + drop(a, p + "attn")
+        taps[p + "ln_2"] = h = _layernorm(f[p + "ln_2.weight"], f[p + "ln_2.bias"], x)
+        taps[p + "mlp.fc"] = h = _dense(f[p + "mlp.c_fc.weight"], f[p + "mlp.c_fc.bias"], h)
+        taps[p + "mlp.act"] = h = _gelu_tanh(h)
+        taps[p + "mlp.proj"] = h = _dense(f[p + "mlp.c_proj.weight"], f[p + "mlp.c_proj.bias"], h)
+        taps[p + "res2"] = x = x + drop(h, p + "mlp")
+    taps["ln_f"] = x = _layernorm(f["ln_f.weight"], f["ln_f.bias"], x)
+    taps["logits"] = out = _dense(f["lm_head.weight"], f["lm_head.bias"], x)
+    return out
 
 
 def _weights(size: str = "small", seed: int = 7, n_layer: int | None = None):
@@ -260,3 +272,32 @@ def test_flux_layout_forward_with_wrong_masks_fails(wrong):
         p_drop = 1 - config.dropout  # x * keep / p instead of / (1 - p)
     got = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head, fm, p_drop))
     assert not np.allclose(got, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_layer", [1, 2])
+def test_taps_from_flux_give_the_oracles_taps(n_layer):
+    """NanoGPTFlux's taps (src/taps.jl, emulated in the Flux layout above), converted by taps_from_flux, are the
+    oracle's taps: every name of harness.taps, its canonical shape and values."""
+    from harness.backends.flux_layout import taps_from_flux, taps_to_flux
+    from harness.taps import tap_names, tap_shapes
+
+    config, w = _weights(n_layer=n_layer)
+    config = config.replace(dropout=0.0)
+    w = _noisy(w)
+    x = np.random.default_rng(2).integers(0, VOCAB, size=(3, 11))
+    flux_taps: dict[str, np.ndarray] = {}
+    flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head, taps=flux_taps)
+    assert list(flux_taps) == tap_names(n_layer) or set(flux_taps) == set(tap_names(n_layer))
+    got = taps_from_flux(flux_taps)
+    oracle: dict[str, np.ndarray] = {}
+    numpy_gpt.gpt_forward({k: np.asarray(v, dtype=np.float64) for k, v in w.items()}, x, config, taps=oracle)
+    shapes = tap_shapes(config.replace(block_size=11), VOCAB, rows=3)
+    for name, value in oracle.items():
+        assert got[name].shape == value.shape == shapes[name], name
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-12, err_msg=name)  # both float64
+        back = taps_to_flux({name: value})[name]
+        assert back.shape == flux_taps[name].shape and back.flags.f_contiguous, name
+    assert flux_taps["h.0.attn.probs"].shape == (11, 11, config.n_head, 3)  # NNlib: (key, query, head, batch)
+    assert flux_taps["h.0.attn.q"].shape == (config.n_embd // config.n_head, config.n_head, 11, 3)
+    with pytest.raises(ValueError, match="4-D"):
+        taps_from_flux({"h.0.attn.k": np.zeros((3, 4, 5))})

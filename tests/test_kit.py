@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.taps import tap_names
 from tests.conftest import data_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,8 +81,18 @@ def test_export_writes_a_small_self_describing_kit(kit: Path) -> None:
         keys = set(f.files)
         assert f["logits"].dtype == np.float64 and f["logits"].shape == (16, 64, 65)
     params = manifest["parameters"]
+    taps = manifest["taps"]  # depth 0: every tap, in forward order, on the first rows of x[0]
+    assert taps["names"] == tap_names(1) and taps["rows"] == 4 and taps["prefix"] == "tap/"
+    assert set(taps["meaning"]) == set(taps["names"])
     assert keys == {"logits", "logits_loss", "loss", *(f"grad/{n}" for n in params),
-                    *(f"opt/{k}/{q}/{n}" for k in (1, 2, 3) for q in ("param", "adam_m", "adam_v") for n in params)}
+                    *(f"opt/{k}/{q}/{n}" for k in (1, 2, 3) for q in ("param", "adam_m", "adam_v") for n in params),
+                    *(f"tap/{n}" for n in taps["names"])}
+    arrays = manifest["files"]["expected.npz"]["arrays"]
+    assert arrays["tap/h.0.attn.probs"]["shape"] == [4, 2, 64, 64]
+    assert arrays["tap/h.0.attn.probs"]["axes"] == ["batch", "head", "query", "key"]
+    assert arrays["tap/h.0.attn.probs"]["flux_shape"] == [64, 64, 2, 4]  # NNlib's (key, query, head, batch)
+    assert arrays["tap/h.0.attn.q"]["flux_shape"] == [8, 2, 64, 4]  # NNlib's split heads (D, H, T, B)
+    assert arrays["tap/h.0.mlp.fc"]["shape"] == [4, 64, 64] and arrays["tap/emb"]["flux_shape"] == [16, 64, 4]
     with np.load(kit / "batches.npz") as f:
         x, y = f["x"], f["y"]
     assert x.shape == y.shape == (3, 16, 64) and x.dtype == np.int64 and x.min() >= 0 and x.max() < 65
@@ -142,8 +153,8 @@ def test_outside_port_is_green(which: str, dtype: str, request: pytest.FixtureRe
     results = run_port(kit, tmp_path / "results.npz", "--dtype", dtype)
     code, out, _ = check(capsys, kit, results)
     assert code == 0, out
-    assert "PASS: the port agrees with the oracle at logits, gradients, " in out
-    assert out.count(" ok ") == (6 if which == "kit_drop" else 5)  # every depth graded, and the rate of each step
+    assert "PASS: the port agrees with the oracle at taps, logits, gradients, " in out
+    assert out.count(" ok ") == (7 if which == "kit_drop" else 6)  # every depth graded, and the rate of each step
     verdict = json.loads((tmp_path / "results.check.json").read_text())
     assert verdict["verdict"] == "pass" and verdict["dtype"] == dtype and verdict["diagnosis"] is None
     assert verdict["results"]["optimizer"]["steps"] == [1, 2, 3]
@@ -160,8 +171,7 @@ def test_outside_port_is_green_on_medium(tmp_path: Path, capsys: pytest.CaptureF
 
 
 # planted bug: (the kit, the text that must be printed, what the named parameter must satisfy)
-PLANTS = {
-    "attn-scale": ("kit", "first broken: logits", None),
+PLANTS = {  # the forward bugs, named by their tap: tests/test_parity_taps.py
     "no-bias-correction": ("kit", "likely cause: bias correction", None),
     "decay-1d": ("kit", "likely cause: weight decay applied to 1-D parameters", "1-D"),
     "clip-0.5": ("kit", "likely cause: gradient clipping", None),
@@ -186,9 +196,6 @@ def test_planted_bug_is_red_with_the_parameter_named(plant: str, request: pytest
     verdict = json.loads((tmp_path / "results.check.json").read_text())
     diagnosis, tol = verdict["diagnosis"], verdict["tolerances"]
     shapes = json.loads((kit / "manifest.json").read_text())["parameters"]
-    if plant == "attn-scale":
-        assert diagnosis["depth"] == "logits"
-        return
     name = diagnosis["parameter"]
     expected_depth = "dropout_gradients" if which == "kit_drop" else "optimizer"
     assert diagnosis["depth"] == expected_depth and name in shapes
@@ -209,11 +216,13 @@ def test_planted_bug_is_red_with_the_parameter_named(plant: str, request: pytest
 def test_a_forward_only_port_checks_logits_alone(kit: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     results = run_port(kit, tmp_path / "logits.npz", "--dtype", "float64", "--depths", "logits")
     code, out, _ = check(capsys, kit, results)
-    assert code == 0 and "not given: gradients, optimizer, loss" in out, out
-    assert out.count("not given") == 4  # three table rows and the summary line
+    assert code == 0 and "not given: taps, gradients, optimizer, loss" in out, out
+    assert out.count("not given") == 5  # four table rows and the summary line
+    assert "logits: the same as the taps (a missing lm_head.bias passes" in out  # what a logits-only check misses
     results = run_port(kit, tmp_path / "bad.npz", "--dtype", "float64", "--depths", "logits", "--plant", "attn-scale")
     code, out, _ = check(capsys, kit, results)
     assert code == 1 and "FAIL: logits max abs diff" in out
+    assert "write the activation taps (tap/<name>) to have the layer named" in out  # the checklist, no taps
 
 
 # ------------------------------------------------------------------------------------------ malformed input
@@ -353,3 +362,72 @@ def test_check_out_is_where_the_page_and_verdict_go(kit: Path, good: dict, tmp_p
     code, out, err = check(capsys, kit, path, "--out", tmp_path / "afile" / "sub")
     assert code == 2 and "not a directory" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in path.parent.iterdir()) == ["results.npz"]
+
+
+# ------------------------------------------------------------------------------------------ issue 20 through the kit
+# port plant: (kit, port dtype, port depths, what "first broken:" names, a word of the likely cause)
+ISSUE20 = {
+    "tied": ("kit", "float32", None, "taps, tap logits", "tied"),
+    "tied (logits only)": ("kit", "float32", "logits", "logits", "tied"),
+    "no-decay-emb": ("kit", "float32", None, "optimizer, parameter wte.weight", "embeddings"),
+    "aliased": ("kit", "float32", None, "optimizer", "aliased"),
+    "masks-off-by-one": ("kit_drop", "float32", None, "optimizer", "the wrong batch or dropout masks"),
+    "float64-file": ("kit", "float32", None, "taps, tap emb", "--dtype float32"),  # computed in float32
+    "ln-eps": ("kit", "float32", None, "taps, tap h.0.ln_1", "LayerNorm"),
+    "pos-shift": ("kit", "float32", None, "taps, tap emb", "position"),
+    "attn-scale": ("kit", "float32", None, "taps, tap h.0.attn.probs", "scale"),
+}
+
+
+@pytest.mark.parametrize("case", list(ISSUE20))
+def test_issue20_bugs_through_the_kit_are_named(case: str, request: pytest.FixtureRequest, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    which, dtype, depths, named, word = ISSUE20[case]
+    kit = request.getfixturevalue(which)
+    args = ["--dtype", dtype, "--plant", case.split(" ")[0]] + (["--depths", depths] if depths else [])
+    results = run_port(kit, tmp_path / "results.npz", *args)
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1, out
+    first = next(x for x in out.splitlines() if x.startswith("first broken: "))
+    cause = next(x for x in out.splitlines() if x.startswith("likely cause: "))
+    assert first.startswith(f"first broken: {named}"), out
+    assert word in cause, cause
+    page = (tmp_path / "results.check.html").read_text()
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    stated = verdict["failures"][0] if case != "float64-file" else verdict["diagnosis"]["cause"]
+    assert page.count(html_escape(stated.removeprefix("FAIL: "))) <= 1  # the failure is stated once on the page
+    assert "<th>first broken</th><th>worst</th>" in page and "What the depths given cannot see" in page
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def test_a_logits_only_port_without_lm_head_bias_passes_and_is_told_why(kit: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    results = run_port(kit, tmp_path / "r.npz", "--dtype", "float64", "--depths", "taps,logits", "--plant",
+                       "no-lm-bias")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 0 and "a missing lm_head.bias passes" in out, out  # the blind spot, said where it matters
+    results = run_port(kit, tmp_path / "full.npz", "--dtype", "float64", "--plant", "no-lm-bias")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1 and "likely cause: lm_head.bias gets no gradient in port" in out, out
+
+
+def test_unreadable_results_get_the_harness_s_own_words(kit: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    import pickle
+
+    for name, blob, words in [("junk.npz", b"not a zip at all", "does not start with the zip signature"),
+                              ("pickle.npz", pickle.dumps({"logits": [1, 2]}), "a Python pickle"),
+                              ("one.npz", None, "a single .npy array")]:
+        path = tmp_path / name
+        if blob is None:
+            np.save(open(path, "wb"), np.zeros(3))
+        else:
+            path.write_bytes(blob)
+        code, out, err = check(capsys, kit, path)
+        assert code == 2 and out == "" and words in err, err
+        assert "allow_pickle" not in err and len(err.strip().splitlines()) == 1

@@ -26,6 +26,7 @@ from harness.parity import (
     max_abs_diff,
     relative_error,
 )
+from harness.taps import tap_names
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = str(data_path())
@@ -149,7 +150,7 @@ def test_tolerance_defaults_and_validation() -> None:
         assert set(table) == {"small", "medium", "large"}
         for tol in table.values():
             tol.validate()
-    keys = ("logits", "grad", "loss", "opt")
+    keys = parity.TOL_KEYS
     pairs = ("float64/float64", "float32/float64", "float32/float32")
     for size in ("small", "medium", "large"):  # more float32 never means tighter tolerances
         t64, mixed, t32 = (default_tolerances(p, size) for p in pairs)
@@ -171,10 +172,11 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
     args = argparse.Namespace(size="small", config=None, tol_logits=None, tol_grad=1e-3, tol_loss=None)
     tol, source = parity.resolve_tolerances(args, "float32/float64")
     small = default_tolerances("float32/float64", "small")
-    assert tol == Tolerances(logits=small.logits, grad=1e-3, loss=small.loss, opt=small.opt)
-    assert source == {"logits": "default (float32/float64 pair, small preset)", "grad": "command line",
-                      "loss": "default (float32/float64 pair, small preset)",
-                      "opt": "default (float32/float64 pair, small preset)"}
+    assert tol == Tolerances(logits=small.logits, grad=1e-3, loss=small.loss, opt=small.opt, taps=small.taps,
+                             step_loss=small.step_loss)
+    default = "default (float32/float64 pair, small preset)"
+    assert source == {"logits": default, "grad": "command line", "loss": default, "opt": default, "taps": default,
+                      "step_loss": default}
     args.config = "mine.toml"  # a config of one's own: the loosest over the presets
     tol, source = parity.resolve_tolerances(args, "float32/float64")
     assert tol.loss == default_tolerances("float32/float64", None).loss
@@ -189,8 +191,9 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
 torch = pytest.importorskip("torch")
 
 
-def unscaled_attention(self: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """CausalSelfAttention.forward with one planted bug: the 1/sqrt(head size) score scale is dropped."""
+def unscaled_attention(self: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None,
+                       taps: dict | None = None) -> torch.Tensor:
+    """CausalSelfAttention.forward with one planted bug: the 1/sqrt(head size) score scale is dropped (no taps)."""
     F = torch.nn.functional
     B, T, C = x.shape
     q, k, v = self.c_attn(x).split(C, dim=2)
@@ -273,7 +276,8 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
                               "--data", DATA, "--out", str(tmp_path), "--quiet", "--per-parameter"], capsys)
     assert code == 0, out + err
     assert "PASS: torch (float32) and numpy (float64)" in out
-    assert "optimizer steps 1..3 rel err" in out  # the table's depth-3 row
+    assert "optimizer steps 1..50 (re-synchronised) rel err" in out  # the table's depth-3 row: every step
+    assert "step-0 activation taps max |diff| (scaled)" in out and "first broken" in out and "worst" in out
     assert "update   adam_m   adam_v" in out and "h.0.attn.c_attn.bias" in out  # --per-parameter: depth 3 too
     run_dirs = list((tmp_path / "runs").iterdir())
     assert len(run_dirs) == 1
@@ -285,7 +289,8 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
     assert rec["backends"] == ["torch", "numpy"]
     assert rec["dtypes"] == {"torch": "float32", "numpy": "float64"} and rec["precision_pair"] == "float32/float64"
     tol = default_tolerances("float32/float64", "small")
-    assert rec["tolerances"] == {"logits": tol.logits, "grad": tol.grad, "loss": tol.loss, "opt": tol.opt}
+    assert rec["tolerances"] == {"logits": tol.logits, "grad": tol.grad, "loss": tol.loss, "opt": tol.opt,
+                                 "taps": tol.taps, "step_loss": tol.step_loss}
     assert rec["tolerance_source"]["loss"] == "default (float32/float64 pair, small preset)"
     assert rec["config"]["dropout"] == 0.0 and rec["steps"] == steps
     res = rec["results"]
@@ -297,13 +302,18 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
     assert res["loss"]["steps"] == steps and len(res["loss"]["abs_dev"]) == steps
     assert res["loss"]["max_abs_dev"] == max(res["loss"]["abs_dev"]) <= tol.loss
     assert res["val_loss"]["abs_diff"] <= tol.loss
-    opt = res["optimizer"]  # depth 3: every parameter's update, m and v after each of the first 3 steps
-    assert opt["steps"] == [1, 2, 3] and opt["cause"] is None and 0 < opt["worst_rel_err"] <= tol.opt
-    assert all(len(opt["rel_err"][str(k)][q]) == 18 for k in (1, 2, 3) for q in ("update", "adam_m", "adam_v"))
+    opt = res["optimizer"]  # depth 3: every parameter's update, m and v after every step, from numpy's state
+    assert opt["steps"] == list(range(1, steps + 1)) and opt["cause"] is None and 0 < opt["worst_rel_err"] <= tol.opt
+    assert opt["resynchronised_from"] == "numpy" and rec["opt_reference"] == "numpy"
+    assert all(len(opt["rel_err"][str(k)][q]) == 18 for k in (1, 2, steps) for q in ("update", "adam_m", "adam_v"))
+    assert len(res["step_loss"]["abs_dev"]) == steps and max(res["step_loss"]["abs_dev"]) <= tol.step_loss
+    taps = res["taps"]  # depth 0: every tap of the 1-layer model, in forward order
+    assert list(taps["rel_err"]) == tap_names(1) and taps["first_divergent"] is None
+    assert 0 < max(taps["rel_err"].values()) <= tol.taps and rec["blind_spots"]["logits"]
     assert res["dropout_gradients"] is None  # dropout 0: no masks
     # what the workers were asked to do: parity probes, no BLEU text step
     spec = json.loads((run_dirs[0] / "spec.json").read_text())
-    assert spec["parity"] == {"opt_steps": parity.DEFAULT_OPT_STEPS} and spec["text"] is False
+    assert spec["parity"] == {"opt_steps": steps, "reference": "numpy"} and spec["text"] is False
     for name in ("torch", "numpy"):
         assert (run_dirs[0] / f"{name}.probe.npz").is_file()
         worker_rec = json.loads((run_dirs[0] / f"{name}.json").read_text())
@@ -330,7 +340,7 @@ SITECUSTOMIZE = """
     import torch.nn.functional as F
     from python_impl import torch_gpt
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, taps=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))

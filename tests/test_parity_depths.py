@@ -24,6 +24,7 @@ from conftest import data_path
 from harness import parity
 from harness.config import load_config
 from harness.masks import dropout_masks, fingerprint, mask_keys
+from tests.plants import plant_optimizer_bug
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -69,37 +70,16 @@ def test_numpy_dropout_applies_the_given_mask() -> None:
 # ------------------------------------------------------------------------------------------ in-process parity
 
 
-def parity_run(backend: object, size: str, dropout: float, plant: Callable[[object], None] | None = None
-               ) -> tuple[dict[str, np.ndarray], list[float]]:
-    """What a parity worker measures, in process: the probe (with `opt/<k>/...` after each of the first
-    OPT_STEPS training steps) and the losses of those steps, through the real training loop."""
-    from harness.data import BatchStream, load_corpus
-    from harness.runner import Curves, train
-    from harness.weights import init_weights
+def parity_run(backend: object, size: str, dropout: float, plant: Callable[[object], None] | None = None,
+               ref: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
+    """What a parity worker measures, in process (harness.probe.run, the worker's own code): the probe (with
+    `opt/<k>/...` after each of the OPT_STEPS training steps, re-synchronised from `ref` when given) and the losses,
+    through the real training loop."""
+    from harness.data import load_corpus
+    from harness.probe import run
 
-    corpus = load_corpus(DATA)
     config = load_config(size).replace(dropout=dropout, steps=OPT_STEPS)
-    stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
-    backend.setup(config, init_weights(config, corpus.vocab_size, SEED), corpus.vocab_size, "cpu", SEED)
-    if plant:
-        plant(backend)
-    masks = (lambda step: dropout_masks(config, SEED, step)) if dropout else None
-    x, y = stream.batch(0)
-    probe = {"logits": backend.logits(x), "x": x, "y": y}
-    probe.update({f"grad/{k}": v for k, v in backend.gradients(x, y).items()})
-    if masks:
-        probe.update({f"dropout_grad/{k}": v for k, v in backend.gradients(x, y, masks=masks(0)).items()})
-    probe.update({f"opt/0/param/{k}": v for k, v in backend.parameters().items()})
-
-    def after_step(done: int) -> None:
-        probe.update({f"opt/{done}/{k}": v for k, v in backend.state_dict().items()
-                      if k.startswith(("param/", "adam_m/", "adam_v/"))})
-
-    curves = Curves()
-    outcome = train(backend, config, stream, {}, curves, OPT_STEPS, progress=False, masks=masks,
-                    after_step=after_step)
-    assert outcome.status == "completed"
-    return probe, curves.loss
+    return run(backend, config, load_corpus(DATA), SEED, reference=ref, reference_name="numpy", prepare=plant)
 
 
 _REFERENCES: dict[tuple[str, float], tuple] = {}
@@ -118,10 +98,11 @@ def torch_vs_numpy(size: str, dropout: float, dtype: str = "float32",
                    plant: Callable[[object], None] | None = None) -> parity.ParityResult:
     from harness.backends.torch_backend import TorchBackend
 
-    probe, losses = parity_run(TorchBackend(dtype=dtype), size, dropout, plant)
     ref_probe, ref_losses = reference(size, dropout)
+    probe, losses = parity_run(TorchBackend(dtype=dtype, parity=True), size, dropout, plant, ref=ref_probe)
     tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), size)
-    return parity.compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"))
+    return parity.compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"),
+                          hyper=load_config(size).to_dict())
 
 
 @pytest.mark.parametrize("size", ["small", "medium"])
@@ -135,53 +116,6 @@ def test_correct_backends_pass_every_depth(size: str, dropout: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------ planted optimizer bugs
-
-
-class AdamWWithoutBiasCorrection(torch.optim.Optimizer):
-    """torch.optim.AdamW's update with one planted bug: no bias correction of m and v."""
-
-    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float):
-        super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
-
-    @torch.no_grad()
-    def step(self, closure: object = None) -> None:
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                st["step"] += 1
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                st["exp_avg"].lerp_(p.grad, 1 - b1)
-                st["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                p.addcdiv_(st["exp_avg"], st["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
-
-
-def plant_optimizer_bug(bug: str) -> Callable[[object], None]:
-    """A function that plants `bug` in a set-up TorchBackend (its optimizer or its config)."""
-
-    def plant(backend: object) -> None:
-        opt, c = backend.optimizer, backend.config
-        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
-        if bug == "no bias correction":
-            backend.optimizer = AdamWWithoutBiasCorrection(groups, c.learning_rate, (c.beta1, c.beta2), c.eps)
-        elif bug == "decay on 1-D parameters":
-            opt.param_groups[1]["weight_decay"] = c.weight_decay  # the group of biases and LayerNorm weights
-        elif bug == "clip at 0.5":
-            backend.config = c.replace(grad_clip=0.5)
-        elif bug == "eps 1e-6":
-            for g in opt.param_groups:
-                g["eps"] = 1e-6
-        elif bug == "beta2 0.99":
-            for g in opt.param_groups:
-                g["betas"] = (c.beta1, 0.99)
-        elif bug == "coupled weight decay":  # torch.optim.Adam adds weight_decay * p to the gradient (L2)
-            backend.optimizer = torch.optim.Adam(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
-        else:
-            raise ValueError(bug)
-
-    return plant
 
 
 OPTIMIZER_BUGS = {  # planted bug: what the FAIL line must say is the likely cause
@@ -229,7 +163,7 @@ def test_opt_depth_names_a_missing_parameter_and_skips_old_probes() -> None:
 
 
 def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
-                                       mask: torch.Tensor | None = None) -> torch.Tensor:
+                                       mask: torch.Tensor | None = None, taps: dict | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with a planted bug: dropout on the attention probabilities (own RNG), none
     on the output projection."""
     B, T, C = x.shape
@@ -241,7 +175,7 @@ def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
 
 
 def attention_mask_before_projection(self: torch.nn.Module, x: torch.Tensor,
-                                     mask: torch.Tensor | None = None) -> torch.Tensor:
+                                     mask: torch.Tensor | None = None, taps: dict | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with a planted bug: the dropout mask before the output projection."""
     B, T, C = x.shape
     q, k, v = self.c_attn(x).split(C, dim=2)

@@ -384,6 +384,7 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     text = text_of(html)
     assert "Parity (float32/float64 pair, 120 steps, dropout 0): FAIL" in text
     assert "step-0 logits, max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
+    assert "<th>first broken</th>" in html and "<th>worst</th>" in html  # two labelled columns, one place each
     records.atomic_write_json(directory / "parity.json", {"verdict": "error", "failures": ["ERROR: numpy exited 1"]})
     assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())
 

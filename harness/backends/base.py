@@ -59,6 +59,10 @@ class Backend(Protocol):
         Dropout off, unless `masks` are given (as in `train_step`): then exactly those masks are applied.
         """
 
+    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` with dropout off (harness/taps.py: "emb",
+        "h.{i}.ln_1", ..., "ln_f", "logits"), canonical names and layouts: parity's depth 0."""
+
     def parameters(self) -> dict[str, np.ndarray]:
         """Current parameters, canonical names and shapes."""
 
@@ -72,7 +76,9 @@ class Backend(Protocol):
         """Model and optimizer state as flat arrays (for checkpoints); `load_state_dict` restores it."""
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Restore what `state_dict` returned."""
+        """Restore what `state_dict` returned. The "param/", "adam_m/", "adam_v/" arrays and "adam_t" of another
+        backend's state_dict must also load (harness parity's re-synchronised optimizer depth hands the reference's
+        state to the other backend); RNG entries are optional."""
 
 
 class BackendUnavailable(Exception):

@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
-from harness.backends.flux_layout import from_flux, logits_from_flux, masks_to_flux, to_flux, tokens_to_flux
+from harness.backends.flux_layout import (
+    from_flux,
+    logits_from_flux,
+    masks_to_flux,
+    taps_from_flux,
+    to_flux,
+    tokens_to_flux,
+)
 from harness.config import Config
 from harness.weights import decays
 
@@ -469,6 +476,11 @@ class FluxBackend:
         """Gradients, no clipping, no update; dropout off, or exactly the harness's `masks` when given."""
         g = self._mod.gradients(self._state, tokens_to_flux(x), tokens_to_flux(y), *self._masks(masks))
         return from_flux({k: _numpy(v) for k, v in _pydict(g).items()})
+
+    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The named intermediate activations (harness/taps.py) of NanoGPTFlux's forward pass, canonical layout."""
+        t = self._mod.taps(self._state, tokens_to_flux(x))
+        return taps_from_flux({k: _numpy(v) for k, v in _pydict(t).items()})
 
     def parameters(self) -> dict[str, np.ndarray]:
         return from_flux({k: _numpy(v) for k, v in _pydict(self._mod.parameters(self._state)).items()})

@@ -9,7 +9,10 @@ The Flux layout is what the Julia package NanoGPTFlux stores:
 - token ids: canonical (B, T) 0-based -> (T, B) 1-based;
 - logits: Flux (V, T, B) -> canonical (B, T, V);
 - dropout keep-masks (harness.masks): canonical bool (B, T, C) -> Flux bool (C, T, B), the layout of the
-  activations they multiply in the Flux model.
+  activations they multiply in the Flux model;
+- activation taps (harness.taps, NanoGPTFlux `taps`): every tap's axes reversed ((C, T, B) -> (B, T, C), the
+  attention probabilities NNlib's (T_key, T_query, H, B) -> (B, H, T_query, T_key)), except q, k and v, which
+  NNlib splits as (D, H, T, B) -> canonical (B, H, T, D).
 
 Arrays handed to Julia are Fortran-ordered (column-major), the memory order Julia expects, so the
 juliacall wrapper reads them with unit stride; arrays coming back are C-ordered float32.
@@ -21,6 +24,8 @@ import re
 from collections.abc import Mapping
 
 import numpy as np
+
+from harness.taps import HEAD_TAPS, kind
 
 # The dropout sites of the shared-mask contract (harness/masks.py): after the embedding sum, after block i's
 # attention output projection and after its MLP output projection.
@@ -111,3 +116,28 @@ def masks_to_flux(masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def masks_from_flux(masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Flux-layout keep-masks {site: (C, T, B)} -> harness layout {site: bool (B, T, C)}, C-ordered (copies)."""
     return {name: np.ascontiguousarray(np.asarray(m, dtype=bool).transpose(2, 1, 0)) for name, m in masks.items()}
+
+
+HEAD_AXES = (3, 1, 2, 0)  # NNlib's split heads (D, H, T, B) <-> canonical (B, H, T, D); its own inverse
+
+
+def _tap_axes(name: str, ndim: int) -> tuple[int, ...]:
+    return HEAD_AXES if kind(name) in HEAD_TAPS else tuple(reversed(range(ndim)))
+
+
+def taps_from_flux(taps: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """NanoGPTFlux's activation taps {name: Flux-layout array} -> canonical layout (harness.taps), C-ordered copies
+    in their own dtype."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in taps.items():
+        a = np.asarray(arr)
+        if kind(name) in HEAD_TAPS and a.ndim != 4:
+            raise ValueError(f"tap {name!r} must be 4-D (D, H, T, B), got shape {a.shape}")
+        out[name] = np.ascontiguousarray(a.transpose(_tap_axes(name, a.ndim)))
+    return out
+
+
+def taps_to_flux(taps: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical activation taps -> the layout NanoGPTFlux's `taps` returns, Fortran-ordered copies (the inverse of
+    `taps_from_flux`)."""
+    return {name: np.asfortranarray(np.asarray(a).transpose(_tap_axes(name, np.ndim(a)))) for name, a in taps.items()}

@@ -209,6 +209,14 @@ class NumpyBackend:
                                                 masks=masks)
         return {name: numpy_gpt.to_numpy(grads[name]) for name in self.params}
 
+    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` (harness/taps.py), dropout off, canonical
+        layout, in the backend's dtype."""
+        config, _ = self._ready()
+        taps: dict[str, Any] = {}
+        numpy_gpt.gpt_forward(self.params, self._tokens(x), config, taps=taps)
+        return {name: numpy_gpt.to_numpy(value) for name, value in taps.items()}
+
     def parameters(self) -> dict[str, np.ndarray]:
         """Copies of the current parameters, canonical names and shapes, in the backend's dtype."""
         return {name: numpy_gpt.to_numpy(p) for name, p in self.params.items()}

@@ -274,6 +274,16 @@ class TorchBackend:
         self.model.zero_grad(set_to_none=True)
         return grads
 
+    @torch.no_grad()
+    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` (harness/taps.py), dropout off, canonical
+        layout; the eager model (not torch.compile), with parity's attention kernels."""
+        self.model.eval()
+        taps: dict[str, torch.Tensor] = {}
+        with self._attention():
+            self.model(self._tensor(x), taps=taps)
+        return {n: (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy().copy() for n, t in taps.items()}
+
     def parameters(self) -> dict[str, np.ndarray]:
         return {n: p.detach().cpu().numpy().copy() for n, p in self.model.named_parameters()}
 
@@ -320,18 +330,24 @@ class TorchBackend:
         return out
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore what `state_dict` returned; also a state without RNG (another backend's, harness parity's
+        re-synchronised optimizer depth), and at adam_t 0 the optimizer state before any step (no moments)."""
         step = int(state["adam_t"])
         with torch.no_grad():
             for n, p in self.model.named_parameters():
                 p.copy_(torch.from_numpy(np.asarray(state[f"param/{n}"])))
-                if step > 0:
+                if step == 0:
+                    self.optimizer.state.pop(p, None)
+                else:
                     # torch keeps `step` on the CPU (or the device when fused)
                     self.optimizer.state[p] = {
                         "step": torch.tensor(float(step), dtype=torch.float32,
                                              device=self.device if self.optimizer.defaults.get("fused") else "cpu"),
-                        "exp_avg": torch.from_numpy(np.asarray(state[f"adam_m/{n}"])).to(p),
-                        "exp_avg_sq": torch.from_numpy(np.asarray(state[f"adam_v/{n}"])).to(p),
+                        # copies: a float64 array of the same dtype would otherwise be shared, and updated in place
+                        "exp_avg": torch.from_numpy(np.asarray(state[f"adam_m/{n}"])).to(p, copy=True),
+                        "exp_avg_sq": torch.from_numpy(np.asarray(state[f"adam_v/{n}"])).to(p, copy=True),
                     }
-        torch.set_rng_state(torch.from_numpy(np.asarray(state["rng/torch"])))
+        if "rng/torch" in state:
+            torch.set_rng_state(torch.from_numpy(np.asarray(state["rng/torch"])))
         if self._cuda and "rng/cuda" in state:
             torch.cuda.set_rng_state(torch.from_numpy(np.asarray(state["rng/cuda"])), self.device)

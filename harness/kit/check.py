@@ -28,8 +28,9 @@ from harness.files import kind_of, open_regular
 from harness.kit.export import KINDS, MANIFEST, opt_key
 from harness.kit.npz import describe_dtype, read_npz, read_npz_file
 from harness.kit.schema import FIX, kit_file, load_manifest
+from harness.taps import PREFIX as TAP_PREFIX
 
-DEPTHS = ("logits", "gradients", "dropout_gradients", "optimizer", "loss")
+DEPTHS = ("taps", "logits", "gradients", "dropout_gradients", "optimizer", "loss")
 ORACLE, PORT = "oracle", "port"
 OPT_NAME = re.compile(r"^opt/(\d+)/(param|adam_m|adam_v)/(.+)$")
 
@@ -51,6 +52,22 @@ def _kit_array_check(name: str, declared: dict[str, Any]) -> Callable[[str, tupl
             raise UsageError(f"kit file {name}: array {key!r} is {describe_dtype(dtype)} {shape} but {MANIFEST} "
                              f"says {entry['dtype']} {tuple(entry['shape'])}; {FIX}")
     return check
+
+
+def _what_it_is(path: Path) -> str:
+    """What an unreadable file looks like, from its first bytes (the harness's words, not numpy's advice)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return "it cannot be read"
+    if head.startswith(b"PK"):
+        return "a damaged or truncated zip archive"
+    if head.startswith(b"\x93NUMPY"):
+        return "a single .npy array, not an .npz archive of named arrays"
+    if head.startswith(b"\x80"):
+        return "a Python pickle, not an .npz archive"
+    return "not an .npz archive: it does not start with the zip signature"
 
 
 def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
@@ -113,6 +130,8 @@ def load_results(path: Path, manifest: dict[str, Any], kit: dict[str, dict[str, 
 def _depth_of(name: str) -> str | None:
     if name in ("logits", "loss"):
         return name
+    if name.startswith(TAP_PREFIX):
+        return "taps"
     if name.startswith("grad/"):
         return "gradients"
     if name.startswith("dropout_grad/"):
@@ -124,8 +143,8 @@ def _depth_of(name: str) -> str | None:
 
 def _names(expected: Mapping[str, Any]) -> str:
     """The array names a results file may hold, as the messages list them."""
-    valid = ["logits", "grad/<name>"] + (["dropout_grad/<name>"] if any(k.startswith("dropout_grad/")
-                                                                         for k in expected) else [])
+    valid = ["tap/<name>", "logits", "grad/<name>"] + (["dropout_grad/<name>"] if any(
+        k.startswith("dropout_grad/") for k in expected) else [])
     return ", ".join([*valid, "opt/<k>/param|adam_m|adam_v/<name>", "loss"])
 
 
@@ -138,7 +157,7 @@ def check_array(key: str, shape: tuple[int, ...], dtype: np.dtype, expected: Map
         m = OPT_NAME.match(key)
         hint = (f"k must be 1..{steps} and the name a parameter of this kit" if m else
                 f"the names are {names}; parameters: {', '.join(params)}")
-        raise UsageError(f"results: unknown array {key!r}; {hint} (README, 'Check your own port')")
+        raise UsageError(f"results: unknown array {key!r}; {hint} (docs/kit.md)")
     want = tuple(expected[key])
     if key == "loss" and len(shape) == 1 and 0 < shape[0] <= steps:
         want = tuple(shape)  # a port may check the first few steps only
@@ -154,7 +173,8 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
     """Check the results file against the kit; returns (depths given, precision, optimizer steps given).
 
     Valid names are those of expected.npz (but logits_loss); a depth given is given whole: every parameter, and
-    for the optimizer every step 1..K for some K <= steps; `loss` may hold the first 1..steps losses.
+    for the optimizer every step 1..K for some K <= steps; `loss` may hold the first 1..steps losses; the taps
+    (`tap/<name>`) may be any subset.
     """
     shapes = {k: v.shape for k, v in expected.items()}
     for key, value in results.items():
@@ -195,7 +215,8 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
 def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
           dtype: str, opt_k: int) -> tuple[Any, Any]:
     """harness.parity.compare of the oracle against the port, with harness.parity.default_tolerances of the port's
-    precision. A depth not given is the oracle's own values on both sides (reported "not given")."""
+    precision. A depth not given is the oracle's own values on both sides (reported "not given"); the taps are
+    compared where the port gave them."""
     from harness import parity
 
     expected, weights = kit["expected.npz"], kit["weights.npz"]
@@ -204,12 +225,13 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
     k_max = opt_k or int(manifest["steps"])
     oracle = {key: value for key, value in expected.items() if key not in ("loss", "logits_loss")
               and not (OPT_NAME.match(key) and int(OPT_NAME.match(key).group(1)) > k_max)}  # type: ignore[union-attr]
-    port = {key: (results[key] if key in results else value) for key, value in oracle.items()}
+    port = {key: (results[key] if key in results else value) for key, value in oracle.items()
+            if not key.startswith(TAP_PREFIX) or key in results}
     for n in params:  # the state before step 1, the same on both sides: the kit's initial weights
         oracle[opt_key(0, "param", n)] = port[opt_key(0, "param", n)] = np.asarray(weights[n], dtype=np.float64)
     batches = kit.get("batches.npz") or {}
-    for key in ("x", "y"):  # step 0's batch, as a parity probe holds it (the option diagnoses read it)
-        if key in batches:
+    for key in ("x", "y"):  # step 0's batch, as a parity probe holds it (the taps' rows are its first; the option
+        if key in batches:  # diagnoses read it)
             oracle[key] = port[key] = np.asarray(batches[key][0])
     config = _config(manifest)
     if config is not None and opt_k and "lr" in batches:  # the rate each side's steps took, from its own states,
@@ -219,7 +241,7 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
     result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
-                            config=config)
+                            config=config, hyper=manifest.get("config"))
     return result, tol
 
 
@@ -248,9 +270,14 @@ def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
     """parity's summary rows; a depth the port did not give is marked so (its comparison was the oracle itself)."""
     rows = []
     for row in result.rows():
+        if row["depth"] == "step_loss":
+            continue  # the kit's steps are not re-synchronised
         if row["depth"] not in given:
-            row = {**row, "value": math.nan, "result": "not given", "where": ""}
+            row = {**row, "value": math.nan, "result": "not given", "first_broken": "", "worst": ""}
         rows.append(row)
+    if "taps" not in given and not any(r["depth"] == "taps" for r in rows):
+        rows.insert(0, {"depth": "taps", "check": "step-0 activation taps max |diff| (scaled)", "value": math.nan,
+                        "tolerance": result.tolerances.tap, "result": "not given", "first_broken": "", "worst": ""})
     return rows
 
 
@@ -263,15 +290,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     df = pd.DataFrame(rows).set_index("check")
     df["value"] = [("-" if r["result"] in ("not given",) else _fmt(r["value"])) for r in rows]
     df["tolerance"] = df["tolerance"].map(lambda v: f"{v:g}")
-    return df[["value", "tolerance", "result", "where"]].to_string()
+    df = df.rename(columns={"first_broken": "first broken"})
+    return df[["value", "tolerance", "result", "first broken", "worst"]].to_string()
 
 
 # What a broken depth usually means, where harness.parity does not say it itself.
 CAUSES = {
     "logits": "the forward pass: attention scale 1/sqrt(head size) or causal mask, q/k/v order in c_attn, head "
-              "split, LayerNorm eps or variance, GELU form (tanh), a weight read in the wrong layout, token ids "
-              "not shifted",
-    "gradients": "the backward pass (the worst parameter is usually at or just before the broken layer)",
+              "split, LayerNorm eps or variance, GELU form (tanh), lm_head tied or not, a weight read in the wrong "
+              "layout, token ids not shifted; write the activation taps (tap/<name>) to have the layer named",
+    "gradients": "the backward pass (the first broken parameter, in backward order, is nearest the defect)",
     "dropout_gradients": "dropout (placement or scaling; the gradients agree with dropout off): masks on the "
                          "embedding sum and after each c_proj, before the residual add, kept values x / (1 - p)",
     "loss": "the training step after step 0 (clipping, AdamW) or the dropout masks of later steps; write the "
@@ -283,8 +311,10 @@ FAIL_LINE = {"logits": "FAIL: logits", "gradients": "FAIL: gradient ", "dropout_
 
 
 def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict[str, Any] | None:
-    """The first broken depth (in the order the model computes them), the parameter harness.parity names there
-    and the likely cause."""
+    """The first broken depth (in the order the model computes them), the tap or parameter that breaks first
+    there (and the worst, when it is another) and the likely cause."""
+    from harness.parity import WRONG_STEP_INPUTS, _fmt
+
     failed = {r["depth"] for r in rows if r["result"] == "FAIL"}
     if result.opt_first_bad is not None:
         failed.add("optimizer")
@@ -293,24 +323,36 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
             continue
         named = next((f.split("likely cause: ", 1)[1] for f in result.failures
                       if f.startswith(FAIL_LINE.get(depth, "-")) and "likely cause: " in f), None)
+        if depth == "taps" and result.first_tap:
+            t = result.first_tap
+            return {"depth": depth, "tap": t, "parameter": None, "cause": result.tap_cause,
+                    "detail": f"first divergent activation {t}: max abs {_fmt(result.taps_max_abs[t])} at "
+                              f"[{','.join(map(str, result.taps_where[t]))}]"}
         if depth == "logits":
             w = result.logits_where
-            return {"depth": depth, "parameter": None, "cause": named or CAUSES[depth],
+            return {"depth": depth, "parameter": None, "cause": named or result.logits_cause or CAUSES[depth],
                     "detail": f"largest difference at batch row {w[0]}, position {w[1]}, token {w[2]}"
                     if len(w) == 3 else ""}
         if depth in ("gradients", "dropout_gradients"):
             errs = result.grad_rel_err if depth == "gradients" else result.dropout_grad_rel_err
             worst = result.worst_grad if depth == "gradients" else result.worst_dropout_grad
+            first = result.first_grad if depth == "gradients" else result.first_dropout_grad
             over = [n for n in params if not errs.get(n, math.nan) <= result.tolerances.grad]
-            return {"depth": depth, "parameter": worst, "cause": named or CAUSES[depth],
-                    "detail": f"worst rel err {errs.get(worst, math.nan):.1e}; {len(over)} of {len(params)} "
-                              "parameters over tolerance"}
+            # the first broken in backward order points at a defect of the backward pass only when the gradients
+            # nearest the loss agree; when even those differ the forward pass differs, and the worst is the hint
+            param = first if first and first != next(reversed(params), None) else worst
+            return {"depth": depth, "parameter": param, "worst": worst, "cause": named or CAUSES[depth],
+                    "detail": f"first broken in backward order {first}, worst {worst} (rel err "
+                              f"{errs.get(worst, math.nan):.1e}); {len(over)} of {len(params)} parameters over "
+                              "tolerance"}
         if depth == "optimizer":
             k, quantity, name = result.opt_first_bad
             return {"depth": depth, "parameter": name, "cause": result.opt_cause,
                     "detail": f"first at step {k}, {quantity} of {name}"}
-        return {"depth": depth, "parameter": None, "cause": CAUSES[depth],
-                "detail": f"largest deviation at step {result.loss_peak_step}"}
+        k = result.loss_first_bad
+        return {"depth": depth, "parameter": None,
+                "cause": WRONG_STEP_INPUTS if k == 0 and "logits" not in failed else CAUSES[depth],
+                "detail": f"first over tolerance at step {k}, largest deviation at step {result.loss_peak_step}"}
     return None
 
 
@@ -322,13 +364,15 @@ def _verdict_json(path: Path, verdict: dict[str, Any]) -> None:
 
 
 def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str) -> str:
-    """A small self-contained page (inline CSS, no scripts, no external files)."""
+    """A small self-contained page (inline CSS, no scripts, no external files). The failure is stated once: the
+    banner says where it first breaks, the "First broken" section says why, the other failed checks follow."""
     e = html.escape
     ok = verdict["verdict"] == "pass"
     body_rows = "".join(
         f"<tr class='{e(r['result'].replace(' ', '-'))}'><td>{e(r['check'])}</td>"
         f"<td>{'-' if r['result'] in ('not given',) else e(format(r['value'], '.2e'))}</td>"
-        f"<td>{e(format(r['tolerance'], 'g'))}</td><td>{e(r['result'])}</td><td>{e(str(r['where']))}</td></tr>"
+        f"<td>{e(format(r['tolerance'], 'g'))}</td><td>{e(r['result'])}</td><td>{e(str(r['first_broken']))}</td>"
+        f"<td>{e(str(r['worst']))}</td></tr>"
         for r in rows)
     res = verdict["results"]
     cols = {title: res[key]["rel_err"] for key, title in (("gradients", "dropout off"),
@@ -338,11 +382,17 @@ def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str)
                  + "".join(f"<tr><td>{e(n)}</td>" + "".join(f"<td>{c.get(n, math.nan):.2e}</td>" for c in cols.values())
                            + "</tr>" for n in names))
     diag = verdict.get("diagnosis")
+    named = "" if not diag else (f": tap <code>{e(diag['tap'])}</code>" if diag.get("tap") else
+                                 f": parameter <code>{e(str(diag['parameter']))}</code>" if diag.get("parameter")
+                                 else "")
     diag_html = "" if not diag else (
-        f"<h2>First broken</h2><p><b>{e(diag['depth'])}</b>"
-        + (f": parameter <code>{e(str(diag['parameter']))}</code>" if diag.get("parameter") else "")
-        + f"</p><p>{e(diag.get('detail') or '')}</p><p>Likely cause: {e(str(diag['cause']))}</p>")
-    fails = "".join(f"<li>{e(f)}</li>" for f in verdict["failures"])
+        f"<h2>First broken</h2><p><b>{e(diag['depth'])}</b>{named}</p><p>{e(diag.get('detail') or '')}</p>"
+        f"<p>Likely cause: {e(str(diag['cause']))}</p>")
+    others = verdict.get("other_failures") or []
+    fails = "".join(f"<li>{e(f)}</li>" for f in others)
+    blind = "".join(f"<li><b>{e(d)}</b>: {e(text)}</li>" for d, text in (verdict.get("blind_spots") or {}).items())
+    hint = (f"<p><b>Hint:</b> {e(verdict['hint'])}</p>" if verdict.get("hint") and verdict["hint"] != (diag or {})
+            .get("cause") else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kit check: {e(verdict['verdict'])}</title>
 <style>
@@ -359,17 +409,37 @@ code, pre {{ font-family: ui-monospace, monospace; }}
 {verdict['dropout']:g}, seed {verdict['seed']}); results <code>{e(verdict['results_file'])}</code>,
 {e(verdict['dtype'])} against the float64 oracle; tolerances of the {e(verdict['precision_pair'])} pair,
 as <code>harness parity</code>.</p>
-<table><tr><th>check</th><th>value</th><th>tolerance</th><th>result</th><th>where</th></tr>{body_rows}</table>
+<table><tr><th>check</th><th>value</th><th>tolerance</th><th>result</th><th>first broken</th><th>worst</th></tr>
+{body_rows}</table>
 {diag_html}
-{'<h2>Failures</h2><ul>' + fails + '</ul>' if fails else ''}
+{hint}
+{'<h2>Other checks that failed</h2><ul>' + fails + '</ul>' if fails else ''}
 {'<h2>Step-0 gradient relative error per parameter</h2><table>' + grad_rows + '</table>' if names else ''}
-<h2>As printed</h2><pre>{e(table)}</pre>
+{'<h2>What the depths given cannot see</h2><ul>' + blind + '</ul>' if blind else ''}
 </body></html>
 """
 
 
+def float32_hint(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
+                 dtype: str, opt_k: int) -> str | None:
+    """For float64 results that fail: the hint to pass --dtype float32 when every check passes at the float32
+    tolerances (the deviations are at float32 rounding level), stronger when every value is a float32 number."""
+    from harness import diagnose as causes
+
+    if dtype != "float64":
+        return None
+    again, _ = grade(manifest, kit, results, "float32", opt_k)
+    if not again.passed:
+        return None
+    exact = " and every value is a float32 number stored as float64" if causes.float32_stored_as_float64(results) \
+        else ""
+    return (f"float32 computed, float64 written: every deviation is at float32 rounding level (all checks pass at "
+            f"the float32 tolerances){exact}; check again with --dtype float32")
+
+
 def command(args: argparse.Namespace) -> int:
     """`harness kit check`: 0 pass, 1 fail, 2 malformed kit or results (one line, nothing written)."""
+    from harness import diagnose as causes
     from harness import records
 
     manifest, kit = load_kit(args.kit)
@@ -400,11 +470,20 @@ def command(args: argparse.Namespace) -> int:
     rows = table_rows(result, given)
     table = format_table(rows)
     diagnosis = diagnose(result, rows, params)
+    hint = None if result.passed else float32_hint(manifest, kit, results, dtype, opt_steps)
+    if hint and diagnosis:
+        diagnosis["cause"] = hint
     offered = [d for d in DEPTHS if d != "dropout_gradients" or any(k.startswith("dropout_grad/") for k in expected)]
     missing = [d for d in offered if d not in given]
     passed = result.passed
+    where = ""
+    if diagnosis:
+        where = f", first at {diagnosis['depth']}" + (f" ({diagnosis['tap']})" if diagnosis.get("tap") else
+                                                      f" ({diagnosis['parameter']})" if diagnosis.get("parameter")
+                                                      else "")
     summary = (f"the port agrees with the oracle at {', '.join(given)}" if passed
-               else f"the port differs from the oracle: {result.failures[0].removeprefix('FAIL: ')}")
+               else f"the port differs from the oracle{where}")
+    first_line = _first_broken_line(result, diagnosis)
     cfg = manifest["config"]
     verdict: dict[str, Any] = {
         "schema": "nanogpt-parity/kit-check", "schema_version": 1,
@@ -414,10 +493,13 @@ def command(args: argparse.Namespace) -> int:
         "dtype": dtype, "precision_pair": f"{dtype}/float64" if dtype == "float32" else "float64/float64",
         "tolerances": asdict(tol), "depths_given": given, "depths_not_given": missing,
         "optimizer_steps_given": opt_steps, "loss_steps_given": len(results["loss"]) if "loss" in results else 0,
-        "failures": list(result.failures), "diagnosis": diagnosis, "results": result.to_dict(),
+        "failures": list(result.failures), "other_failures": [f for f in result.failures if f != first_line],
+        "diagnosis": diagnosis, "hint": hint, "notes": list(result.notes),
+        "blind_spots": {d: causes.BLIND_SPOTS[d] for d in given if d in causes.BLIND_SPOTS},
+        "results": result.to_dict(),
     }
-    for depth, key in (("logits", "logits"), ("gradients", "gradients"), ("dropout_gradients", "dropout_gradients"),
-                       ("optimizer", "optimizer"), ("loss", "loss")):
+    for depth, key in (("taps", "taps"), ("logits", "logits"), ("gradients", "gradients"),
+                       ("dropout_gradients", "dropout_gradients"), ("optimizer", "optimizer"), ("loss", "loss")):
         if depth not in given and key in verdict["results"]:
             verdict["results"][key] = None  # the oracle compared with itself: nothing measured
     recorded = (manifest.get("tolerances") or {}).get(dtype)
@@ -440,13 +522,28 @@ def command(args: argparse.Namespace) -> int:
             print(format_optimizer(result))
     for line in result.failures:
         print(line)
+    for line in result.notes:
+        print(line)
     if diagnosis:
-        named = f", parameter {diagnosis['parameter']}" if diagnosis.get("parameter") else ""
+        named = (f", tap {diagnosis['tap']}" if diagnosis.get("tap") else
+                 f", parameter {diagnosis['parameter']}" if diagnosis.get("parameter") else "")
         print(f"first broken: {diagnosis['depth']}{named}" + (f" ({diagnosis['detail']})" if diagnosis.get("detail")
                                                                else ""))
         print(f"likely cause: {diagnosis['cause']}")
     if missing:
-        print(f"not given: {', '.join(missing)} (not checked)")
+        print(f"not given: {', '.join(missing)} (not checked); what the depths given cannot see:")
+        for d in given:
+            print(f"  {d}: {causes.BLIND_SPOTS[d]}")
     print(f"{'PASS' if passed else 'FAIL'}: {summary} ({dtype} results vs the float64 oracle)")
     print(f"check page: {html_path}\ncheck verdict: {json_path}")
     return 0 if passed else 1
+
+
+def _first_broken_line(result: Any, diagnosis: dict[str, Any] | None) -> str | None:
+    """The FAIL line that states the first broken depth (shown once on the page, as "First broken")."""
+    if not diagnosis:
+        return None
+    prefix = {"taps": "FAIL: forward:", "logits": "FAIL: logits", "gradients": "FAIL: gradient ",
+              "dropout_gradients": "FAIL: gradient with dropout", "optimizer": "FAIL: optimizer step",
+              "loss": "FAIL: training loss"}.get(diagnosis["depth"], "")
+    return next((f for f in result.failures if prefix and f.startswith(prefix)), None)

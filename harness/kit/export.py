@@ -116,6 +116,7 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     from harness.data import BatchStream
     from harness.masks import dropout_masks
     from harness.schedule import learning_rates
+    from harness.taps import PREFIX, tap_rows
     from harness.weights import init_weights, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
@@ -136,6 +137,9 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     say("oracle (numpy, float64): step-0 logits and gradients")
     expected: dict[str, np.ndarray] = {"logits": np.asarray(oracle.logits(x0), dtype=np.float64),
                                        "logits_loss": np.array(oracle.eval_loss(x0, y0), dtype=np.float64)}
+    # the activation taps on the first rows of x[0], dropout off, as the parity probe's tap/ (harness/taps.py)
+    expected.update({PREFIX + k: np.asarray(v, dtype=np.float64)
+                     for k, v in oracle.taps(x0[:tap_rows(config)]).items()})
     grads = oracle.gradients(x0, y0)  # dropout off, as the parity probe's grad/
     expected.update({f"grad/{n}": np.asarray(grads[n], dtype=np.float64) for n in shapes})
     if dropout:  # and under the step-0 masks, as the parity probe's dropout_grad/
@@ -176,6 +180,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
     from harness import __version__, schedule
     from harness.kit.layout import describe
     from harness.parity import default_tolerances
+    from harness.taps import MEANING, PREFIX, kind, tap_names, tap_rows
     from harness.weights import decays, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
@@ -195,6 +200,12 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                  "split": "first 90% train (the batches come from it), last 10% validation"},
         "expected_dtype": "float64", "oracle": "numpy backend (python_impl/numpy_gpt.py), float64, CPU",
         "parameters": {n: list(s) for n, s in shapes.items()},
+        "taps": {"rows": tap_rows(config), "names": tap_names(config.n_layer),
+                 "taken_on": f"x[0][:{tap_rows(config)}] (the first rows of step 0's batch), the initial weights, "
+                             "dropout off",
+                 "meaning": {name: MEANING[kind(name)] for name in tap_names(config.n_layer)},
+                 "layouts": "shapes, axes and Flux layouts: files.expected.npz.arrays[\"tap/<name>\"]",
+                 "prefix": PREFIX},
         "model": ("token + learned position embedding, dropout, n_layer pre-LayerNorm blocks x + drop(attn(ln_1(x))),"
                   " x + drop(mlp(ln_2(x))); causal attention with one fused qkv Linear (rows q, k, v; head h owns "
                   "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), no dropout on the attention probabilities;"
@@ -228,6 +239,8 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
             "lr": "batches.npz: lr[k] is step k's learning rate (0-based k; nanoGPT's get_lr(k)), as in "
                   "training.learning_rates",
             "logits": "step 0: forward of x[0] with the initial weights, dropout off",
+            "tap/<name>": "step 0: the named intermediate activations of that forward pass on the first `taps.rows` "
+                          "rows of x[0], in forward order (taps.names, taps.meaning)",
             "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
             "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
                            "off, no clipping",
@@ -241,7 +254,8 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "results": {
             "file": "one .npz; any subset of the depths, each complete; float32 or float64 (say which with "
                     "`harness kit check --dtype` if the arrays were upcast)",
-            "names": {"logits": "logits", "gradients": "grad/<name>",
+            "names": {"taps": "tap/<name> (any subset of taps.names)", "logits": "logits",
+                      "gradients": "grad/<name>",
                       **({"dropout_gradients": "dropout_grad/<name>"} if config.dropout > 0 else {}),
                       "optimizer": "opt/<k>/param|adam_m|adam_v/<name> (k = 1..K, K <= steps)", "loss": "loss"},
             "shapes": "canonical (as in expected.npz), C order as numpy writes; NPZ.jl's npzwrite writes a Julia "

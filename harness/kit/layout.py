@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from harness.backends import flux_layout
+from harness.taps import HEAD_TAPS, kind, tap_axes
+from harness.taps import PREFIX as TAP_PREFIX
 
 
 def param_axes(name: str, ndim: int) -> list[str]:
@@ -49,6 +51,13 @@ def describe(group: str, key: str, shape: tuple[int, ...]) -> dict[str, Any]:
         out.update(axes=["batch", "time", "vocab"],
                    flux_shape=list(flux_layout.logits_to_flux(np.zeros(shape, dtype=np.float32)).shape),
                    flux="Flux logits are (V, T, B): permutedims(l, (3, 2, 1)) (flux_layout.logits_from_flux)")
+    elif key.startswith(TAP_PREFIX):  # an activation tap (harness/taps.py)
+        name = key[len(TAP_PREFIX):]
+        out.update(axes=tap_axes(name),
+                   flux_shape=list(flux_layout.taps_to_flux({name: np.zeros(shape, dtype=np.float32)})[name].shape),
+                   flux="NanoGPTFlux.taps gives (D, H, T, B): permutedims(a, (4, 2, 3, 1))" if kind(name) in HEAD_TAPS
+                   else "NanoGPTFlux.taps gives the axes reversed: permutedims(a, ndims(a):-1:1) "
+                        "(flux_layout.taps_from_flux)")
     elif key in ("loss", "logits_loss"):
         out.update(axes=["step"] if shape else [], flux="unchanged")
     else:  # a parameter, its gradient or an AdamW moment

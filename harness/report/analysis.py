@@ -210,10 +210,12 @@ def _num(x: Any) -> float:
 
 
 def parity_checks(doc: dict) -> list[dict]:
-    """One row per check of a parity.json: check, value, tolerance, where, result ("ok" / "FAIL").
+    """One row per check of a parity.json: check, value, tolerance, "first broken", "worst", result ("ok" / "FAIL").
 
-    Reads harness.parity's `results` (step-0 logits, step-0 gradients, the training-loss curve, the final
-    validation loss); a generic `checks` list of objects is shown as it is.
+    Reads harness.parity's `results` (the step-0 activation taps, logits and gradients, the re-synchronised optimizer
+    steps and their losses, the training-loss curve, the final validation loss); "first broken" is where a check
+    first fails (the first divergent tap, the first step), "worst" where it is largest; the likely causes are in the
+    FAIL lines, not repeated here. A generic `checks` list of objects is shown as it is.
     """
     if isinstance(doc.get("checks"), list):
         return [c if isinstance(c, dict) else {"check": str(c)} for c in doc["checks"]]
@@ -221,37 +223,59 @@ def parity_checks(doc: dict) -> list[dict]:
     if not isinstance(res, dict):
         return []
     tol = res.get("tolerances") or doc.get("tolerances") or {}
-    logits, grads = res.get("logits") or {}, res.get("gradients") or {}
+    taps, logits, grads = res.get("taps") or {}, res.get("logits") or {}, res.get("gradients") or {}
     loss, val = res.get("loss") or {}, res.get("val_loss") or {}
     where = logits.get("where") or []
-    rows = [
+    rows = []
+    if taps.get("rel_err"):
+        worst = taps.get("worst") or ""
+        rows.append({"check": "step-0 activation taps, max |diff| / the tap's scale",
+                     "value": _num((taps["rel_err"] or {}).get(worst)),
+                     "tolerance": _num(tol["taps"] if tol.get("taps") is not None else tol.get("logits")),
+                     "first broken": taps.get("first_divergent") or "",
+                     "worst": f"{worst} {list((taps.get('where') or {}).get(worst) or [])}" if worst else ""})
+    rows += [
         {"check": "step-0 logits, max |diff|", "value": _num(logits.get("max_abs_diff")),
-         "tolerance": _num(tol.get("logits")),
-         "where": f"batch row {where[0]}, position {where[1]}, token {where[2]}" if len(where) == 3 else ""},
-        {"check": "step-0 gradients, worst relative error", "value": _num(grads.get("worst_rel_err")),
-         "tolerance": _num(tol.get("grad")), "where": grads.get("worst") or ""},
-        {"check": "training loss, max |diff| per step", "value": _num(loss.get("max_abs_dev")),
-         "tolerance": _num(tol.get("loss")),
-         "where": f"step {loss.get('peak_step')} of {loss.get('steps')}" if loss.get("steps") else ""},
+         "tolerance": _num(tol.get("logits")), "first broken": "",
+         "worst": f"batch row {where[0]}, position {where[1]}, token {where[2]}" if len(where) == 3 else ""},
+        {"check": "step-0 gradients, relative error", "value": _num(grads.get("worst_rel_err")),
+         "tolerance": _num(tol.get("grad")), "first broken": grads.get("first_broken") or "",
+         "worst": grads.get("worst") or ""},
     ]
-    dgrads, opt = res.get("dropout_gradients") or {}, res.get("optimizer") or {}
+    dgrads, opt, step_loss = res.get("dropout_gradients") or {}, res.get("optimizer") or {}, res.get("step_loss") or {}
     if dgrads:
-        rows.insert(2, {"check": "step-0 gradients under the dropout masks, worst relative error",
-                        "value": _num(dgrads.get("worst_rel_err")), "tolerance": _num(tol.get("grad")),
-                        "where": dgrads.get("worst") or ""})
+        rows.append({"check": "step-0 gradients under the dropout masks, relative error",
+                     "value": _num(dgrads.get("worst_rel_err")), "tolerance": _num(tol.get("grad")),
+                     "first broken": dgrads.get("first_broken") or "", "worst": dgrads.get("worst") or ""})
     if opt:
-        w = opt.get("worst") or {}
-        rows.insert(len(rows) - 1, {
-            "check": "optimizer steps (update, m, v), worst relative error", "value": _num(opt.get("worst_rel_err")),
-            "tolerance": _num(tol.get("opt")),
-            "where": " ".join(str(w.get(k, "")) for k in ("step", "quantity", "parameter")).strip()
-            + (f"; likely cause: {opt['cause']}" if opt.get("cause") else "")})
+        w, f = opt.get("worst") or {}, opt.get("first_bad") or {}
+        sync = " (re-synchronised)" if opt.get("resynchronised_from") else ""
+        rows.append({"check": f"optimizer steps{sync} (update, m, v), relative error",
+                     "value": _num(opt.get("worst_rel_err")), "tolerance": _num(tol.get("opt")),
+                     "first broken": " ".join(str(f.get(k, "")) for k in ("step", "quantity", "parameter")).strip(),
+                     "worst": " ".join(str(w.get(k, "")) for k in ("step", "quantity", "parameter")).strip()})
+    if step_loss.get("abs_dev"):
+        dev = [_num(v) for v in step_loss["abs_dev"]]
+        peak = max(range(len(dev)), key=lambda i: dev[i] if dev[i] == dev[i] else math.inf)
+        rows.append({"check": "loss of each step from the same state, |diff|", "value": dev[peak],
+                     "tolerance": _num(tol["step_loss"] if tol.get("step_loss") is not None else tol.get("loss")),
+                     "first broken": f"step {step_loss['first_bad_step']}" if step_loss.get("first_bad_step") else "",
+                     "worst": f"step {peak + 1} of {len(dev)}"})
+    rows.append({"check": "training loss, max |diff| per step", "value": _num(loss.get("max_abs_dev")),
+                 "tolerance": _num(tol.get("loss")),
+                 "first broken": (f"step {loss['first_bad_step']}" if loss.get("first_bad_step") is not None
+                                  else ""),
+                 "worst": f"step {loss.get('peak_step')} of {loss.get('steps')}" if loss.get("steps") else ""})
     if val.get("abs_diff") is not None:
         rows.append({"check": "final validation loss, |diff|", "value": _num(val.get("abs_diff")),
-                     "tolerance": _num(tol.get("loss")),
-                     "where": ", ".join(f"{k} {_num(v):.6f}" for k, v in (val.get("values") or {}).items())})
+                     "tolerance": _num(tol.get("loss")), "first broken": "",
+                     "worst": ", ".join(f"{k} {_num(v):.6f}" for k, v in (val.get("values") or {}).items())})
     for row in rows:
         row["result"] = "ok" if row["value"] <= row["tolerance"] else "FAIL"  # NaN compares False: FAIL
+    if opt.get("first_bad") or taps.get("first_divergent"):  # a pattern caught within tolerance still fails
+        for row in rows:
+            if row["check"].startswith(("optimizer", "step-0 activation")) and row["first broken"]:
+                row["result"] = "FAIL"
     return rows
 
 

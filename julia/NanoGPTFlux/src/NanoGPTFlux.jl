@@ -8,7 +8,7 @@ embedding tables (dim, rows), vectors unchanged) and token ids as 1-based (T, B)
 Entry points (see their docstrings): [`build`](@ref), [`train_step!`](@ref), [`eval_loss`](@ref),
 [`logits`](@ref), [`gradients`](@ref), [`parameters`](@ref), [`load_parameters!`](@ref),
 [`opt_state`](@ref), [`load_opt_state!`](@ref), [`memory_stats`](@ref), [`reset_peak!`](@ref),
-[`describe`](@ref), [`synchronize`](@ref), [`compile_time`](@ref).
+[`describe`](@ref), [`synchronize`](@ref), [`compile_time`](@ref), [`taps`](@ref).
 """
 module NanoGPTFlux
 
@@ -37,10 +37,12 @@ export build,
     reset_peak!,
     describe,
     synchronize,
-    compile_time
+    compile_time,
+    taps
 
 include("layers.jl")
 include("devices.jl")
 include("state.jl")
+include("taps.jl")
 
 end # module NanoGPTFlux

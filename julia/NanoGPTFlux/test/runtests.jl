@@ -207,6 +207,43 @@ end
         @test_throws ArgumentError logits(s, ones(Int, 13, 3))  # longer than block_size
     end
 
+    @testset "activation taps: the model's own forward pass, Flux layouts" begin
+        cfg = tiny_cfg()
+        s = build(cfg, tiny_params(cfg))
+        x, _ = tiny_batch(cfg)
+        t = taps(s, x)
+        d, T, B = cfg["n_embd"], size(x)...
+        H = cfg["n_head"]
+        names = ["emb"; "ln_f"; "logits"]
+        for i in 0:(cfg["n_layer"] - 1), k in (
+                "ln_1",
+                "attn.q",
+                "attn.k",
+                "attn.v",
+                "attn.probs",
+                "attn.y",
+                "attn.proj",
+                "res1",
+                "ln_2",
+                "mlp.fc",
+                "mlp.act",
+                "mlp.proj",
+                "res2",
+            )
+            push!(names, "h.$i.$k")
+        end
+        @test Set(keys(t)) == Set(names)
+        @test t["logits"] ≈
+            logits(s, x) rtol = 1.0e-6 # the taps are the model's forward pass
+        @test size(t["emb"]) == (d, T, B)
+        @test size(t["h.0.attn.q"]) == (d ÷ H, H, T, B)
+        @test size(t["h.0.attn.probs"]) == (T, T, H, B) # (key, query, head, batch)
+        @test sum(t["h.0.attn.probs"]; dims = 1) ≈ ones(Float32, 1, T, H, B)
+        @test all(iszero, t["h.0.attn.probs"][2, 1, :, :]) # key 2 is future to query 1
+        @test size(t["h.0.mlp.fc"]) == (cfg["d_hidden"], T, B)
+        @test t["h.0.mlp.act"] ≈ NG.NNlib.gelu_tanh.(t["h.0.mlp.fc"])
+    end
+
     @testset "LayerNorm matches the formula" begin
         rng = Random.Xoshiro(3)
         x = randn(rng, Float32, 6, 4, 2) .* 3.0f0 .+ 1.0f0

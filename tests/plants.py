@@ -1,0 +1,332 @@
+"""Known bugs, planted on purpose to watch parity name them (tests/test_parity_taps.py, tests/test_parity_depths.py,
+tools/planted_bugs.py).
+
+Each plant patches one thing in this process and returns a function that undoes it: `apply(name)` (also from a
+`sitecustomize.py`, so that a `harness parity` command and its worker processes all carry it: see `SITECUSTOMIZE`),
+or `with planted(name): ...`. NUMPY plants change the NumPy oracle (python_impl/numpy_gpt.py or its backend) forward
+and backward consistently, so the planted oracle is a coherent, differently-defined model; TORCH plants change the
+PyTorch model or optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+Undo = Callable[[], None]
+
+
+def _patch(owner: Any, name: str, value: Any) -> Undo:
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    return lambda: setattr(owner, name, old)
+
+
+# --- the NumPy oracle ----------------------------------------------------------------------------------------------
+def _ln_eps() -> Undo:
+    from python_impl import numpy_gpt
+
+    f = numpy_gpt.layernorm_forward
+    old = f.__defaults__
+    f.__defaults__ = (1e-3,)
+
+    def undo() -> None:
+        f.__defaults__ = old
+    return undo
+
+
+def _mask_wide() -> Undo:
+    from python_impl import numpy_gpt as g
+
+    def causal_attention_forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        T, D = q.shape[-2], q.shape[-1]
+        scale = 1.0 / math.sqrt(D)
+        scores = (q @ k.swapaxes(-1, -2)) * scale
+        future = g.xp.triu(g.xp.ones((T, T), dtype=bool), k=2)  # the bug: key t + 1 stays visible
+        probs, cache = g.softmax_forward(g.xp.where(future, -g.xp.inf, scores))
+        return probs @ v, (q, k, v, probs, cache, scale)
+    return _patch(g, "causal_attention_forward", causal_attention_forward)
+
+
+def _scale_1_over_d() -> Undo:
+    from python_impl import numpy_gpt as g
+
+    def causal_attention_forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        T, D = q.shape[-2], q.shape[-1]
+        scale = 1.0 / D  # the bug: 1/D instead of 1/sqrt(D)
+        scores = (q @ k.swapaxes(-1, -2)) * scale
+        future = g.xp.triu(g.xp.ones((T, T), dtype=bool), k=1)
+        probs, cache = g.softmax_forward(g.xp.where(future, -g.xp.inf, scores))
+        return probs @ v, (q, k, v, probs, cache, scale)
+    return _patch(g, "causal_attention_forward", causal_attention_forward)
+
+
+def _gelu_exact() -> Undo:
+    from scipy.special import erf
+
+    from python_impl import numpy_gpt as g
+
+    def gelu_forward(x: Any) -> tuple[Any, Any]:
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x
+
+    def gelu_backward(dout: Any, x: Any) -> Any:
+        return dout * (0.5 * (1.0 + erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+    undo = [_patch(g, "gelu_forward", gelu_forward), _patch(g, "gelu_backward", gelu_backward)]
+    return lambda: [u() for u in undo] and None
+
+
+def _pos_shift() -> Undo:
+    from python_impl import numpy_gpt as g
+
+    def embedding_forward(idx: Any, wte: Any, wpe: Any) -> tuple[Any, Any]:
+        T = idx.shape[1]
+        pos = (g.xp.arange(T) - 1) % T  # the bug: position t reads wpe[t - 1]
+        return wte[idx] + wpe[pos], (idx, wte.shape, wpe.shape)
+
+    def embedding_backward(dout: Any, cache: Any) -> tuple[Any, Any]:
+        idx, wte_shape, wpe_shape = cache
+        T, C = idx.shape[1], dout.shape[-1]
+        dwte = g.xp.zeros(wte_shape, dtype=dout.dtype)
+        g._scatter_add(dwte, idx.reshape(-1), dout.reshape(-1, C))
+        dwpe = g.xp.zeros(wpe_shape, dtype=dout.dtype)
+        dwpe[(g.xp.arange(T) - 1) % T] = dout.sum(axis=0)
+        return dwte, dwpe
+    undo = [_patch(g, "embedding_forward", embedding_forward), _patch(g, "embedding_backward", embedding_backward)]
+    return lambda: [u() for u in undo] and None
+
+
+def _adam_counter_stops_at_3() -> Undo:
+    from python_impl import numpy_gpt as g
+
+    def step(self: Any, params: dict, grads: dict, lr: float) -> None:
+        self.t = min(self.t + 1, 3)  # the bug: the step counter stops advancing after step 3
+        b1, b2 = self.beta1, self.beta2
+        step_size = lr / (1 - b1 ** self.t)
+        bias_correction2_sqrt = (1 - b2 ** self.t) ** 0.5
+        for name, p in params.items():
+            gr, m, v = grads[name], self.m[name], self.v[name]
+            if self.decay[name] and self.weight_decay != 0:
+                p *= 1 - lr * self.weight_decay
+            m += (1 - b1) * (gr - m)
+            v *= b2
+            v += (1 - b2) * gr * gr
+            p -= step_size * (m / (g.xp.sqrt(v) / bias_correction2_sqrt + self.eps))
+    return _patch(g.AdamW, "step", step)
+
+
+def _clip_per_parameter() -> Undo:
+    from python_impl import numpy_gpt as g
+
+    def clip_grad_norm(grads: dict, max_norm: float) -> Any:
+        norms = []
+        for gr in grads.values():  # the bug: every gradient clipped by its own norm, not the global one
+            n = g.xp.sqrt((gr * gr).sum())
+            gr *= g.xp.minimum(max_norm / (n + 1e-6), 1.0)
+            norms.append(n)
+        return g.xp.sqrt(sum(n * n for n in norms))
+    return _patch(g, "clip_grad_norm", clip_grad_norm)
+
+
+def _embeddings_not_decayed() -> Undo:
+    from harness.backends.numpy_backend import NumpyBackend
+
+    setup = NumpyBackend.setup
+
+    def planted_setup(self: Any, *args: Any, **kwargs: Any) -> None:
+        setup(self, *args, **kwargs)
+        for name in ("wte.weight", "wpe.weight"):  # the bug: minGPT's convention, no decay on the embeddings
+            self.optimizer.decay[name] = False
+    return _patch(NumpyBackend, "setup", planted_setup)
+
+
+def _masks_of_previous_step() -> Undo:
+    from harness.backends.numpy_backend import NumpyBackend
+
+    train_step = NumpyBackend.train_step
+
+    def planted(self: Any, x: Any, y: Any, lr: float, masks: dict | None = None) -> float:
+        stale = getattr(self, "_planted_masks", None)  # the bug: step k applies the masks of step k - 1
+        self._planted_masks = masks
+        return train_step(self, x, y, lr, stale if stale is not None else masks)
+    return _patch(NumpyBackend, "train_step", planted)
+
+
+def _dropout_in_train_step() -> Undo:
+    from harness.backends.numpy_backend import NumpyBackend
+
+    train_step = NumpyBackend.train_step
+
+    def planted(self: Any, x: Any, y: Any, lr: float, masks: dict | None = None) -> float:
+        config = self.config
+        self.config = config.replace(dropout=0.1)  # the bug: dropout 0.1 in training, whatever the config says
+        try:
+            return train_step(self, x, y, lr, masks)
+        finally:
+            self.config = config
+    return _patch(NumpyBackend, "train_step", planted)
+
+
+# --- the torch model and optimizer ---------------------------------------------------------------------------------
+def _torch_attention(scale: float | None = None, causal: bool = True) -> Callable[..., Any]:
+    """CausalSelfAttention.forward with the score scale or the causal flag planted (taps recorded the same way)."""
+    import torch
+    import torch.nn.functional as F
+
+    def forward(self: Any, x: Any, mask: Any = None, taps: dict | None = None) -> Any:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        if taps is not None:
+            s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(C // self.n_head))
+            future = torch.ones(T, T, dtype=torch.bool).triu(1)
+            taps.update({"attn.q": q, "attn.k": k, "attn.v": v,
+                         "attn.probs": (s.masked_fill(future, float("-inf")) if causal else s).softmax(-1)})
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        out = self.c_proj(y)
+        if taps is not None:
+            taps.update({"attn.y": y, "attn.proj": out})
+        return self.resid_dropout(out, mask)
+    return forward
+
+
+def _torch_unscaled() -> Undo:
+    from python_impl import torch_gpt
+
+    return _patch(torch_gpt.CausalSelfAttention, "forward", _torch_attention(scale=1.0))
+
+
+def _torch_gelu_exact() -> Undo:
+    import torch.nn.functional as F
+
+    gelu = F.gelu
+    return _patch(F, "gelu", lambda x, approximate="none": gelu(x))  # the bug: the exact form, whatever is asked
+
+
+def _torch_ln_eps() -> Undo:
+    import torch
+
+    layer_norm = torch.nn.functional.layer_norm
+    return _patch(torch.nn.functional, "layer_norm",
+                  lambda x, shape, w=None, b=None, eps=1e-5: layer_norm(x, shape, w, b, 1e-10))
+
+
+class AdamWWithoutBiasCorrection:
+    """torch.optim.AdamW's update with one planted bug: no bias correction of m and v (built lazily: torch)."""
+
+    def __new__(cls, groups: list[dict], lr: float, betas: tuple[float, float], eps: float) -> Any:
+        import torch
+
+        class Planted(torch.optim.Optimizer):
+            def __init__(self) -> None:
+                super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+            @torch.no_grad()
+            def step(self, closure: object = None) -> None:
+                for group in self.param_groups:
+                    b1, b2 = group["betas"]
+                    for p in group["params"]:
+                        st = self.state[p]
+                        if not st:
+                            st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                      exp_avg_sq=torch.zeros_like(p))
+                        st["step"] += 1
+                        p.mul_(1 - group["lr"] * group["weight_decay"])
+                        st["exp_avg"].lerp_(p.grad, 1 - b1)
+                        st["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                        p.addcdiv_(st["exp_avg"], st["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
+        return Planted()
+
+
+def plant_optimizer_bug(bug: str) -> Callable[[Any], None]:
+    """A function that plants `bug` in a set-up TorchBackend (its optimizer or its config)."""
+
+    def plant(backend: Any) -> None:
+        import torch
+
+        opt, c = backend.optimizer, backend.config
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+        if bug == "no bias correction":
+            backend.optimizer = AdamWWithoutBiasCorrection(groups, c.learning_rate, (c.beta1, c.beta2), c.eps)
+        elif bug == "decay on 1-D parameters":
+            opt.param_groups[1]["weight_decay"] = c.weight_decay  # the group of biases and LayerNorm weights
+        elif bug == "clip at 0.5":
+            backend.config = c.replace(grad_clip=0.5)
+        elif bug == "eps 1e-6":
+            for g in opt.param_groups:
+                g["eps"] = 1e-6
+        elif bug == "beta2 0.99":
+            for g in opt.param_groups:
+                g["betas"] = (c.beta1, 0.99)
+        elif bug == "coupled weight decay":  # torch.optim.Adam adds weight_decay * p to the gradient (L2)
+            backend.optimizer = torch.optim.Adam(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+        else:
+            raise ValueError(bug)
+
+    return plant
+
+
+def _torch_optimizer(bug: str) -> Callable[[], Undo]:
+    def apply_() -> Undo:
+        from harness.backends.torch_backend import TorchBackend
+
+        setup = TorchBackend.setup
+
+        def planted_setup(self: Any, *args: Any, **kwargs: Any) -> None:
+            setup(self, *args, **kwargs)
+            plant_optimizer_bug(bug)(self)
+        return _patch(TorchBackend, "setup", planted_setup)
+    return apply_
+
+
+# name: (where, description, apply)
+PLANTS: dict[str, tuple[str, str, Callable[[], Undo]]] = {
+    "ln-eps": ("numpy", "LayerNorm eps 1e-3 instead of 1e-5", _ln_eps),
+    "mask-wide": ("numpy", "causal mask one too wide (key t + 1 visible to query t)", _mask_wide),
+    "scale-1/D": ("numpy", "attention scale 1/D instead of 1/sqrt(D)", _scale_1_over_d),
+    "gelu-exact": ("numpy", "exact (erf) GELU where the tanh form is expected", _gelu_exact),
+    "pos-shift": ("numpy", "position embedding shifted by one (position t reads wpe[t-1])", _pos_shift),
+    "adam-t-stops": ("numpy", "AdamW step counter stops advancing after step 3", _adam_counter_stops_at_3),
+    "clip-per-param": ("numpy", "gradient clipping per parameter instead of by the global norm",
+                       _clip_per_parameter),
+    "no-decay-emb": ("numpy", "no weight decay on the embeddings (minGPT's convention)", _embeddings_not_decayed),
+    "masks-off-by-one": ("numpy", "dropout masks of step k - 1 used at step k, in the training loop only",
+                         _masks_of_previous_step),
+    "dropout-in-step": ("numpy", "dropout 0.1 inside the training step only (dropout 0 configured)",
+                        _dropout_in_train_step),
+    "torch-unscaled": ("torch", "attention scale 1 instead of 1/sqrt(head size)", _torch_unscaled),
+    "torch-gelu-exact": ("torch", "exact (erf) GELU where the tanh form is expected", _torch_gelu_exact),
+    "torch-ln-eps": ("torch", "LayerNorm eps 1e-10 instead of 1e-5", _torch_ln_eps),
+    **{f"torch-{bug.replace(' ', '-')}": ("torch", f"AdamW: {bug}", _torch_optimizer(bug))
+       for bug in ("no bias correction", "decay on 1-D parameters", "clip at 0.5", "eps 1e-6", "beta2 0.99",
+                   "coupled weight decay")},
+}
+
+
+def apply(name: str) -> Undo:
+    """Plant bug `name` in this process; returns the undo."""
+    return PLANTS[name][2]()
+
+
+@contextlib.contextmanager
+def planted(name: str) -> Iterator[None]:
+    """Bug `name` planted for the duration of the block."""
+    undo = apply(name)
+    try:
+        yield
+    finally:
+        undo()
+
+
+# A sitecustomize.py that plants $HARNESS_TEST_PLANT in every Python process started with the tests directory on
+# PYTHONPATH (the harness command and its workers).
+SITECUSTOMIZE = """
+import os
+if os.environ.get("HARNESS_TEST_PLANT"):
+    import plants
+    plants.apply(os.environ["HARNESS_TEST_PLANT"])
+"""

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Regenerate docs/parity.md's planted-bug table: every known bug, planted, and what parity says about it.
+
+Three kinds of plant, all from the repository:
+
+- in the NumPy oracle (tests/plants.py, `where` numpy): the planted oracle trains as the reference and torch
+  re-synchronises every step from it, exactly as `harness parity --backends torch,numpy` (harness.probe.run is the
+  worker's code, harness.parity.compare the command's comparison);
+- in the torch model or optimizer (tests/plants.py, `where` torch): the same, the oracle unplanted;
+- in the outside torch port (examples/kit_torch_port.py --plant, `where` port): a kit is exported, the port run as a
+  separate program, and its results graded as `harness kit check` grades them.
+
+For each size and precision pair (torch's or the port's dtype against the float64 oracle) a row says where the bug
+is caught first (the depth, and the tap, parameter or step named there) and the likely cause printed.
+
+    python tools/planted_bugs.py --sizes small,medium --dtypes float32,float64 --steps 8 --write docs/parity.md
+
+With --write the table replaces the lines between the markers `<!-- planted-bugs:begin -->` and
+`<!-- planted-bugs:end -->`; without it, it is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # as `harness parity --threads 1` (its default)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+BEGIN, END = "<!-- planted-bugs:begin -->", "<!-- planted-bugs:end -->"
+
+# plant: dropout it needs (the masks' bugs need dropout > 0)
+PARITY_PLANTS = {
+    "ln-eps": 0.0, "mask-wide": 0.0, "scale-1/D": 0.0, "gelu-exact": 0.0, "pos-shift": 0.0,
+    "adam-t-stops": 0.0, "clip-per-param": 0.0, "no-decay-emb": 0.0, "masks-off-by-one": 0.2,
+    "dropout-in-step": 0.0, "torch-unscaled": 0.0, "torch-gelu-exact": 0.0, "torch-ln-eps": 0.0,
+    "torch-no-bias-correction": 0.0, "torch-decay-on-1-D-parameters": 0.0, "torch-clip-at-0.5": 0.0,
+    "torch-eps-1e-6": 0.0, "torch-beta2-0.99": 0.0, "torch-coupled-weight-decay": 0.0,
+}
+# port plant: (dropout, depths the port writes)
+PORT_PLANTS = {
+    "tied": (0.0, None), "no-lm-bias": (0.0, None), "no-lm-bias (taps and logits only)": (0.0, "taps,logits"),
+    "no-decay-emb": (0.0, None), "aliased": (0.0, None), "masks-off-by-one": (0.2, None),
+    "float64-file": (0.0, None), "dropout-before-proj": (0.2, None), "dropout-on-attn-probs": (0.2, None),
+}
+
+
+def caught(result: object) -> tuple[str, str]:
+    """Where a parity result first breaks (depth and what it names) and the likely cause printed there."""
+    from harness.parity import WRONG_STEP_INPUTS
+
+    r = result
+    if r.first_tap:
+        return f"taps: `{r.first_tap}`", r.tap_cause or ""
+    if any(f.startswith("FAIL: logits") for f in r.failures):
+        return "logits", r.logits_cause or "the forward-pass checklist"
+    if any(f.startswith("FAIL: gradient with dropout") for f in r.failures):
+        return f"dropout gradients: `{r.worst_dropout_grad}`", "dropout (placement or scaling)"
+    if any(f.startswith("FAIL: gradient ") for f in r.failures):
+        return f"gradients: `{r.first_grad}` first, `{r.worst_grad}` worst", "the backward pass"
+    if r.opt_first_bad:
+        k, _, name = r.opt_first_bad
+        return f"optimizer step {k}: `{name}`", r.opt_cause or ""
+    if r.step_loss_first_bad > 0:
+        return f"step loss, step {r.step_loss_first_bad}", WRONG_STEP_INPUTS
+    if r.loss_first_bad >= 0 and not r.passed:
+        return f"loss, step {r.loss_first_bad}", ""
+    return "passes", ""
+
+
+def short(text: str, limit: int = 170) -> str:
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object) -> list[list[str]]:
+    import plants
+
+    from harness import parity, probe
+    from harness.backends.numpy_backend import NumpyBackend
+    from harness.backends.torch_backend import TorchBackend
+    from harness.config import load_config
+
+    rows, references = [], {}
+    for size in sizes:
+        for name, dropout in PARITY_PLANTS.items():
+            where, what, _ = plants.PLANTS[name]
+            config = load_config(size).replace(dropout=dropout, steps=steps)
+            for dtype in dtypes:
+                t0 = time.time()
+                if where == "numpy":
+                    with plants.planted(name):
+                        ref = probe.run(NumpyBackend(), config, corpus, 1337)
+                    other = probe.run(TorchBackend(dtype=dtype, parity=True), config, corpus, 1337,
+                                      reference=ref[0], reference_name="numpy")
+                else:
+                    if (size, dropout) not in references:
+                        references[size, dropout] = probe.run(NumpyBackend(), config, corpus, 1337)
+                    ref = references[size, dropout]
+                    with plants.planted(name):
+                        other = probe.run(TorchBackend(dtype=dtype, parity=True), config, corpus, 1337,
+                                          reference=ref[0], reference_name="numpy")
+                tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), size)
+                r = parity.compare(other[0], ref[0], other[1], ref[1], tol, backends=("torch", "numpy"),
+                                   hyper=config.to_dict())
+                depth, cause = caught(r)
+                rows.append([what, where, size, f"{dtype}/float64", depth, short(cause)])
+                print(f"{name} {size} {dtype}: {depth} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def port_rows(sizes: list[str], dtypes: list[str], data: str) -> list[list[str]]:
+    rows = []
+    port = REPO / "examples" / "kit_torch_port.py"
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            kits = {}
+            for name, (dropout, depths) in PORT_PLANTS.items():
+                if dropout not in kits:
+                    kits[dropout] = Path(tmp) / f"kit-{size}-{dropout}"
+                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", "--size", size, "--steps",
+                                    "5", "--dropout", str(dropout), "--data", data, "--out", str(kits[dropout])],
+                                   check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                kit = kits[dropout]
+                plant = name.split(" ")[0]
+                for dtype in dtypes:
+                    out = Path(tmp) / f"{size}-{plant}-{dtype}.npz"
+                    args = [sys.executable, str(port), str(kit), str(out), "--dtype", dtype, "--plant", plant]
+                    args += ["--depths", depths] if depths else []
+                    subprocess.run(args, check=True, capture_output=True)
+                    proc = subprocess.run([sys.executable, "-m", "harness.cli", "kit", "check", str(kit), str(out)],
+                                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                    verdict = json.loads(out.with_suffix(".check.json").read_text())
+                    d = verdict["diagnosis"]
+                    if proc.returncode == 0:
+                        depth = "passes"
+                        cause = "what the depths given cannot see: " + verdict["blind_spots"].get("logits", "")
+                    else:
+                        named = d.get("tap") or d.get("parameter")
+                        depth = d["depth"] + (f": `{named}`" if named else "") + (
+                            f" ({d['detail'].split(', ')[0]})" if d["depth"] == "optimizer" else "")
+                        cause = d["cause"]
+                    pair = f"{verdict['dtype']}/float64" if verdict["dtype"] == "float32" else "float64/float64"
+                    what = kit_check_plants()[plant] + (" (taps and logits only)" if depths else "")
+                    rows.append([what, "port", size, pair, depth, short(cause)])
+                    print(f"port {name} {size} {dtype}: {depth}", file=sys.stderr, flush=True)
+    return rows
+
+
+def kit_check_plants() -> dict[str, str]:
+    """The port's plants and their descriptions (examples/kit_torch_port.py PLANTS)."""
+    import runpy
+
+    return runpy.run_path(str(REPO / "examples" / "kit_torch_port.py"), run_name="plants")["PLANTS"]
+
+
+def table(rows: list[list[str]], steps: int, sizes: list[str]) -> str:
+    head = (f"Generated by `python tools/planted_bugs.py --sizes {','.join(sizes)} --steps {steps} --write "
+            "docs/parity.md` (seed 1337; `harness parity` re-synchronising every step for the numpy and torch "
+            "plants, `harness kit check` of a 5-step kit for the port's). \"Caught at\" is the first depth that "
+            "fails, in forward order, and what it names there.\n\n")
+    lines = ["| planted bug | where | size | pair | caught at (first) | likely cause printed |",
+             "|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return head + "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="small,medium")
+    ap.add_argument("--dtypes", default="float32,float64", help="torch's (and the port's) dtypes")
+    ap.add_argument("--steps", type=int, default=8, help="training steps of each parity run (8)")
+    ap.add_argument("--only", choices=("parity", "port"), help="one kind of plant only")
+    ap.add_argument("--data", default=os.environ.get("HARNESS_DATA"))
+    ap.add_argument("--write", type=Path, metavar="MARKDOWN", help="replace the table between the markers there")
+    args = ap.parse_args()
+
+    import torch
+
+    from harness.data import load_corpus
+
+    torch.set_num_threads(1)
+    corpus = load_corpus(args.data)
+    sizes, dtypes = args.sizes.split(","), args.dtypes.split(",")
+    rows = []
+    if args.only in (None, "parity"):
+        rows += parity_rows(sizes, dtypes, args.steps, corpus)
+    if args.only in (None, "port"):
+        rows += port_rows(sizes, dtypes, corpus.path)
+    text = table(rows, args.steps, sizes)
+    if args.write is None:
+        print(text)
+        return 0
+    doc = args.write.read_text()
+    if BEGIN not in doc or END not in doc:
+        print(f"{args.write}: no {BEGIN} ... {END} markers", file=sys.stderr)
+        return 2
+    before, rest = doc.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    args.write.write_text(f"{before}{BEGIN}\n{text}{END}{after}")
+    print(f"{args.write}: {len(rows)} rows written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
