@@ -432,14 +432,15 @@ PAIRED = "paired timing"  # the key of the paired timing's exit status in `execu
 
 
 def execute(directory: Path, backends: list[str], resume: bool = False, progress: bool = True,
-            threads: int | None = None, paired_rounds: int = 0) -> dict[str, int]:
+            threads: int | None = None, paired_rounds: int = 0, chained: bool = False) -> dict[str, int]:
     """Run the workers one after another (never at once: they would share cores and skew each other's times),
     then, with `paired_rounds` and two or more completed backends, their paired timing (harness.paired: every
     backend alive at once, timed in alternating bursts), into `<run>/paired.json`; an existing record there gets a
     new session only while it lacks undisturbed rounds.
 
     The run directory is locked for the whole time (UsageError when another process holds it). Returns each
-    backend's exit status, and under `PAIRED` 130 when the paired timing was interrupted.
+    backend's exit status, and under `PAIRED` 130 when the paired timing was interrupted. `chained` (parity: each
+    backend reads what the one before wrote): a backend that does not complete ends the run there.
     """
     directory = Path(directory)
     paths = RunPaths.of_dir(directory)
@@ -457,7 +458,7 @@ def execute(directory: Path, backends: list[str], resume: bool = False, progress
             print(f"[{i}/{len(backends)}] {name}: training in its own process", file=sys.stderr, flush=True)
             codes[name] = code = run_worker(directory, name, resume=resume, progress=progress, threads=threads,
                                             lock=lock)
-            if code == 130:  # interrupted: do not start the next backend
+            if code == 130 or (chained and code != 0):  # interrupted, or the next one needs this one's results
                 return codes
         done = [b for b in backends if codes.get(b) == 0]
         if paired_rounds and len(done) >= 2:

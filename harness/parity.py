@@ -1412,7 +1412,7 @@ def command(args: argparse.Namespace) -> int:
           f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}; {sync}",
           file=sys.stderr)
     # the reference first: the other backend reads its states from the reference's probe
-    codes = launch.execute(directory, [reference, other], progress=progress, threads=threads)
+    codes = launch.execute(directory, [reference, other], progress=progress, threads=threads, chained=True)
     record: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -1426,7 +1426,8 @@ def command(args: argparse.Namespace) -> int:
     path = directory / "parity.json"
     broken = {n: c for n, c in codes.items() if c != 0}
     if broken or len(codes) != len(backends):
-        reason = ", ".join(f"{n} exited {c}" for n, c in broken.items()) or "a backend did not run"
+        reason = ", ".join(f"{n} exited {c}" for n, c in broken.items())
+        reason += "".join(f", {n} not started (it needs {reference}'s results)" for n in backends if n not in codes)
         record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
         records.atomic_write_json(path, record)
         print(f"ERROR: {reason}; nothing compared (see the messages above)", file=sys.stderr)

@@ -185,7 +185,10 @@ def gelu_erf_backward(dout: Array, cache: Cache) -> Array:
     return dout * (cdf + x * xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
 
 
-GELU = {"tanh": (gelu_forward, gelu_backward), "exact": (gelu_erf_forward, gelu_erf_backward)}  # config.gelu
+def gelu_pair(form: str) -> tuple[Any, Any]:
+    """(forward, backward) of config.gelu's form, "tanh" or "exact"; looked up at each call, so that a test that
+    replaces this module's gelu_forward (a planted bug) reaches every model built from it."""
+    return (gelu_forward, gelu_backward) if form == "tanh" else (gelu_erf_forward, gelu_erf_backward)
 
 
 def dropout_forward(x: Array, p: float, rng: np.random.Generator | None,
@@ -289,7 +292,7 @@ def mlp_forward(x: Array, w_fc: Array, b_fc: Array | None, w_proj: Array, b_proj
     """Linear(C, F) -> GELU (`gelu`: "tanh" or "exact") -> Linear(F, C); `taps`: filled with "mlp.fc", "mlp.act"
     and "mlp.proj"."""
     h, fc_cache = linear_forward(x, w_fc, b_fc)
-    a, gelu_cache = GELU[gelu][0](h)
+    a, gelu_cache = gelu_pair(gelu)[0](h)
     out, proj_cache = linear_forward(a, w_proj, b_proj)
     if taps is not None:
         taps.update({"mlp.fc": h, "mlp.act": a, "mlp.proj": out})
@@ -300,7 +303,7 @@ def mlp_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array, Array,
     """Gradients (dx, dw_fc, db_fc, dw_proj, db_proj)."""
     fc_cache, gelu_cache, proj_cache, gelu = cache
     da, dw_proj, db_proj = linear_backward(dout, proj_cache)
-    dh = GELU[gelu][1](da, gelu_cache)
+    dh = gelu_pair(gelu)[1](da, gelu_cache)
     dx, dw_fc, db_fc = linear_backward(dh, fc_cache)
     return dx, dw_fc, db_fc, dw_proj, db_proj
 

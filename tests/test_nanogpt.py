@@ -494,7 +494,9 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
 
 KIT_PLANTS = {  # plant in the port: (dtype, what `kit check` must print)
     "tie-no-sum": ("float32", "likely cause: tied embeddings: only the shared wte.weight gradient differs"),
-    "gelu-tanh": ("float64", "likely cause: GELU form: port computes the tanh GELU where the config asks for exact"),
+    # the activation taps name it first, at h.0.mlp.act (issue 20): the oracle follows the config (exact)
+    "gelu-tanh": ("float64", "likely cause: GELU form: oracle computes the exact (erf) GELU, port the "
+                             "tanh-approximation GELU"),
     "warmup-off-by-one": ("float32", "likely cause: learning-rate schedule: the warm-up is off by one step"),
     "cosine-to-zero": ("float32", "likely cause: learning-rate schedule: the cosine decays to 0 instead of min_lr"),
 }

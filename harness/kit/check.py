@@ -54,22 +54,6 @@ def _kit_array_check(name: str, declared: dict[str, Any]) -> Callable[[str, tupl
     return check
 
 
-def _what_it_is(path: Path) -> str:
-    """What an unreadable file looks like, from its first bytes (the harness's words, not numpy's advice)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return "it cannot be read"
-    if head.startswith(b"PK"):
-        return "a damaged or truncated zip archive"
-    if head.startswith(b"\x93NUMPY"):
-        return "a single .npy array, not an .npz archive of named arrays"
-    if head.startswith(b"\x80"):
-        return "a Python pickle, not an .npz archive"
-    return "not an .npz archive: it does not start with the zip signature"
-
-
 def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
     """The manifest and every file of a kit, each verified against its sha256; UsageError if anything is off.
 

@@ -75,14 +75,16 @@ def read_npz_file(f: BinaryIO, path: Path, what: str, fix: str, check: Check,
         raise UsageError(f"{what} {str(path)!r} is a single .npy array, not an .npz archive; write all arrays "
                          "into one .npz (numpy.savez, NPZ.jl npzwrite with a Dict)")
     if not start.startswith(b"PK"):
-        raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive (an .npz is a zip of .npy files); "
-                         f"{fix}")
+        kind = "a Python pickle" if start.startswith(b"\x80") else "not a zip archive"
+        raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive ({kind}: it does not start with the "
+                         f"zip signature; an .npz is a zip of .npy files); {fix}")
     f.seek(0)
     try:
         with zipfile.ZipFile(f) as zf:
             return _read_members(zf, path, what, fix, check, stored_only)
     except zipfile.BadZipFile as exc:
-        raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive ({exc}); {fix}") from None
+        raise UsageError(f"{what} {str(path)!r} is not a readable .npz archive (a damaged or truncated zip archive: "
+                         f"{exc}); {fix}") from None
 
 
 def _read_members(zf: zipfile.ZipFile, path: Path, what: str, fix: str, check: Check,
