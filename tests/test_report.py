@@ -618,7 +618,7 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
                 rec["seed"], rec["backend_options"] = seed, ({"dtype": dtype} if dtype else {})
                 records.atomic_write_json(path, rec)
                 cell = {"index": len(cells), "key": f"small/{backend}/cpu/seed={seed}", "label": "small",
-                        "backend": backend, "seed": seed, "device": "cpu", "backend_options": rec["backend_options"],
+                        "config": rec["config"], "backend": backend, "seed": seed, "device": "cpu", "backend_options": rec["backend_options"],
                         "run_id": run_id, "status": "completed", "job_ids": [], "attempts": 1, "contended": False}
                 cells.append(cell)
                 members.append(cell)
@@ -633,8 +633,10 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
             records.atomic_write_json(out / entry["path"], doc)
             entries.append(entry)
     mf.Manifest(out, {"schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
-                      "created_at": "2026-01-01T00:00:00Z", "spec": {"backends": ["torch", "numpy"]},
-                      "executor": {"kind": "local", "jobs": 1}, "data": {}, "cells": cells, "paired": entries}).save()
+                      "created_at": "2026-01-01T00:00:00Z",
+                      "spec": {"backends": ["torch", "numpy"], "checkpoint_every": 0, "text": False},
+                      "executor": {"kind": "local", "jobs": 1}, "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32},
+                      "cells": cells, "paired": entries}).save()
     return sweep_id
 
 
