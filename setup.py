@@ -4,5 +4,5 @@ new subpackage cannot be forgotten; package data is listed in pyproject.toml."""
 
 from setuptools import find_packages, setup
 
-setup(packages=[*find_packages(include=["harness", "harness.*", "python_impl"]), "harness._julia"],
+setup(packages=[*find_packages(include=["harness", "harness.*"]), "harness._julia"],
       package_dir={"harness._julia": "julia"})

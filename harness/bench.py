@@ -253,7 +253,7 @@ def backend_repeat(backend: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]
 class BareTorch:
     """(b) for torch: the hand-written floor. No harness code runs between its steps.
 
-    python_impl.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
+    harness.models.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
     tensors of 2 or more dimensions) with the same implementation flags, global-norm clipping. Each step copies its
     batch to the device exactly as the torch backend's step does (`torch_backend.to_device`: pinned host memory,
     non-blocking copy on CUDA), and steps are timed as the runner times them (CUDA events, no per-step sync, on

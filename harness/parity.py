@@ -1205,7 +1205,7 @@ def diagnose_gelu(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
     """When the step-0 logits differ: the float64 oracle's logits of the probe's batch `x` from its initial
     parameters (`opt/0/param/`) in both GELU forms; a backend whose logits lie 10x closer to the other form than to
     the config's computes that form."""
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
 
     params = opt_state(probe_b, 0)["param"] or opt_state(probe_a, 0)["param"]
     if "x" not in probe_b or not params or "logits" not in probe_a or "logits" not in probe_b:

@@ -1,6 +1,6 @@
 """Activation taps: the named intermediate tensors of the forward pass that parity compares at depth 0.
 
-Defined once here, for every backend (python_impl/numpy_gpt.py, python_impl/torch_gpt.py and
+Defined once here, for every backend (harness/models/numpy_gpt.py, harness/models/torch_gpt.py and
 julia/NanoGPTFlux fill them by these names), the conformance kit (harness/kit) and the Flux layout
 (harness/backends/flux_layout.py). docs/parity.md, "Depth 0: activation taps".
 

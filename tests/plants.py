@@ -3,7 +3,7 @@ tools/planted_bugs.py).
 
 Each plant patches one thing in this process and returns a function that undoes it: `apply(name)` (also from a
 `sitecustomize.py`, so that a `harness parity` command and its worker processes all carry it: see `SITECUSTOMIZE`),
-or `with planted(name): ...`. NUMPY plants change the NumPy oracle (python_impl/numpy_gpt.py or its backend) forward
+or `with planted(name): ...`. NUMPY plants change the NumPy oracle (harness/models/numpy_gpt.py or its backend) forward
 and backward consistently, so the planted oracle is a coherent, differently-defined model; TORCH plants change the
 PyTorch model or optimizer.
 """
@@ -28,7 +28,7 @@ def _patch(owner: Any, name: str, value: Any) -> Undo:
 
 # --- the NumPy oracle ----------------------------------------------------------------------------------------------
 def _ln_eps() -> Undo:
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
 
     f = numpy_gpt.layernorm_forward
     old = f.__defaults__
@@ -40,7 +40,7 @@ def _ln_eps() -> Undo:
 
 
 def _mask_wide() -> Undo:
-    from python_impl import numpy_gpt as g
+    from harness.models import numpy_gpt as g
 
     def causal_attention_forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
         T, D = q.shape[-2], q.shape[-1]
@@ -53,7 +53,7 @@ def _mask_wide() -> Undo:
 
 
 def _scale_1_over_d() -> Undo:
-    from python_impl import numpy_gpt as g
+    from harness.models import numpy_gpt as g
 
     def causal_attention_forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
         T, D = q.shape[-2], q.shape[-1]
@@ -68,7 +68,7 @@ def _scale_1_over_d() -> Undo:
 def _gelu_exact() -> Undo:
     from scipy.special import erf
 
-    from python_impl import numpy_gpt as g
+    from harness.models import numpy_gpt as g
 
     def gelu_forward(x: Any) -> tuple[Any, Any]:
         return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x
@@ -80,7 +80,7 @@ def _gelu_exact() -> Undo:
 
 
 def _pos_shift() -> Undo:
-    from python_impl import numpy_gpt as g
+    from harness.models import numpy_gpt as g
 
     def embedding_forward(idx: Any, wte: Any, wpe: Any) -> tuple[Any, Any]:
         T = idx.shape[1]
@@ -100,7 +100,7 @@ def _pos_shift() -> Undo:
 
 
 def _adam_counter_stops_at_3() -> Undo:
-    from python_impl import numpy_gpt as g
+    from harness.models import numpy_gpt as g
 
     def step(self: Any, params: dict, grads: dict, lr: float) -> None:
         self.t = min(self.t + 1, 3)  # the bug: the step counter stops advancing after step 3
@@ -119,7 +119,7 @@ def _adam_counter_stops_at_3() -> Undo:
 
 
 def _clip_per_parameter() -> Undo:
-    from python_impl import numpy_gpt as g
+    from harness.models import numpy_gpt as g
 
     def clip_grad_norm(grads: dict, max_norm: float) -> Any:
         norms = []
@@ -195,7 +195,7 @@ def _torch_attention(scale: float | None = None, causal: bool = True) -> Callabl
 
 
 def _torch_unscaled() -> Undo:
-    from python_impl import torch_gpt
+    from harness.models import torch_gpt
 
     return _patch(torch_gpt.CausalSelfAttention, "forward", _torch_attention(scale=1.0))
 

@@ -417,7 +417,7 @@ class FailingMatmul(np.ndarray):
 @pytest.fixture
 def stub_cupy(monkeypatch: pytest.MonkeyPatch):
     """Install a stub cupy (and cupyx) module; returns a factory to choose which readiness step fails."""
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
 
     monkeypatch.setattr(numpy_gpt, "xp", np)  # restored after the test (setup switches the module's xp)
 
@@ -443,7 +443,7 @@ def stub_cupy(monkeypatch: pytest.MonkeyPatch):
 def test_cupy_readiness_names_the_failing_step(stub_cupy, fail: str, words: str) -> None:
     """Planted bug: the old check (getDeviceCount only) passes every one of these."""
     from harness.backends.numpy_backend import NumpyBackend
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
 
     stub_cupy(fail)
     with pytest.raises(BackendUnavailable) as info:

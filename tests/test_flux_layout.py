@@ -28,8 +28,8 @@ from harness.backends.flux_layout import (
     tokens_to_flux,
 )
 from harness.config import load_config
+from harness.models import numpy_gpt
 from harness.weights import init_weights, param_shapes
-from python_impl import numpy_gpt
 
 VOCAB = 65
 

@@ -96,7 +96,7 @@ BRIDGE_SCRIPT = textwrap.dedent("""
     assert info["device"] == "cpu" and "compile_time_s" in info, info
 
     # the harness's dropout masks (bool (B, T, C)) through masks_to_flux: the NumPy oracle's gradients
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
     cfg_d = config.replace(dropout=0.25)
     sites = ["emb"] + [f"h.{i}.{s}" for i in range(cfg_d.n_layer) for s in ("attn", "mlp")]
     masks = {k: rng.random((4, 64, cfg_d.n_embd)) >= 0.25 for k in sites}

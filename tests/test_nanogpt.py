@@ -131,7 +131,7 @@ def test_options_shape_the_parameters_and_the_costs() -> None:
 
 
 def test_oracle_backward_with_nanogpt_options_matches_finite_differences() -> None:
-    from python_impl import numpy_gpt as ng
+    from harness.models import numpy_gpt as ng
 
     ng.use_device("cpu")
     for options in (NANOGPT, dict(NANOGPT, lm_head_bias=True)):
@@ -349,7 +349,7 @@ def wrong_rate(rate: object) -> object:
 
 def no_tied_sum(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant: the oracle's tied matrix gets the embedding's gradient only (the output layer's is dropped)."""
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
 
     backward = numpy_gpt.gpt_backward
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from harness.config import Config, load_config
+from harness.models import numpy_gpt as ng
 from harness.weights import decays, init_weights
-from python_impl import numpy_gpt as ng
 
 VOCAB = 7
 H = 1e-5  # central differences: truncation error O(H^2), rounding error O(1e-16 / H)

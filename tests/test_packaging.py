@@ -22,7 +22,7 @@ else:
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS_PACKAGE = "python_impl"  # where the models live (imported as MODELS_PACKAGE.torch_gpt, ...numpy_gpt)
+MODELS_PACKAGE = "harness.models"  # where the models live (imported as MODELS_PACKAGE.torch_gpt, ...numpy_gpt)
 BINARY_LIMIT = 100 * 1024
 FIXTURES = ("tests/fixtures/", "julia/NanoGPTFlux/test/")  # test fixtures may be large
 

@@ -248,7 +248,7 @@ def test_correct_torch_passes_in_process(dtype: str, small_setup: tuple, numpy_r
 def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_reference: tuple,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.backends.torch_backend import TorchBackend
-    from python_impl import torch_gpt
+    from harness.models import torch_gpt
 
     monkeypatch.setattr(torch_gpt.CausalSelfAttention, "forward", unscaled_attention)
     probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
@@ -338,7 +338,7 @@ def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: py
 SITECUSTOMIZE = """
     # Loaded by every Python process of the test (the CLI and both workers): plants the attention bug in torch.
     import torch.nn.functional as F
-    from python_impl import torch_gpt
+    from harness.models import torch_gpt
 
     def forward(self, x, mask=None, taps=None):
         B, T, C = x.shape

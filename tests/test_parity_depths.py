@@ -55,7 +55,7 @@ def test_masks_contract() -> None:
 
 
 def test_numpy_dropout_applies_the_given_mask() -> None:
-    from python_impl import numpy_gpt
+    from harness.models import numpy_gpt
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 4))
@@ -199,7 +199,7 @@ DROPOUT_BUGS = {
 @pytest.mark.parametrize("size", ["small", "medium"])
 @pytest.mark.parametrize("bug", list(DROPOUT_BUGS))
 def test_planted_dropout_bug_is_named(bug: str, size: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from python_impl import torch_gpt
+    from harness.models import torch_gpt
 
     cls, forward = DROPOUT_BUGS[bug]
     monkeypatch.setattr(getattr(torch_gpt, cls), "forward", forward)
@@ -225,7 +225,7 @@ PLANT_CLIP = """
 
 PLANT_DROPOUT_SCALE = """
     # Loaded by every Python process of the test: torch's shared-mask dropout scales by p instead of 1/(1-p).
-    from python_impl import torch_gpt
+    from harness.models import torch_gpt
 
     def forward(self, x, mask=None):
         return super(torch_gpt.Dropout, self).forward(x) if mask is None else x * mask * self.p

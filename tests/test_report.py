@@ -618,7 +618,8 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
                 rec["seed"], rec["backend_options"] = seed, ({"dtype": dtype} if dtype else {})
                 records.atomic_write_json(path, rec)
                 cell = {"index": len(cells), "key": f"small/{backend}/cpu/seed={seed}", "label": "small",
-                        "config": rec["config"], "backend": backend, "seed": seed, "device": "cpu", "backend_options": rec["backend_options"],
+                        "config": rec["config"], "backend": backend, "seed": seed, "device": "cpu",
+                        "backend_options": rec["backend_options"],
                         "run_id": run_id, "status": "completed", "job_ids": [], "attempts": 1, "contended": False}
                 cells.append(cell)
                 members.append(cell)

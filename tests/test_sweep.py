@@ -287,10 +287,10 @@ def test_time_to_target_first_crossing_or_never():
 
 
 def test_models_do_not_import_the_layers_above_them():
-    """python_impl is the oracle: it may use the shared shapes/config, never the backend layer that adapts it."""
+    """harness.models is the oracle: it may use the shared shapes/config, never the backend layer that adapts it."""
     import ast
 
-    root = Path(__file__).resolve().parent.parent / "python_impl"
+    root = Path(__file__).resolve().parent.parent / "harness" / "models"
     for path in root.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (

@@ -1,4 +1,4 @@
-"""The NumPy reference backend: python_impl.numpy_gpt (hand-written backward, AdamW) behind the Backend protocol.
+"""The NumPy reference backend: harness.models.numpy_gpt (hand-written backward, AdamW) behind the Backend protocol.
 
 float64 by default (the oracle), float32 on request. `--device cuda` runs the same code on CuPy when it is
 installed and ready (`cupy_ready`: a kernel compiles, float64 matmul and cupyx.scatter_add run). On the CPU dropout
@@ -20,8 +20,8 @@ import numpy as np
 from harness.backends.base import BackendUnavailable
 from harness.config import Config
 from harness.errors import UsageError
+from harness.models import numpy_gpt
 from harness.weights import param_shapes
-from python_impl import numpy_gpt
 
 DTYPES = ("float64", "float32")
 CUPY_FIX = ("install the CuPy wheel for your CUDA with its CUDA components (pip install 'cupy-cuda12x[ctk]', "

@@ -1,4 +1,4 @@
-"""The PyTorch backend: python_impl.torch_gpt.GPT driven through the Backend protocol."""
+"""The PyTorch backend: harness.models.torch_gpt.GPT driven through the Backend protocol."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from harness.backends.base import BackendUnavailable
 from harness.config import Config
 from harness.environment import cpu_model, peak_rss_bytes
 from harness.errors import UsageError
+from harness.models.torch_gpt import GPT
 from harness.weights import decays
-from python_impl.torch_gpt import GPT
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -33,7 +33,7 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def build_model(config: Config, weights: dict[str, np.ndarray], vocab_size: int) -> GPT:
-    """python_impl.torch_gpt.GPT of `config` (its model options) holding the canonical `weights` (float32, CPU).
+    """harness.models.torch_gpt.GPT of `config` (its model options) holding the canonical `weights` (float32, CPU).
 
     Tied embeddings: state_dict() lists the one shared matrix under both names, so it is loaded under both."""
     model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head, config.d_hidden,

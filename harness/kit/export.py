@@ -1,6 +1,6 @@
 """`harness kit export`: the exact inputs and the float64 oracle's exact answers, as NPZ files and manifest.json.
 
-The oracle is the NumPy reference backend (python_impl/numpy_gpt.py) in float64, driven through the same Backend
+The oracle is the NumPy reference backend (harness/models/numpy_gpt.py) in float64, driven through the same Backend
 protocol as in `harness parity`: the step-0 probe on the first batch, then `steps` training steps (forward with the
 harness's dropout masks, backward, global-norm clipping, AdamW), with the backend's state_dict after each step.
 """
@@ -198,7 +198,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "vocabulary": "".join(corpus.chars), "vocab_size": corpus.vocab_size,
         "data": {"file": Path(corpus.path).name, "sha256": corpus.sha256, "n_chars": corpus.n_chars,
                  "split": "first 90% train (the batches come from it), last 10% validation"},
-        "expected_dtype": "float64", "oracle": "numpy backend (python_impl/numpy_gpt.py), float64, CPU",
+        "expected_dtype": "float64", "oracle": "numpy backend (harness/models/numpy_gpt.py), float64, CPU",
         "parameters": {n: list(s) for n, s in shapes.items()},
         "taps": {"rows": tap_rows(config), "names": tap_names(config.n_layer),
                  "taken_on": f"x[0][:{tap_rows(config)}] (the first rows of step 0's batch), the initial weights, "

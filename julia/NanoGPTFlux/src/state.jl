@@ -212,7 +212,7 @@ end
     TorchAdamW(eta, beta, lambda, epsilon)
 
 `torch.optim.AdamW` (single-tensor path, amsgrad off) as an Optimisers.jl rule, in the same order
-of operations as torch and the NumPy oracle (python_impl/numpy_gpt.py `AdamW`). At step t (an
+of operations as torch and the NumPy oracle (harness/models/numpy_gpt.py `AdamW`). At step t (an
 integer kept in the state, from 1):
 
     p *= 1 - eta * lambda                          decoupled decay (skipped when lambda == 0)

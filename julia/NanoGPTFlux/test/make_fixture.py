@@ -1,4 +1,4 @@
-"""Write fixture.txt: what the NumPy float64 oracle (python_impl/numpy_gpt.py) computes on a tiny model.
+"""Write fixture.txt: what the NumPy float64 oracle (harness/models/numpy_gpt.py) computes on a tiny model.
 
 NanoGPTFlux's `Pkg.test()` (runtests.jl) reads it as an outside reference: logits, loss and gradients at fixed
 weights (dropout off, and with given dropout keep-masks), two full training steps (forward and backward with the
@@ -31,9 +31,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from harness.backends.flux_layout import logits_to_flux, masks_to_flux, to_flux, tokens_to_flux  # noqa: E402
 from harness.config import load_config  # noqa: E402
+from harness.models import numpy_gpt  # noqa: E402
 from harness.schedule import learning_rates  # noqa: E402
 from harness.weights import decays, init_weights  # noqa: E402
-from python_impl import numpy_gpt  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixture.txt"
 VOCAB, T, B = 5, 6, 2

@@ -58,7 +58,7 @@ end
 
 # ---------------------------------------------------------------------------------------------
 # The outside reference: fixture.txt, written by make_fixture.py from the NumPy float64 oracle
-# (python_impl/numpy_gpt.py). Format: `config KEY VALUE`, `scalar NAME VALUE`, and `array NAME
+# (harness/models/numpy_gpt.py). Format: `config KEY VALUE`, `scalar NAME VALUE`, and `array NAME
 # DIMS...` followed by one line of values in column-major order; arrays in the Flux layout.
 # ---------------------------------------------------------------------------------------------
 
