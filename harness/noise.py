@@ -255,6 +255,13 @@ def format_result(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _leg_failed(argv: list[str], code: int, root: Path) -> int:
+    """A leg that did not complete ends the benchmark: no ratio or check would mean anything."""
+    print(f"noise: `harness {' '.join(argv)}` exited {code} (run it alone to see why); the legs so far are under "
+          f"{root}; no checks", file=sys.stderr)
+    return 1
+
+
 def command(args: argparse.Namespace) -> int:
     """`harness bench --noise`: the four legs, the table, the JSON."""
     from harness.options import pick_backends, pick_sizes
@@ -263,12 +270,18 @@ def command(args: argparse.Namespace) -> int:
     sizes = pick_sizes(args.size, default=())
     if len(backends) != 2 or len(sizes) != 1:
         raise UsageError("--noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
+    from harness.config import load_config
+    from harness.data import check_fits, load_corpus
+
+    corpus = load_corpus(args.data)  # bad data is one line before any leg starts (each leg reads it again)
+    config = load_config(sizes[0])
+    check_fits(corpus, config.block_size, config.batch_size)
     records.check_writable(args.out)
     hogs = args.hogs or _cores()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
-    common = [*(["--threads", str(args.threads)] if args.threads else []),
-              *(["--data", args.data] if args.data else []), "--no-text", "--quiet"]
+    common = [*(["--threads", str(args.threads)] if args.threads else []), "--data", corpus.path, "--no-text",
+              "--quiet"]
     sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.noise_seeds),
              "--steps", str(args.noise_steps), *common]
     run = ["run", "--size", sizes[0], "--steps", str(args.noise_run_steps), "--backend", backends[0], *common]
@@ -279,8 +292,12 @@ def command(args: argparse.Namespace) -> int:
     timing: dict[str, Any] = {}
     for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
+        if code != 0:
+            return _leg_failed(argv, code, root)
         h = Hogs(hogs, quiet_s / 3, 2 * quiet_s / 3)
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
+        if code_d != 0:
+            return _leg_failed(argv, code_d, root)
         timing[kind] = {"quiet_s": quiet_s, "disturbed_s": disturbed_s, "hogs_window_s": h.window,
                         "exit_status": [code, code_d]}
         for leg, out in (("quiet", root / f"{kind}-quiet"), ("disturbed", root / f"{kind}-disturbed")):

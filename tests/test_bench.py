@@ -330,3 +330,23 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     assert "check: sweep: disturbed paired ratio within 15 % of the quiet one: -20.0 % -> FAIL" in text
     assert "cells disturbed: 2 of 3: torch seed 1337 contended_fraction 0.40" in text
     assert "contended_fraction 0.70; marked mostly disturbed" in text
+
+
+def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch, capsys):
+    """Missing data, one backend or a size too big for the text: one line, exit 2, no leg started, nothing written."""
+    from harness.cli import main
+
+    out = tmp_path / "out"
+    monkeypatch.delenv("HARNESS_DATA", raising=False)
+    short = tmp_path / "short.txt"
+    short.write_text("to be or not to be " * 40)  # 760 characters: fewer than 16 windows of 64 to train on
+    for argv, words in ((["--data", str(tmp_path / "nope.txt")], "does not exist"),
+                        (["--backend", "torch"], "two backends at one size"),
+                        (["--data", str(short)], "too short")):
+        args = ["bench", "--noise", "--backend", "torch,numpy", "--size", "small", "--out", str(out), *argv]
+        if "--backend" in argv:
+            args = ["bench", "--noise", "--size", "small", "--out", str(out), *argv]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()
