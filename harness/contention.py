@@ -73,6 +73,7 @@ class Snapshot:
     load1: float | None = None
     psi_some_s: float | None = None  # /proc/pressure/cpu "some" total, seconds
     gpu: dict | None = None
+    epoch: float | None = None  # time.time(): when, on the calendar, the chunk began (to line it up with outside events)
 
 
 def _read(path: Path) -> str | None:
@@ -165,7 +166,7 @@ class Probe:
         snap = Snapshot(wall=0.0, cpu=0.0, threads=len(tasks) if tasks else None, tasks=tasks, machine=machine,
                         ncpu=ncpu, load1=self.load1(), psi_some_s=self.psi_some(),
                         gpu=self.gpu.state() if self.gpu is not None else None)
-        snap.cpu, snap.wall = self.cpu_clock(), self.clock()
+        snap.cpu, snap.wall, snap.epoch = self.cpu_clock(), self.clock(), time.time()
         return snap
 
 
@@ -249,6 +250,8 @@ def chunk(a: Snapshot, b: Snapshot, first_step: int, steps: int) -> dict:
         busy, steal, total = (max(0.0, y - x) for x, y in zip(a.machine, b.machine))
         out.update(busy_s=busy, steal_s=steal, total_s=total, others_cpu_s=max(0.0, busy - out["cpu_s"]))
     out["ncpu"] = b.ncpu
+    if a.epoch is not None:
+        out["at"] = a.epoch
     out["load"] = [a.load1, b.load1]
     if a.psi_some_s is not None and b.psi_some_s is not None:
         out["psi_some_s"] = max(0.0, b.psi_some_s - a.psi_some_s)

@@ -300,13 +300,15 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     run passes the run check, an unmarked slow one fails it; the table prints what the checks use."""
     from harness import noise
 
-    def leg(a: str, b: str, time_ratio: float, hit: int) -> dict:
+    def leg(a: str, b: str, time_ratio: float, hit: int, missed: int = 0) -> dict:
         cells = [{"backend": "torch", "seed": 1337 + i, "contended_fraction": 0.4 if i < hit else 0.0,
                   "mostly_disturbed": False, "step_median_s": 0.003} for i in range(3)]
         return {"a": a, "b": b, "paired": {"time_ratio": time_ratio, "usable": True, "rounds": 10,
                                            "disturbed_rounds": 0, "text": f"{a} vs {b}"},
                 "training": None, "cells": cells, "disturbed_cells": [c for c in cells if c["contended_fraction"]],
-                "report_names_them": hit > 0}
+                "report_names_them": hit > 0,
+                "during_hogs": {"training_chunks": {"ran": 2 * hit + missed, "judged_disturbed": 2 * hit},
+                                "paired_bursts": {"ran": 4, "judged_disturbed": 4}}}
 
     def run(median: float, frac: float, mostly: bool = False) -> dict:
         return {"backend": "torch", "step_median_s": median, "steady_steps": 290, "disturbed_steps": 96,
@@ -323,6 +325,9 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)  # numpy/torch 1.0 against 1.25: outside 15 %
     result["run_disturbed"] = run(0.0040, 0.33)  # 33 % slower and not marked
     assert [c["ok"] for c in noise.checks(result)] == [False, True, False, True]
+    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2, missed=1)  # a chunk during the hogs not judged
+    assert [c["ok"] for c in noise.checks(result)][1] is False
+    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)
     result["run_disturbed"] = run(0.0040, 0.7, mostly=True)  # marked, and saying why: that is what is asked
     result["checks"] = noise.checks(result)
     assert result["checks"][2]["ok"]
@@ -350,3 +355,18 @@ def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch,
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
         assert not out.exists()
+
+
+def test_noise_benchmark_lines_chunks_up_with_the_hogs():
+    """A chunk counts as run during the hogs when at least half of it lies in their calendar window; of those, the
+    ones the contention rule judges disturbed are counted apart (the detection's recall)."""
+    from harness import noise
+
+    window = [100.0, 110.0]
+    assert noise.overlaps(101.0, 2.0, window) and noise.overlaps(109.0, 2.0, window)  # half inside counts
+    assert not noise.overlaps(109.5, 2.0, window) and not noise.overlaps(90.0, 5.0, window)
+    assert not noise.overlaps(None, 2.0, window) and not noise.overlaps(101.0, 2.0, [])
+    busy = {"at": 102.0, "wall_s": 1.0, "exec_s": 0.5, "wait_s": 0.5}  # waited half its runnable time
+    idle = {"at": 103.0, "wall_s": 1.0, "exec_s": 1.0, "wait_s": 0.0}
+    before = {"at": 50.0, "wall_s": 1.0, "exec_s": 0.5, "wait_s": 0.5}
+    assert noise._hits([busy, idle, before], window) == (2, 1)
