@@ -161,7 +161,7 @@ def sweep_result(out: Path, epochs: list[float] | None = None) -> dict[str, Any]
     named = all(f"{c['label']}/{x['backend']} seed {x['seed']} (contended_fraction" in page for x in hit)
     chunks = [ch for cell in m.cells if cell.get("run_id")
               for ch in _record_chunks(out, cell["run_id"], cell["backend"])]
-    bursts = [b.get("chunk") or {} for doc in paired_docs(out, m).values() for s_ in doc.get("sessions") or []
+    bursts = [b.get("chunk") or {} for doc in paired_docs(out, m) for s_ in doc.get("sessions") or []
               for r in s_.get("rounds") or [] for b in (r.get("bursts") or {}).values()]
     during = {"training_chunks": _hits(chunks, epochs or []), "paired_bursts": _hits(bursts, epochs or [])}
     return {

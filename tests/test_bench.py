@@ -370,3 +370,19 @@ def test_noise_benchmark_lines_chunks_up_with_the_hogs():
     idle = {"at": 103.0, "wall_s": 1.0, "exec_s": 1.0, "wait_s": 0.0}
     before = {"at": 50.0, "wall_s": 1.0, "exec_s": 0.5, "wait_s": 0.5}
     assert noise._hits([busy, idle, before], window) == (2, 1)
+
+
+def test_noise_benchmark_reads_a_real_sweep(tmp_path):
+    """sweep_result on a sweep as `harness sweep` leaves it (records, manifest, paired timings): the comparison and,
+    for a window covering everything, every chunk and burst counted as run during the hogs."""
+    from test_report import make_sweep
+
+    from harness import noise
+
+    out = tmp_path / "out"
+    make_sweep(out, seeds=3)
+    result = noise.sweep_result(out, [0.0, 4e9])
+    assert result["paired"]["time_ratio"] and len(result["cells"]) == 6
+    seen = result["during_hogs"]
+    assert set(seen) == {"training_chunks", "paired_bursts"}
+    assert noise.sweep_result(out)["during_hogs"]["paired_bursts"]["ran"] == 0  # no window: nothing ran during it
