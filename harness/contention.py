@@ -73,7 +73,7 @@ class Snapshot:
     load1: float | None = None
     psi_some_s: float | None = None  # /proc/pressure/cpu "some" total, seconds
     gpu: dict | None = None
-    epoch: float | None = None  # time.time(): when, on the calendar, the chunk began (to line it up with outside events)
+    epoch: float | None = None  # time.time(): when, on the calendar, this instant was (lines chunks up with events)
 
 
 def _read(path: Path) -> str | None:

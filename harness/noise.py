@@ -119,8 +119,10 @@ def _harness(args: list[str], hogs: Hogs | None, quiet: bool) -> tuple[int, floa
     """Run `harness ARGS` in a fresh interpreter (hogs started part-way); (exit status, seconds)."""
     cmd = [sys.executable, "-m", "harness.cli", *args]
     if not quiet:
+        when = "" if not hogs else ("for the whole invocation" if hogs.stop_s is None
+                                    else f"from {hogs.start_s:.0f} s to {hogs.stop_s:.0f} s")
         print(f"noise: load average {_load()}; $ harness {' '.join(args)}"
-              + (f"  (+{hogs.n} hogs from {hogs.start_s:.0f} s to {hogs.stop_s:.0f} s)" if hogs else ""),
+              + (f"  (+{hogs.n} hogs {when})" if hogs else ""),
               file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out = subprocess.DEVNULL if quiet else None
