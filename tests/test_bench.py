@@ -307,8 +307,10 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
                                            "disturbed_rounds": 0, "text": f"{a} vs {b}"},
                 "training": None, "cells": cells, "disturbed_cells": [c for c in cells if c["contended_fraction"]],
                 "report_names_them": hit > 0,
-                "during_hogs": {"training_chunks": {"ran": 2 * hit + missed, "judged_disturbed": 2 * hit},
-                                "paired_bursts": {"ran": 4, "judged_disturbed": 4}}}
+                # during the hogs: `hit` slowed chunks judged disturbed, `missed` slowed ones not, one unslowed chunk
+                "during_hogs": [{"kind": "training chunk", "backend": "torch", "median_s": 0.006, "judged": True}] * hit
+                + [{"kind": "training chunk", "backend": "torch", "median_s": 0.006, "judged": False}] * missed
+                + [{"kind": "paired burst", "backend": "torch", "median_s": 0.0031, "judged": False}]}
 
     def run(median: float, frac: float, mostly: bool = False) -> dict:
         return {"backend": "torch", "step_median_s": median, "steady_steps": 290, "disturbed_steps": 96,
@@ -325,8 +327,9 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)  # numpy/torch 1.0 against 1.25: outside 15 %
     result["run_disturbed"] = run(0.0040, 0.33)  # 33 % slower and not marked
     assert [c["ok"] for c in noise.checks(result)] == [False, True, False, True]
-    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2, missed=1)  # a chunk during the hogs not judged
+    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2, missed=1)  # a slowed chunk not judged disturbed
     assert [c["ok"] for c in noise.checks(result)][1] is False
+    assert noise.detection(result["sweep_quiet"], result["sweep_disturbed"]) == (3, 2, 4)
     result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)
     result["run_disturbed"] = run(0.0040, 0.7, mostly=True)  # marked, and saying why: that is what is asked
     result["checks"] = noise.checks(result)
@@ -369,7 +372,8 @@ def test_noise_benchmark_lines_chunks_up_with_the_hogs():
     busy = {"at": 102.0, "wall_s": 1.0, "exec_s": 0.5, "wait_s": 0.5}  # waited half its runnable time
     idle = {"at": 103.0, "wall_s": 1.0, "exec_s": 1.0, "wait_s": 0.0}
     before = {"at": 50.0, "wall_s": 1.0, "exec_s": 0.5, "wait_s": 0.5}
-    assert noise._hits([busy, idle, before], window) == (2, 1)
+    items = [("training chunk", "torch", c, [0.002, 0.003]) for c in (busy, idle, before)]
+    assert [d["judged"] for d in noise._during(items, window)] == [True, False]
 
 
 def test_noise_benchmark_reads_a_real_sweep(tmp_path):
@@ -383,6 +387,5 @@ def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     make_sweep(out, seeds=3)
     result = noise.sweep_result(out, [0.0, 4e9])
     assert result["paired"]["time_ratio"] and len(result["cells"]) == 6
-    seen = result["during_hogs"]
-    assert set(seen) == {"training_chunks", "paired_bursts"}
-    assert noise.sweep_result(out)["during_hogs"]["paired_bursts"]["ran"] == 0  # no window: nothing ran during it
+    assert isinstance(result["during_hogs"], list)
+    assert noise.sweep_result(out)["during_hogs"] == []  # no window: nothing ran during it
