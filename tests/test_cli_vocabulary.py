@@ -37,7 +37,7 @@ EVERYWHERE = {
     "--size": ("run", "parity", "bench", "sweep", "kit export"),
     "--out": ("run", "report", "parity", "bench", "sweep", "kit export", "kit check"),
     "--threads": ("run", "parity", "bench", "sweep"),
-    "--quiet": ("run", "parity", "bench", "sweep"),
+    "--quiet": ("run", "parity", "bench", "sweep", "kit export"),
     "--steps": ("run", "parity", "bench", "sweep", "kit export"),
     "--data": ("run", "parity", "bench", "sweep", "kit export"),
     "--seed": ("run", "parity", "bench", "sweep", "kit export"),

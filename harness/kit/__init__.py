@@ -20,7 +20,7 @@ DEFAULT_STEPS = 5
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `export` and `check` subcommands of `harness kit`."""
     from harness.config import PRESETS, seed_arg
-    from harness.options import Parser, add_data, add_set, add_size, out_arg, positive_int
+    from harness.options import Parser, add_data, add_quiet, add_set, add_size, out_arg, positive_int
 
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
     e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json")
@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dropout probability; > 0 exports the harness's dropout masks for every step (default 0)")
     e.add_argument("--out", type=out_arg, required=True, metavar="DIR",
                    help="output directory: a new or empty directory for the kit (required)")
+    add_quiet(e)
     e.set_defaults(kit_func="export")
 
     c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed")

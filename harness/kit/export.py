@@ -293,7 +293,7 @@ def command(args: argparse.Namespace) -> int:
     check_fits(corpus, config.block_size, config.batch_size)
     print(f"kit: {config.name}, {args.steps} steps, dropout {dropout:g}, seed {args.seed} -> {args.out}",
           file=sys.stderr)
-    files, _ = compute(config, corpus, args.seed, args.steps)
+    files, _ = compute(config, corpus, args.seed, args.steps, progress=not getattr(args, "quiet", False))
     blobs = {name: npz_bytes(arrays) for name, arrays in files.items()}
     manifest = build_manifest(config, size, corpus, args.seed, args.steps, files, blobs)
     write_kit(args.out, blobs, (json.dumps(manifest, indent=1) + "\n").encode())
