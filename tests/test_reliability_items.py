@@ -83,11 +83,6 @@ def record_of(run: Path, backend: str = "numpy") -> dict:
     return json.loads((run / f"{backend}.json").read_text())
 
 
-@pytest.fixture(autouse=True)
-def _data_env(monkeypatch) -> None:
-    monkeypatch.setenv("HARNESS_DATA", str(data_path()))  # in-process CLI calls read the test corpus
-
-
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "tiny.toml"

@@ -52,11 +52,6 @@ def tree(path: Path) -> list[str]:
     return sorted(str(p) for p in path.rglob("*")) if path.exists() else []
 
 
-@pytest.fixture(autouse=True)
-def _data_env(monkeypatch) -> None:
-    monkeypatch.setenv("HARNESS_DATA", str(data_path()))  # in-process CLI calls read the test corpus
-
-
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "tiny.toml"

@@ -338,28 +338,37 @@ class DiskFull(Exception):
                          f"space, then continue with `{again}`")
 
 
+def _alive_jobs(m: mf.Manifest, items: list[dict]) -> dict[str, str]:
+    """The SLURM jobs of `items` (cells or paired entries) that squeue still lists as alive, with their state."""
+    if m.doc["executor"]["kind"] != "slurm" or not items:
+        return {}
+    from harness.sweep.slurm import is_alive, job_states
+
+    states = job_states([i["job_ids"][-1] for i in items if i.get("job_ids")]) or {}
+    return {j: s for j, s in states.items() if is_alive(s)}
+
+
+def _state_now(m: mf.Manifest, item: dict, state: str, alive: dict[str, str]) -> tuple[str, str]:
+    """(state, job id) of a cell or paired entry now: its job's, while squeue lists it alive, else its record's
+    `state`, where a record left "running" is running only if this sweep's local process is running it."""
+    job = item["job_ids"][-1] if item.get("job_ids") else ""
+    if job in alive:
+        return ("running" if alive[job].startswith("RUNNING") else "queued"), job
+    if state == "running":
+        local = item.get("status") == "running" and m.doc["executor"]["kind"] == "local" and _local_alive(m)
+        state = "running" if local else "interrupted"
+    return state, job
+
+
 def refresh(m: mf.Manifest) -> list[dict]:
     """Each cell's state now (from squeue for SLURM jobs still alive, else from its RunRecord), set in `m` in memory."""
-    alive: dict[str, str] = {}
-    if m.doc["executor"]["kind"] == "slurm":
-        from harness.sweep.slurm import is_alive, job_states
-
-        ids = [c["job_ids"][-1] for c in m.cells if c.get("job_ids")]
-        states = job_states(ids) or {}
-        alive = {j: s for j, s in states.items() if is_alive(s)}
+    alive = _alive_jobs(m, m.cells)
     rows = []
     for cell in m.cells:
         state, rec = mf.record_status(m.out, cell)
-        job = cell["job_ids"][-1] if cell.get("job_ids") else ""
-        if job in alive:
-            state = "running" if alive[job].startswith("RUNNING") else "queued"
-        elif state == "running":
-            # a record still says running: its worker is alive only if this sweep's local process is running it
-            state = "running" if cell.get("status") == "running" and m.doc["executor"]["kind"] == "local" \
-                and _local_alive(m) else "interrupted"
-        cell["status"] = state
-        rows.append({"cell": cell["index"], "key": cell["key"], "status": state, "run": cell.get("run_id") or "",
-                     "job": job, **mf.cell_summary(cell, rec)})
+        cell["status"], job = _state_now(m, cell, state, alive)
+        rows.append({"cell": cell["index"], "key": cell["key"], "status": cell["status"],
+                     "run": cell.get("run_id") or "", "job": job, **mf.cell_summary(cell, rec)})
     return rows
 
 
@@ -367,24 +376,13 @@ def refresh_paired(m: mf.Manifest) -> list[dict]:
     """Each paired-timing entry's state now (from its record, and squeue for a SLURM job still alive)."""
     from harness import paired
 
-    alive: dict[str, str] = {}
     entries = m.doc.get("paired") or []
-    if m.doc["executor"]["kind"] == "slurm" and entries:
-        from harness.sweep.slurm import is_alive, job_states
-
-        states = job_states([e["job_ids"][-1] for e in entries if e.get("job_ids")]) or {}
-        alive = {j: s for j, s in states.items() if is_alive(s)}
+    alive = _alive_jobs(m, entries)
     rows = []
     for entry in entries:
         state, doc = mf.paired_status(m.out, entry)
-        job = entry["job_ids"][-1] if entry.get("job_ids") else ""
-        if job in alive:
-            state = "running" if alive[job].startswith("RUNNING") else "queued"
-        elif state == "running":
-            state = "running" if entry.get("status") == "running" and m.doc["executor"]["kind"] == "local" \
-                and _local_alive(m) else "interrupted"
-        entry["status"] = state
-        rows.append({"paired": entry["index"], "key": entry["key"], "status": state, "job": job,
+        entry["status"], job = _state_now(m, entry, state, alive)
+        rows.append({"paired": entry["index"], "key": entry["key"], "status": entry["status"], "job": job,
                      "rounds": paired.status_text(doc) if doc else ""})
     return rows
 
