@@ -73,8 +73,10 @@ def _pair_sentence(c: analysis.PairComparison, dropout: float | None) -> str:
 def speed_verdict(c: analysis.PairComparison, seeds: int = 1) -> dict[str, Any]:
     """The speed verdict of one pair: level, short label, sentence (with its interval) from the paired timing.
 
-    Green (ok) only for a usable paired timing whose interval excludes 1 and whose round ratios vary by at most
-    CV_MAX; an interval including 1 is neutral ("no clear difference"); a busy machine or a failed timing is warn.
+    Green (ok) only for a usable paired timing whose interval excludes 1, from 3 or more seeds, whose ratios vary by
+    at most CV_MAX: one pair of processes cannot show how much a process's own speed varies (docs/benchmarks.md),
+    so a single run's ratio is stated, with its interval, but neutral. An interval including 1 is neutral ("no
+    clear difference"); a busy machine or a failed timing is warn.
     Without paired timing there is no speed verdict (training step times of separate runs are not compared)."""
     from harness import paired
 
@@ -111,8 +113,9 @@ def speed_verdict(c: analysis.PairComparison, seeds: int = 1) -> dict[str, Any]:
         claim = f"{w['text']}: the interval includes 1, so no clear difference"
     else:
         noisy = s.get("cv") is not None and s["cv"] > paired.CV_MAX
-        level = NEUTRAL if noisy else OK
-        label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "")
+        level = NEUTRAL if noisy or seeds < 3 else OK
+        label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "") + (
+            f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds < 3 else "")
         claim = w["text"]
     text = f"Speed: {claim} ({how}; {'; '.join(notes)})." if notes else f"Speed: {claim} ({how})."
     return {"level": level, "label": label, "text": text}
