@@ -52,12 +52,15 @@ PLANTS = {
     "gelu-tanh": "tanh GELU where the manifest asks for the exact form",
     "warmup-off-by-one": "the warm-up counts steps from 1: step k gets nanoGPT's get_lr(k + 1)",
     "cosine-to-zero": "the cosine decays to 0 instead of min_lr",
+    "lr-slightly-off": "every learning rate 0.05 % too high (the updates stay within the optimizer's tolerance)",
 }
 
 
 def get_lr(c: dict, it: int, plant: str | None = None) -> float:
     """nanoGPT's get_lr(it) (train.py) from the manifest's config: linear warm-up, cosine to min_lr, min_lr after."""
     lr, warmup, min_lr = c["learning_rate"], c.get("warmup_steps", 0), c.get("min_lr", 0.0)
+    if plant == "lr-slightly-off":
+        return get_lr(c, it) * 1.0005
     if plant == "warmup-off-by-one":
         it += 1
     if it < warmup:

@@ -143,13 +143,24 @@ def gpu_memory() -> tuple[int, int] | None:
 MEMORY_FIX = {"parameters": "make the model smaller (n_embd, n_layer, d_hidden)",
               "activations": "make the model or the batch smaller (batch_size, block_size, n_embd, n_layer)",
               "data": "make eval_batches smaller or train on a smaller text",
-              "curves": "train fewer steps (a smaller --steps or --epochs)"}
+              "curves": "train fewer steps (a smaller --steps or --epochs)",
+              "parity probe": "re-synchronise fewer optimizer steps (--opt-steps K)"}
+
+
+def probe_bytes(config: Config, vocab_size: int, opt_steps: int) -> int:
+    """What `harness parity`'s optimizer states take in one worker (harness/probe.py): parameters, m and v after each
+    of `opt_steps` steps, in float64, in its own probe and, for the backend that re-synchronises, the reference's."""
+    return 2 * opt_steps * 3 * 8 * n_parameters(config, vocab_size)
 
 
 def memory_need(plan: Plan) -> tuple[int, dict[str, int]]:
-    """(bytes, parts) one worker of `plan` needs: the estimate in the float width of its widest backend."""
+    """(bytes, parts) one worker of `plan` needs: the estimate in the float width of its widest backend (and, in
+    parity, its probe's optimizer states)."""
     per_float = max(float_bytes(b, plan.backend_options.get(b, {})) for b in plan.backends)
     parts = estimate_memory(plan.config, plan.corpus, per_float)
+    opt_steps = plan.parity.get("opt_steps") if isinstance(plan.parity, dict) else None
+    if opt_steps:
+        parts["parity probe"] = probe_bytes(plan.config, plan.corpus.vocab_size, opt_steps)
     return sum(parts.values()), parts
 
 
@@ -157,6 +168,9 @@ def check_memory(plan: Plan) -> int:
     """Refuse (UsageError) a run whose worker would not fit in this machine's memory, or in the GPU's when a backend
     runs on CUDA (parameters, optimizer state and activations live there); returns the estimate."""
     need, parts = memory_need(plan)
+    if plan.paired_rounds and len(plan.backends) > 1:  # the paired timing holds every backend's worker at once
+        need *= len(plan.backends)
+        parts = {k: v * len(plan.backends) for k, v in parts.items()}
     biggest = max(parts, key=parts.get)
     fix = f"{MEMORY_FIX[biggest]}, or pass --allow-large if you mean it"
     total, available = machine_memory()

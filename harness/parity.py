@@ -54,7 +54,10 @@ DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's st
 OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>, opt/<k>/adam_t: the state after training step k
 OPT_QUANTITIES = ("update", "adam_m", "adam_v")  # update = param after step k - param after step k - 1
 SYNC_STEPS, SYNC_LOSS, SYNC_REFERENCE = "sync/steps", "sync/loss", "sync/reference"  # harness/probe.py
-DEFAULT_OPT_STEPS: int | None = None  # None: every training step is re-synchronised and compared
+DEFAULT_OPT_STEPS: int | None = None  # None: every training step is re-synchronised and compared, within PROBE_BUDGET
+# the optimizer states a parity worker keeps by default (harness.launch.probe_bytes): every step of small, medium and
+# large at the default 50 steps; the first 27 of nanogpt-cpu's (800,000 parameters: 37 MiB a step)
+PROBE_BUDGET = 2**30
 EXPLAINED = 0.1  # a pattern "explains" a difference when it leaves less than this fraction of it unexplained
 
 
@@ -269,7 +272,8 @@ class ParityResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """The summary table: one row per check, each with its depth (taps, logits, gradients, dropout_gradients,
-        optimizer, step_loss, loss) and where it first broke and where it is worst, in two columns."""
+        optimizer, learning_rate, step_loss, loss) and where it first broke and where it is worst, in two columns.
+        parity.json stores these rows (`checks`), and the HTML report shows them as they are."""
         t = self.tolerances
         lw = self.logits_where
         rows = []
@@ -309,7 +313,7 @@ class ParityResult:
         if self.rate_rel_err:
             who = max(self.rate_rel_err, key=lambda n: (not math.isfinite(self.rate_rel_err[n]), self.rate_rel_err[n]))
             bad = self.rate_first_bad
-            rows.append({"depth": "optimizer", "check": "learning rate per step vs schedule",
+            rows.append({"depth": "learning_rate", "check": "learning rate per step vs schedule",
                          "value": self.rate_rel_err[who], "tolerance": self.rate_tol,
                          "first_broken": f"{bad[0]} at step {bad[1]}" if bad else "", "worst": who})
         rows.append({"depth": "loss", "check": "training loss max |diff|", "value": self.loss_max_abs_dev,
@@ -521,6 +525,7 @@ def step_rate(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarra
     return _hyper(hyper, "learning_rate")
 
 
+UPDATE_RULE = "the update rule differs (learning rate, bias correction, eps or weight decay)"  # no pattern fits
 WRONG_STEP_INPUTS = ("the step's forward pass: its loss differs although both sides started the step from the same "
                      "state and every step-0 check agrees: the wrong batch or dropout masks for this step (an "
                      "off-by-one in the training loop), or dropout active only in the training step")
@@ -702,7 +707,7 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
             if small > 10 * large and small > tol:
                 return (f"eps: the updates differ most where v is small (median relative difference {small:.2g} in "
                         f"the smallest tenth of sqrt(v), {large:.2g} in the upper half)")
-    return "the update rule differs (learning rate, bias correction, eps or weight decay)"
+    return UPDATE_RULE
 
 
 def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: float, what: str,
@@ -917,6 +922,8 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
             r.opt_cause = diagnose_optimizer(probe_a, probe_b, k, tol, gradients_agree=grads_ok,
                                              before=start if ref is not None else None, hyper=hyper,
                                              step_loss_differs=step_loss_bad, names=backends)
+            if r.opt_cause == UPDATE_RULE and r.rate_first_bad is not None and r.rate_first_bad[1] <= k:
+                r.opt_cause = f"the learning rate: {r.rate_cause}"  # no other pattern fits, and the rate is off
         what = {"update": "update", "adam_m": "AdamW m", "adam_v": "AdamW v", "param": "state"}[q]
         more = f" ({len(params) - 1} more parameter(s) over tol)" if len(params) > 1 and bad else ""
         how = (f"rel err {_fmt(e)} > tol {tol:g}{more}" if bad else
@@ -986,9 +993,13 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
                                   "off)" if grads_ok and r.grad_rel_err else downstream[2:] or None))
         grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
     # (c) the optimizer step
+    # the rate each step took first (its cause explains an optimizer difference at the same step): a tenth of the
+    # optimizer tolerance, 1e-4 float32, 1e-13 float64, each 10x the worst measured (1.5e-6, 3.6e-15)
+    rate_line = _compare_rates(probe_a, probe_b, tolerances.opt / 10, (a, b), r, config)
     _compare_optimizer(probe_a, probe_b, tolerances, (a, b), r, grads_ok and not r.first_tap, hyper,
                        losses_a, losses_b, config)
-    _compare_rates(probe_a, probe_b, tolerances.opt / 100, (a, b), r, config)
+    if rate_line:
+        r.failures.append(rate_line)
     # (d) the training-loss curve
     r.loss_steps = min(len(losses_a), len(losses_b))
     if len(losses_a) != len(losses_b):
@@ -1149,10 +1160,11 @@ def diagnose_schedule(ratios: Mapping[int, tuple[float, float]], config: Any,
 
 
 def _compare_rates(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
-                   backends: tuple[str, str], r: ParityResult, config: Any) -> None:
+                   backends: tuple[str, str], r: ParityResult, config: Any) -> str | None:
     """Into `r`: per backend, the worst relative error of the rate its steps took (`lr_used`) against the
     harness's schedule (`lr`), the first step over `tol` and, from the pattern, the likely cause. Each backend
-    is measured on its own states, so drift between the two cannot enter; a FAIL line when over `tol`."""
+    is measured on its own states, so drift between the two cannot enter; returns the FAIL line when over `tol`
+    (the caller places it after the optimizer depth's, whose cause may cite it)."""
     if not all("lr_used" in p and "lr" in p for p in (probe_a, probe_b)):
         return  # probes from before the rates were recorded
     r.rate_tol = tol
@@ -1171,7 +1183,8 @@ def _compare_rates(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.n
             line = (f"FAIL: learning rate of optimizer step {k + 1}: {name} stepped with {used[k]:.6g}, the schedule "
                     f"gives {lr[k]:.6g} (rel err {_fmt(float(err[k]))} > tol {tol:g}); likely cause: {r.rate_cause}")
     if r.rate_first_bad is not None:
-        r.failures.append(line)
+        return line
+    return None
 
 
 def diagnose_tying(grads_a: Mapping[str, np.ndarray], grads_b: Mapping[str, np.ndarray], x: np.ndarray | None,
@@ -1391,7 +1404,9 @@ def command(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.data)
     progress = not getattr(args, "quiet", False)
     reference = reference_backend(backends)
-    opt_k = args.steps if opt_k is None else min(opt_k, args.steps)
+    budgeted = opt_k is None
+    opt_k = min(args.steps, opt_k if opt_k is not None else max(1, PROBE_BUDGET // launch.probe_bytes(
+        config, corpus.vocab_size, 1)))
     plan = launch.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
                        out=args.out, backend_options=options, text=False,
                        parity={"opt_steps": opt_k, "reference": reference},
@@ -1407,7 +1422,8 @@ def command(args: argparse.Namespace) -> int:
     drop = f"dropout {dropout:g} (shared masks)" if dropout else "dropout 0"
     other = next(n for n in backends if n != reference)
     sync = (f"optimizer steps 1..{opt_k} re-synchronised: {other} takes each from {reference}'s state"
-            if opt_k else "optimizer steps not compared")
+            + (f" (the first {opt_k} of {args.steps}: the probe's memory budget; --opt-steps K for more)"
+               if budgeted and opt_k < args.steps else "") if opt_k else "optimizer steps not compared")
     print(f"parity {run_id}: {config.name}, {args.steps} steps, {drop}, {backends[0]} ({dtypes[backends[0]]}) "
           f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}; {sync}",
           file=sys.stderr)
@@ -1464,7 +1480,7 @@ def command(args: argparse.Namespace) -> int:
     for problem in launch.compare_fingerprints([ra, rb]):
         result.failures.append(f"FAIL: {problem}")
     record.update(verdict="pass" if result.passed else "fail", failures=list(result.failures),
-                  results=result.to_dict(), dtypes=dtypes, blind_spots=dict(diagnose.BLIND_SPOTS),
+                  results=result.to_dict(), checks=result.rows(), dtypes=dtypes, blind_spots=dict(diagnose.BLIND_SPOTS),
                   backend_info={n: by_name[n].get("backend_info", {}) for n in backends})
     records.atomic_write_json(path, record)
 

@@ -431,3 +431,21 @@ def test_unreadable_results_get_the_harness_s_own_words(kit: Path, tmp_path: Pat
         code, out, err = check(capsys, kit, path)
         assert code == 2 and out == "" and words in err, err
         assert "allow_pickle" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_port_whose_rate_alone_is_off_is_named_at_the_learning_rate(kit: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """Every rate 0.05 % too high moves the updates by less than the optimizer's tolerance, but the rate each step
+    took is held to a tenth of it: the check fails there, with its own row and diagnosis (no traceback)."""
+    results = run_port(kit, tmp_path / "results.npz", "--dtype", "float32", "--plant", "lr-slightly-off")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1, out
+    assert "first broken: learning_rate" in out and "FAIL: learning rate of optimizer step 1" in out, out
+    # in float64 the optimizer depth fails too, at the same step, and names the rate as its cause
+    results = run_port(kit, tmp_path / "results64.npz", "--dtype", "float64", "--plant", "lr-slightly-off")
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1 and "FAIL: optimizer step 1:" in out and "likely cause: the learning rate:" in out, out
+    verdict = json.loads((tmp_path / "results.check.json").read_text())
+    assert verdict["diagnosis"]["depth"] == "learning_rate"
+    rows = {r["check"]: r["result"] for r in verdict["rows"]} if "rows" in verdict else {}
+    assert not rows or rows.get("learning rate per step vs schedule") == "FAIL"

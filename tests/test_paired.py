@@ -122,3 +122,30 @@ def test_a_run_of_two_backends_times_them_side_by_side_and_resume_adds_a_session
 
     page = write_report(out, [run.name]).read_text()
     assert "paired timing: torch and numpy alive at once" in page and "Contention:" in page
+
+
+def test_a_paired_record_follows_its_cells_to_their_new_runs(tmp_path: Path) -> None:
+    """A sweep cell whose run directory was removed (a failed submission, a full disk) gets a new run on resume; its
+    block's paired-timing record must then name the new run (else the timing fails and the report finds no verdict),
+    and keep every session it holds."""
+    from test_report import make_sweep
+
+    from harness import paired
+    from harness.sweep import manifest as mf
+
+    out = tmp_path / "out"
+    sweep_id = make_sweep(out, seeds=1)
+    m = mf.Manifest.load(out, sweep_id)
+    (entry,) = m.doc["paired"]
+    before = paired.load(out / entry["path"])
+    sessions = before["sessions"]
+    cell = m.cells[entry["members"][1]]
+    from test_report import make_run
+
+    cell["run_id"] = make_run(out, backends=(cell["backend"],), text=False)  # the cell's new run
+    mf.ensure_paired_doc(out, entry, m.cells, None)
+    after = paired.load(out / entry["path"])
+    moved = next(c for c in after["contenders"] if c["cell"] == cell["index"])
+    assert moved["run_id"] == cell["run_id"] and moved["run_dir"].endswith(cell["run_id"])
+    assert after["sessions"] == sessions  # nothing measured is lost
+    paired.check_contenders(after, out / entry["path"])  # the coordinator accepts it

@@ -353,14 +353,16 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 4, 5))
     grads = {"grad/lm_head.weight": rng.normal(size=(5, 3)), "grad/wte.weight": rng.normal(size=(5, 3))}
-    probe_a = {"logits": logits, **grads}
-    probe_b = {"logits": logits + logits_shift, **grads}
+    rates = {"lr": np.full(3, 0.01), "lr_used": np.full(3, 0.01)}  # the rate each step took, as the schedule's
+    probe_a = {"logits": logits, **grads, **rates}
+    probe_b = {"logits": logits + logits_shift, **grads, **rates}
     a, b = backends
     tol = parity.default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
     result = parity.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
                             backends=backends)
     return {"schema": parity.SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
-            "failures": result.failures, "results": result.to_dict(), "tolerances": {"logits": tol.logits,
+            "failures": result.failures, "results": result.to_dict(), "checks": result.rows(),
+            "tolerances": {"logits": tol.logits,
             "grad": tol.grad, "loss": tol.loss}, "precision_pair": "float32/float64",
             "steps": len(recs[a]["steps"]["loss"]),
             "dtypes": {a: "float32", b: "float64"},
@@ -376,14 +378,15 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     text = text_of(html)
     assert Page(html).banners == []
     assert "parity: pass" in text and "Parity (float32/float64 pair, 120 steps, dropout 0): PASS" in text
-    assert "step-0 logits, max |diff| 0.0e+00 ≤ 1e-05" in text
+    assert "step-0 logits max |diff| 0.0e+00 ≤ 1e-05" in text  # harness.parity's own rows, as parity.json holds them
+    assert "learning rate per step vs schedule 0.0e+00 ≤ 0.0001" in text
     assert "computed in torch float32, numpy float64" in text
     records.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy"), 1e-3))
     html = write_report(tmp_path, [run_id]).read_text()
     assert "parity check FAILED" in _first_banner(html)
     text = text_of(html)
     assert "Parity (float32/float64 pair, 120 steps, dropout 0): FAIL" in text
-    assert "step-0 logits, max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
+    assert "step-0 logits max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
     assert "<th>first broken</th>" in html and "<th>worst</th>" in html  # two labelled columns, one place each
     records.atomic_write_json(directory / "parity.json", {"verdict": "error", "failures": ["ERROR: numpy exited 1"]})
     assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())

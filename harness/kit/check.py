@@ -30,7 +30,7 @@ from harness.kit.npz import describe_dtype, read_npz, read_npz_file
 from harness.kit.schema import FIX, kit_file, load_manifest
 from harness.taps import PREFIX as TAP_PREFIX
 
-DEPTHS = ("taps", "logits", "gradients", "dropout_gradients", "optimizer", "loss")
+DEPTHS = ("taps", "logits", "gradients", "dropout_gradients", "optimizer", "learning_rate", "loss")
 ORACLE, PORT = "oracle", "port"
 OPT_NAME = re.compile(r"^opt/(\d+)/(param|adam_m|adam_v)/(.+)$")
 
@@ -256,7 +256,8 @@ def table_rows(result: Any, given: list[str]) -> list[dict[str, Any]]:
     for row in result.rows():
         if row["depth"] == "step_loss":
             continue  # the kit's steps are not re-synchronised
-        if row["depth"] not in given:
+        # the learning rate each step took is read from the optimizer states the port gave
+        if row["depth"] not in given and not (row["depth"] == "learning_rate" and "optimizer" in given):
             row = {**row, "value": math.nan, "result": "not given", "first_broken": "", "worst": ""}
         rows.append(row)
     if "taps" not in given and not any(r["depth"] == "taps" for r in rows):
@@ -291,12 +292,15 @@ CAUSES = {
 }
 
 
-FAIL_LINE = {"logits": "FAIL: logits", "gradients": "FAIL: gradient ", "dropout_gradients": "FAIL: gradient with"}
+FAIL_LINE = {"logits": "FAIL: logits", "gradients": "FAIL: gradient ", "dropout_gradients": "FAIL: gradient with",
+             "learning_rate": "FAIL: learning rate"}
 
 
 def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict[str, Any] | None:
     """The first broken depth (in the order the model computes them), the tap or parameter that breaks first
-    there (and the worst, when it is another) and the likely cause."""
+    there (and the worst, when it is another) and the likely cause. The learning rate a step took comes before the
+    optimizer depth when it broke at an earlier step (the port's free-running states then differ from that step on
+    because of it); at the same step, the optimizer's own diagnosis."""
     from harness.parity import WRONG_STEP_INPUTS, _fmt
 
     failed = {r["depth"] for r in rows if r["result"] == "FAIL"}
@@ -329,10 +333,18 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
                     "detail": f"first broken in backward order {first}, worst {worst} (rel err "
                               f"{errs.get(worst, math.nan):.1e}); {len(over)} of {len(params)} parameters over "
                               "tolerance"}
-        if depth == "optimizer":
+        rate_earlier = ("learning_rate" in failed and result.rate_first_bad is not None
+                        and result.opt_first_bad is not None and result.rate_first_bad[1] < result.opt_first_bad[0])
+        if depth == "optimizer" and result.opt_first_bad is not None and not rate_earlier:
             k, quantity, name = result.opt_first_bad
             return {"depth": depth, "parameter": name, "cause": result.opt_cause,
                     "detail": f"first at step {k}, {quantity} of {name}"}
+        if depth == "learning_rate" and result.rate_first_bad is not None:
+            who, k = result.rate_first_bad
+            return {"depth": depth, "parameter": None, "cause": result.rate_cause,
+                    "detail": f"{who}'s optimizer step {k} took another learning rate than the schedule's"}
+        if depth != "loss":
+            continue
         k = result.loss_first_bad
         return {"depth": depth, "parameter": None,
                 "cause": WRONG_STEP_INPUTS if k == 0 and "logits" not in failed else CAUSES[depth],
@@ -457,7 +469,8 @@ def command(args: argparse.Namespace) -> int:
     hint = None if result.passed else float32_hint(manifest, kit, results, dtype, opt_steps)
     if hint and diagnosis:
         diagnosis["cause"] = hint
-    offered = [d for d in DEPTHS if d != "dropout_gradients" or any(k.startswith("dropout_grad/") for k in expected)]
+    offered = [d for d in DEPTHS if d != "learning_rate"  # read from the optimizer states, not an array a port gives
+               and (d != "dropout_gradients" or any(k.startswith("dropout_grad/") for k in expected))]
     missing = [d for d in offered if d not in given]
     passed = result.passed
     where = ""

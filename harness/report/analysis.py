@@ -212,13 +212,16 @@ def _num(x: Any) -> float:
 def parity_checks(doc: dict) -> list[dict]:
     """One row per check of a parity.json: check, value, tolerance, "first broken", "worst", result ("ok" / "FAIL").
 
-    Reads harness.parity's `results` (the step-0 activation taps, logits and gradients, the re-synchronised optimizer
-    steps and their losses, the training-loss curve, the final validation loss); "first broken" is where a check
+    parity.json holds its rows (`checks`, harness.parity.ParityResult.rows) since the learning-rate check; for a
+    record from before, they are read from its `results` (the step-0 activation taps, logits and gradients, the
+    re-synchronised optimizer steps and their losses, the training-loss curve, the final validation loss); "first
+    broken" is where a check
     first fails (the first divergent tap, the first step), "worst" where it is largest; the likely causes are in the
     FAIL lines, not repeated here. A generic `checks` list of objects is shown as it is.
     """
-    if isinstance(doc.get("checks"), list):
-        return [c if isinstance(c, dict) else {"check": str(c)} for c in doc["checks"]]
+    if isinstance(doc.get("checks"), list):  # harness.parity's own rows (ParityResult.rows), as they are
+        return [{("first broken" if k == "first_broken" else k): v for k, v in c.items() if k != "depth"}
+                if isinstance(c, dict) else {"check": str(c)} for c in doc["checks"]]
     res = doc.get("results")
     if not isinstance(res, dict):
         return []

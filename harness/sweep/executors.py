@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harness import launch, records
+from harness.errors import UsageError
 
 Notify = Callable[[dict, str], None]  # (cell, event) -> None: "started", "finished"
 
@@ -57,6 +58,9 @@ def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
         doc = paired.run(Path(out) / entry["path"], progress=progress)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:  # a damaged record: this entry fails, the sweep's other cells go on
+        print(f"harness: error: paired timing {entry['key']}: {exc}", file=sys.stderr)
+        return 1
     last = doc["sessions"][-1] if doc.get("sessions") else {}
     return 1 if last.get("status") == "failed" else 0
 
@@ -88,6 +92,7 @@ class LocalExecutor:
     def _serial(self, out: Path, cells: list[dict], notify: Notify) -> int:
         for cell in cells:
             if cell.get("kind") == "paired":
+                notify(cell, "started")
                 code = run_paired_entry(out, cell, self.progress)
                 notify(cell, "finished")
                 if code == 130:

@@ -259,18 +259,31 @@ def contender_name(cell: dict, members: list[dict]) -> str:
 
 
 def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | None) -> Path:
-    """Write the entry's paired-timing record (no session yet) unless it exists; returns its path."""
+    """Write the entry's paired-timing record (no session yet) unless it exists; returns its path. An existing record
+    gets its contenders' run ids and directories from the manifest again (a cell whose run directory was removed and
+    made anew on resume has a new run), keeping every session it holds."""
     from harness import paired
 
     path = Path(out) / entry["path"]
-    if path.exists():
-        return path
     members = [cells[i] for i in entry["members"]]
     contenders = [{"name": contender_name(c, members), "cell": c["index"], "run_id": c["run_id"],
                    "run_dir": str(records.run_dir(out, c["run_id"]).resolve()), "backend": c["backend"],
                    "options": c.get("backend_options") or {}, "device": c["device"]} for c in members]
-    records.atomic_write_json(path, paired.new_doc(contenders, entry["label"], entry["seed"], entry["rounds"],
-                                                   threads))
+    if not path.exists():
+        records.atomic_write_json(path, paired.new_doc(contenders, entry["label"], entry["seed"], entry["rounds"],
+                                                       threads))
+        return path
+    try:
+        doc = paired.load(path)
+    except UsageError:
+        return path  # paired.run says what is wrong with it, and the entry fails
+    now = {c["cell"]: c for c in contenders}
+    stale = [c for c in doc["contenders"] if c.get("cell") in now and
+             (c.get("run_id"), c.get("run_dir")) != (now[c["cell"]]["run_id"], now[c["cell"]]["run_dir"])]
+    for c in stale:
+        c.update(run_id=now[c["cell"]]["run_id"], run_dir=now[c["cell"]]["run_dir"])
+    if stale:
+        records.atomic_write_json(path, doc)
     return path
 
 
