@@ -30,7 +30,6 @@ fake clocks. No framework is imported here.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -400,5 +399,3 @@ def default_probe(device: str = "cpu") -> Probe:
     return Probe(gpu=gpu)
 
 
-def finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

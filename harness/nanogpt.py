@@ -103,11 +103,12 @@ def read_file(path: Path) -> dict[str, Any]:
     Never executes the file: anything but a literal assignment to a plain name (imports, calls, expressions,
     f-strings, several targets) is a UsageError naming the line.
     """
-    if not path.is_file():
-        raise UsageError(f"config file {str(path)!r} does not exist; pass the path of a TOML file or a nanoGPT "
-                         "config .py")
+    from harness.config import MAX_TOML_BYTES
+    from harness.files import read_regular
+
+    blob = read_regular(path, "config file", "pass the path of a TOML file or a nanoGPT config .py", MAX_TOML_BYTES)
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = ast.parse(blob.decode("utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{path}: not a Python file of literal assignments ({exc}); nanoGPT config files hold "
                          "lines like `n_layer = 6`") from None

@@ -41,6 +41,7 @@ import numpy as np
 from harness import diagnose
 from harness.errors import UsageError
 from harness.options import THREADS_HELP, add_backend, add_quiet, pick_sizes
+from harness.probe import SYNC_LOSS, SYNC_STEPS
 from harness.taps import PREFIX as TAP_PREFIX
 from harness.taps import block_of, in_forward_order
 
@@ -53,7 +54,6 @@ GRAD_PREFIX = "grad/"
 DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's step-0 dropout masks
 OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>, opt/<k>/adam_t: the state after training step k
 OPT_QUANTITIES = ("update", "adam_m", "adam_v")  # update = param after step k - param after step k - 1
-SYNC_STEPS, SYNC_LOSS, SYNC_REFERENCE = "sync/steps", "sync/loss", "sync/reference"  # harness/probe.py
 DEFAULT_OPT_STEPS: int | None = None  # None: every training step is re-synchronised and compared, within PROBE_BUDGET
 # the optimizer states a parity worker keeps by default (harness.launch.probe_bytes): every step of small, medium and
 # large at the default 50 steps; the first 27 of nanogpt-cpu's (800,000 parameters: 37 MiB a step)
@@ -1032,9 +1032,6 @@ def format_table(result: ParityResult) -> str:
     return df[["value", "tolerance", "result", "first broken", "worst"]].to_string()
 
 
-def format_blind_spots(depths: Sequence[str]) -> str:
-    """What the given depths cannot see (harness.diagnose.BLIND_SPOTS), one line each."""
-    return "\n".join(f"  {d}: {diagnose.BLIND_SPOTS[d]}" for d in depths if d in diagnose.BLIND_SPOTS)
 
 
 def format_gradients(result: ParityResult) -> str:
@@ -1072,10 +1069,13 @@ def update_ratios(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
                   steps: Sequence[int]) -> dict[int, tuple[float, float]]:
     """Per optimizer step k (1-based): (s, t) with update_b ~ s update_a and update_a ~ t update_b, least squares over
     every parameter. From the same state before step k an AdamW update is proportional to the learning rate (the
-    decay term too), so s is rate_b / rate_a; NaN where a backend did not move."""
+    decay term too), so s is rate_b / rate_a; NaN where a backend did not move. Re-synchronised probes: both updates
+    from the reference's state before step k (the state the step started from)."""
     out: dict[int, tuple[float, float]] = {}
+    synced = synchronised(probe_a, probe_b) is not None
     for k in steps:
-        ua, ub = opt_quantities(probe_a, k)["update"], opt_quantities(probe_b, k)["update"]
+        base = start_state(probe_a, probe_b, k)["param"] if synced else None
+        ua, ub = opt_quantities(probe_a, k, base)["update"], opt_quantities(probe_b, k, base)["update"]
         names = [n for n in ub if n in ua and np.shape(ua[n]) == np.shape(ub[n])]
         a, b = _concat(ua, names), _concat(ub, names)
         aa, bb, ab = float(a @ a), float(b @ b), float(a @ b)
@@ -1241,9 +1241,6 @@ def diagnose_gelu(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
     return None
 
 
-def _cause(cause: str | None) -> str:
-    """`; likely cause: ...` for a FAIL line, or nothing."""
-    return f"; likely cause: {cause}" if cause else ""
 
 
 # --- the command -------------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ MEANING = {
     "res1": "x + attn.proj",
     "ln_2": "ln_2(res1), the MLP's input",
     "mlp.fc": "c_fc(ln_2), before the activation",
-    "mlp.act": "GELU (tanh form) of mlp.fc",
+    "mlp.act": "GELU of mlp.fc, in the form the config asks (tanh or exact)",
     "mlp.proj": "c_proj(act), before dropout",
     "res2": "res1 + mlp.proj, the block's output",
     "ln_f": "ln_f(x) of the last block's output",
@@ -75,12 +75,6 @@ def block_of(name: str) -> int | None:
     """The block index of a block tap ("h.3.ln_1" -> 3), None for emb, ln_f and logits."""
     m = _BLOCK.match(name)
     return int(m.group(1)) if m else None
-
-
-def is_tap(name: str) -> bool:
-    """Whether `name` is a tap name of some model (any block index)."""
-    m = _BLOCK.match(name)
-    return (m.group(2) in BLOCK_TAPS) if m else name in ("emb", "ln_f", "logits")
 
 
 def forward_index(name: str) -> tuple[int, ...]:

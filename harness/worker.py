@@ -107,7 +107,6 @@ from harness.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.runner import Curves, Interrupted, steady_start, summarize_times, train, truncate_chunks  # noqa: E402
 from harness.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 
-OPT_STEPS = 3  # parity: training steps after which the optimizer state goes into the probe (harness parity)
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
 _critical = {"depth": 0, "pending": None}
@@ -310,6 +309,13 @@ class Worker:
             raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{self.total_steps}; "
                              f"{fix}")
         chunks_blob = state.pop("harness/chunks", None)
+        try:
+            saved_chunks = json.loads(chunks_blob.tobytes().decode()) if chunks_blob is not None else None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
+        if saved_chunks is not None and not (isinstance(saved_chunks, list)
+                                             and all(isinstance(c, dict) for c in saved_chunks)):
+            raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
         if "harness/loss" in state:
             loss, times = state.pop("harness/loss"), state.pop("harness/time_s")
             evals = state.pop("harness/evals")
@@ -319,7 +325,7 @@ class Worker:
                                  time_s=[float(t) for t in times],
                                  evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b),
                                          "time_s": float(t)} for s, a, b, t in evals],
-                                 chunks=(json.loads(chunks_blob.tobytes().decode()) if chunks_blob is not None
+                                 chunks=(saved_chunks if saved_chunks is not None
                                          else truncate_chunks(self.tail.chunks, step)))
         else:  # a checkpoint from before the curves were kept in it: take them from the record
             self.curves = Curves(step=list(self.tail.step), loss=list(self.tail.loss),
@@ -360,7 +366,7 @@ class Worker:
         record["checkpoint"] = carry.get("checkpoint")
         self.record = record
         parity = self.spec.get("parity")  # True, or {"opt_steps": K, "reference": name} from `harness parity`
-        opt_steps = parity.get("opt_steps", OPT_STEPS) if isinstance(parity, dict) else OPT_STEPS
+        opt_steps = parity.get("opt_steps") if isinstance(parity, dict) else None
         self.opt_steps = self.total_steps if opt_steps is None else int(opt_steps)  # None: every step
         self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
                       if parity and self.config.dropout > 0 else None)  # the harness draws every mask

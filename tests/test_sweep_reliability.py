@@ -238,6 +238,23 @@ def test_6_memory_preflight_counts_every_concurrent_worker(tmp_path, capsys, mon
     assert harness(capsys, *args, "--jobs", "1")[0] == 0  # one at a time fits
 
 
+def test_6_memory_preflight_counts_the_paired_timing_s_contenders(tmp_path, capsys, monkeypatch, config_file,
+                                                                   corpus):
+    """A paired timing holds both backends of a block at once: their memory together must fit, before anything
+    is written; without paired timing the same sweep runs."""
+    from harness.config import load_config
+
+    plan = launch.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
+    one = launch.memory_need(plan)[0]
+    monkeypatch.setattr(launch, "machine_memory", lambda: (4 * one, int(1.5 * one)))  # one worker fits, two do not
+    args = ["sweep", "--configs", config_file, "--backends", "numpy,torch", "--dtype", "float64", "--seeds", "1",
+            "--steps", "2", "--no-text", "--no-report", "--quiet", "--out", tmp_path / "out"]
+    code, err = harness(capsys, *args)
+    one_line_error(code, err, "the paired timing of", "--paired-rounds 0")
+    assert not (tmp_path / "out").exists()
+    assert harness(capsys, *args, "--paired-rounds", "0")[0] == 0
+
+
 # --- 8: a damaged sweep.json is one line naming the field -----------------------------------------------------------
 DAMAGE = {
     "cells as strings": (lambda d: d.update(cells=["a", "b"]), "is not of type 'object'"),
@@ -463,3 +480,14 @@ def test_14_every_resume_of_a_run_is_recorded_and_old_records_still_load(tmp_pat
     edit(run / "numpy.json", lambda d: d.update(resumed_from_step=["x"]))
     with pytest.raises(UsageError, match="resumed_from_step/0"):
         records.load_record(run / "numpy.json")
+
+
+def test_an_out_path_with_a_newline_never_reaches_a_job_script(tmp_path: Path) -> None:
+    """On SLURM the --out path is written into the job script (#SBATCH --output, the worker's command line): a newline
+    in it would end the #SBATCH line and run the rest as a shell command. Refused up front, nothing written."""
+    out = tmp_path / "a\ntouch PWNED\n#" / "out"
+    proc = run_cli("sweep", "--backend", "numpy", "--steps", "2", "--executor", "slurm", "--partition", "debug",
+                   "--out", str(out), cwd=tmp_path)
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "--out holds the control character" in lines[0], proc.stderr
+    assert not (tmp_path / "PWNED").exists() and sorted(tmp_path.iterdir()) == []

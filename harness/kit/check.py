@@ -353,10 +353,6 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
 
 
 # --- writing ------------------------------------------------------------------------------------------------------
-def _verdict_json(path: Path, verdict: dict[str, Any]) -> None:
-    from harness import records
-
-    records.atomic_write_json(path, verdict)
 
 
 def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str) -> str:

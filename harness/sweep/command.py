@@ -21,7 +21,7 @@ from harness import launch, records
 from harness.errors import UsageError
 from harness.options import listed, pick_backends, pick_sizes
 from harness.sweep import manifest as mf
-from harness.sweep.settings import check_executor
+from harness.sweep.settings import check_executor, check_text
 from harness.sweep.spec import (
     MAX_CELLS_WITHOUT_YES,
     Cell,
@@ -156,6 +156,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     executor = {"kind": args.executor or doc.get("executor", "local"), "jobs": args.jobs or doc.get("jobs", 1),
                 "slurm": slurm}
     check_executor(executor)
+    if executor["kind"] == "slurm":  # the --out path goes into the job script (#SBATCH --output, the python line)
+        check_text(str(Path(args.out).resolve()), "--out")
     if executor["kind"] == "slurm" and args.jobs:
         raise UsageError("--jobs is for the local executor; on SLURM the cells are one job array "
                          "(--array-parallelism N caps how many run at once)")
@@ -176,7 +178,10 @@ def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None, jo
     from harness.data import load_corpus
 
     corpus = load_corpus(data)
-    check_plans([_plan(spec, cell, corpus, out) for cell in cells], jobs)
+    plans = [_plan(spec, cell, corpus, out) for cell in cells]
+    check_plans(plans, jobs)
+    check_paired_memory(dict(enumerate(plans)), mf.paired_entries("ID", [_cell_doc(c, spec) for c in cells],
+                                                                   spec.paired_rounds))
     return corpus
 
 
@@ -199,6 +204,19 @@ def check_plans(plans: list[launch.Plan], jobs: int = 1) -> None:
                              f"{launch.fmt_bytes(together)} of memory together but this machine has "
                              f"{launch.fmt_bytes(available)} available of {launch.fmt_bytes(total)}; pass a smaller "
                              "--jobs (--jobs 1 runs one cell at a time)")
+
+
+def check_paired_memory(plans: dict[int, launch.Plan], entries: list[dict]) -> None:
+    """A paired timing holds every contender of its block at once: their memory together must fit (`plans`: the
+    plan of each cell index)."""
+    total, available = launch.machine_memory()
+    for entry in entries:
+        together = sum(launch.memory_need(plans[i])[0] for i in entry["members"] if i in plans)
+        if together > available:
+            raise UsageError(f"the paired timing of {entry['key']} holds {len(entry['members'])} backends at once and "
+                             f"needs about {launch.fmt_bytes(together)} of memory together but this machine has "
+                             f"{launch.fmt_bytes(available)} available of {launch.fmt_bytes(total)}; make the model "
+                             "smaller or pass --paired-rounds 0 (no speed verdict)")
 
 
 def _plan(spec: SweepSpec, cell: Cell, corpus: object, out: Path) -> launch.Plan:
@@ -495,8 +513,10 @@ def command(args: argparse.Namespace) -> int:
         slurm = SlurmExecutor.from_settings(Path(args.out).resolve() / "sweeps" / "ID" / "slurm", executor["slurm"],
                                             job_name=f"harness-{spec.name}")
     corpus = validate(spec, cells, args.out, args.data, jobs=executor["jobs"] if executor["kind"] == "local" else 1)
-    if slurm is not None:
-        slurm.check_submission(len(cells))  # sbatch --test-only: what sbatch would refuse, refused now
+    if slurm is not None:  # sbatch --test-only: what sbatch would refuse, refused now
+        entries = mf.paired_entries("ID", [_cell_doc(c, spec) for c in cells],
+                                    spec.paired_rounds)
+        slurm.check_submission(len(cells), (len(entries), max((len(e["members"]) for e in entries), default=0)))
     groups = len({c.group for c in cells})
     where = ("one at a time on this machine" if executor["kind"] == "local" and executor["jobs"] == 1 else
              f"{executor['jobs']} at a time on this machine (timings contended)" if executor["kind"] == "local"
@@ -580,8 +600,10 @@ def resume(args: argparse.Namespace) -> int:
     todo = [c for c in m.cells if c["status"] in mf.RERUNNABLE]
     ptodo = [e for e in m.doc.get("paired") or [] if e["status"] in mf.PAIRED_RERUNNABLE]
     check_plans([_plan_of(m, c, corpus) for c in todo], ex.get("jobs", 1) if ex["kind"] == "local" else 1)
-    if todo and ex["kind"] == "slurm":
-        _executor(m, progress=False).check_submission(len(todo))
+    check_paired_memory({i: _plan_of(m, m.cells[i], corpus) for e in ptodo for i in e["members"]}, ptodo)
+    if (todo or ptodo) and ex["kind"] == "slurm":
+        _executor(m, progress=False).check_submission(
+            len(todo), (len(ptodo), max((len(e["members"]) for e in ptodo), default=0)))
     busy = sum(c["status"] in ("queued", "running") for c in m.cells)
     print(f"sweep {m.sweep_id}: {len(todo)} of {len(m.cells)} cells to run"
           + (f", {len(ptodo)} paired timings" if ptodo else "")

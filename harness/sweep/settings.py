@@ -30,7 +30,8 @@ MAX_VALUE_CHARS = 1000
 # sbatch options the harness (through submitit) writes itself: a second value would break the job or its logs
 MANAGED = {"array": "--array-parallelism", "partition": "--partition", "time": "--time-min", "mem": "--mem-gb",
            "cpus-per-task": "--cpus-per-job", "gpus-per-node": "--gpus-per-job", "output": None, "error": None,
-           "open-mode": None, "signal": None, "job-name": None, "wrap": None}
+           "open-mode": None, "signal": None, "job-name": None, "wrap": None,
+           "dependency": None}  # the paired timings' array waits for the training arrays (afterany)
 
 
 def _control(text: str) -> str | None:

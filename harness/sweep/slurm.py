@@ -48,7 +48,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from harness import launch, records
 from harness.errors import UsageError
 from harness.sweep.executors import Notify, paired_command, worker_command
-from harness.sweep.settings import DEFAULT_TIME_MIN, parse_sbatch
+from harness.sweep.settings import DEFAULT_TIME_MIN, check_text, parse_sbatch
 
 ALIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
          "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED"}
@@ -183,6 +183,7 @@ class SlurmExecutor:
                  cpus_per_job: int | None = None, mem_gb: float | None = None, time_min: int = DEFAULT_TIME_MIN,
                  sbatch: list[str] | None = None, array_parallelism: int | None = None, wait: bool = True,
                  poll_s: float = 5.0, job_name: str = "harness"):
+        check_text(str(Path(folder).resolve()), "--out")  # a stored sweep's folder goes into the job script too
         self.folder, self.wait, self.poll_s, self.job_name = Path(folder), wait, poll_s, job_name
         self.params: dict = {"time": time_min, "signal_delay_s": 90}
         if partition:
@@ -208,35 +209,43 @@ class SlurmExecutor:
                    time_min=slurm.get("time_min") or DEFAULT_TIME_MIN, sbatch=slurm.get("sbatch"),
                    array_parallelism=slurm.get("array_parallelism"), wait=wait, job_name=job_name)
 
-    def script(self, n_cells: int) -> str:
-        """The job script submitit writes for an array of `n_cells` (a plain job for one), as sbatch reads it."""
+    def script(self, n_cells: int, members: int = 0) -> str:
+        """The job script submitit writes for an array of `n_cells` (a plain job for one), as sbatch reads it; with
+        `members`, the paired timings' array, each element holding that many contenders' memory."""
         from submitit.slurm.slurm import _make_sbatch_string
 
+        params = dict(self.params)
+        if members and self.mem_mb:
+            params["mem"] = f"{self.mem_mb * members}M"
         executor = submitit.SlurmExecutor(folder=self.folder)
-        executor.update_parameters(job_name=self.job_name, **self.params)  # submitit's own checks of the names
+        executor.update_parameters(job_name=self.job_name, **params)  # submitit's own checks of the names
         return _make_sbatch_string(command="true", folder=executor.folder, map_count=n_cells if n_cells > 1 else None,
                                    **executor.parameters)
 
-    def check_submission(self, n_cells: int) -> None:
-        """Ask `sbatch --test-only` whether it would accept these cells' job (nothing is submitted or written
-        under --out); a refusal is a UsageError with sbatch's reason."""
-        n = min(n_cells, max_array_size())
-        try:
-            text = self.script(n)
-        except (ValueError, TypeError) as exc:
-            raise UsageError(f"submitit refuses the SLURM settings ({str(exc).splitlines()[0]}); fix the [slurm] "
-                             "settings or the flags") from None
-        with tempfile.TemporaryDirectory(prefix="harness-sbatch-") as tmp:
-            path = Path(tmp) / "job.sh"
-            path.write_text(text, encoding="utf-8")
-            done = _run(["sbatch", "--test-only", str(path)])
-        if done is None:
-            raise UsageError("sbatch --test-only did not answer within 20 s; check the SLURM controller, or use "
-                             "--executor local")
-        if done.returncode != 0:
-            raise UsageError(f"sbatch refuses this sweep's jobs: {sbatch_reason(done.stderr or done.stdout)}; fix "
-                             "the [slurm] settings or the flags (--partition, --gpus-per-job, --cpus-per-job, "
-                             "--mem-gb, --time-min, --sbatch)")
+    def check_submission(self, n_cells: int, paired: tuple[int, int] | None = None) -> None:
+        """Ask `sbatch --test-only` whether it would accept these cells' job array and, with `paired` (entries,
+        most contenders in one), the paired timings' array (nothing is submitted or written under --out); a refusal
+        is a UsageError with sbatch's reason."""
+        jobs = [("this sweep's jobs", min(n_cells, max_array_size()), 0)] if n_cells else []
+        if paired and paired[0]:
+            jobs.append(("this sweep's paired timings", min(paired[0], max_array_size()), paired[1]))
+        for what, n, members in jobs:
+            try:
+                text = self.script(n, members)
+            except (ValueError, TypeError) as exc:
+                raise UsageError(f"submitit refuses the SLURM settings ({str(exc).splitlines()[0]}); fix the [slurm] "
+                                 "settings or the flags") from None
+            with tempfile.TemporaryDirectory(prefix="harness-sbatch-") as tmp:
+                path = Path(tmp) / "job.sh"
+                path.write_text(text, encoding="utf-8")
+                done = _run(["sbatch", "--test-only", str(path)])
+            if done is None:
+                raise UsageError("sbatch --test-only did not answer within 20 s; check the SLURM controller, or use "
+                                 "--executor local")
+            if done.returncode != 0:
+                raise UsageError(f"sbatch refuses {what}: {sbatch_reason(done.stderr or done.stdout)}; fix "
+                                 "the [slurm] settings or the flags (--partition, --gpus-per-job, --cpus-per-job, "
+                                 "--mem-gb, --time-min, --sbatch)")
 
     def submit(self, out: Path, cells: list[dict], dependency: str | None = None) -> list[str]:
         """Submit `cells` as one job array (one plain job for a single cell); returns their job ids, in order.
