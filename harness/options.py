@@ -52,9 +52,19 @@ def count_arg(text: str) -> int:
     return value
 
 
+def rounds_arg(text: str) -> int:
+    """argparse type of --paired-rounds: 0 (none) to harness.paired.MAX_ROUNDS."""
+    from harness.paired import MAX_ROUNDS
+
+    value = count_arg(text)
+    if value > MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_ROUNDS} rounds; 10 to 30 give a tight interval")
+    return value
+
+
 def add_paired(p: argparse.ArgumentParser, default: int | None) -> None:
     """--paired-rounds (run, sweep): the paired timing that every speed comparison rests on (harness.paired)."""
-    p.add_argument("--paired-rounds", type=count_arg, default=default, metavar="N",
+    p.add_argument("--paired-rounds", type=rounds_arg, default=default, metavar="N",
                    help="with two or more backends: time them side by side after training, all alive at once, in "
                         "alternating short bursts, until N undisturbed rounds are in (default 10; 0: no paired "
                         "timing, and then no speed verdict)")

@@ -48,6 +48,7 @@ SCHEMA = "nanogpt-parity/paired-timing"
 SCHEMA_VERSION = 1
 ROUNDS = 10  # undisturbed rounds wanted (the default of --paired-rounds)
 MAX_ROUNDS_FACTOR = 4  # give up after this many times `rounds` rounds
+MAX_ROUNDS = 1000  # the most undisturbed rounds one may ask for (each round rewrites the record, which grows)
 MIN_USABLE_ROUNDS = 3  # fewer undisturbed rounds than this (and than half the wanted ones): not usable
 BURST_S = 0.25  # a burst's target length
 MIN_BURST, MAX_BURST = 3, 500  # steps per burst

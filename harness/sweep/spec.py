@@ -25,6 +25,7 @@ else:  # pragma: no cover
 
 from harness.config import PRESETS, SEED_MAX, Config, load_config
 from harness.errors import UsageError
+from harness.paired import ROUNDS
 from harness.sweep.settings import check_slurm
 
 DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
@@ -58,7 +59,7 @@ class SweepSpec:
     checkpoint_every: int = 0
     threads: int | None = None
     text: bool = True
-    paired_rounds: int = 10  # harness.paired.ROUNDS: undisturbed rounds of paired timing per block; 0: none
+    paired_rounds: int = ROUNDS  # undisturbed rounds of paired timing per block; 0: none
 
     def to_dict(self) -> dict:
         return dict(dataclasses.asdict(self), seeds=list(self.seeds))
@@ -232,8 +233,10 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     spec.threads = _positive(doc.get("threads"), "threads")
     if doc.get("paired_rounds") is not None:
         value = doc["paired_rounds"]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UsageError(f"sweep paired_rounds must be a whole number >= 0, got {value!r}")
+        from harness.paired import MAX_ROUNDS
+
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ROUNDS:
+            raise UsageError(f"sweep paired_rounds must be a whole number from 0 to {MAX_ROUNDS}, got {value!r}")
         spec.paired_rounds = value
     if "text" in doc:
         if not isinstance(doc["text"], bool):
