@@ -118,6 +118,30 @@ def tiny_config(tmp_path: Path):
     return make
 
 
+def harness_in_process(capsys, *args: object) -> tuple[int, str]:
+    """`harness ARGS` in this process (its workers are still their own processes): (exit status, stderr)."""
+    import signal
+
+    from harness import cli
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return code, capsys.readouterr().err
+
+
+def one_line_error(code: int, err: str, *fragments: str) -> None:
+    """Bad input's contract: exit 2, one line on stderr (blank lines aside), no traceback, every fragment in it."""
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, err)
+
+
 def children(pid: int) -> list[int]:
     """Direct children of `pid`, from /proc (the worker runs in its own session)."""
     kids = []

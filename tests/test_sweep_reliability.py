@@ -20,32 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, launch, records
+from harness import launch, records
 from harness.errors import UsageError
-from tests.conftest import TINY_TOML, children, data_path, run_cli
+from tests.conftest import TINY_TOML, children, data_path, harness_in_process, one_line_error, run_cli
 
 TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
 PAYLOAD = "requeue\ntouch PWNED\n#SBATCH --comment=b"  # the issue's attack: a newline ends the #SBATCH line
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
-def harness(capsys, *args: object) -> tuple[int, str]:
-    """`harness ARGS` in this process: (exit status, stderr)."""
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        code = cli.main([str(a) for a in args])
-    except SystemExit as exc:  # argparse
-        code = exc.code
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return code, capsys.readouterr().err
-
-
-def one_line_error(code: int, err: str, *fragments: str) -> None:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, err)
+harness = harness_in_process
 
 
 def tree(path: Path) -> list[str]:
