@@ -50,7 +50,8 @@ import numpy as np
 
 from harness import environment, records, runner
 from harness.backends import BackendUnavailable, backend_class, create_backend
-from harness.config import PRESETS, SIZES, Config, load_config, seed_arg
+from harness.config import PRESETS, SIZES, Config, seed_arg
+from harness.configure import load_config
 from harness.data import BatchStream, check_fits, load_corpus
 from harness.errors import UsageError
 from harness.options import add_backend, add_data, add_quiet, add_size, out_arg, pick_backends, pick_sizes

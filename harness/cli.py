@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from harness.config import PRESETS, SIZES, load_config
+from harness.config import PRESETS, SIZES
+from harness.configure import load_config
 from harness.errors import UsageError
 from harness.options import (
     DEFAULT_OUT,
@@ -27,6 +28,7 @@ from harness.options import (
     pick_sizes,
     positive_int,
 )
+from harness.processes import compile_cache_env
 
 
 # --- run ---------------------------------------------------------------------------------------------------------
@@ -65,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run {run_id}: {plan.config.name} on {plan.device}, backends {', '.join(backends)}", file=sys.stderr)
         print(f"  {corpus.summary()}", file=sys.stderr)
         if args.compile and "torch" in backends:
-            where = launch.compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
+            where = compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
             print(f"  torch.compile caches go to {where}", file=sys.stderr)
         codes = launch.execute(directory, backends, progress=plan.progress, threads=plan.threads,
                                paired_rounds=plan.paired_rounds)
@@ -294,6 +296,16 @@ def cmd_setup(args: argparse.Namespace) -> int:
     return setup_julia(force=args.force)
 
 
+def write_sweep_report(out: Path, sweep_id: str) -> Path:
+    """A sweep's HTML report and the index of `out` (handed to `harness sweep`, which sits below the reports)."""
+    from harness.report import write_index
+    from harness.report.sweep import write_sweep_report as write
+
+    path = write(out, sweep_id)
+    write_index(out)
+    return path
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="harness", description="Train the same nanoGPT in PyTorch, NumPy and Flux.jl, "
                     "with identical data and weights, and compare them.")
@@ -356,7 +368,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("sweep", help="many runs over sizes, backends, seeds and fields, locally or on SLURM")
     sweep.add_arguments(p)
-    p.set_defaults(func=sweep.command)
+    p.set_defaults(func=sweep.command, write_report=write_sweep_report)
 
     from harness import kit
 

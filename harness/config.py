@@ -259,27 +259,22 @@ def preset_path(size: str) -> Path:
     return Path(str(resources.files("harness.configs").joinpath(f"{size}.toml")))
 
 
-def load_config(size: str | None = None, path: str | Path | None = None,
-                overrides: dict[str, object] | None = None) -> Config:
-    """Load a preset by name, or a config file (which wins): TOML, or a nanoGPT config `.py` (read, never run:
-    harness.nanogpt); then `overrides` (`--set`: field names, or nanoGPT's names) on top."""
-    from harness import nanogpt
+def read_toml(path: str | Path) -> Config:
+    """A user's TOML config file, read as a bounded regular file and validated."""
+    from harness.files import read_regular
 
-    if path is not None and Path(path).suffix == ".py":
-        return nanogpt.load(Path(path), overrides or {})
-    if path is not None:
-        from harness.files import read_regular
+    path = Path(path)
+    blob = read_regular(path, "config file", "pass the path of a TOML file", MAX_TOML_BYTES,
+                        "a config is a short TOML file (see `harness sizes --toml small`)")
+    try:
+        doc = tomllib.loads(blob.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax or start from "
+                         "`harness sizes --toml small`") from None
+    return _from_mapping(doc, str(path))
 
-        path = Path(path)
-        blob = read_regular(path, "config file", "pass the path of a TOML file", MAX_TOML_BYTES,
-                            "a config is a short TOML file (see `harness sizes --toml small`)")
-        try:
-            doc = tomllib.loads(blob.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax or start from "
-                             "`harness sizes --toml small`") from None
-        config = _from_mapping(doc, str(path))
-    else:
-        source = preset_path(size or "small")
-        config = _from_mapping(tomllib.loads(source.read_text(encoding="utf-8")), str(source))
-    return nanogpt.apply_overrides(config, overrides) if overrides else config
+
+def read_preset(size: str) -> Config:
+    """A packaged preset (a size or a nanoGPT recipe) by name."""
+    source = preset_path(size)
+    return _from_mapping(tomllib.loads(source.read_text(encoding="utf-8")), str(source))

@@ -227,7 +227,7 @@ def _smoke_test() -> float:
     import numpy as np
 
     from harness.backends.flux import FluxBackend
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.weights import init_weights
 
     config = load_config("small").replace(block_size=16, batch_size=2, dropout=0.0)

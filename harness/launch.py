@@ -33,6 +33,7 @@ from harness.backends import BackendUnavailable, backend_class, check_names
 from harness.config import Config, check_seed
 from harness.data import Corpus, check_fits
 from harness.errors import UsageError
+from harness.processes import child_env, pdeathsig
 from harness.records import RunLock, RunPaths, Status
 
 SPEC_SCHEMA = records.SPEC_SCHEMA
@@ -267,24 +268,6 @@ def write_spec(plan: Plan) -> str:
         raise UsageError(records.os_error_message(exc, "cannot write the run")) from None
 
 
-def thread_env(threads: int | None) -> dict[str, str]:
-    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia)."""
-    if not threads:
-        return {}
-    n = str(threads)
-    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
-
-
-def compile_cache_env(directory: Path) -> dict[str, str]:
-    """torch.compile's caches (Inductor, Triton) go into `<out>/cache/` unless the user chose a place."""
-    cache = RunPaths.of_dir(directory).out / "cache"
-    env = {}
-    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
-        if not os.environ.get(var):
-            env[var] = str((cache / sub).resolve())
-    return env
-
-
 # --- the executor seam ------------------------------------------------------------------------------------------
 def run_backend(directory: Path, backend: str, resume: bool = False, progress: bool = True) -> int:
     """Train one backend of run `directory` in this process; returns the worker's exit status (0/1/2/130).
@@ -295,13 +278,6 @@ def run_backend(directory: Path, backend: str, resume: bool = False, progress: b
     from harness.worker import run_backend as _run
 
     return _run(Path(directory), backend, resume=resume, progress=progress)
-
-
-def _pdeathsig() -> None:  # runs in the child between fork and exec
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def spawn_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
@@ -317,19 +293,18 @@ def spawn_worker(directory: Path, backend: str, resume: bool = False, progress: 
     cmd = [sys.executable, "-m", "harness.worker", str(directory), backend]
     cmd += ["--resume"] if resume else []
     cmd += [] if progress else ["--no-progress"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HARNESS_PARENT_PID=str(os.getpid()), **thread_env(threads))
-    env.pop(records.LOCK_FD_ENV, None)
+    try:
+        spec = records.load_spec_file(RunPaths.of_dir(directory).spec)
+        compiles = bool((spec["backend_options"].get(backend) or {}).get("compile"))
+    except UsageError:
+        compiles = False  # the worker reports a bad spec itself
+    env = child_env(threads, directory if compiles else None)
+    env["HARNESS_PARENT_PID"] = str(os.getpid())
     pass_fds: tuple[int, ...] = ()
     if lock is not None and lock.fd is not None:
         env[records.LOCK_FD_ENV] = str(lock.fd)
         pass_fds = (lock.fd,)
-    try:
-        spec = records.load_spec_file(RunPaths.of_dir(directory).spec)
-        if (spec["backend_options"].get(backend) or {}).get("compile"):
-            env.update(compile_cache_env(directory))
-    except UsageError:
-        pass  # the worker reports a bad spec itself
-    return subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds, preexec_fn=_pdeathsig)
+    return subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds, preexec_fn=pdeathsig)
 
 
 def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,

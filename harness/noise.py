@@ -354,7 +354,7 @@ def command(args: argparse.Namespace) -> int:
     sizes = pick_sizes(args.size, default=())
     if len(backends) != 2 or len(sizes) != 1:
         raise UsageError("--noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.data import check_fits, load_corpus
 
     corpus = load_corpus(args.data)  # bad data is one line before any leg starts (each leg reads it again)

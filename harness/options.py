@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config import PRESETS, SIZES, load_config, seed_arg
+from harness.config import PRESETS, SIZES, seed_arg
+from harness.configure import load_config
 from harness.errors import UsageError
 
 DEFAULT_OUT = Path("reports")

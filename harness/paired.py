@@ -43,6 +43,7 @@ import numpy as np
 
 from harness import contention, records, stats
 from harness.errors import UsageError
+from harness.processes import child_env, pdeathsig
 
 SCHEMA = "nanogpt-parity/paired-timing"
 SCHEMA_VERSION = 1
@@ -269,7 +270,7 @@ class Child:
                repr(warmup_s)]
         self.name = contender["name"]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                     start_new_session=True, preexec_fn=_pdeathsig)
+                                     start_new_session=True, preexec_fn=pdeathsig)
         self.buf = b""
 
     def send(self, msg: dict) -> None:
@@ -314,21 +315,9 @@ class Child:
             self.proc.wait()
 
 
-def _pdeathsig() -> None:  # in the child, between fork and exec: stop when the coordinator dies
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-
-
 def _env(contender: dict, threads: int | None) -> dict:
-    from harness.launch import compile_cache_env, thread_env
-
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(threads))
-    env.pop(records.LOCK_FD_ENV, None)
-    if (contender.get("options") or {}).get("compile"):
-        env.update(compile_cache_env(Path(contender["run_dir"])))
-    return env
+    compiles = bool((contender.get("options") or {}).get("compile"))
+    return child_env(threads, Path(contender["run_dir"]) if compiles else None)
 
 
 def _say(progress: bool, text: str) -> None:

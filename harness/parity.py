@@ -1369,7 +1369,7 @@ def command(args: argparse.Namespace) -> int:
     """`harness parity`: run two backends in parity mode, compare, write parity.json; the exit status is one of
     `EXIT_STATUSES` (0 pass, 1 numerical FAIL, 2 bad input, 3 a backend crashed, 130 interrupted)."""
     from harness import launch, records
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.data import load_corpus
     from harness.devices import parity_options, parse_devices
 

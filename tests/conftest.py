@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,15 @@ def check_files(run: Path) -> None:
                 assert "harness/step" in f.files and len(f["harness/loss"]) == int(f["harness/step"])
         else:
             assert path.name == ".lock" or (path.name.startswith(".") and path.name.endswith(".tmp")), path
+
+
+def in_own_mounts(script: str) -> subprocess.CompletedProcess:
+    """Run a shell script in a private mount namespace (its mounts vanish with it)."""
+    env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1")
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
+                                  or subprocess.run(["unshare", "-m", "true"]).returncode != 0,
+                                  reason="needs root and unshare for a private tmpfs or read-only mount")

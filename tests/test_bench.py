@@ -16,7 +16,7 @@ import pytest
 
 from harness import bench
 from harness.cli import main
-from harness.config import load_config
+from harness.configure import load_config
 from harness.data import BatchStream, load_corpus
 from harness.weights import init_weights
 

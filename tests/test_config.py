@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import SIZES, load_config
+from harness.config import SIZES
+from harness.configure import load_config
 from harness.errors import UsageError
 
 # docs/design.md, "Size presets", copied by hand: the independent truth the TOML files must match.

@@ -204,7 +204,7 @@ class TickingBackend:
 
 
 def test_the_training_loop_records_chunks_and_the_worker_summary_drops_the_disturbed_steps(proc: FakeProc):
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.runner import steady_start
 
     config = load_config("small").replace(steps=100, eval_interval=50)

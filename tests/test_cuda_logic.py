@@ -17,7 +17,7 @@ import pytest
 
 from harness import runner
 from harness.backends.base import BackendUnavailable
-from harness.config import load_config
+from harness.configure import load_config
 from harness.data import BatchStream
 from harness.devices import parse_devices
 from harness.errors import UsageError

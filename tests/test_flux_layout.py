@@ -27,7 +27,7 @@ from harness.backends.flux_layout import (
     tokens_from_flux,
     tokens_to_flux,
 )
-from harness.config import load_config
+from harness.configure import load_config
 from harness.models import numpy_gpt
 from harness.weights import init_weights, param_shapes
 

@@ -105,7 +105,7 @@ def test_export_writes_a_small_self_describing_kit(kit: Path) -> None:
 
 
 def test_dropout_kit_holds_the_harness_masks(kit_drop: Path) -> None:
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.masks import dropout_masks
 
     manifest = json.loads((kit_drop / "manifest.json").read_text())

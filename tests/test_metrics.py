@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness import metrics
-from harness.config import load_config
+from harness.configure import load_config
 from harness.data import Corpus
 
 ALPHABET = tuple(sorted(set(" \nabcdefghijklmnopqrstuvwxyz.,")))

@@ -18,7 +18,8 @@ import pytest
 from conftest import data_path
 
 from harness import parity
-from harness.config import OPTION_DEFAULTS, PRESETS, config_from_dict, load_config
+from harness.config import OPTION_DEFAULTS, PRESETS, config_from_dict
+from harness.configure import load_config
 from harness.errors import UsageError
 from harness.schedule import effective_rate, learning_rate, learning_rates
 from harness.weights import count_parameters, decays, init_weights, param_shapes

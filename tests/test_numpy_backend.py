@@ -9,7 +9,8 @@ import pytest
 
 from harness.backends.base import Backend, BackendUnavailable
 from harness.backends.numpy_backend import NumpyBackend
-from harness.config import Config, load_config
+from harness.config import Config
+from harness.configure import load_config
 from harness.errors import UsageError
 from harness.weights import decays, init_weights, param_shapes
 

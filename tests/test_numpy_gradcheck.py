@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.config import Config, load_config
+from harness.config import Config
+from harness.configure import load_config
 from harness.models import numpy_gpt as ng
 from harness.weights import decays, init_weights
 

@@ -205,7 +205,7 @@ def unscaled_attention(self: torch.nn.Module, x: torch.Tensor, mask: torch.Tenso
 
 @pytest.fixture(scope="module")
 def small_setup() -> tuple:
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.data import BatchStream, load_corpus
     from harness.weights import init_weights
 

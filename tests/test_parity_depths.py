@@ -22,7 +22,7 @@ import pytest
 from conftest import data_path
 
 from harness import parity
-from harness.config import load_config
+from harness.configure import load_config
 from harness.masks import dropout_masks, fingerprint, mask_keys
 from tests.plants import plant_optimizer_bug
 

@@ -22,7 +22,7 @@ import pytest
 from conftest import data_path
 
 from harness import diagnose, parity, probe
-from harness.config import load_config
+from harness.configure import load_config
 from harness.taps import in_forward_order, tap_names, tap_rows, tap_shapes
 from tests import plants
 

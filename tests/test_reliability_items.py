@@ -21,7 +21,16 @@ import pytest
 
 from harness import records
 from harness.errors import UsageError
-from tests.conftest import TINY_TOML, children, data_path, harness_in_process, one_line_error, run_cli
+from tests.conftest import (
+    TINY_TOML,
+    children,
+    data_path,
+    harness_in_process,
+    in_own_mounts,
+    needs_mounts,
+    one_line_error,
+    run_cli,
+)
 
 TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
 NUMPY = ["--backend", "numpy", "--quiet", "--no-text", "--no-report"]
@@ -268,7 +277,7 @@ def test_10_memory_estimate_refuses(tmp_path, capsys, change):
 
 def test_10_memory_estimate_unit(corpus):
     from harness import launch
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.weights import count_parameters, param_shapes
 
     for size in ("small", "large"):
@@ -321,36 +330,24 @@ def test_12_path_errors(tmp_path, capsys, kind, fragment):
     assert tree(tmp_path) == before
 
 
-def _in_own_mounts(script: str) -> subprocess.CompletedProcess:
-    """Run a shell script in a private mount namespace (its mounts vanish with it)."""
-    env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1")
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env,
-                          timeout=300)
-
-
-needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
-                                  or subprocess.run(["unshare", "-m", "true"]).returncode != 0,
-                                  reason="needs root and unshare for a private tmpfs / read-only mount")
-
-
 @needs_mounts
 def test_12_full_disk_and_read_only(tmp_path, config_file, done_run):
     py = f"{sys.executable} -m harness.cli"
     # a full disk when the run is prepared (the corpus copy does not fit): one line, exit 2, no run directory
     full = tmp_path / "full"
     full.mkdir()
-    r = _in_own_mounts(f"mount -t tmpfs -o size=128k tmpfs {full}; {py} run --config {config_file} --steps 3 "
+    r = in_own_mounts(f"mount -t tmpfs -o size=128k tmpfs {full}; {py} run --config {config_file} --steps 3 "
                        f"--out {full}/out {' '.join(NUMPY)}; echo rc=$?; ls -A {full}/out/runs 2>/dev/null | wc -l")
     assert "rc=2" in r.stdout and "No space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stdout.strip().endswith("0")
     # a full disk when the report is written
-    r = _in_own_mounts(f"mount -t tmpfs -o size=4m tmpfs {full}; cp -r {done_run.parent.parent} {full}/out; "
+    r = in_own_mounts(f"mount -t tmpfs -o size=4m tmpfs {full}; cp -r {done_run.parent.parent} {full}/out; "
                        f"dd if=/dev/zero of={full}/fill bs=64k 2>/dev/null || true; "
                        f"{py} report {done_run.name} --out {full}/out; echo rc=$?")
     assert "rc=2" in r.stdout and "No space left" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     # --resume on a read-only --out
     out, run = copy_run(done_run, tmp_path)
-    r = _in_own_mounts(f"mount --bind {out} {out}; mount -o remount,ro,bind {out}; "
+    r = in_own_mounts(f"mount --bind {out} {out}; mount -o remount,ro,bind {out}; "
                        f"{py} run --resume {run.name} --out {out} --quiet; echo rc=$?")
     assert "rc=2" in r.stdout and "read-only" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -387,11 +384,11 @@ def test_14_ignored_options_are_refused(tmp_path, capsys, args, fragment, monkey
 
 
 def test_14_compile_caches_go_into_out(tmp_path, monkeypatch):
-    from harness import launch
+    from harness import processes
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    env = launch.compile_cache_env(tmp_path / "out" / "runs" / "r1")
+    env = processes.compile_cache_env(tmp_path / "out" / "runs" / "r1")
     assert all(Path(v).is_relative_to((tmp_path / "out" / "cache").resolve()) for v in env.values())
     assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
@@ -507,7 +504,7 @@ def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, confi
 def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config_file):
     """`launch.run_backend` trains one backend in this process (what a SLURM job calls); it takes the lock."""
     from harness import launch
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.data import load_corpus
 
     plan = launch.Plan(config=load_config(path=config_file).replace(steps=10), corpus=load_corpus(data_path()),
@@ -528,7 +525,7 @@ def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config
 def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):
     """A backend on CUDA is also checked against the GPU's free memory, read from nvidia-smi (a fake one here)."""
     from harness import launch
-    from harness.config import load_config
+    from harness.configure import load_config
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho '81559, 2'\n")  # MiB total, MiB free: 2 MiB free

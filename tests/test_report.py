@@ -21,7 +21,7 @@ import pytest
 from conftest import data_path
 
 from harness import records
-from harness.config import load_config
+from harness.configure import load_config
 from harness.errors import UsageError
 from harness.report import report_name, write_index, write_report
 from harness.runner import summarize_times

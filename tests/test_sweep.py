@@ -307,6 +307,51 @@ def test_models_do_not_import_the_layers_above_them():
                     assert name.startswith(allowed), (path.name, name)
 
 
+def test_the_harness_has_no_import_circle():
+    """Layers point one way: no chain of imports (lazy ones inside functions included) leads from a module of the
+    harness back to itself. A package (report, sweep, kit, backends, models) counts as one unit, so a report module
+    that reads sweep manifests and a sweep module that writes reports would be a circle too."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "harness"
+    units = {p.stem for p in root.glob("*.py") if p.stem != "__init__"} | {
+        p.parent.name for p in root.glob("*/__init__.py")}
+
+    def unit(name: str) -> str | None:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 1 and parts[0] == "harness" and parts[1] in units else None
+
+    edges: dict[str, set[str]] = {u: set() for u in units}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).parts
+        me = rel[0] if len(rel) > 1 else path.stem
+        if me == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [f"{node.module}.{a.name}" if node.module == "harness" else node.module or ""
+                         for a in node.names]
+            else:
+                continue
+            edges[me] |= {u for u in map(unit, names) if u and u != me}
+    assert edges["cli"] and edges["sweep"], "the import graph was not read"
+    state: dict[str, int] = {}
+
+    def visit(u: str, chain: list[str]) -> None:
+        state[u] = 1
+        for v in sorted(edges[u]):
+            assert state.get(v) != 1, "import circle: " + " -> ".join([*chain[chain.index(v):], v])
+            if v not in state:
+                visit(v, [*chain, v])
+        state[u] = 2
+
+    for u in sorted(units):
+        if u not in state:
+            visit(u, [u])
+
+
 def test_parallel_cells_are_marked_contended(tmp_path: Path, tiny_config):
     out = tmp_path / "out"
     proc = run_cli("sweep", "--configs", str(tiny_config()), "--backends", "numpy", "--seeds", "2", "--steps", "20",

@@ -22,7 +22,16 @@ import pytest
 
 from harness import launch, records
 from harness.errors import UsageError
-from tests.conftest import TINY_TOML, children, data_path, harness_in_process, one_line_error, run_cli
+from tests.conftest import (
+    TINY_TOML,
+    children,
+    data_path,
+    harness_in_process,
+    in_own_mounts,
+    needs_mounts,
+    one_line_error,
+    run_cli,
+)
 
 TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
 PAYLOAD = "requeue\ntouch PWNED\n#SBATCH --comment=b"  # the issue's attack: a newline ends the #SBATCH line
@@ -209,7 +218,7 @@ def _state(pid: int) -> str | None:
 
 
 def test_6_memory_preflight_counts_every_concurrent_worker(tmp_path, capsys, monkeypatch, config_file, corpus):
-    from harness.config import load_config
+    from harness.configure import load_config
 
     plan = launch.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
     one = launch.memory_need(plan)[0]
@@ -226,7 +235,7 @@ def test_6_memory_preflight_counts_the_paired_timing_s_contenders(tmp_path, caps
                                                                    corpus):
     """A paired timing holds both backends of a block at once: their memory together must fit, before anything
     is written; without paired timing the same sweep runs."""
-    from harness.config import load_config
+    from harness.configure import load_config
 
     plan = launch.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
     one = launch.memory_need(plan)[0]
@@ -370,18 +379,6 @@ def test_13_resume_writes_no_spec_for_a_cell_it_rejects(tmp_path, capsys, done_s
     assert tree(tmp_path) == before  # no run directory for a cell the worker would refuse
 
 
-def _in_own_mounts(script: str) -> subprocess.CompletedProcess:
-    """Run a shell script in a private mount namespace (its mounts vanish with it)."""
-    env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1")
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env,
-                          timeout=300)
-
-
-needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
-                                  or subprocess.run(["unshare", "-m", "true"]).returncode != 0,
-                                  reason="needs root and unshare for a private tmpfs")
-
-
 @needs_mounts
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file, command):
@@ -391,7 +388,7 @@ def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file
     full.mkdir()
     what = f"run --config {config_file} --backend numpy" if command == "run" else \
         f"sweep --configs {config_file} --backends numpy --seeds 3"
-    r = _in_own_mounts(textwrap.dedent(f"""\
+    r = in_own_mounts(textwrap.dedent(f"""\
         mount -t tmpfs -o size=2m tmpfs {full}
         HARNESS_TEST_PAUSE_AT=after-record:sleep HARNESS_TEST_PAUSE_S=2 {sys.executable} -m harness.cli {what} \\
             --steps 3000 --checkpoint-every 100 --quiet --no-text --out {full}/out &
@@ -413,7 +410,7 @@ def test_13_disk_full_while_a_sweep_prepares_leaves_no_stray_run_directory(tmp_p
     full = tmp_path / "full"
     full.mkdir()
     py = f"{sys.executable} -m harness.cli"
-    r = _in_own_mounts(f"mount -t tmpfs -o size=360k tmpfs {full}; {py} sweep --configs {config_file} --backends "
+    r = in_own_mounts(f"mount -t tmpfs -o size=360k tmpfs {full}; {py} sweep --configs {config_file} --backends "
                        f"numpy --seeds 40 --steps 2 --no-text --quiet --out {full}/out; echo rc=$?; "
                        f"ls -A {full}/out/runs 2>/dev/null; echo manifests:; cat {full}/out/sweeps/*/sweep.json "
                        "2>/dev/null")

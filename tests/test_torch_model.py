@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from harness.backends.torch_backend import TorchBackend  # noqa: E402
-from harness.config import load_config  # noqa: E402
+from harness.configure import load_config  # noqa: E402
 from harness.data import BatchStream  # noqa: E402
 from harness.weights import init_weights  # noqa: E402
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from harness.config import load_config
+from harness.configure import load_config
 from harness.weights import count_parameters, decays, fingerprint, init_weights, param_shapes
 
 

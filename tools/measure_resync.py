@@ -35,7 +35,7 @@ def main() -> int:
     from harness import parity, probe
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.data import load_corpus
 
     torch.set_num_threads(1)

@@ -87,7 +87,7 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object)
     from harness import parity, probe
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
-    from harness.config import load_config
+    from harness.configure import load_config
 
     rows, references = [], {}
     for size in sizes:

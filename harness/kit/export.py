@@ -272,7 +272,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
 
 def command(args: argparse.Namespace) -> int:
     """`harness kit export`: validate, compute with the oracle, write the files, then manifest.json last."""
-    from harness.config import load_config
+    from harness.configure import load_config
     from harness.data import check_fits, load_corpus
     from harness.options import pick_sizes
 

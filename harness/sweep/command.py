@@ -15,6 +15,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from harness import launch, records
@@ -33,6 +34,8 @@ from harness.sweep.spec import (
     parse_seed_flag,
     parse_set,
 )
+
+ReportWriter = Callable[[Path, str], Path]  # (out, sweep id) -> the report page written
 
 SLURM_FLAGS = ("partition", "gpus_per_job", "cpus_per_job", "mem_gb", "time_min", "array_parallelism")
 
@@ -444,7 +447,7 @@ def print_status(m: mf.Manifest) -> dict[str, int]:
     return counts
 
 
-def _finish(m: mf.Manifest, code: int, no_report: bool) -> int:
+def _finish(m: mf.Manifest, code: int, write_report: ReportWriter | None) -> int:
     counts: dict[str, int] = {}
     for row in refresh(m):
         counts[row["status"]] = counts.get(row["status"], 0) + 1
@@ -455,8 +458,8 @@ def _finish(m: mf.Manifest, code: int, no_report: bool) -> int:
     print(f"sweep {m.sweep_id}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), file=sys.stderr)
     if pcounts:
         print("paired timing: " + ", ".join(f"{v} {k}" for k, v in sorted(pcounts.items())), file=sys.stderr)
-    if not no_report and counts.get("completed"):
-        path = write_sweep_report(m)
+    if write_report is not None and counts.get("completed"):
+        path = write_report(m.out, m.sweep_id)
         print(f"report: {path}", file=sys.stderr)
     again = f"`harness sweep --resume {m.sweep_id} --out {shlex.quote(str(m.out))}`"
     if code == 130:
@@ -471,18 +474,12 @@ def _finish(m: mf.Manifest, code: int, no_report: bool) -> int:
     return 0 if counts.get("completed", 0) == len(m.cells) else 1
 
 
-def write_sweep_report(m: mf.Manifest) -> Path:
-    from harness.report import write_index
-    from harness.report.sweep import write_sweep_report as write
-
-    path = write(m.out, m.sweep_id)
-    write_index(m.out)
-    return path
-
-
 # --- the command -------------------------------------------------------------------------------------------------
 def command(args: argparse.Namespace) -> int:
-    """`harness sweep`: new sweep, --status, --resume or --report."""
+    """`harness sweep`: new sweep, --status, --resume or --report.
+
+    `args.write_report(out, sweep_id) -> Path` writes the sweep's HTML report: the reports sit above the sweeps
+    (they read sweep manifests), so the command line hands their writer in (harness.cli)."""
     chosen = [x for x in ("status", "resume", "report") if getattr(args, x) is not None]
     if len(chosen) > 1:
         raise UsageError(f"--{chosen[0]} and --{chosen[1]} exclude each other; pass one")
@@ -498,7 +495,7 @@ def command(args: argparse.Namespace) -> int:
         m = mf.Manifest.load(args.out, args.report)
         records.check_writable(args.out)
         refresh(m)
-        print(f"report: {write_sweep_report(m)}")
+        print(f"report: {args.write_report(m.out, m.sweep_id)}")
         return 0
     if args.resume is not None:
         return resume(args)
@@ -545,7 +542,7 @@ def command(args: argparse.Namespace) -> int:
         if not any(c.get("attempts") for c in m.cells):  # nothing ran or was submitted: leave nothing behind
             _discard(m, before)
         raise
-    return _finish(m, code, args.no_report)
+    return _finish(m, code, None if args.no_report else args.write_report)
 
 
 def _existing(out: Path, corpus: object) -> set[Path]:
@@ -616,4 +613,4 @@ def resume(args: argparse.Namespace) -> int:
     except DiskFull as exc:
         print(exc, file=sys.stderr)
         return 2
-    return _finish(m, code, args.no_report)
+    return _finish(m, code, None if args.no_report else args.write_report)

@@ -45,8 +45,9 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from harness import launch, records
+from harness import records
 from harness.errors import UsageError
+from harness.processes import child_env
 from harness.sweep.executors import Notify, paired_command, worker_command
 from harness.sweep.settings import DEFAULT_TIME_MIN, check_text, parse_sbatch
 
@@ -129,7 +130,7 @@ class CellJob(submitit.helpers.Checkpointable):
         self._proc = None
 
     def __call__(self) -> int:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **launch.thread_env(self.threads))
+        env = child_env(self.threads)
         # SLURM sends the time-limit signal (USR2) to every process of the job step, the worker included, whose
         # default action would kill it on the spot (record left "running"): the worker ignores it, and
         # checkpoint() below stops it with SIGTERM, so it saves its record first

@@ -23,7 +23,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from harness.config import PRESETS, SEED_MAX, Config, load_config
+from harness.config import PRESETS, SEED_MAX, Config
+from harness.configure import load_config
 from harness.errors import UsageError
 from harness.paired import ROUNDS
 from harness.sweep.settings import check_slurm
