@@ -56,6 +56,7 @@ RULE = {
              "power-brake or hardware slowdown was on the GPU; steady-state figures use the undisturbed steps; "
              f"a run with more than {MOSTLY:.0%} of its steady steps disturbed is kept out of speed verdicts"),
 }
+RULE_SENTENCE = RULE["text"][0].upper() + RULE["text"][1:] + "."  # the rule as the reports state it
 
 
 # --- reading the machine ---------------------------------------------------------------------------------------

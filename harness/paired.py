@@ -211,6 +211,46 @@ def speed_words(s: dict, a: str | None = None, b: str | None = None) -> dict:
             "text": f"{fast} is {x:.3g}× faster than {slow}{interval}"}
 
 
+def judge(s: dict) -> dict:
+    """The speed verdict a summary (`pair_summary`, or `combine` over a sweep's seeds) can carry: one rule for
+    every report. `level` is "ok" only for a usable timing whose interval excludes 1, from 3 or more seeds, whose
+    ratios vary by at most CV_MAX (one pair of processes cannot show how much a process's own speed varies:
+    docs/benchmarks.md); "neutral" for an inconclusive, thin or noisy one; "warn" for a timing mostly disturbed.
+    Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is over) and `notes` (what
+    the verdict must say plainly)."""
+    w = speed_words(s)
+    seeds, cv = s.get("seeds", 1), s.get("cv")
+    noisy = cv is not None and cv > CV_MAX
+    if s["level"] == "seeds":
+        over = f"across {seeds} seeds"
+    elif s["level"] == "sessions":
+        over = f"across {s['n']} sessions of one seed"
+    else:
+        over = f"over {s['n']} undisturbed of {s['rounds']} rounds of one seed" if s["usable"] else \
+            f"over all {s['rounds']} rounds of one seed"
+    if s.get("seeds_dropped"):
+        over += f"; {s['seeds_dropped']} seed(s) left out (paired timing mostly disturbed)"
+    notes = []
+    if seeds < 3:
+        notes.append(f"{seeds} seed{'s' if seeds != 1 else ''}, fewer than 3: the interval cannot show how much a "
+                     "process's own speed varies")
+    if noisy:
+        notes.append(f"the paired ratios vary by {cv:.0%} (coefficient of variation over {CV_MAX:.0%}): noisy")
+    elif cv is not None:
+        over += f", coefficient of variation {cv:.1%}"
+    if not s["usable"]:
+        return {"level": "warn", "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
+            f"no verdict: {s['disturbed_rounds']} of {s['rounds']} paired rounds were disturbed by other work on the "
+            f"machine, too many to rely on (all of them together say {w['text']})")}
+    if not w["conclusive"]:
+        return {"level": "neutral", "label": "speed: no clear difference", "over": over, "notes": notes,
+                "claim": f"{w['text']}: the interval includes 1, so no clear difference"}
+    label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "") + (
+        f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds < 3 else "")
+    return {"level": "neutral" if noisy or seeds < 3 else "ok", "label": label, "over": over, "notes": notes,
+            "claim": w["text"]}
+
+
 def headline(doc: dict) -> str:
     """One line per pair for the terminal: the ratio, its interval, the rounds behind it."""
     names = [c["name"] for c in doc.get("contenders") or []]

@@ -98,15 +98,14 @@ def costs(rec: dict) -> dict[str, Any]:
 
 
 def step_median_interval(rec: dict) -> list[float]:
-    """A 95 % bootstrap interval of the median steady step time over the undisturbed steps ([] without steps)."""
+    """A 95 % bootstrap interval of the median steady step time, over the steps its figures come from
+    (harness.runner.steady_times: the undisturbed ones); [] without steps."""
     from harness import contention, stats
-    from harness.runner import steady_start
+    from harness.runner import steady_times
 
-    times = [t for t in (rec.get("steps") or {}).get("time_s", []) if t == t]
-    flags = contention.disturbed_steps(rec.get("chunks") or [], len(times))
-    first = steady_start(len(times))
-    steady = [t for i, t in enumerate(times) if i >= first and (flags is None or not flags[i])]
-    return stats.median_ci(steady or times[first:])
+    times = (rec.get("steps") or {}).get("time_s") or []
+    steady, _ = steady_times(times, disturbed=contention.disturbed_steps(rec.get("chunks") or [], len(times)))
+    return stats.median_ci(steady.tolist())
 
 
 def _flops_per_token(rec: dict) -> int | None:

@@ -108,26 +108,33 @@ def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.nd
             for split, batches in eval_sets.items()}
 
 
-def summarize_times(times: list[float], tokens_per_step: int, warmup: int = WARMUP_STEPS,
-                    disturbed: Sequence[bool] | None = None) -> dict:
-    """Steady-state step-time statistics (median, p10, p90, IQR) and tokens/s, after `warmup` steps.
-
-    `disturbed` (per step, harness.contention.disturbed_steps): the figures come from the steady steps not judged
-    disturbed; `disturbed_steps` says how many were dropped, `steady_steps` how many were used. When every steady
-    step was disturbed they come from all of them, and `figures_from` says so.
-    """
+def steady_times(times: Sequence[float], warmup: int = WARMUP_STEPS,
+                 disturbed: Sequence[bool] | None = None) -> tuple[np.ndarray, dict]:
+    """The steady-state step times the figures come from, and what was chosen: the steps after `warmup`, less
+    those judged disturbed (`disturbed`, per step: harness.contention.disturbed_steps), unless every one was; a
+    step without a time (NaN) is left out after the flags are matched to their steps."""
     first = steady_start(len(times), warmup)
     steady = np.asarray(times[first:], dtype=np.float64)
-    if steady.size == 0:
-        return {}
-    out: dict = {"warmup_steps": min(warmup, len(times)), "steady_steps_all": int(steady.size)}
-    if disturbed is not None:
+    info: dict = {"warmup_steps": min(warmup, len(times)), "steady_steps_all": int(steady.size)}
+    if disturbed is not None and steady.size:
         flags = np.asarray(list(disturbed)[first:len(times)], dtype=bool)
         flags = np.pad(flags, (0, steady.size - flags.size))  # steps beyond the evidence count as undisturbed
         clean = steady[~flags]
-        out["disturbed_steps"] = int(flags.sum())
-        out["figures_from"] = "undisturbed steps" if clean.size else "all steady steps (none undisturbed)"
+        info["disturbed_steps"] = int(flags.sum())
+        info["figures_from"] = "undisturbed steps" if clean.size else "all steady steps (none undisturbed)"
         steady = clean if clean.size else steady
+    return steady[np.isfinite(steady)], info
+
+
+def summarize_times(times: list[float], tokens_per_step: int, warmup: int = WARMUP_STEPS,
+                    disturbed: Sequence[bool] | None = None) -> dict:
+    """Steady-state step-time statistics (median, p10, p90, IQR) and tokens/s of `steady_times`.
+
+    `disturbed_steps` says how many steady steps were dropped as disturbed, `steady_steps` how many were used, and
+    `figures_from` whether they are the undisturbed ones or (every one disturbed) all of them."""
+    steady, out = steady_times(times, warmup, disturbed)
+    if steady.size == 0:
+        return {}
     q10, q25, q50, q75, q90 = np.percentile(steady, [10, 25, 50, 75, 90])
     out.update({"steady_steps": int(steady.size), "step_median_s": float(q50), "step_p10_s": float(q10),
                 "step_p90_s": float(q90), "step_iqr_s": float(q75 - q25), "step_mean_s": float(steady.mean()),

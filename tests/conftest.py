@@ -106,6 +106,22 @@ batches = 2
 """
 
 
+TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)  # the reliability tests' config
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory) -> Path:
+    """TINY as a file, once per test module."""
+    path = tmp_path_factory.mktemp("cfg") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def tree(path: Path) -> list[str]:
+    """Every path under `path`, sorted (to show that a refused command wrote nothing)."""
+    return sorted(str(p) for p in path.rglob("*")) if path.exists() else []
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path):
     """Write a tiny TOML config (fast on 2 cores) with some fields settable; returns a factory."""

@@ -22,7 +22,7 @@ import pytest
 from harness import records
 from harness.errors import UsageError
 from tests.conftest import (
-    TINY_TOML,
+    TINY,
     children,
     data_path,
     harness_in_process,
@@ -30,18 +30,14 @@ from tests.conftest import (
     needs_mounts,
     one_line_error,
     run_cli,
+    tree,
 )
 
-TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
 NUMPY = ["--backend", "numpy", "--quiet", "--no-text", "--no-report"]
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
 harness = harness_in_process
-
-
-def tree(path: Path) -> list[str]:
-    return sorted(str(p) for p in path.rglob("*")) if path.exists() else []
 
 
 def only_run(out: Path) -> Path:
@@ -74,13 +70,6 @@ def state(pid: int) -> str | None:
 
 def record_of(run: Path, backend: str = "numpy") -> dict:
     return json.loads((run / f"{backend}.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def config_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cfg") / "tiny.toml"
-    path.write_text(TINY)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -519,25 +519,22 @@ def _pills(html: str) -> list[tuple[str, str]]:
 
 def test_speed_verdict_comes_from_the_paired_timing_with_its_interval_in_one_direction(tmp_path: Path,
                                                                                       no_figures: None) -> None:
-    from harness import paired
-
     run_id = make_run(tmp_path)
-    doc = write_paired(tmp_path, run_id, [3.0, 2.9, 3.1, 3.05, 2.95, 3.0, 2.98, 3.02, 3.01, 2.99])
-    s = paired.pair_summary(doc, "torch", "numpy")
-    w = paired.speed_words(s)
+    write_paired(tmp_path, run_id, [3.0, 2.9, 3.1, 3.05, 2.95, 3.0, 2.98, 3.02, 3.01, 2.99])
+    # by hand (scipy): exp(mean(log r) ± t(0.975, 9) sd(log r) / sqrt(10)) = 3 [2.96, 3.04]; the CV of the time
+    # ratios torch / numpy (1 / r) is 1.8 %
     html = write_report(tmp_path, [run_id]).read_text()
     text = text_of(html)
     summary = text[text.index("Summary"):text.index("Run " + run_id)]
-    interval = f"[{w['lo']:.3g}, {w['hi']:.3g}]"
-    assert f"Speed: torch is {w['x']:.3g}× faster than numpy {interval} (paired timing: torch and numpy alive at " \
-           "once, timed in alternating short bursts; 10 undisturbed of 10 rounds; 1 seed" in summary
-    assert f"coefficient of variation of the paired ratios {s['cv']:.1%}" in summary
+    assert "Speed: torch is 3× faster than numpy [2.96, 3.04] (paired timing: torch and numpy alive at once, timed " \
+           "in alternating short bursts; interval over 10 undisturbed of 10 rounds of one seed, coefficient of " \
+           "variation 1.8%; 1 seed, fewer than 3" in summary
     assert "paired timing: 0 of 10 rounds disturbed" in summary  # the contention line of the speed verdict
     table = section(text, "Loss agreement and speed", "Loss curves")
-    assert f"torch {w['x']:.3g}× faster {interval}" in table  # the table says what the sentence says
+    assert "torch 3× faster [2.96, 3.04]" in table  # the table says what the sentence says
     assert "0.333" not in table and "numpy 3" not in table  # ... and never the other way round
     # one pair of processes cannot show how much a process's own speed varies: stated, but not green
-    assert ("neutral", f"speed: torch {w['x']:.3g}× faster (1 seed)") in _pills(html)
+    assert ("neutral", "speed: torch 3× faster (1 seed)") in _pills(html)
 
 
 @pytest.mark.parametrize("ratios, disturbed, level, label, words", [
@@ -657,7 +654,7 @@ def test_sweep_verdicts_one_per_dtype_green_only_when_the_data_carries_it(tmp_pa
     assert "small on cpu, dtype float64: torch vs numpy" in text
     pills = [p for p in _pills(html) if p[1].startswith("speed")]
     assert ("ok", "speed: torch 3× faster") in pills and ("neutral", "speed: no clear difference") in pills
-    assert "torch is 3× faster than numpy [" in text and "(paired timing, 3 seeds" in text
+    assert "torch is 3× faster than numpy [" in text and "(paired timing, interval across 3 seeds" in text
     table = section(text, "Convention: a difference", "Groups (config")
     assert "torch 3× faster [" in table  # the table says it as the sentence does
     index = write_index(tmp_path).read_text()
@@ -672,8 +669,21 @@ def test_fewer_than_three_seeds_is_said_and_not_green(tmp_path: Path, no_figures
     from harness.report.sweep import write_sweep_report
 
     html = write_sweep_report(tmp_path, make_sweep(tmp_path, seeds=2)).read_text()
-    assert ("neutral", "speed: torch 3× faster") in _pills(html)
-    assert "Said plainly: fewer than 3 seeds (2)." in text_of(html)
+    assert ("neutral", "speed: torch 3× faster (2 seeds)") in _pills(html)
+    assert "Said plainly: 2 seeds, fewer than 3: the interval cannot show how much a process's own speed varies." \
+        in text_of(html)
+
+
+def test_three_seeds_whose_ratios_vary_over_ten_percent_are_not_green(tmp_path: Path, no_figures: None) -> None:
+    from harness.report.sweep import write_sweep_report
+
+    # numpy about 2, 3 and 4.5 times as slow (make_sweep spreads each seed's rounds by ±1 %): by hand (scipy),
+    # geometric mean 3, t interval (2 df) [1.09, 8.21] excludes 1, but the time ratios have a CV of 40 %
+    sweep_id = make_sweep(tmp_path, seeds=3, ratios={(None, 1337): 2.0, (None, 1338): 3.0, (None, 1339): 4.5})
+    html = write_sweep_report(tmp_path, sweep_id).read_text()
+    assert ("neutral", "speed: torch 3× faster (noisy)") in _pills(html)
+    assert "torch is 3× faster than numpy [1.09, 8.21]" in text_of(html)
+    assert "the paired ratios vary by 40% (coefficient of variation over 10%): noisy" in text_of(html)
 
 
 def test_a_failed_paired_timing_says_why_and_is_not_a_verdict(tmp_path: Path, no_figures: None) -> None:

@@ -23,7 +23,6 @@ import pytest
 from harness import launch, records
 from harness.errors import UsageError
 from tests.conftest import (
-    TINY_TOML,
     children,
     data_path,
     harness_in_process,
@@ -31,25 +30,14 @@ from tests.conftest import (
     needs_mounts,
     one_line_error,
     run_cli,
+    tree,
 )
 
-TINY = TINY_TOML.format(dropout=0.0, lr=0.01, clip=1.0, interval=10)
 PAYLOAD = "requeue\ntouch PWNED\n#SBATCH --comment=b"  # the attack: a newline ends the #SBATCH line
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
 harness = harness_in_process
-
-
-def tree(path: Path) -> list[str]:
-    return sorted(str(p) for p in path.rglob("*")) if path.exists() else []
-
-
-@pytest.fixture(scope="module")
-def config_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cfg") / "tiny.toml"
-    path.write_text(TINY)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -70,55 +70,27 @@ def _pair_sentence(c: analysis.PairComparison, dropout: float | None) -> str:
     return s
 
 
-def speed_verdict(c: analysis.PairComparison, seeds: int = 1) -> dict[str, Any]:
-    """The speed verdict of one pair: level, short label, sentence (with its interval) from the paired timing.
-
-    Green (ok) only for a usable paired timing whose interval excludes 1, from 3 or more seeds, whose ratios vary by
-    at most CV_MAX: one pair of processes cannot show how much a process's own speed varies (docs/benchmarks.md),
-    so a single run's ratio is stated, with its interval, but neutral. An interval including 1 is neutral ("no
-    clear difference"); a busy machine or a failed timing is warn.
+def speed_verdict(c: analysis.PairComparison) -> dict[str, Any]:
+    """The speed verdict of one pair: level, short label, sentence (with its interval) from the paired timing, by
+    `paired.judge`'s rule (one run is one seed: stated with its interval, never green).
     Without paired timing there is no speed verdict (training step times of separate runs are not compared)."""
     from harness import paired
 
     s = c.paired
     if s is None and c.paired_failure:
-        failed = not c.paired_failure.startswith("its last session")
-        return {"level": WARN, "label": "speed: paired timing failed" if failed else "speed: no paired round", "text": (
-            f"Speed of {c.a} and {c.b}: not compared: the paired timing measured no round ({c.paired_failure}); "
-            "`harness run --resume` tries again.")}
+        return {"level": WARN, "label": "speed: paired timing failed" if c.paired_crashed else
+                "speed: no paired round", "text": (
+                    f"Speed of {c.a} and {c.b}: not compared: the paired timing measured no round "
+                    f"({c.paired_failure}); `harness run --resume` tries again.")}
     if s is None:
         return {"level": NEUTRAL, "label": "speed: not compared", "text": (
             f"Speed of {c.a} and {c.b}: not compared: this run has no paired timing (--paired-rounds 0, or a run "
             "from before it existed); the step times below come from separate training runs made one after "
             "another, under whatever else the machine was doing, so no ratio is drawn from them.")}
-    w = paired.speed_words(s)
-    rounds = (f"{s['clean_rounds']} undisturbed of {s['rounds']} rounds" if s["level"] == "rounds"
-              else f"{s['n']} sessions")
-    how = f"paired timing: {c.a} and {c.b} alive at once, timed in alternating short bursts; {rounds}"
-    notes = []
-    if seeds < 3:
-        notes.append(f"{seeds} seed{'s' if seeds != 1 else ''}: the interval is over the rounds of "
-                     f"{'one session' if seeds == 1 else 'its sessions'}, not over seeds")
-    if s.get("cv") is not None and s["cv"] > paired.CV_MAX:
-        notes.append(f"the paired ratios vary by {s['cv']:.0%} (coefficient of variation over "
-                     f"{paired.CV_MAX:.0%}): noisy")
-    elif s.get("cv") is not None:
-        notes.append(f"coefficient of variation of the paired ratios {s['cv']:.1%}")
-    if not s["usable"]:
-        return {"level": WARN, "label": "speed: machine too busy", "text": (
-            f"Speed: no verdict: {s['disturbed_rounds']} of {s['rounds']} paired rounds were disturbed by other work "
-            f"on the machine, too many to rely on (all rounds together say {w['text']}; {how}).")}
-    if not w["conclusive"]:
-        level, label = NEUTRAL, "speed: no clear difference"
-        claim = f"{w['text']}: the interval includes 1, so no clear difference"
-    else:
-        noisy = s.get("cv") is not None and s["cv"] > paired.CV_MAX
-        level = NEUTRAL if noisy or seeds < 3 else OK
-        label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "") + (
-            f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds < 3 else "")
-        claim = w["text"]
-    text = f"Speed: {claim} ({how}; {'; '.join(notes)})." if notes else f"Speed: {claim} ({how})."
-    return {"level": level, "label": label, "text": text}
+    j = paired.judge(s)
+    how = f"paired timing: {c.a} and {c.b} alive at once, timed in alternating short bursts; interval {j['over']}"
+    notes = f"; {'; '.join(j['notes'])}" if j["notes"] else ""
+    return {"level": j["level"], "label": j["label"], "text": f"Speed: {j['claim']} ({how}{notes})."}
 
 
 def _contention_sentence(view: RunView) -> str:
@@ -136,53 +108,24 @@ def _worse(a: str, b: str) -> str:
     return max(a, b, key=analysis.LEVELS.index)
 
 
-def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
-    """Headline (label and level) and the sentences of one run's summary, and a speed verdict per pair.
+def _speed(view: RunView, comparisons: list[analysis.PairComparison]) -> list[dict[str, Any]]:
+    """A speed verdict per pair; none in a parity run (its exactness settings trade speed away)."""
+    if view.spec.get("parity") and comparisons:
+        return []
+    return [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
+
+
+def _headline(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
+    """Label and level of one run, and its speed verdicts (what the index shows).
 
     The label says the most important thing first: no records, an unfair comparison, the parity verdict, or the
     loss agreement; ", incomplete" is added when a backend did not complete. The level is the worst of that and
     the banners. A single backend is neutral: there is nothing to compare.
     """
-    lines: list[str] = []
-    dropout = (view.spec.get("config") or {}).get("dropout")
-    unfair = analysis.fairness_problems(view.records)
-    if unfair:
-        lines.append("Not a fair comparison: " + "; ".join(unfair) + ".")
-    if view.parity is not None:
-        lines.append(analysis.parity_sentence(view.parity))
-    if len(view.records) == 1:
-        rec = view.records[0]
-        c = analysis.costs(rec)
-        last = analysis.last_eval(rec)
-        parts = [f"Only {rec['backend']} ran, so there is nothing to compare"]
-        if last:
-            parts.append(f"final validation loss {last['val_loss']:.4f} at step {last['step']:,}")
-        if c["tokens_per_s"]:
-            ci = step_median_interval(rec)
-            interval = (f" (median undisturbed step {tables.fmt_seconds(c['step_median_s'])}, 95 % interval "
-                        f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c['steady_steps']:,} "
-                        "steps)") if len(ci) == 2 and c.get("steady_steps") else ""
-            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}")
-        lines.append("; ".join(parts) + ".")
-    lines += [_pair_sentence(c, dropout) for c in comparisons]
-    if view.spec.get("parity") and comparisons:  # exactness settings (single-tensor AdamW, math attention)
-        speed: list[dict[str, Any]] = []
-        lines.append("Speed: not compared in a parity run (it trades speed for exactness); use `harness run`.")
-    else:
-        speed = [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
-    lines += [v["text"] for v in speed]
-    if view.records:
-        lines.append(_contention_sentence(view))
-    scored = [r for r in view.records if (r.get("text") or {}).get("chrf") is not None]
-    if scored:
-        temp = (scored[0]["text"].get("protocol") or {}).get("temperature")
-        lines.append(f"Text (chrF / BLEU of continuations at temperature {temp}): " + "; ".join(
-            f"{r['backend']} {r['text']['chrf']:.1f} / {r['text']['bleu']:.2f}" for r in scored) + ".")
-
     agrees = [c.agree for c in comparisons]
     if not view.records:
         level, label = ERROR, "no records"
-    elif unfair:
+    elif analysis.fairness_problems(view.records):
         level, label = ERROR, "not a fair comparison"
     elif view.parity is not None:
         level, label = {True: (OK, "parity: pass"), False: (ERROR, "parity: FAIL"),
@@ -201,7 +144,46 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
         level = _worse(level, banner.level)
     if view.missing or any(r.get("status") != "completed" for r in view.records):
         label += ", incomplete"
-    return {"level": level, "label": label, "lines": lines, "speed": speed}
+    return {"level": level, "label": label, "speed": _speed(view, comparisons)}
+
+
+def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
+    """The headline (`_headline`) and the sentences of one run's summary."""
+    head = _headline(view, comparisons)
+    lines: list[str] = []
+    dropout = (view.spec.get("config") or {}).get("dropout")
+    unfair = analysis.fairness_problems(view.records)
+    if unfair:
+        lines.append("Not a fair comparison: " + "; ".join(unfair) + ".")
+    if view.parity is not None:
+        lines.append(analysis.parity_sentence(view.parity))
+    if len(view.records) == 1:
+        rec = view.records[0]
+        c = analysis.costs(rec)
+        last = analysis.last_eval(rec)
+        parts = [f"Only {rec['backend']} ran, so there is nothing to compare"]
+        if last:
+            parts.append(f"final validation loss {last['val_loss']:.4f} at step {last['step']:,}")
+        if c["tokens_per_s"]:
+            ci = step_median_interval(rec)
+            which = "undisturbed" if c.get("figures_from") != "all steady steps (none undisturbed)" else "steady"
+            interval = (f" (median {which} step {tables.fmt_seconds(c['step_median_s'])}, 95 % interval "
+                        f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c['steady_steps']:,} "
+                        "steps)") if len(ci) == 2 and c.get("steady_steps") else ""
+            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}")
+        lines.append("; ".join(parts) + ".")
+    lines += [_pair_sentence(c, dropout) for c in comparisons]
+    if view.spec.get("parity") and comparisons:
+        lines.append("Speed: not compared in a parity run (it trades speed for exactness); use `harness run`.")
+    lines += [v["text"] for v in head["speed"]]
+    if view.records:
+        lines.append(_contention_sentence(view))
+    scored = [r for r in view.records if (r.get("text") or {}).get("chrf") is not None]
+    if scored:
+        temp = (scored[0]["text"].get("protocol") or {}).get("temperature")
+        lines.append(f"Text (chrF / BLEU of continuations at temperature {temp}): " + "; ".join(
+            f"{r['backend']} {r['text']['chrf']:.1f} / {r['text']['bleu']:.2f}" for r in scored) + ".")
+    return dict(head, lines=lines)
 
 
 # --- page model -------------------------------------------------------------------------------------------------------
@@ -312,7 +294,7 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
         title=_title(views), generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
         version=harness.__version__, run_ids=run_ids, runs=runs, banners=[b for v in views for b in v.banners],
         scaling=_scaling(views), band=f"{analysis.LOSS_BAND_REL:.0%}", convention=analysis.CONVENTION,
-        rule=contention.RULE["text"][0].upper() + contention.RULE["text"][1:] + ".",
+        rule=contention.RULE_SENTENCE,
         tail_fraction=f"{analysis.TAIL_FRACTION:.0%}", stale=analysis.human_age(analysis.STALE_AFTER_S))
     path = out / f"{report_name(run_ids)}.html"
     records.atomic_write_bytes(path, page.encode("utf-8"))
@@ -336,7 +318,7 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
     try:
         view = analysis.load_view(out, run_id)
         head = analysis.headline(view)
-        verdict = _verdict(view, analysis.pairs(view))
+        verdict = _headline(view, analysis.pairs(view))
     except UsageError as exc:
         return {"run_id": run_id, "error": str(exc)}
     except Exception as exc:  # one malformed run must never break the index of every other run

@@ -232,7 +232,7 @@ def parity_checks(doc: dict) -> list[dict]:
     rows = []
     if taps.get("rel_err"):
         worst = taps.get("worst") or ""
-        rows.append({"check": "step-0 activation taps, max |diff| / the tap's scale",
+        rows.append({"depth": "taps", "check": "step-0 activation taps, max |diff| / the tap's scale",
                      "value": _num((taps["rel_err"] or {}).get(worst)),
                      "tolerance": _num(tol["taps"] if tol.get("taps") is not None else tol.get("logits")),
                      "first broken": taps.get("first_divergent") or "",
@@ -253,7 +253,7 @@ def parity_checks(doc: dict) -> list[dict]:
     if opt:
         w, f = opt.get("worst") or {}, opt.get("first_bad") or {}
         sync = " (re-synchronised)" if opt.get("resynchronised_from") else ""
-        rows.append({"check": f"optimizer steps{sync} (update, m, v), relative error",
+        rows.append({"depth": "optimizer", "check": f"optimizer steps{sync} (update, m, v), relative error",
                      "value": _num(opt.get("worst_rel_err")), "tolerance": _num(tol.get("opt")),
                      "first broken": " ".join(str(f.get(k, "")) for k in ("step", "quantity", "parameter")).strip(),
                      "worst": " ".join(str(w.get(k, "")) for k in ("step", "quantity", "parameter")).strip()})
@@ -275,10 +275,9 @@ def parity_checks(doc: dict) -> list[dict]:
                      "worst": ", ".join(f"{k} {_num(v):.6f}" for k, v in (val.get("values") or {}).items())})
     for row in rows:
         row["result"] = "ok" if row["value"] <= row["tolerance"] else "FAIL"  # NaN compares False: FAIL
-    if opt.get("first_bad") or taps.get("first_divergent"):  # a pattern caught within tolerance still fails
-        for row in rows:
-            if row["check"].startswith(("optimizer", "step-0 activation")) and row["first broken"]:
-                row["result"] = "FAIL"
+    for row in rows:  # a pattern caught within tolerance (a first divergent tap, a first bad step) still fails
+        if row.pop("depth", None) and row["first broken"]:
+            row["result"] = "FAIL"
     return rows
 
 
@@ -342,9 +341,10 @@ class PairComparison:
     tail_steps: int = 0
     tail_mean: float | None = None  # mean of loss_a - loss_b over the tail window
     tail_ci: float | None = None  # 95 % half-width of that mean
-    speed_ratio: float | None = None  # training step time of b over that of a (> 1: a is faster), separate runs
+    training_time_ratio: float | None = None  # time per token of a over b (< 1: a is faster), separate runs
     paired: dict | None = None  # harness.paired.pair_summary of (a, b): time ratio a / b from the paired timing
     paired_failure: str | None = None  # why the paired timing has no round of (a, b), when it was tried
+    paired_crashed: bool = False  # the paired timing's last session failed (not merely unfinished)
 
     @property
     def val_diff(self) -> float | None:
@@ -400,7 +400,7 @@ def compare_pair(ra: dict, rb: dict) -> PairComparison:
             cmp.tail_ci = float(ci.hi - ci.estimate)
     ta, tb = costs(ra)["tokens_per_s"], costs(rb)["tokens_per_s"]
     if ta and tb:
-        cmp.speed_ratio = ta / tb
+        cmp.training_time_ratio = tb / ta  # time per token is 1 / throughput
     return cmp
 
 
@@ -417,6 +417,7 @@ def pairs(view: RunView) -> list[PairComparison]:
                 c.paired = s if s["ratio"] is not None else None
                 if c.paired is None:
                     last = (view.paired.get("sessions") or [{}])[-1]
+                    c.paired_crashed = bool(last.get("failure"))
                     c.paired_failure = last.get("failure") or f"its last session: {last.get('status', 'not started')}"
     return out
 

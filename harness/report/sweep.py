@@ -25,7 +25,7 @@ import pandas as pd
 import harness
 from harness import contention, records, stats
 from harness.report import tables
-from harness.report.analysis import CONVENTION, LEVELS, NEUTRAL, OK, WARN
+from harness.report.analysis import CONVENTION, NEUTRAL, WARN
 from harness.sweep import manifest as mf
 
 GROUP = ["label", "backend", "device", "dtype", "precision"]
@@ -182,7 +182,7 @@ def comparisons(df: pd.DataFrame, paired_docs: list[dict] | None = None) -> list
                              if _option(gx.loc[s, "contended_fraction"]) and gx.loc[s, "contended_fraction"] > 0]
                 name = comparison_name(label, device, dtype, precision, g)
                 c = {"label": label, "device": device, "dtype": dtype, "precision": precision, "name": name,
-                     "a": a, "b": b, "seeds": seeds, "speed": speed, "per_seed": per_seed, "training": training,
+                     "a": a, "b": b, "seeds": seeds, "speed": speed, "training": training,
                      "loss": loss, "disturbed": disturbed, "contended": bool(g["contended"].any())}
                 c.update(verdict(c))
                 out.append(c)
@@ -201,39 +201,13 @@ def verdict(c: dict[str, Any]) -> dict[str, Any]:
     a, b, s = c["a"], c["b"], c["speed"]
     parts, notes = [], []
     if s is None or s.get("ratio") is None:
-        level, speed_label = NEUTRAL, "speed: not compared"
+        speed_level, speed_label = NEUTRAL, "speed: not compared"
         parts.append(f"speed not compared: no paired timing of {a} and {b} (--paired-rounds 0, or a sweep from "
                      "before it existed); the separate training runs' step times are in the table, not a verdict")
-    elif not s.get("usable"):
-        level, speed_label = WARN, "speed: machine too busy"
-        parts.append(f"no speed verdict: the paired timings of {a} and {b} were mostly disturbed by other work on "
-                     f"the machine ({s['disturbed_rounds']} of {s['rounds']} rounds; all of them together say "
-                     f"{pt.speed_words(s)['text']})")
     else:
-        w = pt.speed_words(s)
-        k = s.get("seeds", 1)
-        if s["level"] == "seeds":
-            how = f"paired timing, {k} seeds"
-        else:
-            how = f"paired timing of one seed: the interval is over its {s['n']} rounds, not over seeds"
-        if s.get("seeds_dropped"):
-            how += f"; {s['seeds_dropped']} seed(s) left out (paired timing mostly disturbed)"
-        cv = s.get("cv")
-        noisy = cv is not None and cv > pt.CV_MAX
-        thin = k < 3
-        if thin:
-            notes.append(f"fewer than 3 seeds ({k})")
-        if noisy:
-            notes.append(f"the paired ratios vary by {cv:.0%} (coefficient of variation over {pt.CV_MAX:.0%})")
-        elif cv is not None:
-            how += f", coefficient of variation {cv:.1%}"
-        if not w["conclusive"]:
-            level, speed_label = NEUTRAL, "speed: no clear difference"
-            parts.append(f"{w['text']} ({how}): the interval includes 1, not a clear difference")
-        else:
-            level = NEUTRAL if noisy or thin else OK
-            speed_label = f"speed: {w['fast']} {w['x']:.3g}× faster"
-            parts.append(f"{w['text']} ({how})")
+        j = pt.judge(s)
+        speed_level, speed_label, notes = j["level"], j["label"], j["notes"]
+        parts.append(f"{j['claim']} (paired timing, interval {j['over']})")
     loss, loss_label, loss_level = c["loss"], None, NEUTRAL
     if loss is not None:
         if loss.lo is None:
@@ -246,15 +220,16 @@ def verdict(c: dict[str, Any]) -> dict[str, Any]:
         else:
             parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}], "
                          "a systematic difference")
-            loss_label, loss_level, level = f"loss: {a} − {b} {loss.estimate:+.3g}", WARN, WARN
+            loss_label, loss_level = f"loss: {a} − {b} {loss.estimate:+.3g}", WARN
     text = f"{c['name']}: " + "; ".join(parts) + "."
     if notes:
         text += " Said plainly: " + "; ".join(notes) + "."
     text += " " + contention_line(c)
     if c["contended"]:
         text += " Timings were taken with cells running side by side (--jobs), so they are contended."
-    return {"sentence": text, "level": level, "speed_label": speed_label, "loss_label": loss_label,
-            "loss_level": loss_level}
+    level = WARN if WARN in (speed_level, loss_level) else speed_level  # the box: speed, unless the losses differ
+    return {"sentence": text, "level": level, "speed_level": speed_level,
+            "speed_label": speed_label, "loss_label": loss_label, "loss_level": loss_level}
 
 
 def contention_line(c: dict[str, Any]) -> str:
@@ -432,10 +407,9 @@ def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
     df = load_runs(out, sweep_id=sweep_id).sort_values("cell", kind="stable")
     comps = comparisons(df, paired_docs(out, m))
     done = sum(1 for c in m.cells if c.get("status") == "completed")
-    items = [{"name": f"{c['name']}, {c['a']} vs {c['b']}", "level": c["level"], "label": c["speed_label"],
+    items = [{"name": f"{c['name']}, {c['a']} vs {c['b']}", "level": c["speed_level"], "label": c["speed_label"],
               "loss_label": c["loss_label"], "loss_level": c["loss_level"]} for c in comps]
-    return {"cells": len(m.cells), "completed": done, "comparisons": items,
-            "level": max((c["level"] for c in comps), key=LEVELS.index, default=NEUTRAL)}
+    return {"cells": len(m.cells), "completed": done, "comparisons": items}
 
 
 def write_sweep_report(out: Path, sweep_id: str) -> Path:
@@ -476,7 +450,7 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         spec=m.doc["spec"], executor=m.doc["executor"], states=states, n_cells=len(m.cells),
         groups=tables.html_table(group_table(df), "summary", index=False) if len(df) else None,
         comparisons=comps, pairs=tables.html_table(pair_table(comps), "pairs", index=False) if comps else None,
-        convention=CONVENTION, rule=contention.RULE["text"][0].upper() + contention.RULE["text"][1:] + ".",
+        convention=CONVENTION, rule=contention.RULE_SENTENCE,
         paired=[{"key": e["key"], "status": e.get("status"),
                                         "line": _paired_line(out, e)} for e in m.doc.get("paired") or []],
         scaling=None if sc is None else {"fig": scaling_figure(sc), "crossings": sc["crossings"],

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 from markupsafe import Markup
 
+from harness import contention
 from harness.report.analysis import (
     PairComparison,
     RunView,
@@ -20,12 +21,6 @@ from harness.report.analysis import (
 )
 
 DASH = "—"
-
-
-def contention_sentence(contention: dict | None) -> str:
-    from harness.contention import sentence
-
-    return sentence(contention)
 
 
 # --- formats -------------------------------------------------------------------------------------------------------
@@ -130,12 +125,12 @@ def summary_table(view: RunView) -> Markup:
     return html_table(df, "summary")
 
 
-def fmt_disturbed(contention: dict | None) -> str:
+def fmt_disturbed(evidence: dict | None) -> str:
     """'0 %', '12 %', '64 % (mostly: no speed verdict)', or a dash where nothing could be judged."""
-    if not contention or contention.get("contended_fraction") is None:
+    if not evidence or evidence.get("contended_fraction") is None:
         return DASH
-    mark = " (mostly: no speed verdict)" if contention.get("mostly_disturbed") else ""
-    return f"{contention['contended_fraction']:.0%}{mark}"
+    mark = " (mostly: no speed verdict)" if evidence.get("mostly_disturbed") else ""
+    return f"{evidence['contended_fraction']:.0%}{mark}"
 
 
 def fmt_faster(a: str, b: str, time_ratio: float | None, lo: float | None = None, hi: float | None = None) -> str:
@@ -171,8 +166,7 @@ def pair_table(comparisons: list[PairComparison]) -> Markup:
             "max |Δ| per step": fmt_sci(c.max_dev),
             "speed, paired timing (95 % interval)": DASH if p is None else (
                 fmt_faster(c.a, c.b, p["ratio"], p["lo"], p["hi"]) + ("" if p["usable"] else " (too disturbed)")),
-            "separate training runs (not paired: no verdict)": DASH if c.speed_ratio is None
-            else fmt_faster(c.a, c.b, 1 / c.speed_ratio),
+            "separate training runs (not paired: no verdict)": fmt_faster(c.a, c.b, c.training_time_ratio),
         })
     return html_table(pd.DataFrame(rows), "pairs", index=False)
 
@@ -310,7 +304,7 @@ def cost_table(view: RunView) -> Markup:
             "parameters (non-embedding)": fmt_int(c["n_params_non_embedding"]),
             "training FLOPs per token": fmt_int(c["flops_per_token"]),
             "achieved FLOP/s (FLOPs/token × tokens/s)": fmt_flops(c["achieved_flops"]),
-            "contention while training": contention_sentence(c["contention"]),
+            "contention while training": contention.sentence(c["contention"]),
             "CPU time / wall time (median chunk)": DASH if cont.get("cpu_per_wall") is None
             else f"{cont['cpu_per_wall']:.2f} ({_cell(cont.get('threads_max'))} threads)",
             "waited for a CPU (median / worst chunk)": DASH if cont.get("wait_fraction_median") is None
