@@ -1,8 +1,9 @@
 """How the harness starts a child process that trains or times a model: its environment and its tie to us.
 
 One place for what `launch.spawn_worker` (a run's workers, the sweep's parallel executor), the paired timing's
-contenders and the SLURM jobs all set up the same way: the thread caps, the compile caches under --out, an
-unbuffered stdout, no inherited run lock, and PR_SET_PDEATHSIG so that a child never outlives its coordinator.
+contenders and the SLURM jobs set up the same way: the thread caps, an unbuffered stdout, no inherited run lock,
+and, where the backend compiles, the compile caches under --out. Local children also get PR_SET_PDEATHSIG, so that
+none outlives its coordinator; a SLURM job's worker does not need it (SLURM ends every process of a job).
 """
 
 from __future__ import annotations

@@ -372,31 +372,24 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
     return result
 
 
-def paired_docs(out: Path, m: mf.Manifest) -> list[dict]:
-    """The sweep's paired-timing records (an unreadable or missing one is left out: its comparison says so)."""
+def paired_records(out: Path, m: mf.Manifest) -> list[tuple[dict, dict | str]]:
+    """Each paired entry of the sweep with its record, or why it has none ("not run yet", the one-line error)."""
     from harness import paired as pt
     from harness.errors import UsageError
 
-    docs = []
+    found: list[tuple[dict, dict | str]] = []
     for entry in m.doc.get("paired") or []:
         path = Path(out) / entry["path"]
-        if path.exists():
-            try:
-                docs.append(pt.load(path))
-            except UsageError:
-                continue
-    return docs
+        try:
+            found.append((entry, pt.load(path) if path.exists() else "not run yet"))
+        except UsageError as exc:
+            found.append((entry, str(exc)))
+    return found
 
 
-def _paired_line(out: Path, entry: dict) -> str:
-    from harness import paired as pt
-    from harness.errors import UsageError
-
-    path = Path(out) / entry["path"]
-    try:
-        return pt.headline(pt.load(path)) if path.exists() else "not run yet"
-    except UsageError as exc:
-        return str(exc)
+def paired_docs(out: Path, m: mf.Manifest) -> list[dict]:
+    """The sweep's paired-timing records (an unreadable or missing one is left out: its comparison says so)."""
+    return [doc for _, doc in paired_records(out, m) if isinstance(doc, dict)]
 
 
 def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
@@ -414,6 +407,7 @@ def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
 
 def write_sweep_report(out: Path, sweep_id: str) -> Path:
     """Write `<out>/sweep-<id>.html` and `<out>/sweep-<id>.csv` (the tidy table of its runs); returns the HTML path."""
+    from harness import paired as pt
     from harness.report import _env
     from harness.results import load_runs
 
@@ -423,8 +417,8 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
     states: dict[str, int] = {}
     for cell in m.cells:
         states[cell["status"]] = states.get(cell["status"], 0) + 1
-    docs = paired_docs(out, m)
-    comps = comparisons(df, docs)
+    found = paired_records(out, m)
+    comps = comparisons(df, [doc for _, doc in found if isinstance(doc, dict)])
     sc = scaling(df)
     banners = []
     if df["contended"].any():
@@ -452,7 +446,7 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         comparisons=comps, pairs=tables.html_table(pair_table(comps), "pairs", index=False) if comps else None,
         convention=CONVENTION, rule=contention.RULE_SENTENCE,
         paired=[{"key": e["key"], "status": e.get("status"),
-                                        "line": _paired_line(out, e)} for e in m.doc.get("paired") or []],
+                 "line": pt.headline(doc) if isinstance(doc, dict) else doc} for e, doc in found],
         scaling=None if sc is None else {"fig": scaling_figure(sc), "crossings": sc["crossings"],
                                          "table": tables.html_table(sc["table"], "scaling", index=False)},
         wallclock=wallclock_figures(out, df), csv_name=f"sweep-{sweep_id}.csv",

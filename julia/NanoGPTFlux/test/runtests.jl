@@ -175,6 +175,28 @@ function loss_and_grads(s, x, y, masks = nothing)
     return res.val, g
 end
 
+# Two full training steps (masks, clipping, AdamW with decay) against the fixture's arrays under `prefix`: the
+# losses, the parameters, the step counter and, from step `moments_from` on, AdamW's moments (Float64 model).
+function check_two_steps(s, x, y, fx, prefix, masks; moments_from = 1)
+    for step in 1:2
+        loss = train_step!(s, x, y, fx.scalars["$(prefix)lr_$step"], masks)
+        @test loss ≈
+            fx.scalars["$(prefix)loss_step_$step"] rtol = 1.0e-6 # returned as Float32
+        st = opt_state(s)
+        @test st["adam_t"] == step
+        for (spec, p) in zip(s.specs, s.params)
+            ref = fx.arrays["$(prefix)step$step/param/" * spec.name]
+            @test close_to(p, ref; rtol = 1.0e-9)
+            step >= moments_from || continue
+            for kind in ("adam_m", "adam_v")
+                ref = fx.arrays["$(prefix)step$step/$kind/" * spec.name]
+                @test close_to(st["$kind/" * spec.name], ref; rtol = 1.0e-9)
+            end
+        end
+    end
+    return nothing
+end
+
 @testset "NanoGPTFlux" begin
     @testset "shapes and layout" begin
         cfg = tiny_cfg()
@@ -479,25 +501,7 @@ end
             )
         end
         # two full steps: masks, clipping (active: the fixture checks), AdamW with decay
-        for step in 1:2
-            loss = train_step!(s, x, y, fx.scalars["lr_$step"], masks)
-            @test loss ≈ fx.scalars["loss_step_$step"] rtol = 1.0e-6 # returned as Float32
-            st = opt_state(s)
-            @test st["adam_t"] == step
-            for (spec, p) in zip(s.specs, s.params)
-                @test close_to(p, fx.arrays["step$step/param/" * spec.name]; rtol = 1.0e-9)
-                @test close_to(
-                    st["adam_m/" * spec.name],
-                    fx.arrays["step$step/adam_m/" * spec.name];
-                    rtol = 1.0e-9,
-                )
-                @test close_to(
-                    st["adam_v/" * spec.name],
-                    fx.arrays["step$step/adam_v/" * spec.name];
-                    rtol = 1.0e-9,
-                )
-            end
-        end
+        check_two_steps(s, x, y, fx, "", masks)
     end
 
     @testset "outside reference: the NumPy oracle, Float32 model (the bridge's path)" begin
@@ -552,24 +556,9 @@ end
                 rtol = 1.0e-9,
             )
         end
-        # two steps with the schedule's rates (a warm-up step, then the peak), masks, clipping
-        for step in 1:2
-            loss = train_step!(s, x, y, fx.scalars["options/lr_$step"], masks)
-            @test loss ≈ fx.scalars["options/loss_step_$step"] rtol = 1.0e-6
-            st = opt_state(s)
-            for (spec, p) in zip(s.specs, s.params)
-                @test close_to(
-                    p,
-                    fx.arrays["options/step$step/param/" * spec.name];
-                    rtol = 1.0e-9,
-                )
-                step == 2 || continue
-                for kind in ("adam_m", "adam_v")
-                    ref = fx.arrays["options/step2/$kind/" * spec.name]
-                    @test close_to(st["$kind/" * spec.name], ref; rtol = 1.0e-9)
-                end
-            end
-        end
+        # two steps with the schedule's rates (a warm-up step, then the peak), masks, clipping; the fixture
+        # holds AdamW's moments of step 2
+        check_two_steps(s, x, y, fx, "options/", masks; moments_from = 2)
         # the bridge's Float32 path
         s32 = build(cfg, options_params(fx, Float32))
         @test close_to(logits(s32, x), fx.arrays["options/logits"]; rtol = 1.0e-5)
