@@ -53,6 +53,7 @@ from harness.backends import BackendUnavailable, backend_class, create_backend
 from harness.config import PRESETS, SIZES, Config, seed_arg
 from harness.configure import load_config
 from harness.data import BatchStream, check_fits, load_corpus
+from harness.environment import loadavg, usable_cores
 from harness.errors import UsageError
 from harness.options import add_backend, add_data, add_quiet, add_size, out_arg, pick_backends, pick_sizes
 from harness.runner import Curves, train
@@ -543,12 +544,13 @@ def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 2
     """What the contention evidence (harness.contention) costs a training loop with steps of `step_s` seconds.
 
     Per step the loop only calls `Sampler.tick` (a clock read and a comparison); the machine's state is read
-    (`Probe.snapshot`: /proc/self/task/*/schedstat, /proc/stat, loadavg, PSI, NVML on CUDA) twice at each chunk
-    boundary, every CHUNK_S seconds. Both are timed here, as medians of repeated calls, and turned into microseconds
-    and percent of a step; `per_step_snapshot_pct` is what reading the state at every step would cost instead."""
+    (`Probe.snapshot`: /proc/self/task/*/schedstat, /proc/stat, loadavg, PSI, NVML on CUDA) once at each chunk
+    boundary, every CHUNK_S seconds (the reading that ends a chunk starts the next). Both are timed here, as medians
+    of repeated calls, and turned into microseconds and percent of a step; `per_step_snapshot_pct` is what reading
+    the state at every step would cost instead."""
     from harness import contention
 
-    probe = contention.default_probe(device)
+    probe, _ = contention.default_probe(device)
     times = []
     for _ in range(snapshots):
         t0 = time.perf_counter()
@@ -561,7 +563,7 @@ def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 2
     for k in range(ticks):
         sampler.tick(k)
     tick_s = (time.perf_counter() - t0) / ticks
-    per_step_s = tick_s + 2 * snapshot_s * step_s / contention.CHUNK_S
+    per_step_s = tick_s + snapshot_s * step_s / contention.CHUNK_S
     return {"snapshot_us": snapshot_s * 1e6, "tick_us": tick_s * 1e6, "chunk_s": contention.CHUNK_S,
             "per_step_us": per_step_s * 1e6, "pct_of_step": per_step_s / step_s * 100,
             "per_step_snapshot_pct": snapshot_s / step_s * 100}
@@ -663,10 +665,7 @@ def bench_environment(device: str, results: list[dict]) -> dict:
 
 
 def _loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
+    return (loadavg() or (None,))[0]
 
 
 def _mib(n: int | None) -> str:
@@ -706,7 +705,7 @@ def command(args: argparse.Namespace) -> int:
     results = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_start = _loadavg()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if load_start and load_start > cores and not args.quiet:
         print(f"bench: note: load average {load_start:.1f} on {cores} cores; other work will make the timings "
               "noisy (more --repeats help; on CPU so may --threads 1)", file=sys.stderr)
@@ -732,7 +731,7 @@ def command(args: argparse.Namespace) -> int:
         cp = r.get("contention_probe")
         if cp:
             print(f"contention evidence, {r['backend']}/{r['size']}: {cp['tick_us']:.2f} us per step + a "
-                  f"{cp['snapshot_us']:.0f} us reading of the machine twice every {cp['chunk_s']:g} s = "
+                  f"{cp['snapshot_us']:.0f} us reading of the machine once every {cp['chunk_s']:g} s = "
                   f"{cp['pct_of_step']:.3f}% of a step (reading it at every step would cost "
                   f"{cp['per_step_snapshot_pct']:.1f}%)")
     print(f"overhead: runner / bare - 1, median of {args.repeats} paired rounds of {args.steps} steps, "

@@ -22,7 +22,6 @@ from harness.options import (
     add_schedule,
     backend_options,
     configure,
-    listed,
     out_arg,
     pick_backends,
     pick_sizes,
@@ -192,7 +191,9 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
     for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
         if given[key] is not None and given[key] != config.get(key):
             differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {config.get(key)}")
-    wanted = listed(given["backend"], "--backend") + (["torch", "flux"] if given["both"] else [])
+    # read as a new run reads them: `all` is every backend available on the run's device
+    wanted = (pick_backends(given["backend"], default=(), device=spec.get("device", "cpu"), repeats=True)
+              if given["backend"] else []) + (["torch", "flux"] if given["both"] else [])
     if wanted and set(wanted) != set(stored_backends):
         differ("--backend", ", ".join(stored_backends))
     if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.get("checkpoint_every"):
@@ -355,7 +356,7 @@ def build_parser() -> Parser:
     from harness import bench, parity
 
     p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth")
-    add_common(p, f"the size preset: one of {', '.join(SIZES)} (default small; parity checks one size at a time)",
+    add_common(p, f"the size preset: one of {', '.join(PRESETS)} (default small; parity checks one size at a time)",
                per_backend_device=True, one_size=True)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)

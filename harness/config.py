@@ -26,23 +26,34 @@ SCHEMES = ("epochs", "random")
 GELUS = ("tanh", "exact")  # GELU forms: the tanh approximation, or exact x * Phi(x) with erf (nanoGPT's nn.GELU())
 DECAYS = ("nanogpt", "mingpt")  # weight-decay conventions (harness.weights.decays)
 LR_SCHEDULES = ("constant", "cosine")  # harness.schedule.learning_rate: nanoGPT's get_lr
-# The fields added after records existed, with the value that means the original model and optimizer. A stored
-# config without them (a record or spec.json written before) has exactly these values; `config_hash` leaves a field
-# at this value out, so the hash of every config that does not use an option is what it was before the option existed.
-OPTION_DEFAULTS: dict[str, object] = {
-    "tie_embeddings": False, "gelu": "tanh", "bias": True, "lm_head_bias": True,
-    "decay": "nanogpt", "lr_schedule": "constant", "warmup_steps": 0, "decay_steps": None, "min_lr": 0.0,
-}
+# The fields added after records existed (their defaults, in Config, mean the original model and optimizer: see
+# OPTION_DEFAULTS below the class): the model options, read from a TOML's [model], and the optimizer's, from [train]
+MODEL_OPTIONS = ("tie_embeddings", "gelu", "bias", "lm_head_bias")
+TRAIN_OPTIONS = ("decay", "lr_schedule", "warmup_steps", "decay_steps", "min_lr")
+OPTION_NAMES = MODEL_OPTIONS + TRAIN_OPTIONS
 SEED_MAX = 2**32 - 1  # every RNG the harness seeds (NumPy PCG64 seed sequences, torch) takes [0, 2**32 - 1]
 # a config name becomes part of run ids, file names and page titles: a short plain name, never a path
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_TOML_BYTES = 1 << 20  # a config or sweep file is a few hundred bytes: anything near this is not one
+# The largest whole number a config field may hold: 2**53 is exact in a float64 (JSON readers, the reports'
+# JavaScript), and products of a few such fields (the memory estimate) stay far inside a float's range.
+MAX_INT = 2**53
+
+
+def short(value: object, limit: int = 60) -> str:
+    """repr(value) cut to about `limit` characters (reprlib-style, '...' in the middle): an error message stays one
+    short line however long the value (a config file may hold a string of a megabyte)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]}...{text[-half:]}"
 
 
 def check_seed(seed: object, option: str = "--seed") -> int:
     """A seed must be a whole number in [0, 2**32 - 1]."""
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
-        raise UsageError(f"{option} {seed!r} is out of range; pass a whole number from 0 to {SEED_MAX}")
+        raise UsageError(f"{option} {short(seed)} is out of range; pass a whole number from 0 to {SEED_MAX}")
     return seed
 
 
@@ -117,9 +128,11 @@ class Config:
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of every field: two runs with one hash ran the same hyper-parameters.
 
-        An option at its OPTION_DEFAULTS value is left out, so a config that uses no option hashes as it did before
-        the options existed (records and sweeps keep comparing equal across the change)."""
-        doc = {k: v for k, v in self.to_dict().items() if not (k in OPTION_DEFAULTS and v == OPTION_DEFAULTS[k])}
+        An option at its OPTION_DEFAULTS value is left out (only `options()` are hashed), so a config that uses no
+        option hashes as it did before the options existed (records and sweeps keep comparing equal across the
+        change)."""
+        doc = {k: v for k, v in self.to_dict().items() if k not in OPTION_DEFAULTS}
+        doc.update(self.options())
         blob = json.dumps(doc, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -130,27 +143,28 @@ class Config:
     def validate(self) -> None:
         """Raise UsageError naming the first invalid field and what would be valid."""
         if not isinstance(self.name, str) or not NAME_RE.match(self.name) or ".." in self.name:
-            raise UsageError(f"config name {self.name!r} is not a plain name (letters, digits, '.', '_', '-'; at "
+            raise UsageError(f"config name {short(self.name)} is not a plain name (letters, digits, '.', '_', '-'; at "
                              "most 64 characters, no '/', '..' or spaces); set name = \"...\" in the TOML file")
         where = f"config {self.name!r}"
         for key in ("n_embd", "block_size", "n_layer", "n_head", "d_hidden", "batch_size",
                     "epochs", "eval_interval", "eval_batches"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
-        if self.steps is not None and (not isinstance(self.steps, int) or self.steps <= 0):
-            raise UsageError(f"{where}: steps must be a positive integer, got {self.steps!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_INT:
+                raise UsageError(f"{where}: {key} must be a positive integer (at most 2**53), got {short(value)}")
+        if self.steps is not None and (not isinstance(self.steps, int) or isinstance(self.steps, bool)
+                                       or not 0 < self.steps <= MAX_INT):
+            raise UsageError(f"{where}: steps must be a positive integer (at most 2**53), got {short(self.steps)}")
         if self.target_val_loss is not None and (
                 not isinstance(self.target_val_loss, (int, float)) or isinstance(self.target_val_loss, bool)
                 or not math.isfinite(self.target_val_loss) or self.target_val_loss <= 0):
-            raise UsageError(f"{where}: target_val_loss must be a positive number, got {self.target_val_loss!r}")
+            raise UsageError(f"{where}: target_val_loss must be a positive number, got {short(self.target_val_loss)}")
         if self.n_embd % self.n_head:
             raise UsageError(f"{where}: n_head={self.n_head} does not divide n_embd={self.n_embd}; "
                              "choose a head count that divides the embedding width")
         for key in ("dropout", "learning_rate", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise UsageError(f"{where}: {key} must be a finite number, got {value!r}")
+                raise UsageError(f"{where}: {key} must be a finite number, got {short(value)}")
         if not 0 <= self.dropout < 1:
             raise UsageError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
         if self.learning_rate <= 0:
@@ -163,27 +177,28 @@ class Config:
             if not 0 <= getattr(self, key) < 1:
                 raise UsageError(f"{where}: {key} must be in [0, 1), got {getattr(self, key)}")
         if self.scheme not in SCHEMES:
-            raise UsageError(f"{where}: scheme must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
+            raise UsageError(f"{where}: scheme must be one of {', '.join(SCHEMES)}, got {short(self.scheme)}")
         self._validate_options(where)
 
     def _validate_options(self, where: str) -> None:
         """The model options and the learning-rate schedule (OPTION_DEFAULTS)."""
         for key in ("tie_embeddings", "bias", "lm_head_bias"):
             if not isinstance(getattr(self, key), bool):
-                raise UsageError(f"{where}: {key} must be true or false, got {getattr(self, key)!r}")
+                raise UsageError(f"{where}: {key} must be true or false, got {short(getattr(self, key))}")
         for key, allowed in (("gelu", GELUS), ("decay", DECAYS), ("lr_schedule", LR_SCHEDULES)):
             if getattr(self, key) not in allowed:
-                raise UsageError(f"{where}: {key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+                raise UsageError(f"{where}: {key} must be one of {', '.join(allowed)}, got {short(getattr(self, key))}")
         w, d = self.warmup_steps, self.decay_steps
-        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
-            raise UsageError(f"{where}: warmup_steps must be a whole number >= 0, got {w!r}")
-        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d <= w):
-            raise UsageError(f"{where}: decay_steps must be a whole number > warmup_steps ({w}), got {d!r}")
+        if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w <= MAX_INT:
+            raise UsageError(f"{where}: warmup_steps must be a whole number >= 0 (at most 2**53), got {short(w)}")
+        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or not w < d <= MAX_INT):
+            raise UsageError(f"{where}: decay_steps must be a whole number > warmup_steps ({w}), at most 2**53, "
+                             f"got {short(d)}")
         m = self.min_lr
         if not isinstance(m, (int, float)) or isinstance(m, bool) or not math.isfinite(m) \
                 or not 0 <= m <= self.learning_rate:
             raise UsageError(f"{where}: min_lr must be a number in [0, learning_rate = {self.learning_rate:g}], "
-                             f"got {m!r}")
+                             f"got {short(m)}")
         if self.lr_schedule == "cosine" and d is None:
             raise UsageError(f"{where}: lr_schedule = \"cosine\" needs decay_steps (nanoGPT's lr_decay_iters: the "
                              "step where the cosine reaches min_lr), e.g. decay_steps = 2000")
@@ -191,6 +206,12 @@ class Config:
             raise UsageError(f"{where}: decay_steps and min_lr belong to lr_schedule = \"cosine\"; with a constant "
                              "learning rate leave them out (warmup_steps may stay)")
 
+
+# The options' values that mean the original model and optimizer, from Config's own defaults. A stored config without
+# them (a record or spec.json written before) has exactly these values; `config_hash` leaves a field at this value
+# out, so the hash of every config that does not use an option is what it was before the option existed.
+OPTION_DEFAULTS: dict[str, object] = {f.name: f.default for f in dataclasses.fields(Config) if f.name in OPTION_NAMES}
+assert len(OPTION_DEFAULTS) == len(OPTION_NAMES), "every option is a Config field with a default"
 
 _SECTIONS = {  # required keys
     "model": ("n_embd", "block_size", "n_layer", "n_head", "d_hidden", "dropout"),
@@ -200,9 +221,7 @@ _SECTIONS = {  # required keys
 }
 # keys a TOML may leave out (read into the field of the same name); [train] steps (nanoGPT's max_iters) makes
 # epochs optional
-_OPTIONAL = {"model": ("tie_embeddings", "gelu", "bias", "lm_head_bias"),
-             "train": ("steps", "decay", "lr_schedule", "warmup_steps", "decay_steps", "min_lr"),
-             "eval": ("target_val_loss",)}
+_OPTIONAL = {"model": MODEL_OPTIONS, "train": ("steps", *TRAIN_OPTIONS), "eval": ("target_val_loss",)}
 
 
 def _from_mapping(doc: dict, source: str) -> Config:
@@ -229,7 +248,10 @@ def _from_mapping(doc: dict, source: str) -> Config:
             fields[key if section != "eval" else f"eval_{key}"] = table[key]
         fields.update({key: table[key] for key in _OPTIONAL.get(section, ()) if key in table})
     config = Config(**fields)  # type: ignore[arg-type]
-    config.validate()
+    try:
+        config.validate()
+    except UsageError as exc:  # name the file: the message alone may not say where the bad value came from
+        raise UsageError(f"{source}: {exc}") from None
     return config
 
 
@@ -268,8 +290,11 @@ def read_toml(path: str | Path) -> Config:
                         "a config is a short TOML file (see `harness sizes --toml small`)")
     try:
         doc = tomllib.loads(blob.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax or start from "
+    # TOMLDecodeError is a ValueError; so is an integer past Python's digit limit; deep nesting of arrays or inline
+    # tables runs out of recursion (RecursionError) or memory
+    except (UnicodeDecodeError, ValueError, MemoryError, RecursionError) as exc:
+        reason = short(str(exc), 120)[1:-1] if str(exc) else type(exc).__name__
+        raise UsageError(f"{path}: not valid TOML ({reason}); fix the syntax or start from "
                          "`harness sizes --toml small`") from None
     return _from_mapping(doc, str(path))
 

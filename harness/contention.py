@@ -2,8 +2,8 @@
 
 A training loop is cut into *chunks* of steps, about `CHUNK_S` seconds each (the chunk closes at the first step
 boundary after that, and before and after every evaluation). At each chunk boundary, never per step, the sampler
-reads the machine's state once (`Probe.snapshot`, ~0.1 ms; docs/benchmarks.md gives the measured cost). A chunk
-records, for the steps it covers:
+reads the machine's state once (`Probe.snapshot`, ~0.1 ms; docs/benchmarks.md gives the measured cost): the reading
+that ends a chunk starts the next. A chunk records, for the steps it covers:
 
 - `wall_s` and `cpu_s`: wall time and the worker process's own CPU time (all its threads), `threads`: its thread
   count at the end;
@@ -12,7 +12,10 @@ records, for the steps it covers:
 - the machine: `busy_s` (all CPUs' non-idle time, `/proc/stat`), `steal_s` (time the hypervisor gave the
   machine's virtual CPUs to someone else), `others_cpu_s` (busy time not ours: other processes), `load` (the
   1-minute load average at the start and the end), `psi_some_s` (`/proc/pressure/cpu`: time some task waited
-  for a CPU, anywhere on the machine), `ncpu`;
+  for a CPU, anywhere on the machine), `ncpu`. `load`, `others_cpu_s` and `psi_some_s` are not part of the rule:
+  they are machine-wide and cannot say whose work waited (PSI counts the worker's own threads and every other
+  cgroup alike); they are recorded as evidence for a person reading a record, to tell a machine that was
+  oversubscribed as a whole from a worker that starved itself (one small file read per chunk boundary);
 - on CUDA, `gpu` (NVML through `nvidia-ml-py`, when installed): SM clock, clock-event ("throttle") reasons and
   the other compute processes on the device, at the start and the end.
 
@@ -146,6 +149,8 @@ class Probe:
             return None
 
     def psi_some(self) -> float | None:
+        """Seconds some task waited for a CPU, machine-wide (PSI); None without /proc/pressure. Recorded for a
+        person reading the record, not used by the rule (see the module docstring)."""
         text = _read(self.root / "pressure" / "cpu")
         if not text:
             return None
@@ -273,24 +278,34 @@ def steal_fraction(c: dict) -> float | None:
     return None if s is None or not t else s / t
 
 
-def judge(c: dict) -> list[str]:
-    """Why chunk `c` is disturbed (empty: it is not), by `RULE`."""
+# the short name of each kind of reason, as `summarize` counts them in a record's `reasons` (stored: never renamed)
+CPU_WAIT, STEAL, GPU_OTHER, GPU_SLOWDOWN = "cpu wait", "steal", "gpu: other process", "gpu slowdown"
+
+
+def reasons(c: dict) -> list[tuple[str, str]]:
+    """Why chunk `c` is disturbed, by `RULE`: (kind, sentence) pairs, the kind one of CPU_WAIT, STEAL, GPU_OTHER,
+    GPU_SLOWDOWN; empty: it is not. A sentence said twice (the same GPU state at both ends) is given once."""
     why = []
     w = wait_fraction(c)
     if w is not None and w > WAIT_MAX:
-        why.append(f"waited for a CPU {w:.0%} of the time")
+        why.append((CPU_WAIT, f"waited for a CPU {w:.0%} of the time"))
     s = steal_fraction(c)
     if s is not None and s > STEAL_MAX:
-        why.append(f"hypervisor steal {s:.0%}")
+        why.append((STEAL, f"hypervisor steal {s:.0%}"))
     for state in c.get("gpu") or []:
         if not state:
             continue
         if state.get("others"):
-            why.append(f"{state['others']} other compute process(es) on the GPU")
+            why.append((GPU_OTHER, f"{state['others']} other compute process(es) on the GPU"))
         slow = [name for bit, name in GPU_SLOWDOWNS.items() if (state.get("reasons") or 0) & bit]
         if slow:
-            why.append("GPU " + ", ".join(slow))
+            why.append((GPU_SLOWDOWN, "GPU " + ", ".join(slow)))
     return list(dict.fromkeys(why))
+
+
+def judge(c: dict) -> list[str]:
+    """Why chunk `c` is disturbed, by `RULE`, in words (empty: it is not)."""
+    return [text for _, text in reasons(c)]
 
 
 def evidence(chunks: list[dict]) -> str:
@@ -298,38 +313,40 @@ def evidence(chunks: list[dict]) -> str:
     return "schedstat" if any(c.get("wait_s") is not None for c in chunks) else "none"
 
 
-def disturbed_steps(chunks: list[dict], n_steps: int) -> np.ndarray | None:
-    """Per step 0..n_steps-1: True when its chunk was judged disturbed; None without CPU evidence."""
+def _flags(chunks: list[dict], n_steps: int, bad: list[bool]) -> np.ndarray | None:
+    """Per step 0..n_steps-1: True when its chunk is `bad` (one verdict per chunk); None without CPU evidence."""
     if not chunks or evidence(chunks) == "none":
         return None
     flags = np.zeros(n_steps, dtype=bool)
-    for c in chunks:
-        if judge(c):
+    for c, b in zip(chunks, bad):
+        if b:
             flags[max(0, c["step"]):max(0, min(n_steps, c["step"] + c["n"]))] = True
     return flags
 
 
-def summarize(chunks: list[dict], n_steps: int, warmup: int) -> dict:
-    """`timings.contention` of a record: the share of steady steps disturbed, the rule, the evidence in short."""
-    flags = disturbed_steps(chunks, n_steps)
-    first = warmup if n_steps > warmup else min(1, n_steps)
-    steady = n_steps - first
+def disturbed_steps(chunks: list[dict], n_steps: int) -> np.ndarray | None:
+    """Per step 0..n_steps-1: True when its chunk was judged disturbed; None without CPU evidence."""
+    return _flags(chunks, n_steps, [bool(reasons(c)) for c in chunks])
+
+
+def summarize(chunks: list[dict], n_steps: int, first: int) -> dict:
+    """`timings.contention` of a record: the share of steady steps disturbed, the rule, the evidence in short.
+    `first`: the first steady step (harness.runner.steady_start(n_steps)), used as given."""
+    verdicts = [reasons(c) for c in chunks]  # each chunk judged once
+    flags = _flags(chunks, n_steps, [bool(v) for v in verdicts])
+    steady = max(0, n_steps - first)
     out: dict[str, Any] = {"rule": RULE, "evidence": evidence(chunks), "chunks": len(chunks),
                            "steady_steps": steady, "disturbed_steps": None, "contended_fraction": None,
                            "mostly_disturbed": False}
     if flags is not None and steady > 0:
         bad = int(flags[first:].sum())
         out.update(disturbed_steps=bad, contended_fraction=bad / steady, mostly_disturbed=bad / steady > MOSTLY)
-    reasons: dict[str, int] = {}
-    for c in chunks:
-        for why in judge(c):
-            key = why.split(" ")[0] if not why.startswith("waited") else "cpu wait"
-            key = {"hypervisor": "steal", "GPU": "gpu slowdown"}.get(key, key)
-            if "other compute" in why:
-                key = "gpu: other process"
-            reasons[key] = reasons.get(key, 0) + 1
-    out["disturbed_chunks"] = sum(1 for c in chunks if judge(c))
-    out["reasons"] = reasons
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        for kind, _ in v:
+            counts[kind] = counts.get(kind, 0) + 1
+    out["disturbed_chunks"] = sum(1 for v in verdicts if v)
+    out["reasons"] = counts
     ratios = [c["cpu_s"] / c["wall_s"] for c in chunks if c.get("wall_s")]
     waits = [w for w in map(wait_fraction, chunks) if w is not None]
     steals = [s for s in map(steal_fraction, chunks) if s is not None]
@@ -377,26 +394,32 @@ class Sampler:
     _first: int = 0
 
     def open(self, step: int) -> None:
+        """Start a chunk at step `step` (after an evaluation, a checkpoint, or at the start of training)."""
         self._start, self._first = self.probe.snapshot(), step
 
-    def close(self, step: int) -> None:
-        """End the open chunk at step `step` (exclusive); a chunk with no step is dropped."""
+    def close(self, step: int) -> Snapshot | None:
+        """End the open chunk at step `step` (exclusive); a chunk with no step is dropped. Returns the closing
+        snapshot (None when no chunk was open)."""
         if self._start is None:
-            return
+            return None
         end = self.probe.snapshot()
         if step > self._first:
             self.chunks.append(chunk(self._start, end, self._first, step - self._first))
         self._start = None
+        return end
 
     def tick(self, done: int) -> None:
+        """After every step: when the open chunk has lasted `chunk_s`, end it at step `done` and start the next one
+        there. Between two steps nothing else runs, so the closing snapshot is also the next chunk's start: the
+        machine is read once per boundary on the training loop's path, not twice."""
         if self._start is not None and self.probe.clock() - self._start.wall >= self.chunk_s:
-            self.close(done)
-            self.open(done)
+            self._start, self._first = self.close(done), done
 
 
-def default_probe(device: str = "cpu") -> Probe:
-    """The probe of this process: /proc, the real clocks, and NVML on CUDA when nvidia-ml-py is installed."""
-    gpu = nvml_probe()[0] if device == "cuda" else None
-    return Probe(gpu=gpu)
+def default_probe(device: str = "cpu") -> tuple[Probe, str]:
+    """The probe of this process: /proc, the real clocks, and NVML on CUDA when nvidia-ml-py is installed; with
+    why there is no GPU evidence on CUDA ("" when there is, or on another device)."""
+    gpu, note = nvml_probe() if device == "cuda" else (None, "")
+    return Probe(gpu=gpu), note
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from harness.probe import STATE_QUANTITIES, state_at
 from harness.taps import BLOCK_TAPS, block_of, kind
 
-TINY = 1e-300
+TINY = 1e-300  # floor of the relative error's denominator: two all-zero arrays agree exactly
 CLOSE = 1e-3  # a candidate explains a tap when it leaves less than this fraction of the tap's size
 
 # What each depth cannot see (printed with the verdict; docs/parity.md, "What each depth cannot see").
@@ -35,13 +37,50 @@ BLIND_SPOTS: dict[str, str] = {
 }
 
 
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    """||a - b|| / max(||a||, ||b||)."""
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), np.linalg.norm(b), TINY))
+# --- numeric helpers (harness.parity uses them too) -----------------------------------------------------------------
+def relative_error(a: np.ndarray, b: np.ndarray, tiny: float = TINY) -> float:
+    """||a - b|| / max(||a||, ||b||, tiny), Frobenius norms in float64; NaN if either holds a non-finite value."""
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a64.shape != b64.shape:
+        raise ValueError(f"shapes differ: {a64.shape} vs {b64.shape}")
+    if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
+        return math.nan
+    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(a64), np.linalg.norm(b64), tiny))
+
+
+def worst_key(value: float) -> tuple[bool, float]:
+    """The order "worst first" of errors and deviations: NaN (or inf) above every finite value, then the largest."""
+    return (not math.isfinite(value), value if math.isfinite(value) else 0.0)
+
+
+def worst(values: Mapping[Any, float]) -> Any:
+    """The key of the worst value of `values` (NaN first, then the largest; the first of equals); None if empty."""
+    return max(values, key=lambda k: worst_key(values[k])) if values else None
+
+
+def common_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """The least-squares factor f with a ~ f b, and the fraction ||a - f b|| / ||a - b|| of the difference it
+    leaves unexplained (0: a is exactly a scaled b; nan when a == b)."""
+    bb = float(b @ b)
+    f = float(a @ b) / bb if bb > 0 else math.nan
+    diff = float(np.linalg.norm(a - b))
+    if not (diff > 0 and math.isfinite(f)):
+        return f, math.nan
+    return f, float(np.linalg.norm(a - f * b)) / diff
+
+
+def proportional(d: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """alpha with d ~ alpha p (least squares) and the fraction ||d - alpha p|| / ||d|| it leaves unexplained; (nan,
+    nan) when d or p is zero."""
+    pp, nd = float(p @ p), float(np.linalg.norm(d))
+    if pp == 0 or nd == 0:
+        return math.nan, math.nan
+    alpha = float(d @ p) / pp
+    return alpha, float(np.linalg.norm(d - alpha * p)) / nd
 
 
 def _close(a: np.ndarray, b: np.ndarray, tol: float = CLOSE) -> bool:
-    return a.shape == b.shape and _rel(a, b) < tol
+    return a.shape == b.shape and relative_error(a, b) < tol
 
 
 # --- the forward pass (depth 0) ----------------------------------------------------------------------------------
@@ -199,6 +238,67 @@ def attention_probs_cause(pa: np.ndarray, pb: np.ndarray, head_dim: int, names: 
             "the softmax axis, or the head split)")
 
 
+def merge_heads(a: np.ndarray) -> np.ndarray:
+    """(B, H, T, D) -> (B, T, H*D): the heads merged back, as attn.y holds them."""
+    B, H, T, D = a.shape
+    return a.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def attention_self_error(taps: Mapping[str, np.ndarray], block: str) -> float | None:
+    """How far one side's `{block}attn.y` is from its own `attn.probs @ attn.v` (heads merged), as a fraction of
+    y's largest value; None when the side lacks one of them. A model that taps probabilities it computes apart from
+    its attention call (torch: SDPA returns no probabilities) can tap right ones while its output is wrong."""
+    probs, v, y = (taps.get(block + k) for k in ("attn.probs", "attn.v", "attn.y"))
+    if probs is None or v is None or y is None or np.ndim(probs) != 4 or np.ndim(v) != 4:
+        return None
+    want = merge_heads(np.asarray(probs, dtype=np.float64) @ np.asarray(v, dtype=np.float64))
+    if want.shape != np.shape(y):
+        return None
+    y = np.asarray(y, dtype=np.float64)
+    scale = max(float(np.abs(y).max()), float(np.abs(want).max()), TINY)
+    return float(np.abs(y - want).max()) / scale
+
+
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+    """softmax(q k^T scale, keys s > t masked when `causal`) @ v, heads merged, float64."""
+    T = q.shape[-2]
+    scores = (q @ k.swapaxes(-1, -2)) * scale
+    if causal:
+        scores = np.where(np.triu(np.ones((T, T), dtype=bool), 1), -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores)
+    return merge_heads((e / e.sum(axis=-1, keepdims=True)) @ v)
+
+
+def attention_output_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarray],
+                           names: tuple[str, str]) -> str:
+    """attn.y differs while q, k, v and the probabilities agree: a side whose y is not its own probs @ v computes
+    its output apart from the probabilities it taps (torch's SDPA call), with another scale or mask; which one is
+    read from its q, k, v."""
+    block = name[:-len("attn.y")]
+    for side, taps in zip(names, (ta, tb)):
+        err = attention_self_error(taps, block)
+        if err is None or err < CLOSE:
+            continue
+        q, k, v = (np.asarray(taps[block + x], dtype=np.float64) for x in ("attn.q", "attn.k", "attn.v"))
+        D = q.shape[-1]
+        y = np.asarray(taps[name], dtype=np.float64)
+        which = ""
+        for label, scale in (("1/sqrt(D)", 1 / math.sqrt(D)), ("1/D", 1 / D), ("1", 1.0)):
+            for causal in (True, False):
+                if _close(y, _attention(q, k, v, scale, causal)):
+                    wrong = ([f"scale {label} instead of 1/sqrt(D) (D = {D})"] if label != "1/sqrt(D)" else []) + (
+                        [] if causal else ["no causal mask (every key visible)"])
+                    which = f"q, k, v attended with {' and '.join(wrong)}, " if wrong else ""
+                    break
+            if which:
+                break
+        return (f"the SDPA call's scale or mask: {side}'s attn.y is {which}not its own attn.probs @ attn.v ({err:.1e} "
+                "of its scale: the probabilities it taps are computed apart from its attention call)")
+    return ("attention output: y = probs @ v with the heads merged back (transpose before reshape) differs while "
+            "the probabilities and v agree")
+
+
 def linear_cause(what: str, out_a: np.ndarray, inp: np.ndarray, weight: np.ndarray | None,
                  bias: np.ndarray | None, names: tuple[str, str]) -> str:
     """A Linear's output differs while its input agrees: its weight transposed, or its layout or bias."""
@@ -285,8 +385,7 @@ def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.n
         q = agreed.get(p + "attn.q")
         return attention_probs_cause(ta[name], tb[name], int(q.shape[-1]) if q is not None else 1, names)
     if k == "attn.y":
-        return ("attention output: y = probs @ v with the heads merged back (transpose before reshape) differs while "
-                "the probabilities and v agree (the attention call's own mask or scale?)")
+        return attention_output_cause(name, ta, tb, names)
     if k == "attn.proj" and inp is not None:
         return linear_cause("the attention output projection c_proj", ta[name], inp,
                             params.get(p + "attn.c_proj.weight"), params.get(p + "attn.c_proj.bias"), names)
@@ -321,13 +420,9 @@ def decay_ratios(update_a: Mapping[str, np.ndarray], update_b: Mapping[str, np.n
         p = before.get(name)
         if name not in update_b or p is None or np.shape(p) != np.shape(ua):
             continue
-        d = np.ravel(ua - update_b[name])
-        pv = np.ravel(p) * lr_wd
-        pp, nd = float(pv @ pv), float(np.linalg.norm(d))
-        if pp == 0 or nd == 0:
-            continue
-        r = float(d @ pv) / pp
-        out[name] = (r, float(np.linalg.norm(d - r * pv)) / nd)
+        r, rest = proportional(np.ravel(ua - update_b[name]), np.ravel(p) * lr_wd)
+        if math.isfinite(r):
+            out[name] = (r, rest)
     return out
 
 
@@ -379,12 +474,12 @@ def aliased_quantities(probe: Mapping[str, np.ndarray], steps: Sequence[int]) ->
     identical, for every parameter: the same arrays saved by reference, not copied."""
     if len(steps) < 2:
         return []
+    first, *later = (state_at(probe, k) for k in steps)
     out = []
-    for quantity in ("param", "adam_m", "adam_v"):
-        head = f"opt/{steps[0]}/{quantity}/"
-        names = [k[len(head):] for k in probe if k.startswith(head)]
-        if names and all(np.array_equal(probe[f"opt/{steps[0]}/{quantity}/{n}"], probe.get(f"opt/{k}/{quantity}/{n}"))
-                         for n in names for k in steps[1:]):
+    for quantity in STATE_QUANTITIES:
+        head = f"{quantity}/"
+        names = [k for k in first if k.startswith(head)]
+        if names and all(np.array_equal(first[n], state.get(n)) for n in names for state in later):
             out.append(quantity)
     return out
 

@@ -13,6 +13,19 @@ import numpy as np
 import harness
 
 
+def loadavg() -> tuple[float, float, float] | None:
+    """The machine's 1-, 5- and 15-minute load averages; None where the system keeps none."""
+    try:
+        return os.getloadavg()
+    except (OSError, AttributeError):
+        return None
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; every core where there is none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def git_commit() -> str | None:
     """The commit of the harness checkout (None outside a git checkout), with '+dirty' for local changes."""
     root = Path(harness.__file__).resolve().parent.parent

@@ -59,6 +59,7 @@ class Plan:
     allow_large: bool = False  # skip the memory-estimate refusal
     devices: dict[str, str] = field(default_factory=dict)  # per-backend devices (parity); others use `device`
     paired_rounds: int = 0  # undisturbed rounds of paired timing after training (two or more backends); 0: none
+    probe_fix: str = "re-synchronise fewer optimizer steps (--opt-steps K)"  # what shrinks the parity probe
 
     def device_of(self, backend: str) -> str:
         """The device backend `backend` runs on."""
@@ -144,8 +145,7 @@ def gpu_memory() -> tuple[int, int] | None:
 MEMORY_FIX = {"parameters": "make the model smaller (n_embd, n_layer, d_hidden)",
               "activations": "make the model or the batch smaller (batch_size, block_size, n_embd, n_layer)",
               "data": "make eval_batches smaller or train on a smaller text",
-              "curves": "train fewer steps (a smaller --steps or --epochs)",
-              "parity probe": "re-synchronise fewer optimizer steps (--opt-steps K)"}
+              "curves": "train fewer steps (a smaller --steps or --epochs)"}  # the parity probe's: Plan.probe_fix
 
 
 def probe_bytes(config: Config, vocab_size: int, opt_steps: int) -> int:
@@ -173,7 +173,8 @@ def check_memory(plan: Plan) -> int:
         need *= len(plan.backends)
         parts = {k: v * len(plan.backends) for k, v in parts.items()}
     biggest = max(parts, key=parts.get)
-    fix = f"{MEMORY_FIX[biggest]}, or pass --allow-large if you mean it"
+    what = plan.probe_fix if biggest == "parity probe" else MEMORY_FIX[biggest]
+    fix = f"{what}, or pass --allow-large if you mean it"
     total, available = machine_memory()
     if need > available and not plan.allow_large:
         raise UsageError(f"config {plan.config.name!r} needs about {fmt_bytes(need)} of memory (mostly "

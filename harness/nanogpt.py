@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from harness.config import Config
+from harness.config import Config, short
 from harness.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -58,17 +58,35 @@ ALIASES = {"max_iters": "steps", "lr_decay_iters": "decay_steps", "warmup_iters"
 FIELDS = {f.name for f in fields(Config)}
 
 
-def parse_value(text: str) -> Any:
+# A `--set` value is a number, a word or a short name (a config name is at most 64 characters): anything longer is
+# not one, and a bound keeps the parsers below from being fed megabytes (deep nesting, huge integers).
+MAX_SET_CHARS = 256
+# What Python's and TOML's parsers raise on hostile text besides their syntax errors: an integer past Python's
+# digit limit (ValueError), nesting past the parser's stack (MemoryError) or the recursion limit (RecursionError).
+PARSE_ERRORS = (ValueError, MemoryError, RecursionError)
+
+
+def parse_value(text: str, option: str = "--set") -> Any:
     """A `--set` value: a Python literal (as nanoGPT's configurator reads it: 1e-3, False, 'x'), else TOML's
-    spelling (true, false), else the text itself."""
+    spelling (true, false), else the text itself. Text longer than MAX_SET_CHARS, or that makes either parser fail
+    other than by a syntax error, is a UsageError naming `option`."""
+    if len(text) > MAX_SET_CHARS:
+        raise UsageError(f"{option} value {short(text)} is {len(text):,} characters long; a value is a number, "
+                         f"true/false or a short name (at most {MAX_SET_CHARS} characters)")
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        pass
+    except (SyntaxError, ValueError):
+        pass  # not a Python literal (or an integer past the digit limit: TOML refuses that below)
+    except (MemoryError, RecursionError):
+        raise UsageError(f"{option} value {short(text)} is nested too deeply to read; write a number, true/false "
+                         "or a name") from None
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except PARSE_ERRORS as exc:
+        raise UsageError(f"{option} value {short(text)} cannot be read ({short(str(exc), 80)}); write a number, "
+                         "true/false or a name") from None
 
 
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
@@ -82,7 +100,7 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
                              "--set max_iters=2000")
         if name in out:
             raise UsageError(f"--set {name} given twice; give each name once")
-        out[name] = parse_value(value.strip())
+        out[name] = parse_value(value.strip(), f"--set {name}")
     return out
 
 
@@ -92,7 +110,7 @@ def _typed(name: str, value: Any, where: str) -> Any:
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if type(value) is not want:
-        raise UsageError(f"{where}: {name} = {value!r} is a {type(value).__name__}, nanoGPT's {name} is a "
+        raise UsageError(f"{where}: {name} = {short(value)} is a {type(value).__name__}, nanoGPT's {name} is a "
                          f"{want.__name__} (default {DEFAULTS[name]!r})")
     return value
 
@@ -109,8 +127,9 @@ def read_file(path: Path) -> dict[str, Any]:
     blob = read_regular(path, "config file", "pass the path of a TOML file or a nanoGPT config .py", MAX_TOML_BYTES)
     try:
         tree = ast.parse(blob.decode("utf-8"), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{path}: not a Python file of literal assignments ({exc}); nanoGPT config files hold "
+    except (SyntaxError, UnicodeDecodeError, *PARSE_ERRORS) as exc:  # nesting too deep: MemoryError, RecursionError
+        reason = short(str(exc), 80) if str(exc) else type(exc).__name__
+        raise UsageError(f"{path}: not a Python file of literal assignments ({reason}); nanoGPT config files hold "
                          "lines like `n_layer = 6`") from None
     values: dict[str, Any] = {}
     for i, node in enumerate(tree.body):
@@ -123,7 +142,7 @@ def read_file(path: Path) -> dict[str, Any]:
                              f"this line is a {type(node).__name__} statement; remove it or pass the value with --set")
         try:
             values[target.id] = ast.literal_eval(node.value)
-        except ValueError:
+        except (ValueError, MemoryError, RecursionError):  # not a literal, or one nested past the recursion limit
             raise UsageError(f"{path}:{node.lineno}: {target.id} is not given a literal (a number, string, "
                              "True/False); the file is never run, so write the value itself") from None
     return values

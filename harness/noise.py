@@ -22,7 +22,6 @@ Run it on a machine that is otherwise quiet: the "quiet" legs must be quiet for 
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import subprocess
 import sys
@@ -34,20 +33,15 @@ from typing import Any
 import numpy as np
 
 from harness import records
+from harness.environment import loadavg, usable_cores
 from harness.errors import UsageError
 
 TOLERANCE = 0.15  # the done-when of issue 17: within 15 %
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
+    load = loadavg()
+    return " ".join(f"{x:.2f}" for x in load) if load else "?"
 
 
 class Hogs:
@@ -290,6 +284,8 @@ def _pct(x: float | None) -> str:
 
 def format_result(result: dict[str, Any]) -> str:
     """The printed summary: both ratios side by side, the disturbed cells, both runs, the checks."""
+    from harness.runner import FIGURES_ALL
+
     o = result["options"]
     lines = [f"noise benchmark: {o['size']}, {' vs '.join(o['backends'])}, sweep {o['seeds']} seeds x {o['steps']} "
              f"steps, run {o['run_steps']} steps; {o['hogs']} busy-loop hog(s) during the middle third of the "
@@ -322,7 +318,7 @@ def format_result(result: dict[str, Any]) -> str:
             lines.append(f"{leg.replace('_', ' '):<16} {r['error']}")
             continue
         source = (f"over {r.get('steady_steps')} undisturbed steps ({r.get('disturbed_steps')} disturbed left out)"
-                  if r.get("figures_from") != "all steady steps (none undisturbed)"
+                  if r.get("figures_from") != FIGURES_ALL
                   else f"over all {r.get('steady_steps')} steady steps (none undisturbed)")
         lines.append(f"{leg.replace('_', ' '):<16} {r.get('backend')} median step "
                      f"{'—' if med is None else f'{med * 1e3:.3f} ms'} {source}; contended_fraction "
@@ -361,7 +357,7 @@ def command(args: argparse.Namespace) -> int:
     config = load_config(sizes[0])
     check_fits(corpus, config.block_size, config.batch_size)
     records.check_writable(args.out)
-    hogs = args.hogs or _cores()
+    hogs = args.hogs or usable_cores()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
     common = [*(["--threads", str(args.threads)] if args.threads else []), "--data", corpus.path, "--no-text",
@@ -371,7 +367,7 @@ def command(args: argparse.Namespace) -> int:
     run = ["run", "--size", sizes[0], "--steps", str(args.noise_run_steps), "--backend", backends[0], *common]
     result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends, "seeds": args.noise_seeds,
                                           "steps": args.noise_steps, "run_steps": args.noise_run_steps,
-                                          "hogs": hogs, "cores": _cores(), "threads": args.threads},
+                                          "hogs": hogs, "cores": usable_cores(), "threads": args.threads},
                               "started_at": stamp, "dir": str(root)}
     timing: dict[str, Any] = {}
     for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config import PRESETS, SIZES, seed_arg
+from harness.config import PRESETS, SIZES, Config, seed_arg
 from harness.configure import load_config
 from harness.errors import UsageError
 
@@ -87,8 +87,7 @@ def add_common(p: argparse.ArgumentParser, size_help: str | None = None, per_bac
     add_size(p, size_help or f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}); repeat or "
              "comma-separate (default small)",
              one=one_size)
-    p.add_argument("--config", metavar="FILE", help="a TOML config of your own instead of a preset "
-                   "(see `harness sizes --toml small`), or a nanoGPT config .py (read, never run; docs/nanogpt.md)")
+    add_config(p)
     add_set(p)
     add_data(p)
     if per_backend_device:
@@ -121,13 +120,21 @@ def add_size(p: argparse.ArgumentParser, help: str, one: bool = False) -> None:
                    help=help)
 
 
+def add_config(p: argparse.ArgumentParser) -> None:
+    """--config FILE (run, parity, kit export): a config of one's own instead of a preset; read by `configure`."""
+    p.add_argument("--config", metavar="FILE", help="a TOML config of your own instead of a preset "
+                   "(see `harness sizes --toml small`), or a nanoGPT config .py (read, never run; docs/nanogpt.md)")
+
+
 def add_set(p: argparse.ArgumentParser) -> None:
+    """--set NAME=VALUE (repeatable): one config value; read by `configure` (harness.nanogpt.parse_sets)."""
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, "
                         "lr_schedule=cosine, ...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
 
 
 def add_data(p: argparse.ArgumentParser) -> None:
+    """--data PATH: the text to train on (harness.data.load_corpus)."""
     p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
                    "Shakespeare, downloaded once into the user cache)")
 
@@ -230,19 +237,24 @@ def add_schedule(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheme", choices=("epochs", "random"), help="batch scheme (preset: epochs)")
 
 
-def configure(args: argparse.Namespace, size: str | None = None) -> object:
-    """The validated Config for `size` (or --config) with the command line's overrides applied."""
+def configure(args: argparse.Namespace, size: str | None = None, changes: dict[str, object] | None = None
+              ) -> Config:
+    """The validated Config of the command line: `size` (else the one --size, default small) or --config, then
+    --set, then the schedule options the command has (--steps, --epochs, --eval-interval, --dropout, --scheme),
+    then `changes` (field -> value: what a command fixes itself, e.g. parity's and kit export's dropout and steps).
+    The one place a command turns --config/--set into a Config, so every command reads them alike."""
     from harness.nanogpt import parse_sets
 
     config = load_config(size or pick_sizes(args.size, one=True)[0], args.config,
                          parse_sets(getattr(args, "set", None)))
-    changes = {k: v for k, v in {
+    fixed = {k: v for k, v in {
         "steps": getattr(args, "steps", None), "epochs": getattr(args, "epochs", None),
         "eval_interval": getattr(args, "eval_interval", None), "dropout": getattr(args, "dropout", None),
         "scheme": getattr(args, "scheme", None)}.items() if v is not None}
     if getattr(args, "epochs", None) is not None:
-        changes["steps"] = None
-    return config.replace(**changes) if changes else config
+        fixed["steps"] = None
+    fixed.update(changes or {})
+    return config.replace(**fixed) if fixed else config
 
 
 def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, dict]:

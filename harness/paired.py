@@ -27,6 +27,7 @@ the run directory of `harness run` (`<run>/paired.json`) and in the sweep's dire
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ SCHEMA = "nanogpt-parity/paired-timing"
 SCHEMA_VERSION = 1
 ROUNDS = 10  # undisturbed rounds wanted (the default of --paired-rounds)
 MAX_ROUNDS_FACTOR = 4  # give up after this many times `rounds` rounds
-MAX_ROUNDS = 1000  # the most undisturbed rounds one may ask for (each round rewrites the record, which grows)
+MAX_ROUNDS = 1000  # the most undisturbed rounds one may ask for
 MIN_USABLE_ROUNDS = 3  # fewer undisturbed rounds than this (and than half the wanted ones): not usable
 BURST_S = 0.25  # a burst's target length
 MIN_BURST, MAX_BURST = 3, 500  # steps per burst
@@ -58,6 +60,7 @@ WARMUP_STEPS, WARMUP_S, WARMUP_MAX = 10, 1.0, 400  # warm-up: at least 10 steps 
 CV_MAX = 0.10  # a coefficient of variation of the paired ratios above this is said in the verdict
 MARK = "@harness-paired "  # protocol lines on the timing process's stdout start with this (others are passed on)
 REPLY_TIMEOUT_S = 600.0  # a timing process silent this long is hung
+PERSIST_EVERY_S = 5.0  # how often the record is rewritten during a session (and always at its end)
 
 
 def plan(rounds: int = ROUNDS) -> dict:
@@ -77,8 +80,7 @@ def new_doc(contenders: list[dict], label: str, seed: int, rounds: int = ROUNDS,
         raise ValueError(f"paired timing needs two or more distinct contenders, got {names}")
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "label": label, "seed": seed,
             "contenders": contenders, "threads": threads, "plan": plan(rounds), "rule": contention.RULE,
-            "sessions": [], "status": "pending",
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "sessions": [], "status": "pending", "created_at": _now()}
 
 
 def load(path: Path) -> dict:
@@ -128,9 +130,14 @@ def pair_rounds(doc: dict, a: str, b: str) -> list[dict]:
     return out
 
 
+def round_clean(rnd: dict) -> bool:
+    """Whether no burst of round `rnd` was disturbed (every contender)."""
+    return not any(burst_disturbed(b) for b in (rnd.get("bursts") or {}).values())
+
+
 def clean_rounds(doc: dict) -> int:
     """Rounds in which no burst was disturbed (every contender)."""
-    return sum(1 for r in rounds_of(doc) if not any(burst_disturbed(b) for b in (r.get("bursts") or {}).values()))
+    return sum(1 for r in rounds_of(doc) if round_clean(r))
 
 
 def usable(n_clean: int, wanted: int) -> bool:
@@ -161,9 +168,8 @@ def pair_summary(doc: dict, a: str, b: str) -> dict:
         out["level"] = "sessions"
     else:
         values = [r["ratio"] for r in use]
-    ci = stats.mean_ci([math.log(v) for v in values])
-    out.update(ratio=math.exp(ci.estimate), n=ci.n, per_value=values,
-               lo=None if ci.lo is None else math.exp(ci.lo), hi=None if ci.hi is None else math.exp(ci.hi))
+    ci = stats.geometric_mean_ci(values)
+    out.update(ratio=ci.estimate, n=ci.n, per_value=values, lo=ci.lo, hi=ci.hi)
     if len(values) > 1:
         out["cv"] = float(np.std(values, ddof=1) / np.mean(values))
     out["a_step_s"] = float(np.median([r["a_s"] for r in use]))
@@ -188,9 +194,8 @@ def combine(summaries: list[dict]) -> dict:
     if not use:
         return base
     values = [s["ratio"] for s in use]
-    ci = stats.mean_ci([math.log(v) for v in values])
-    base.update(ratio=math.exp(ci.estimate), per_value=values,
-                lo=None if ci.lo is None else math.exp(ci.lo), hi=None if ci.hi is None else math.exp(ci.hi),
+    ci = stats.geometric_mean_ci(values)
+    base.update(ratio=ci.estimate, per_value=values, lo=ci.lo, hi=ci.hi,
                 cv=float(np.std(values, ddof=1) / np.mean(values)) if len(values) > 1 else None)
     return base
 
@@ -365,13 +370,86 @@ def _say(progress: bool, text: str) -> None:
         print(f"paired timing: {text}", file=sys.stderr, flush=True)
 
 
+def _burst_sizes(p: dict, step_s: dict[str, float | None]) -> dict[str, int]:
+    """Steps per burst for each contender from its step time (seconds, None: unknown): about `burst_s` of
+    training, within the plan's `min_burst` .. `max_burst`."""
+    return {name: int(min(p["max_burst"], max(p["min_burst"], round(p["burst_s"] / max(t or 1e-9, 1e-9)))))
+            for name, t in step_s.items()}
+
+
+class RecordLock:
+    """An exclusive, non-blocking `fcntl.flock` on `.<record>.lock` beside a paired-timing record, held while a
+    coordinator adds a session. Two coordinators of one record (a SLURM job resubmitted while the first still runs)
+    would each read the record, extend it and write it whole, dropping the other's rounds; the second is refused
+    instead (UsageError). The kernel drops the lock when its holder exits, however it exits: it is never stale.
+    (harness.records.RunLock is the same mechanism for a run directory, with its messages and clean-up.)"""
+
+    def __init__(self, path: Path):
+        self.path = Path(path).with_name(f".{Path(path).name}.lock")
+        self.record = Path(path)
+        self.fd: int | None = None
+
+    def __enter__(self) -> RecordLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise UsageError(records.os_error_message(exc, f"cannot lock paired-timing record {str(self.record)!r}")
+                             ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if not isinstance(exc, BlockingIOError):  # no locks here (some network file systems): say so
+                os.close(fd)
+                raise UsageError(records.os_error_message(
+                    exc, f"cannot lock paired-timing record {str(self.record)!r}")) from None
+            try:
+                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            except OSError:
+                pid = ""
+            os.close(fd)
+            holder = f" (pid {pid})" if pid.isdigit() else ""
+            raise UsageError(f"another paired timing holds {str(self.record)!r}{holder}; wait for it to finish (or "
+                             "stop it) before timing again") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (delivered at the end): the record's last write and the timing processes' stop
+    must not be cut short by a second Ctrl-C or a SLURM time limit's signal."""
+    signals = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int | None = None) -> dict:
     """Add one session to the paired-timing record at `path` (created from `doc` when it does not exist) unless it
     already holds its undisturbed rounds (`rounds` more than its plan's raises the plan); returns the record.
     Ctrl-C keeps the rounds measured so far (the session is marked interrupted) and raises KeyboardInterrupt. A
-    timing process that fails ends the session with the reason recorded (`failure`); nothing is raised."""
+    timing process that fails ends the session with the reason recorded (`failure`); nothing is raised. Another
+    coordinator adding a session to the same record at the same time: UsageError (`RecordLock`)."""
     path = Path(path)
-    if path.exists():
+    if not path.exists() and doc is None:
+        raise UsageError(f"paired-timing record {str(path)!r} does not exist")
+    with RecordLock(path):
+        return _run_locked(path, doc, progress, rounds)
+
+
+def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None) -> dict:
+    if path.exists():  # read under the lock: what another coordinator wrote before is kept
         doc = load(path)
     elif doc is None:
         raise UsageError(f"paired-timing record {str(path)!r} does not exist")
@@ -381,12 +459,14 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
         return doc
     check_contenders(doc, path)
     p = doc["plan"]
-    wanted, max_rounds, burst_s, gap_s = p["rounds"], p["max_rounds"], p["burst_s"], p["gap_s"]
+    wanted, max_rounds, gap_s = p["rounds"], p["max_rounds"], p["gap_s"]
+    n_clean = clean_rounds(doc)  # judged once here, then counted round by round (the record only grows)
     session: dict[str, Any] = {"started_at": _now(), "host": socket.gethostname(), "status": "running",
                                "ready": {}, "rounds": []}
     doc["sessions"].append(session)
     doc["status"] = "running"
     records.atomic_write_json(path, doc)
+    last_write = time.monotonic()
     names = [c["name"] for c in doc["contenders"]]
     _say(progress, f"{' and '.join(names)} side by side, {wanted} undisturbed rounds of short alternating bursts "
                    f"(at most {max_rounds} rounds)")
@@ -399,8 +479,7 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
         for child in children:
             child.send({"siblings": [p for p in pids if p != child.proc.pid]})
         steps = {c.name: int(session["ready"][c.name]["next_step"]) for c in children}
-        burst = {c.name: int(min(p["max_burst"], max(p["min_burst"], round(burst_s / max(
-            session["ready"][c.name]["step_s"], 1e-9))))) for c in children}
+        burst = _burst_sizes(p, {c.name: session["ready"][c.name]["step_s"] for c in children})
         session["burst_steps"] = burst
         last_said = time.monotonic()
         for r in range(max_rounds):
@@ -415,17 +494,21 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
                 rnd["bursts"][child.name] = {"start": reply["start"], "times": reply["times"],
                                              "chunk": reply["chunk"]}
             session["rounds"].append(rnd)
+            n_clean += round_clean(rnd)
             if r == 0:  # the warm-up ran with every contender at once: size the bursts again from a timed round
-                burst = {name: int(min(p["max_burst"], max(p["min_burst"], round(burst_s / max(
-                    _burst_median(b) or 1e-9, 1e-9))))) for name, b in rnd["bursts"].items()}
+                burst = _burst_sizes(p, {name: _burst_median(b) for name, b in rnd["bursts"].items()})
                 session["burst_steps_after_first_round"] = burst
-            records.atomic_write_json(path, doc)
+            # the whole record is rewritten every few seconds, not every round (it grows with the rounds); the
+            # `finally` below writes it once more, so a stop or a signal loses nothing measured
+            if time.monotonic() - last_write >= PERSIST_EVERY_S:
+                records.atomic_write_json(path, doc)
+                last_write = time.monotonic()
             if time.monotonic() - last_said > 5:
                 last_said = time.monotonic()
-                _say(progress, f"{r + 1} rounds, {clean_rounds(doc)} undisturbed")
-            if complete(doc):
+                _say(progress, f"{r + 1} rounds, {n_clean} undisturbed")
+            if n_clean >= wanted:
                 break
-        session["status"] = "completed" if complete(doc) else "incomplete"
+        session["status"] = "completed" if n_clean >= wanted else "incomplete"
     except KeyboardInterrupt:
         session["status"] = "interrupted"
         raise
@@ -434,17 +517,19 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
         session["failure"] = str(exc)
         print(f"paired timing: {exc}; the speed comparison has no paired timing", file=sys.stderr)
     finally:
-        for child in children:
-            child.stop()
-        session["finished_at"] = _now()
-        doc["status"] = "completed" if complete(doc) else session["status"]
-        with contextlib.suppress(OSError):
-            records.atomic_write_json(path, doc)
-    _say(progress, f"{len(session['rounds'])} rounds, {clean_rounds(doc)} undisturbed in all; {path}")
+        with _signals_deferred():
+            session["finished_at"] = _now()
+            doc["status"] = "completed" if n_clean >= wanted else session["status"]
+            with contextlib.suppress(OSError):
+                records.atomic_write_json(path, doc)
+            for child in children:
+                child.stop()
+    _say(progress, f"{len(session['rounds'])} rounds, {n_clean} undisturbed in all; {path}")
     return doc
 
 
 def _now() -> str:
+    """The current UTC time as the records write it."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
@@ -474,9 +559,7 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
         cv = Curves()
         train(backend, config, stream, {}, cv, step + 5, start_step=step, progress=False)
         step, last = step + 5, cv.time_s
-    probe = contention.Probe()
-    if worker.device == "cuda":
-        probe.gpu = contention.nvml_probe()[0]
+    probe, _ = contention.default_probe(worker.device)
     _reply({"ready": True, "setup_s": setup_s, "compile_s": compile_s, "warmup_steps": step,
             "warmup_s": time.perf_counter() - t0, "step_s": float(np.median(last)), "next_step": step,
             "backend_info": backend.describe(), "pid": os.getpid(), "gpu_evidence": probe.gpu is not None})

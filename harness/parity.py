@@ -32,16 +32,29 @@ import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness import diagnose
+from harness.diagnose import TINY, common_factor, proportional, relative_error, worst, worst_key
 from harness.errors import UsageError
-from harness.options import THREADS_HELP, add_backend, add_quiet, pick_sizes
-from harness.probe import SYNC_LOSS, SYNC_STEPS
+from harness.options import THREADS_HELP, add_backend, add_quiet, configure, pick_sizes
+from harness.probe import (
+    ADAM_T,
+    DROPOUT_GRAD_PREFIX,
+    GRAD_PREFIX,
+    OPT_PREFIX,
+    STATE_QUANTITIES,
+    SYNC_LOSS,
+    SYNC_REFERENCE,
+    SYNC_STEPS,
+    opt_key,
+    split_state,
+    state_at,
+)
 from harness.taps import PREFIX as TAP_PREFIX
 from harness.taps import block_of, in_forward_order
 
@@ -49,11 +62,8 @@ SCHEMA = "nanogpt-parity/parity-record"
 SCHEMA_VERSION = 1
 DEFAULT_STEPS = 50
 DEFAULT_BACKENDS = "torch,numpy"
-TINY = 1e-300  # floor of the relative error's denominator: two all-zero gradients agree exactly
-GRAD_PREFIX = "grad/"
-DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's step-0 dropout masks
-OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>, opt/<k>/adam_t: the state after training step k
-OPT_QUANTITIES = ("update", "adam_m", "adam_v")  # update = param after step k - param after step k - 1
+# what depth 3 grades per parameter: the update (param after step k - param after step k - 1) and the moments
+OPT_QUANTITIES = ("update", *STATE_QUANTITIES[1:])
 DEFAULT_OPT_STEPS: int | None = None  # None: every training step is re-synchronised and compared, within PROBE_BUDGET
 # the optimizer states a parity worker keeps by default (harness.launch.probe_bytes): every step of small, medium and
 # large at the default 50 steps; the first 27 of nanogpt-cpu's (800,000 parameters: 37 MiB a step)
@@ -124,7 +134,7 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
         "large": Tolerances(logits=1e-5, grad=1e-4, loss=1e-2, opt=1e-3, taps=1e-5, step_loss=1e-5),
     },
 }
-TOL_KEYS = ("logits", "grad", "loss", "opt", "taps", "step_loss")
+TOL_KEYS = tuple(f.name for f in fields(Tolerances))  # --tol-<key> options, parity.json's "tolerances"
 LOOSEST = "float32/float32"  # used for a dtype pair that was never measured
 
 # A backend's default dtype when it is not said otherwise (used only if its class cannot be inspected).
@@ -175,16 +185,6 @@ def tap_error(a: np.ndarray, b: np.ndarray) -> tuple[float, float, tuple[int, ..
     diff, where = max_abs_diff(a, b)
     scale = max(float(np.max(np.abs(a))) if np.size(a) else 0.0, float(np.max(np.abs(b))) if np.size(b) else 0.0)
     return (diff / scale if scale > 0 else diff) if math.isfinite(scale) else math.nan, diff, where
-
-
-def relative_error(a: np.ndarray, b: np.ndarray, tiny: float = TINY) -> float:
-    """||a - b|| / max(||a||, ||b||, tiny), Frobenius norms in float64; NaN if either holds a non-finite value."""
-    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a64.shape != b64.shape:
-        raise ValueError(f"shapes differ: {a64.shape} vs {b64.shape}")
-    if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
-        return math.nan
-    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(a64), np.linalg.norm(b64), tiny))
 
 
 def loss_deviation(losses_a: Sequence[float], losses_b: Sequence[float]) -> tuple[float, int, list[float]]:
@@ -304,14 +304,14 @@ class ParityResult:
                          "worst": f"step {wo[0]} {wo[1]} {wo[2]}" if wo else ""})
         if self.step_loss_abs_dev:
             dev = self.step_loss_abs_dev
-            peak = int(np.nanargmax(dev)) if np.isfinite(dev).any() else 0
+            peak = worst(dict(enumerate(dev)))  # the value and where it is: the same step, a NaN first
             rows.append({"depth": "step_loss", "check": "loss of each step from the same state",
-                         "value": max(dev, key=lambda v: (not math.isfinite(v), v if math.isfinite(v) else 0)),
+                         "value": dev[peak],
                          "tolerance": t.step,
                          "first_broken": f"step {self.step_loss_first_bad}" if self.step_loss_first_bad > 0 else "",
                          "worst": f"step {peak + 1} of {len(dev)}"})
         if self.rate_rel_err:
-            who = max(self.rate_rel_err, key=lambda n: (not math.isfinite(self.rate_rel_err[n]), self.rate_rel_err[n]))
+            who = worst(self.rate_rel_err)
             bad = self.rate_first_bad
             rows.append({"depth": "learning_rate", "check": "learning rate per step vs schedule",
                          "value": self.rate_rel_err[who], "tolerance": self.rate_tol,
@@ -379,11 +379,8 @@ class ParityResult:
 
 
 def _grads(probe: Mapping[str, np.ndarray], prefix: str = GRAD_PREFIX) -> dict[str, np.ndarray]:
+    """The probe's arrays under `prefix` (gradients by default; TAP_PREFIX: the taps), by name without it."""
     return {k[len(prefix):]: v for k, v in probe.items() if k.startswith(prefix)}
-
-
-def _taps(probe: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k[len(TAP_PREFIX):]: v for k, v in probe.items() if k.startswith(TAP_PREFIX)}
 
 
 def _initial_params(*probes: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -403,20 +400,14 @@ def opt_steps(probe: Mapping[str, np.ndarray]) -> list[int]:
 
 
 def opt_state(probe: Mapping[str, np.ndarray], step: int) -> dict[str, dict[str, np.ndarray]]:
-    """{"param" | "adam_m" | "adam_v": {name: array}} after training step `step` (0: before the first step)."""
-    out: dict[str, dict[str, np.ndarray]] = {"param": {}, "adam_m": {}, "adam_v": {}}
-    head = f"{OPT_PREFIX}{step}/"
-    for key, value in probe.items():
-        if key.startswith(head):
-            kind, _, name = key[len(head):].partition("/")
-            if kind in out:
-                out[kind][name] = np.asarray(value, dtype=np.float64)
-    return out
+    """{"param" | "adam_m" | "adam_v": {name: float64 array}} after training step `step` (0: before the first step,
+    zero moments), read by harness.probe.state_at."""
+    return split_state(state_at(probe, step))
 
 
 def adam_t(probe: Mapping[str, np.ndarray], step: int) -> int | None:
     """AdamW's step counter after training step `step` as the probe recorded it (None: not recorded)."""
-    value = probe.get(f"{OPT_PREFIX}{step}/adam_t")
+    value = probe.get(opt_key(step, ADAM_T))
     return None if value is None else int(np.asarray(value))
 
 
@@ -464,26 +455,11 @@ def start_state(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndar
     """The state both sides started training step `step` from: the reference's after step - 1 when re-synchronised,
     else probe_b's (the same as probe_a's when every earlier step agreed); zero moments at step 1."""
     ref = synchronised(probe_a, probe_b)
-    state = opt_state(probe_a if ref == 0 else probe_b, step - 1)
-    for kind in ("adam_m", "adam_v"):
-        for name, p in state["param"].items():
-            state[kind].setdefault(name, np.zeros_like(p))
-    return state
+    return opt_state(probe_a if ref == 0 else probe_b, step - 1)
 
 
 def _concat(arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
     return np.concatenate([np.ravel(arrays[n]) for n in names]) if names else np.zeros(0)
-
-
-def _common_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """The least-squares factor f with a ~ f b, and the fraction ||a - f b|| / ||a - b|| of the difference it
-    leaves unexplained (0: a is exactly a scaled b; nan when a == b)."""
-    bb = float(b @ b)
-    f = float(a @ b) / bb if bb > 0 else math.nan
-    diff = float(np.linalg.norm(a - b))
-    if not (diff > 0 and math.isfinite(f)):
-        return f, math.nan
-    return f, float(np.linalg.norm(a - f * b)) / diff
 
 
 def _typical_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -497,16 +473,6 @@ def _typical_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     ratio = a[big] / b[big]
     f = float(np.median(ratio))
     return f, float(np.mean(np.abs(ratio - f) <= 0.01 * abs(f)))
-
-
-def _proportional_to(d: np.ndarray, p: np.ndarray) -> tuple[float, float]:
-    """alpha with d ~ alpha p (least squares) and the fraction of d it leaves unexplained."""
-    pp = float(p @ p)
-    nd = float(np.linalg.norm(d))
-    if pp == 0 or nd == 0:
-        return math.nan, math.nan
-    alpha = float(d @ p) / pp
-    return alpha, float(np.linalg.norm(d - alpha * p)) / nd
 
 
 def _hyper(hyper: Mapping[str, Any] | None, key: str) -> float | None:
@@ -604,10 +570,10 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
     if m_over and (beta1 is not None or fresh):
         ga, gb = _concat({n: fed(qa, n) for n in m_names}, m_names), _concat({n: fed(qb, n) for n in m_names},
                                                                              m_names)
-        f, rest = _common_factor(ga, gb)
+        f, rest = common_factor(ga, gb)
         if rest < EXPLAINED:
             va, vb = (_concat({n: fed_square(q, n) for n in v_names}, v_names) for q in (qa, qb))
-            fv, _ = _common_factor(va, vb)
+            fv, _ = common_factor(va, vb)
             if v_names and math.isfinite(fv) and abs(fv - f * f) <= 0.05 * f * f:
                 return (f"gradient clipping: every parameter's gradient entered AdamW scaled by one common factor "
                         f"({f:.3g} in m, {fv:.3g} = its square in v); check the max norm and the global-norm "
@@ -617,7 +583,7 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                 return (f"beta1: m is off by one common factor {f:.3g} for every parameter while v agrees (m = "
                         "beta1 m + (1 - beta1) g)")
             return f"the gradient fed to AdamW is scaled by one common factor {f:.3g} (m) for every parameter"
-        own = [_common_factor(np.ravel(fed(qa, n)), np.ravel(fed(qb, n))) for n in m_over]
+        own = [common_factor(np.ravel(fed(qa, n)), np.ravel(fed(qb, n))) for n in m_over]
         if all(rest_n < EXPLAINED for _, rest_n in own):
             lo, hi = min(f_n for f_n, _ in own), max(f_n for f_n, _ in own)
             return (f"gradient clipping per parameter: each parameter's gradient is scaled by its own factor "
@@ -625,34 +591,34 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
     if m_over:
         with_p = [n for n in m_names if n in base]
         d = _concat(qa["adam_m"], with_p) - _concat(qb["adam_m"], with_p)
-        alpha, rest = _proportional_to(d, _concat(base, with_p))
+        alpha, rest = proportional(d, _concat(base, with_p))
         if rest < EXPLAINED:
             return (f"coupled (L2) weight decay: m differs by {alpha:.3g} x the parameter on all parameters (weight "
                     "decay added to the gradient instead of applied to the weights)")
         mat = [n for n in with_p if n in matrices]
         if mat and not [n for n in m_over if n not in mat]:
             d = _concat(qa["adam_m"], mat) - _concat(qb["adam_m"], mat)
-            alpha, rest = _proportional_to(d, _concat(base, mat))
+            alpha, rest = proportional(d, _concat(base, mat))
             if rest < EXPLAINED:
                 return (f"coupled (L2) weight decay: m differs by {alpha:.3g} x the parameter on the decayed "
                         "matrices (weight decay added to the gradient instead of applied to the weights, AdamW)")
         if beta1 is not None and not fresh:
             d = _concat(qa["adam_m"], m_names) - _concat(qb["adam_m"], m_names)
             direction = _concat(m_before, m_names) - _concat({n: fed(qb, n) for n in m_names}, m_names)
-            alpha, rest = _proportional_to(d, direction)
+            alpha, rest = proportional(d, direction)
             if rest < EXPLAINED:
                 return f"beta1: m differs by {alpha:.3g} x (m before the step - g), i.e. beta1 differs by {alpha:.3g}"
         return "the first moment m differs: beta1, or the gradient fed to AdamW"
     if v_over:
         va, vb = _concat(qa["adam_v"], v_names), _concat(qb["adam_v"], v_names)
         if fresh:
-            fv, rest = _common_factor(va, vb)
+            fv, rest = common_factor(va, vb)
             if rest < EXPLAINED:
                 return (f"beta2: m agrees but v differs by one common factor {fv:.3g} for every parameter "
                         f"(after step {step})")
         elif beta2 is not None:
             direction = _concat(v_before, v_names) - _concat({n: fed_square(qb, n) for n in v_names}, v_names)
-            alpha, rest = _proportional_to(va - vb, direction)
+            alpha, rest = proportional(va - vb, direction)
             if rest < EXPLAINED:
                 return f"beta2: m agrees but v differs by {alpha:.3g} x (v before the step - g^2): beta2 differs"
         return "the second moment v differs (beta2, or the squared gradient) while m agrees"
@@ -693,7 +659,7 @@ def diagnose_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
     if not [n for n in u_over if n in one_d]:
         with_p = [n for n in matrices if n in base]
         d = _concat(qa["update"], with_p) - _concat(qb["update"], with_p)
-        alpha, rest = _proportional_to(d, _concat(base, with_p))
+        alpha, rest = proportional(d, _concat(base, with_p))
         if rest < EXPLAINED:
             return f"decoupled weight decay on the matrices: the update differs by {alpha:.3g} x the parameter"
     # eps: where sqrt(v) is small the update is most sensitive to eps
@@ -729,7 +695,7 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
         fail("FAIL: no gradients in either probe")
     if not errs:
         return errs, None, math.nan, None
-    worst = max(errs, key=lambda n: (not math.isfinite(errs[n]), errs[n]))
+    bad = worst(errs)
     over = [n for n in reversed(list(errs)) if not _within(errs[n], tol)]
     unused = [(n, side) for n in over for side, g, other in ((a, ga, gb), (b, gb, ga))
               if np.shape(g[n]) == np.shape(other[n]) and not np.any(g[n]) and np.any(other[n])]
@@ -739,9 +705,9 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
                  "an unused parameter)")
     if over:
         more = f" ({len(over) - 1} more parameter(s) over tol)" if len(over) > 1 else ""
-        fail(f"FAIL: {what} {worst} rel err {_fmt(errs[worst])} > tol {tol:g}{more}"
+        fail(f"FAIL: {what} {bad} rel err {_fmt(errs[bad])} > tol {tol:g}{more}"
              + (f"; {cause}" if cause else ""))
-    return errs, worst, errs[worst], (over[0] if over else None)
+    return errs, bad, errs[bad], (over[0] if over else None)
 
 
 def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], tol: float,
@@ -749,7 +715,7 @@ def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
     """Depth 0 into `r`: every tap both probes hold, in forward order; the first over tolerance is named with the
     likely cause read from its pattern (harness.diagnose.forward_cause)."""
     a, b = backends
-    ta, tb = _taps(probe_a), _taps(probe_b)
+    ta, tb = _grads(probe_a, TAP_PREFIX), _grads(probe_b, TAP_PREFIX)
     for name, probe, label in ((a, probe_a, ta), (b, probe_b, tb)):
         if "logits" in label and "logits" in probe and np.ndim(probe["logits"]) == 3:
             rows = label["logits"].shape[0]
@@ -759,6 +725,14 @@ def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
                     r.failures.append(f"FAIL: {name}'s activation taps are not its forward pass: its tap logits "
                                       f"differ from its logits by {_fmt(diff)} (the path that records the taps "
                                       "and the model's forward differ)")
+        for block in sorted({n[:-len("attn.y")] for n in label if n.endswith("attn.y")},
+                            key=lambda head: block_of(head + "attn.y") or 0):
+            err = diagnose.attention_self_error(label, block)  # torch taps probabilities SDPA does not return
+            if err is not None and not _within(err, tol):
+                r.failures.append(f"FAIL: {name}'s attention taps are not its attention: its {block}attn.y differs "
+                                  f"from its own {block}attn.probs @ {block}attn.v by {_fmt(err)} of its scale (the "
+                                  "probabilities are computed apart from the attention call: the SDPA call's scale "
+                                  "or mask)")
     missing = {name: sorted(set(other) - set(own)) for name, own, other in ((a, ta, tb), (b, tb, ta)) if own}
     r.taps_missing = {k: v for k, v in missing.items() if v}
     for name, lacking in r.taps_missing.items():
@@ -766,7 +740,6 @@ def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
         r.notes.append(f"note: {name} gave no tap {shown} ({len(lacking)} of {len(ta) + len(tb) - len(lacking)}); "
                        "those are not compared")
     common = in_forward_order(set(ta) & set(tb))
-    worst_key = (False, -1.0)
     for name in common:
         if np.shape(ta[name]) != np.shape(tb[name]):
             r.failures.append(f"FAIL: tap {name} shapes differ: {a} {np.shape(ta[name])} vs {b} {np.shape(tb[name])}")
@@ -774,9 +747,7 @@ def _compare_taps(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
             continue
         err, diff, where = tap_error(ta[name], tb[name])
         r.taps_rel_err[name], r.taps_max_abs[name], r.taps_where[name] = err, diff, where
-        key = (not math.isfinite(err), err if math.isfinite(err) else 0.0)
-        if key > worst_key:
-            worst_key, r.worst_tap = key, name
+    r.worst_tap = worst(r.taps_rel_err)
     over = [n for n in common if not _within(r.taps_rel_err.get(n, math.nan), tol)]
     if not over:
         return
@@ -807,7 +778,7 @@ def _logits_cause(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
     reference's ln_f tap, or that the taps' rows agree."""
     if r.first_tap:
         return f"follows from the forward difference at {r.first_tap} (above)"
-    ta, tb = _taps(probe_a), _taps(probe_b)
+    ta, tb = _grads(probe_a, TAP_PREFIX), _grads(probe_b, TAP_PREFIX)
     ln_f = tb.get("ln_f", ta.get("ln_f"))
     if "logits" in ta and "logits" in tb:
         return (f"the activation taps (the first {tb['logits'].shape[0]} batch rows) agree: the difference lies in "
@@ -856,6 +827,10 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
     ref = synchronised(probe_a, probe_b)
     if ref is not None:
         r.opt_reference = backends[ref]
+        named = str(np.asarray((probe_b if ref == 0 else probe_a).get(SYNC_REFERENCE, "")))
+        if named and named != r.opt_reference:  # the probe says whose states it took its steps from
+            r.failures.append(f"FAIL: {backends[1 - ref]} re-synchronised its optimizer steps from {named}'s states, "
+                              f"not from {r.opt_reference}'s: its probe belongs to another comparison")
         _step_loss_check(probe_a, probe_b, losses_a, losses_b, tolerances.step, r)
     aliased = {name: diagnose.aliased_quantities(probe, [k for k in sa if k in sb])
                for name, probe in ((a, probe_a), (b, probe_b))}
@@ -863,7 +838,6 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                         "array (the final state), as when references to the live arrays are saved instead of copies"
                         for name, q in aliased.items() if q), None)
     wd = _hyper(hyper, "weight_decay")
-    worst_key = (False, -1.0)
     for k in [k for k in sa if k in sb]:
         start = start_state(probe_a, probe_b, k)
         base = start["param"] if ref is not None else None  # free runs: each update from its own previous state
@@ -882,9 +856,6 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                     errs[name] = update_error(qa[q][name], qb[q][name], qa["adam_v"].get(name), qb["adam_v"].get(name))
                 else:
                     errs[name] = relative_error(qa[q][name], qb[q][name])
-                key = (not math.isfinite(errs[name]), errs[name] if math.isfinite(errs[name]) else 0.0)
-                if key > worst_key:
-                    worst_key, r.worst_opt, r.worst_opt_rel_err = key, (k, q, name), errs[name]
         r.opt_rel_err[k] = step_err
         if r.opt_first_bad is not None:
             continue
@@ -900,7 +871,7 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
             continue
         schedule_cause = None
         if bad:
-            q, n, e = max(bad, key=lambda t: (not math.isfinite(t[2]), t[2] if math.isfinite(t[2]) else 0.0))
+            q, n, e = max(bad, key=lambda t: worst_key(t[2]))
             synced = [s for s in sa if s <= k and s in sb and (ref is not None or s == 1 or s - 1 in sa)]
             schedule_cause = (config is not None and grads_ok and diagnose_schedule(
                 rate_ratios(probe_a, probe_b) or update_ratios(probe_a, probe_b, synced), config, backends)) or None
@@ -930,6 +901,9 @@ def _compare_optimizer(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, 
                f"rel err {_fmt(e)}, within tol {tol:g} but exactly the pattern below" if decay is not None else
                "identical arrays at every step")
         r.failures.append(f"FAIL: optimizer step {k}: {n} {what} {how}; likely cause: {r.opt_cause}")
+    every = {(k, q, n): e for k, step in r.opt_rel_err.items() for q, errs in step.items() for n, e in errs.items()}
+    r.worst_opt = worst(every)
+    r.worst_opt_rel_err = every[r.worst_opt] if every else math.nan
     k = r.step_loss_first_bad
     stated = r.opt_first_bad is not None and r.opt_first_bad[0] == k and r.opt_cause == WRONG_STEP_INPUTS
     if k > 0 and grads_ok and not stated:  # with the forward pass already different, it follows from that
@@ -1038,8 +1012,7 @@ def format_gradients(result: ParityResult) -> str:
     """Per-parameter gradient relative errors as text, worst first."""
     import pandas as pd
 
-    items = sorted(result.grad_rel_err.items(), key=lambda kv: (math.isfinite(kv[1]), -kv[1] if kv[1] == kv[1]
-                                                                   else 0.0))
+    items = sorted(result.grad_rel_err.items(), key=lambda kv: worst_key(kv[1]), reverse=True)
     df = pd.DataFrame({"rel err": [_fmt(v) for _, v in items]}, index=[k for k, _ in items])
     df.index.name = "parameter"
     return df.to_string()
@@ -1050,8 +1023,7 @@ def format_optimizer(result: ParityResult) -> str:
     import pandas as pd
 
     names = sorted({n for step in result.opt_rel_err.values() for errs in step.values() for n in errs})
-    table = {q: [max((step[q].get(n, 0.0) for step in result.opt_rel_err.values()),
-                     key=lambda e: (not math.isfinite(e), e if math.isfinite(e) else 0.0)) for n in names]
+    table = {q: [max((step[q].get(n, 0.0) for step in result.opt_rel_err.values()), key=worst_key) for n in names]
              for q in OPT_QUANTITIES}
     df = pd.DataFrame(table, index=names)
     df = df.loc[df.max(axis=1).sort_values(ascending=False).index].map(_fmt)
@@ -1078,8 +1050,7 @@ def update_ratios(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
         ua, ub = opt_quantities(probe_a, k, base)["update"], opt_quantities(probe_b, k, base)["update"]
         names = [n for n in ub if n in ua and np.shape(ua[n]) == np.shape(ub[n])]
         a, b = _concat(ua, names), _concat(ub, names)
-        aa, bb, ab = float(a @ a), float(b @ b), float(a @ b)
-        out[k] = (ab / aa if aa > 0 else math.nan, ab / bb if bb > 0 else math.nan)
+        out[k] = (common_factor(b, a)[0], common_factor(a, b)[0])
     return out
 
 
@@ -1220,7 +1191,7 @@ def diagnose_gelu(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.nd
     the config's computes that form."""
     from harness.models import numpy_gpt
 
-    params = opt_state(probe_b, 0)["param"] or opt_state(probe_a, 0)["param"]
+    params = _initial_params(probe_b, probe_a)
     if "x" not in probe_b or not params or "logits" not in probe_a or "logits" not in probe_b:
         return None
     other = "tanh" if config.gelu == "exact" else "exact"
@@ -1369,7 +1340,6 @@ def command(args: argparse.Namespace) -> int:
     """`harness parity`: run two backends in parity mode, compare, write parity.json; the exit status is one of
     `EXIT_STATUSES` (0 pass, 1 numerical FAIL, 2 bad input, 3 a backend crashed, 130 interrupted)."""
     from harness import launch, records
-    from harness.configure import load_config
     from harness.data import load_corpus
     from harness.devices import parity_options, parse_devices
 
@@ -1394,10 +1364,7 @@ def command(args: argparse.Namespace) -> int:
     device, devices = parse_devices(args.device, backends)  # --device DEVICE or NAME=DEVICE (repeatable)
     pair = precision_pair(*(dtypes[n] for n in backends))
     tolerances, tol_source = resolve_tolerances(args, pair)
-    from harness.nanogpt import parse_sets
-
-    config = load_config(args.size, args.config, parse_sets(getattr(args, "set", None))).replace(
-        dropout=dropout, steps=args.steps)
+    config = configure(args, args.size, changes={"dropout": dropout, "steps": args.steps})
     corpus = load_corpus(args.data)
     progress = not getattr(args, "quiet", False)
     reference = reference_backend(backends)

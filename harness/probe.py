@@ -35,33 +35,57 @@ from harness.schedule import effective_rate, learning_rate, learning_rates
 from harness.taps import PREFIX as TAP_PREFIX
 from harness.taps import tap_rows
 
-STATE_PARTS = ("param/", "adam_m/", "adam_v/")
+# The probe's array names (docs/parity.md, "The probe"): defined here, where they are written; harness.parity and
+# harness.diagnose read them through these names.
+GRAD_PREFIX = "grad/"
+DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's step-0 dropout masks
+OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>, opt/<k>/adam_t: the state after training step k
+STATE_QUANTITIES = ("param", "adam_m", "adam_v")  # the arrays of a state, per parameter
+STATE_PARTS = tuple(f"{q}/" for q in STATE_QUANTITIES)  # their prefixes in a backend's state_dict
+ADAM_T = "adam_t"  # AdamW's step counter in a state_dict and under opt/<k>/
 SYNC_STEPS, SYNC_LOSS, SYNC_REFERENCE = "sync/steps", "sync/loss", "sync/reference"
 
 
+def opt_key(step: int, key: str) -> str:
+    """The probe's name of state_dict entry `key` ("param/<name>", "adam_t", ...) after training step `step`."""
+    return f"{OPT_PREFIX}{step}/{key}"
+
+
 def state_arrays(backend: Any) -> dict[str, np.ndarray]:
-    """The backend's parameters, AdamW moments and step count ("param/<name>", ..., "adam_t"), copies."""
-    return {k: np.array(v, copy=True) for k, v in backend.state_dict().items()
-            if k.startswith(STATE_PARTS) or k == "adam_t"}
+    """The backend's parameters, AdamW moments and step count ("param/<name>", ..., "adam_t").
+
+    No copies: every backend's state_dict returns arrays the caller owns (torch .numpy().copy(), numpy to_numpy,
+    flux from Julia), which the backends' load_state_dict copy in turn; see harness.backends.base."""
+    return {k: v for k, v in backend.state_dict().items() if k.startswith(STATE_PARTS) or k == ADAM_T}
 
 
-def reference_state(probe: Mapping[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
-    """The state after training step `step` recorded in a reference's probe, as a state_dict another backend loads
-    (step 0: the initial parameters with zero moments and t = 0). KeyError if the probe lacks it."""
-    head = f"opt/{step}/"
-    state = {k[len(head):]: np.array(v, copy=True) for k, v in probe.items() if k.startswith(head)}
-    params = {k: v for k, v in state.items() if k.startswith("param/")}
-    if not params:
-        raise KeyError(f"the reference's probe holds no state after step {step}")
+def state_at(probe: Mapping[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+    """The state after training step `step` that `probe` recorded, as a state_dict ("param/<name>", "adam_m/<name>",
+    "adam_v/<name>", "adam_t") that a backend loads: the one reader of `opt/<k>/...`. Step 0 (the initial
+    parameters) gets zero moments and t = 0 where the probe holds none; a step without `adam_t` gets t = step.
+    Empty when the probe holds nothing of that step. The arrays are the probe's own (load_state_dict copies)."""
+    head = opt_key(step, "")
+    state = {k[len(head):]: v for k, v in probe.items() if k.startswith(head)}
+    if not state:
+        return state
     if step == 0:
-        for k, p in params.items():
-            name = k[len("param/"):]
-            state.setdefault(f"adam_m/{name}", np.zeros_like(p))
-            state.setdefault(f"adam_v/{name}", np.zeros_like(p))
-        state.setdefault("adam_t", np.array(0, dtype=np.int64))
-    if "adam_t" not in state:
-        state["adam_t"] = np.array(step, dtype=np.int64)
+        for k, p in list(state.items()):
+            if k.startswith(STATE_PARTS[0]):
+                name = k[len(STATE_PARTS[0]):]
+                for part in STATE_PARTS[1:]:
+                    state.setdefault(part + name, np.zeros_like(p))
+    state.setdefault(ADAM_T, np.array(step, dtype=np.int64))
     return state
+
+
+def split_state(state: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """A state_dict as {"param" | "adam_m" | "adam_v": {name: float64 array}} (adam_t and other entries left out)."""
+    out: dict[str, dict[str, np.ndarray]] = {q: {} for q in STATE_QUANTITIES}
+    for key, value in state.items():
+        quantity, _, name = key.partition("/")
+        if quantity in out and name:
+            out[quantity][name] = np.asarray(value, dtype=np.float64)
+    return out
 
 
 class Recorder:
@@ -93,15 +117,15 @@ class Recorder:
         x, y = self.stream.batch(0)
         arrays: dict[str, np.ndarray] = {"logits": np.asarray(b.logits(x)), "x": x, "y": y,
                                          "lr": np.asarray(learning_rates(self.config, self.total_steps))}
-        arrays.update({f"grad/{k}": np.asarray(v) for k, v in b.gradients(x, y).items()})
+        arrays.update({GRAD_PREFIX + k: np.asarray(v) for k, v in b.gradients(x, y).items()})
         if self.masks:
-            arrays.update({f"dropout_grad/{k}": np.asarray(v)
+            arrays.update({DROPOUT_GRAD_PREFIX + k: np.asarray(v)
                            for k, v in b.gradients(x, y, masks=self.masks(0)).items()})
         if callable(getattr(b, "taps", None)):
             arrays.update({TAP_PREFIX + k: np.asarray(v) for k, v in b.taps(x[:tap_rows(self.config)]).items()})
-        self.before = {k: np.array(v, copy=True) for k, v in b.parameters().items()}
-        arrays.update({f"opt/0/param/{k}": np.asarray(v) for k, v in self.before.items()})
-        arrays["opt/0/adam_t"] = np.array(0, dtype=np.int64)
+        self.before = b.parameters()  # copies (every backend's parameters() returns arrays the caller owns)
+        arrays.update({opt_key(0, STATE_PARTS[0] + k): v for k, v in self.before.items()})
+        arrays[opt_key(0, ADAM_T)] = np.array(0, dtype=np.int64)
         self.arrays = arrays
         return arrays
 
@@ -109,18 +133,20 @@ class Recorder:
         """Record the rate the backend's own step `done` took and, up to step opt_steps, the optimizer state after
         it (the runner's after_step hook); True when the probe should be written (after step opt_steps, with the
         states complete, and after the last step, with every step's rate)."""
+        # state_dict's arrays are the caller's own (no copy needed): the parameters are kept until the next step
+        # (the rate's "before"), the whole state only up to step opt_steps (recorded in the probe)
         full = self.backend.state_dict()
-        own = {k: np.array(v, copy=True) for k, v in full.items() if k.startswith(STATE_PARTS) or k == "adam_t"}
+        own = {k: v for k, v in full.items() if k.startswith(STATE_PARTS) or k == ADAM_T}
         part = {kind: {k[len(kind):]: v for k, v in own.items() if k.startswith(kind)} for kind in STATE_PARTS}
         self.lr_used.append(effective_rate(self.before, part["param/"], part["adam_m/"], part["adam_v/"],
-                                           int(own["adam_t"]), self.config))
+                                           int(own[ADAM_T]), self.config))
         self.before = part["param/"]
         if done == self.total_steps:
             self.arrays["lr_used"] = np.asarray(self.lr_used, dtype=np.float64)
         if done > self.opt_steps:
             return done == self.total_steps
         state = own if self.reference is None else self._resync(done, full)
-        self.arrays.update({f"opt/{done}/{k}": v for k, v in state.items()})
+        self.arrays.update({opt_key(done, k): v for k, v in state.items()})
         if done == self.opt_steps and self.reference is not None:
             self.arrays[SYNC_STEPS] = np.arange(1, self.opt_steps + 1, dtype=np.int64)
             self.arrays[SYNC_LOSS] = np.asarray(self.sync_loss, dtype=np.float64)
@@ -131,11 +157,10 @@ class Recorder:
         """Take step `done` from the reference's state after step done - 1; put the backend's own state (`own`, its
         state_dict after its own step `done`) back."""
         b = self.backend
-        try:
-            start = reference_state(self.reference, done - 1)
-        except KeyError:
+        start = state_at(self.reference, done - 1)
+        if not any(k.startswith(STATE_PARTS[0]) for k in start):
             raise UsageError(f"parity: the reference's probe ({self.reference_name}) holds no state after step "
-                             f"{done - 1}: its worker did not complete those steps; run the comparison again") from None
+                             f"{done - 1}: its worker did not complete those steps; run the comparison again")
         b.load_state_dict(start)
         x, y = self.stream.batch(done - 1)
         kw = {} if self.masks is None else {"masks": self.masks(done - 1)}

@@ -175,12 +175,9 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def atomic_write_bytes(path: Path, blob: bytes, before_rename: Callable[[], None] | None = None) -> None:
-    """Write `blob` to `path` so that a reader (or a kill at any moment) sees the old file or the new one, whole.
-
-    `before_rename` runs once the temporary file is complete (a test hook: a kill there must change nothing).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _synced_temp(path: Path, blob: bytes) -> str:
+    """A temporary file beside `path` holding `blob`, with an ordinary file's mode, synced to disk; its name. Should
+    anything fail (a full disk), it is removed again."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; records and reports are ordinary files
@@ -188,6 +185,21 @@ def atomic_write_bytes(path: Path, blob: bytes, before_rename: Callable[[], None
             f.write(blob)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: Path, blob: bytes, before_rename: Callable[[], None] | None = None) -> None:
+    """Write `blob` to `path` so that a reader (or a kill at any moment) sees the old file or the new one, whole.
+
+    `before_rename` runs once the temporary file is complete (a test hook: a kill there must change nothing).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _synced_temp(path, blob)
+    try:
         if before_rename is not None:
             before_rename()
         os.replace(tmp, path)
@@ -198,18 +210,14 @@ def atomic_write_bytes(path: Path, blob: bytes, before_rename: Callable[[], None
 
 
 def atomic_write_all(files: list[tuple[Path, bytes]]) -> None:
-    """Write several files so that either all are replaced or none is: every temporary file is written and synced
-    first, then they are renamed in the order given (a rename does not fail for want of space)."""
+    """Write several files, each atomically (old or new, whole), and all new contents before the first is replaced:
+    every temporary file is written and synced first, then they are renamed in the order given. So a full disk or a
+    failed write replaces none of them; only a kill (or a failed rename) between two renames leaves the earlier
+    files new and the later ones old, which is why the order matters (put the file that says "done" last)."""
     done: list[str] = []
     try:
         for path, blob in files:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            done.append(tmp)
-            os.fchmod(fd, 0o666 & ~_UMASK)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
+            done.append(_synced_temp(path, blob))
         for tmp, (path, _) in zip(done, files):
             os.replace(tmp, path)
     except BaseException:

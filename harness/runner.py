@@ -34,6 +34,10 @@ from harness.schedule import learning_rate
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart
 WARMUP_STEPS = 10  # steps left out of the steady-state statistics (JIT, allocator and cache warm-up)
+# `timings.figures_from` of a record: which steady steps its figures come from. Stored in records on disk and
+# compared by the reports, so these strings never change.
+FIGURES_UNDISTURBED = "undisturbed steps"
+FIGURES_ALL = "all steady steps (none undisturbed)"
 
 
 class DeviceClock(Protocol):
@@ -121,7 +125,7 @@ def steady_times(times: Sequence[float], warmup: int = WARMUP_STEPS,
         flags = np.pad(flags, (0, steady.size - flags.size))  # steps beyond the evidence count as undisturbed
         clean = steady[~flags]
         info["disturbed_steps"] = int(flags.sum())
-        info["figures_from"] = "undisturbed steps" if clean.size else "all steady steps (none undisturbed)"
+        info["figures_from"] = FIGURES_UNDISTURBED if clean.size else FIGURES_ALL
         steady = clean if clean.size else steady
     return steady[np.isfinite(steady)], info
 

@@ -377,9 +377,7 @@ class Worker:
         self.persist()
         pause_at("after-record")
         label = f"{self.name}/{self.spec['label']}"
-        probe, gpu_note = contention.Probe(), ""
-        if self.device == "cuda":
-            probe.gpu, gpu_note = contention.nvml_probe()
+        probe, gpu_note = contention.default_probe(self.device)
         outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
                         start_step=start, on_flush=self.maybe_persist,
                         checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,

@@ -15,8 +15,6 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 Undo = Callable[[], None]
 
 
@@ -66,16 +64,11 @@ def _scale_1_over_d() -> Undo:
 
 
 def _gelu_exact() -> Undo:
-    from scipy.special import erf
-
     from harness.models import numpy_gpt as g
 
-    def gelu_forward(x: Any) -> tuple[Any, Any]:
-        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))), x
-
-    def gelu_backward(dout: Any, x: Any) -> Any:
-        return dout * (0.5 * (1.0 + erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
-    undo = [_patch(g, "gelu_forward", gelu_forward), _patch(g, "gelu_backward", gelu_backward)]
+    # the bug: the oracle's own exact (erf) form where config.gelu asks for the tanh form (gelu_pair looks the
+    # functions up at each call, so every model built from the module gets them)
+    undo = [_patch(g, "gelu_forward", g.gelu_erf_forward), _patch(g, "gelu_backward", g.gelu_erf_backward)]
     return lambda: [u() for u in undo] and None
 
 
@@ -102,20 +95,13 @@ def _pos_shift() -> Undo:
 def _adam_counter_stops_at_3() -> Undo:
     from harness.models import numpy_gpt as g
 
-    def step(self: Any, params: dict, grads: dict, lr: float) -> None:
-        self.t = min(self.t + 1, 3)  # the bug: the step counter stops advancing after step 3
-        b1, b2 = self.beta1, self.beta2
-        step_size = lr / (1 - b1 ** self.t)
-        bias_correction2_sqrt = (1 - b2 ** self.t) ** 0.5
-        for name, p in params.items():
-            gr, m, v = grads[name], self.m[name], self.v[name]
-            if self.decay[name] and self.weight_decay != 0:
-                p *= 1 - lr * self.weight_decay
-            m += (1 - b1) * (gr - m)
-            v *= b2
-            v += (1 - b2) * gr * gr
-            p -= step_size * (m / (g.xp.sqrt(v) / bias_correction2_sqrt + self.eps))
-    return _patch(g.AdamW, "step", step)
+    step = g.AdamW.step
+
+    def planted(self: Any, params: dict, grads: dict, lr: float) -> None:
+        if self.t >= 3:  # the bug: the step counter stops advancing after step 3 (step() adds the 1 back)
+            self.t -= 1
+        step(self, params, grads, lr)
+    return _patch(g.AdamW, "step", planted)
 
 
 def _clip_per_parameter() -> Undo:
@@ -171,33 +157,19 @@ def _dropout_in_train_step() -> Undo:
 
 
 # --- the torch model and optimizer ---------------------------------------------------------------------------------
-def _torch_attention(scale: float | None = None, causal: bool = True) -> Callable[..., Any]:
-    """CausalSelfAttention.forward with the score scale or the causal flag planted (taps recorded the same way)."""
-    import torch
-    import torch.nn.functional as F
+def torch_attention_call(**forced: Any) -> Callable[[], Undo]:
+    """A plant in torch's attention call only: F.scaled_dot_product_attention, as harness/models/torch_gpt.py calls
+    it, with `forced` keyword arguments (scale=1.0, is_causal=False, dropout_p=...). The probabilities torch_gpt taps
+    are written out apart from that call, so they stay right, exactly as with a real bug in the call."""
+    def apply_() -> Undo:
+        import torch.nn.functional as F
 
-    def forward(self: Any, x: Any, mask: Any = None, taps: dict | None = None) -> Any:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-        if taps is not None:
-            s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(C // self.n_head))
-            future = torch.ones(T, T, dtype=torch.bool).triu(1)
-            taps.update({"attn.q": q, "attn.k": k, "attn.v": v,
-                         "attn.probs": (s.masked_fill(future, float("-inf")) if causal else s).softmax(-1)})
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        out = self.c_proj(y)
-        if taps is not None:
-            taps.update({"attn.y": y, "attn.proj": out})
-        return self.resid_dropout(out, mask)
-    return forward
+        sdpa = F.scaled_dot_product_attention
 
-
-def _torch_unscaled() -> Undo:
-    from harness.models import torch_gpt
-
-    return _patch(torch_gpt.CausalSelfAttention, "forward", _torch_attention(scale=1.0))
+        def planted(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
+            return sdpa(q, k, v, *args, **{**kwargs, **forced})
+        return _patch(F, "scaled_dot_product_attention", planted)
+    return apply_
 
 
 def _torch_gelu_exact() -> Undo:
@@ -298,7 +270,7 @@ PLANTS: dict[str, tuple[str, str, Callable[[], Undo]]] = {
                          _masks_of_previous_step),
     "dropout-in-step": ("numpy", "dropout 0.1 inside the training step only (dropout 0 configured)",
                         _dropout_in_train_step),
-    "torch-unscaled": ("torch", "attention scale 1 instead of 1/sqrt(head size)", _torch_unscaled),
+    "torch-unscaled": ("torch", "attention scale 1 instead of 1/sqrt(head size)", torch_attention_call(scale=1.0)),
     "torch-gelu-exact": ("torch", "exact (erf) GELU where the tanh form is expected", _torch_gelu_exact),
     "torch-ln-eps": ("torch", "LayerNorm eps 1e-10 instead of 1e-5", _torch_ln_eps),
     **{f"torch-{bug.replace(' ', '-')}": ("torch", f"AdamW: {bug}", _torch_optimizer(bug))

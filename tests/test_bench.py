@@ -295,6 +295,18 @@ def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: 
     assert len(list((tmp_path / "out" / "bench").glob("*.json"))) == 2  # written either way
 
 
+def test_contention_probe_cost_counts_one_reading_per_chunk() -> None:
+    """The sampler reads the machine once per chunk boundary (the reading that ends a chunk starts the next): per
+    step that is the tick plus one reading spread over the steps of a chunk (chunk_s / step_s of them)."""
+    from harness import contention
+
+    cost = bench.contention_probe_cost(0.01, "cpu", snapshots=5, ticks=100)
+    assert cost["chunk_s"] == contention.CHUNK_S and cost["snapshot_us"] > 0
+    steps_per_chunk = contention.CHUNK_S / 0.01
+    assert cost["per_step_us"] == pytest.approx(cost["tick_us"] + cost["snapshot_us"] / steps_per_chunk)
+    assert cost["pct_of_step"] == pytest.approx(cost["per_step_us"] / 1e4 * 100)
+
+
 def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     """`harness bench --noise` judges its four legs: a ratio stated the other way round is the same ratio, a marked
     run passes the run check, an unmarked slow one fails it; the table prints what the checks use."""
@@ -378,14 +390,38 @@ def test_noise_benchmark_lines_chunks_up_with_the_hogs():
 
 def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     """sweep_result on a sweep as `harness sweep` leaves it (records, manifest, paired timings): the comparison and,
-    for a window covering everything, every chunk and burst counted as run during the hogs."""
+    with chunks and bursts planted before, during and after the hogs' window, exactly those during it counted, and
+    those of them that waited judged disturbed."""
+    from test_paired import BUSY, QUIET
     from test_report import make_sweep
 
-    from harness import noise
+    from harness import noise, paired, records
+    from harness.sweep import manifest as mf
 
     out = tmp_path / "out"
-    make_sweep(out, seeds=3)
-    result = noise.sweep_result(out, [0.0, 4e9])
+    sweep_id = make_sweep(out, seeds=3)
+    m = mf.Manifest.load(out, sweep_id)
+    # plant calendar times: hogs from t = 1000 to 1010. Each cell's 120 steps in 4 chunks of 30 steps, 2 s each,
+    # starting at 990 (before), 1000 and 1005 (during), 1020 (after); a torch cell's chunk at 1000 waited (disturbed)
+    for cell in m.cells:
+        path = records.run_dir(out, cell["run_id"]) / f"{cell['backend']}.json"
+        rec = json.loads(path.read_text())
+        rec["chunks"] = [dict(BUSY if cell["backend"] == "torch" and at == 1000.0 else QUIET, step=30 * i, n=30,
+                              at=at, wall_s=2.0) for i, at in enumerate((990.0, 1000.0, 1005.0, 1020.0))]
+        records.atomic_write_json(path, rec)
+    # paired bursts of 0.25 s: round r at 995 + r s, so rounds 5..9 ran during the hogs; torch's burst of round 6 waited
+    for entry in m.doc["paired"]:
+        doc = paired.load(out / entry["path"])
+        for r, rnd in enumerate(paired.rounds_of(doc)):
+            for name, burst in rnd["bursts"].items():
+                burst["chunk"] = dict(BUSY if (r, name) == (6, "torch") else QUIET, at=995.0 + r)
+        records.atomic_write_json(out / entry["path"], doc)
+    result = noise.sweep_result(out, [1000.0, 1010.0])
     assert result["paired"]["time_ratio"] and len(result["cells"]) == 6
-    assert isinstance(result["during_hogs"], list)
+    during = result["during_hogs"]
+    chunks = [d for d in during if d["kind"] == "training chunk"]
+    bursts = [d for d in during if d["kind"] == "paired burst"]
+    assert len(chunks) == 6 * 2 and sum(d["judged"] for d in chunks) == 3  # 3 torch cells, one waited chunk each
+    assert len(bursts) == 3 * 5 * 2 and sum(d["judged"] for d in bursts) == 3  # 3 blocks x 5 rounds x 2 contenders
+    assert {d["backend"] for d in during if d["judged"]} == {"torch"}
     assert noise.sweep_result(out)["during_hogs"] == []  # no window: nothing ran during it

@@ -298,15 +298,16 @@ def test_markup_in_a_sweep_record_does_not_run(browser: str, tmp_path: Path) -> 
         path.write_text(json.dumps(rec))
     (manifest,) = out.glob("sweeps/*/sweep.json")
     _unexecuted(render(browser, write_sweep_report(out, manifest.parent.name)))
-    doc = json.loads(manifest.read_text())
-    doc["cells"][0]["key"] = PAYLOADS[1]
-    doc["spec"]["name"] = PAYLOADS[2]
+    original = manifest.read_text()
+    doc = json.loads(original)
+    doc["spec"]["name"] = PAYLOADS[2]  # the manifest's schema holds the sweep's name to plain text: refused on load
     manifest.write_text(json.dumps(doc))
-    try:
-        page = write_sweep_report(out, manifest.parent.name)
-    except UsageError:
-        return  # a manifest schema that refuses the markup outright is an answer too
-    _unexecuted(render(browser, page))
+    with pytest.raises(UsageError, match="spec/name"):
+        write_sweep_report(out, manifest.parent.name)
+    doc = json.loads(original)
+    doc["cells"][0]["key"] = PAYLOADS[1]  # a cell's key the schema admits as any text: it must be drawn as text
+    manifest.write_text(json.dumps(doc))
+    _unexecuted(render(browser, write_sweep_report(out, manifest.parent.name)))
 
 
 def test_markup_in_a_run_record_does_not_run(browser: str, tmp_path: Path) -> None:

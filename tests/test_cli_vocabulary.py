@@ -147,3 +147,14 @@ def test_a_prefix_is_an_error(capsys):
     with pytest.raises(SystemExit) as exc:  # parsed only: were the prefix accepted, nothing would start training
         build_parser().parse_args(["run", "--thread", "1"])
     assert exc.value.code == 2 and "unrecognized arguments: --thread" in capsys.readouterr().err
+
+
+def test_size_help_names_every_size_the_command_takes():
+    """A command's --size help lists what pick_sizes accepts: the nanoGPT recipes too, wherever it takes presets."""
+    from harness.config import PRESETS
+
+    for name, parser in commands():
+        for action in options(parser):
+            if "--size" in action.option_strings:
+                missing = [p for p in PRESETS if p not in action.help]
+                assert missing == [], f"`harness {name} --size` help leaves out {missing}: {action.help}"

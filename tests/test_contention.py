@@ -145,6 +145,23 @@ def test_a_mostly_disturbed_run_is_marked_and_says_so():
     assert everything["figures_from"] == "all steady steps (none undisturbed)" and everything["steady_steps"] == 90
 
 
+def test_summarize_counts_each_kind_of_reason_under_its_stored_name_judging_each_chunk_once(monkeypatch):
+    """The `reasons` keys are in records on disk (and the reports read them): "cpu wait", "steal",
+    "gpu: other process", "gpu slowdown". Two different GPU states at a chunk's ends are two reasons."""
+    every = {"step": 0, "n": 10, "wall_s": 1.0, "cpu_s": 0.6, "exec_s": 0.6, "wait_s": 0.4, "steal_s": 0.2,
+             "total_s": 1.0, "gpu": [{"others": 1, "reasons": 0x40}, {"others": 2, "reasons": 0x40}]}
+    quiet = {"step": 10, "n": 10, "wall_s": 1.0, "cpu_s": 1.0, "exec_s": 1.0, "wait_s": 0.0}
+    assert judge(every) == ["waited for a CPU 40% of the time", "hypervisor steal 20%",
+                            "1 other compute process(es) on the GPU", "GPU hw_thermal_slowdown",
+                            "2 other compute process(es) on the GPU"]
+    calls = []
+    real = contention.reasons
+    monkeypatch.setattr(contention, "reasons", lambda c: calls.append(c) or real(c))
+    c = contention.summarize([every, quiet], 20, 0)
+    assert c["reasons"] == {"cpu wait": 1, "steal": 1, "gpu: other process": 2, "gpu slowdown": 1}
+    assert c["disturbed_chunks"] == 1 and c["disturbed_steps"] == 10 and len(calls) == 2
+
+
 def test_truncate_chunks_keeps_the_evidence_of_a_straddling_chunk():
     chunks = [{"step": 0, "n": 10}, {"step": 10, "n": 10}, {"step": 20, "n": 5}]
     assert truncate_chunks(chunks, 15) == [{"step": 0, "n": 10}, {"step": 10, "n": 5}]
@@ -169,6 +186,28 @@ def test_sampler_cuts_chunks_by_the_clock_and_around_evaluations(proc: FakeProc)
     assert [c["wall_s"] for c in s.chunks] == [0.5, 0.5, 0.25]
 
 
+def test_a_chunk_boundary_reads_the_machine_once(proc: FakeProc):
+    """On the training loop's path the reading that ends a chunk also starts the next: 10 boundaries, 10 readings
+    (plus the opening and closing ones), and the chunks tile the time with no gap."""
+    wall, cpu = Clock(0.0), Clock(0.0)
+    reads = []
+
+    class Counting(Probe):
+        def snapshot(self) -> Snapshot:
+            reads.append(wall.t)
+            return super().snapshot()
+
+    s = Sampler(Counting(proc.root, clock=wall, cpu_clock=cpu), chunk_s=10 * DT)
+    s.open(0)
+    for step in range(1, 101):
+        wall.t += DT
+        s.tick(step)
+    s.close(100)
+    assert len(reads) == 1 + 10 + 1  # open, one per boundary (at steps 10, 20, ..., 100), close
+    assert [(c["step"], c["n"]) for c in s.chunks] == [(10 * i, 10) for i in range(10)]
+    assert sum(c["wall_s"] for c in s.chunks) == 100 * DT
+
+
 DT = 1 / 64  # a fake step's seconds (a binary fraction: sums of them are exact)
 
 
@@ -184,7 +223,7 @@ class TickingBackend:
         self.exec, self.wait = 0.0, 0.0
 
     def train_step(self, x, y, lr):
-        busy = 30 <= self.step < 60
+        busy = 30 <= self.step < 65
         self.wall.t += DT
         self.cpu.t += DT / 2 if busy else DT
         self.exec += DT / 2 if busy else DT
@@ -216,17 +255,19 @@ def test_the_training_loop_records_chunks_and_the_worker_summary_drops_the_distu
             return np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64)
 
     cv = Curves()
-    sampler = Sampler(Probe(proc.root, clock=wall, cpu_clock=cpu), chunk_s=10 * DT)  # 10 steps per chunk
+    # 15 steps per chunk: 50 is no multiple of 15, so only the evaluation at step 50 can put a boundary there
+    sampler = Sampler(Probe(proc.root, clock=wall, cpu_clock=cpu), chunk_s=15 * DT)
     out = train(backend, config, Stream(), {"val": [(np.zeros(1), np.zeros(1))]}, cv, 100, progress=False,
                 sampler=sampler)
     assert out.status == "completed" and len(cv.loss) == 100
     spans = [(c["step"], c["n"]) for c in cv.chunks]
-    assert sum(n for _, n in spans) == 100 and spans[0] == (0, 10)
-    assert all(s < 50 < s + n for s, n in spans) is False  # the evaluation at step 50 ends a chunk
-    flags = contention.disturbed_steps(cv.chunks, 100)
-    assert flags[30:60].all() and not flags[:30].any() and not flags[60:].any()
+    assert sum(n for _, n in spans) == 100 and spans[0] == (0, 15)
+    assert not any(s < 50 < s + n for s, n in spans)  # the evaluation at step 50 ends a chunk
+    assert spans == [(0, 15), (15, 15), (30, 15), (45, 5), (50, 15), (65, 15), (80, 15), (95, 5)]
+    flags = contention.disturbed_steps(cv.chunks, 100)  # steps 30..64 were busy: exactly their chunks
+    assert flags[30:65].all() and not flags[:30].any() and not flags[65:].any()
     summary = contention.summarize(cv.chunks, 100, steady_start(100))
-    assert summary["disturbed_steps"] == 30 and summary["contended_fraction"] == pytest.approx(30 / 90)
+    assert summary["disturbed_steps"] == 35 and summary["contended_fraction"] == pytest.approx(35 / 90)
 
 
 # --- NVML through a stub --------------------------------------------------------------------------------------------

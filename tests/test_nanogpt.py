@@ -303,6 +303,32 @@ def test_sweep_sets_the_options() -> None:
     assert len({c.config.config_hash() for c in cells}) == 8
 
 
+def test_sweep_reads_set_as_run_does() -> None:
+    """`harness sweep --set NAME=V1,V2` reads each value as `harness run --set` reads one (False, 1e-3: Python
+    literals, as nanoGPT's configurator) and takes nanoGPT's names, with run's d_hidden rule."""
+    from harness.nanogpt import parse_sets
+    from harness.sweep.spec import build_spec, expand, parse_set
+
+    fields = parse_set(["bias=False,True", "n_embd=32"])
+    assert fields == {"bias": [False, True], "n_embd": [32]}  # Python's False, not the string "False"
+    cells = expand(build_spec({"sizes": ["small"], "fields": fields}, Path(".")))
+    assert [c.config.bias for c in cells] == [False, True]
+    run = load_config("small", overrides=parse_sets(["bias=False", "n_embd=32"]))
+    assert run.d_hidden == 128 and cells[0].config == run.replace(name=cells[0].config.name)  # 4 x n_embd, as run
+    fields = parse_set(["lr_decay_iters=300,400", "warmup_iters=10", "eval_iters=3"])
+    cells = expand(build_spec({"sizes": ["nanogpt-cpu"], "fields": fields}, Path(".")))
+    assert [(c.config.decay_steps, c.config.warmup_steps, c.config.eval_batches) for c in cells] == [
+        (300, 10, 3), (400, 10, 3)]
+    run = load_config("nanogpt-cpu", overrides=parse_sets(["lr_decay_iters=300", "warmup_iters=10", "eval_iters=3"]))
+    assert cells[0].config == run.replace(name=cells[0].config.name)
+    (cell,) = expand(build_spec({"sizes": ["nanogpt-cpu"], "fields": parse_set(["decay_lr=False"])}, Path(".")))
+    assert (cell.config.lr_schedule, cell.config.warmup_steps, cell.config.decay_steps) == ("constant", 0, None)
+    with pytest.raises(UsageError, match="both warmup_iters and warmup_steps"):
+        build_spec({"fields": parse_set(["warmup_iters=1", "warmup_steps=2"])}, Path("."))
+    with pytest.raises(UsageError, match="top level"):
+        build_spec({"fields": parse_set(["max_iters=5"])}, Path("."))
+
+
 # ------------------------------------------------------------------------------------------ parity: planted bugs
 
 STEPS = 6
@@ -481,12 +507,16 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
     manifest = json.loads((nanogpt_kit / "manifest.json").read_text())
     c = config_from_dict(manifest["config"], "manifest")
     assert manifest["model_options"] == {**NANOGPT, "mlp_hidden": 64}
-    assert manifest["training"]["learning_rates"] == learning_rates(c, 6) and c.lr_schedule == "cosine"
+    # nanoGPT's get_lr(it) written out for KIT_SETS on small (learning_rate 0.01): warm-up lr * (it + 1) / (2 + 1),
+    # then min_lr + 0.5 (1 + cos(pi (it - 2) / (5 - 2))) (lr - min_lr), min_lr at it = lr_decay_iters = 5
+    get_lr = [0.01 / 3, 0.02 / 3, 0.01, 0.001 + 0.75 * 0.009, 0.001 + 0.25 * 0.009, 0.001]
+    assert c.learning_rate == 0.01 and c.lr_schedule == "cosine"
+    assert manifest["training"]["learning_rates"] == pytest.approx(get_lr, rel=1e-12, abs=0)
     assert "lm_head.weight" not in manifest["parameters"] and "wte.weight" in manifest["training"][
         "decayed_parameters"]
     assert "exact GELU" in manifest["model"] and "tied lm_head" in manifest["model"]
     with np.load(nanogpt_kit / "batches.npz") as f:
-        assert f["lr"].tolist() == learning_rates(c, 6)
+        assert f["lr"].tolist() == pytest.approx(get_lr, rel=1e-12, abs=0)
     for dtype in ("float32", "float64"):
         results = port(nanogpt_kit, tmp_path / f"{dtype}.npz", "--dtype", dtype)
         capsys.readouterr()
@@ -529,3 +559,21 @@ def test_resume_of_a_run_from_before_the_options() -> None:
     assert resume_conflicts(args, old) == []  # the defaults: what the old run ran
     args = argparse.Namespace(set=["gelu=exact"])
     assert resume_conflicts(args, old) == ["--set (the run has config 'small' as stored in its spec.json)"]
+
+
+def test_resume_reads_backend_all_as_a_new_run_does(capsys: pytest.CaptureFixture) -> None:
+    """`--resume X --backend all` names every backend available on the run's device, as `harness run --backend all`
+    does: no conflict with a run of exactly those backends, a conflict with a run of fewer."""
+    import argparse
+
+    from harness.cli import resume_conflicts
+    from harness.options import available_backends
+
+    ready, _ = available_backends("cpu")
+    c = load_config("small")
+    spec = {"config": c.to_dict(), "backend_options": {b: {} for b in ready}, "backends": ready, "label": "small",
+            "data": {}, "device": "cpu", "seed": 1337}
+    assert resume_conflicts(argparse.Namespace(backend=["all"]), spec) == []
+    fewer = dict(spec, backends=["numpy"], backend_options={"numpy": {}})
+    assert len(ready) > 1 and resume_conflicts(argparse.Namespace(backend=["all"]), fewer) == [
+        "--backend (the run has numpy)"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from conftest import run_cli
@@ -80,10 +81,13 @@ def test_sessions_combine_across_sessions_not_rounds():
     assert s["ratio"] == pytest.approx(math.sqrt(1.2 * 1.4))
     per_seed = [paired.pair_summary(planted([r] * 5, rounds=5), "numpy", "torch") for r in (1.2, 1.3, 1.4)]
     c = paired.combine(per_seed)
+    # by hand: the mean of the logs and its t interval (n = 3 seeds, 2 degrees of freedom)
     logs = [math.log(r) for r in (1.2, 1.3, 1.4)]
-    ci = stats.mean_ci(logs)
-    assert c["seeds"] == 3 and c["ratio"] == pytest.approx(math.exp(ci.estimate))
-    assert c["lo"] == pytest.approx(math.exp(ci.lo)) and c["hi"] == pytest.approx(math.exp(ci.hi))
+    m = sum(logs) / 3
+    half = stats.t_quantile(0.975, 2) * math.sqrt(sum((x - m) ** 2 for x in logs) / 2) / math.sqrt(3)
+    assert c["seeds"] == 3 and c["ratio"] == pytest.approx(math.exp(m))
+    assert c["lo"] == pytest.approx(math.exp(m - half)) and c["hi"] == pytest.approx(math.exp(m + half))
+    assert half == pytest.approx(4.302652729749462 * 0.07709437796153266 / math.sqrt(3), rel=1e-9)  # scipy's t, sd
     assert c["cv"] == pytest.approx(0.1 / 1.3, rel=1e-6)  # sample sd of 1.2, 1.3, 1.4 (0.1) over their mean
     busy = dict(per_seed[0], usable=False)
     dropped = paired.combine([busy, per_seed[1], per_seed[2]])
@@ -149,3 +153,103 @@ def test_a_paired_record_follows_its_cells_to_their_new_runs(tmp_path: Path) -> 
     assert moved["run_id"] == cell["run_id"] and moved["run_dir"].endswith(cell["run_id"])
     assert after["sessions"] == sessions  # nothing measured is lost
     paired.check_contenders(after, out / entry["path"])  # the coordinator accepts it
+
+
+class FakeChild:
+    """A timing process that answers at once: ready, then one burst per request of 3 steps of 1 ms, its chunk
+    quiet except in the rounds listed in `busy` (round index, contender); raises KeyboardInterrupt (Ctrl-C, or
+    SIGTERM in `python -m harness.paired run`) when asked for the burst of round `interrupt_at`."""
+
+    busy: ClassVar[set] = set()
+    interrupt_at: ClassVar[int | None] = None
+    pids = iter(range(10_000, 20_000))
+
+    def __init__(self, contender: dict, env: dict, warmup_s: float):
+        self.name, self.sent, self.bursts = contender["name"], [], 0
+        self.proc = type("Proc", (), {"pid": next(FakeChild.pids)})()
+        self.stopped = False
+
+    def send(self, msg: dict) -> None:
+        self.sent.append(msg)
+
+    def receive(self, timeout: float) -> dict:
+        if not self.sent:
+            return {"ready": True, "step_s": 0.001, "next_step": 10, "pid": self.proc.pid}
+        msg = self.sent[-1]
+        r = self.bursts
+        self.bursts += 1
+        if r == FakeChild.interrupt_at:
+            raise KeyboardInterrupt
+        chunk = BUSY if (r, self.name) in FakeChild.busy else QUIET
+        return {"start": msg["start"], "times": [0.001] * 3, "chunk": dict(chunk, step=msg["start"], n=3)}
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """paired.run with FakeChild timing processes; returns (path, doc, writes, judged): the record's path, a fresh
+    record wanting 5 rounds, the times the record was written, the bursts judged."""
+    from harness import contention, records
+
+    monkeypatch.setattr(paired, "Child", FakeChild)
+    monkeypatch.setattr(paired, "check_contenders", lambda doc, path: None)
+    monkeypatch.setattr(paired, "_env", lambda c, threads: {})
+    monkeypatch.setattr(FakeChild, "busy", set())
+    monkeypatch.setattr(FakeChild, "interrupt_at", None)
+    writes, judged = [], []
+    write, judge = records.atomic_write_json, contention.judge
+    monkeypatch.setattr(records, "atomic_write_json", lambda p, obj: writes.append(p) or write(p, obj))
+    monkeypatch.setattr(contention, "judge", lambda c: judged.append(c) or judge(c))
+    doc = paired.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
+                         1337, rounds=5)
+    return tmp_path / "paired.json", doc, writes, judged
+
+
+def test_a_session_counts_its_rounds_as_it_goes_and_writes_the_record_every_few_seconds(fake_session, monkeypatch):
+    path, doc, writes, judged = fake_session
+    monkeypatch.setattr(paired, "PERSIST_EVERY_S", 1e9)  # no periodic write in so short a session
+    FakeChild.busy = {(2, "numpy")}  # round 2's second burst waited: 6 rounds for 5 undisturbed ones
+    out = paired.run(path, doc, progress=False)
+    assert len(judged) == 2 * 6  # every burst judged once (not every burst so far after every round)
+    assert len(writes) == 2  # the session's start and its end, not once per round
+    (session,) = json.loads(path.read_text())["sessions"]
+    assert len(session["rounds"]) == 6 and session["status"] == "completed" and paired.clean_rounds(out) == 5
+    monkeypatch.setattr(paired, "PERSIST_EVERY_S", 0.0)  # a long session: written as it goes
+    FakeChild.busy = set()
+    writes.clear()
+    paired.run(path, progress=False, rounds=8)
+    assert len(writes) == 1 + 3 + 1 and len(json.loads(path.read_text())["sessions"][1]["rounds"]) == 3
+
+
+def test_an_interrupted_session_keeps_every_round_it_measured(fake_session, monkeypatch):
+    path, doc, writes, _ = fake_session
+    monkeypatch.setattr(paired, "PERSIST_EVERY_S", 1e9)  # nothing written between the session's start and end
+    FakeChild.interrupt_at = 3  # Ctrl-C (or SIGTERM) during round 3: rounds 0..2 are in
+    with pytest.raises(KeyboardInterrupt):
+        paired.run(path, doc, progress=False)
+    saved = json.loads(path.read_text())
+    (session,) = saved["sessions"]
+    assert len(session["rounds"]) == 3 and session["status"] == "interrupted" and saved["status"] == "interrupted"
+    assert len(writes) == 2  # the last write, on the way out, holds the rounds
+    assert session["finished_at"]
+
+
+def test_a_second_coordinator_of_one_record_is_refused(fake_session, capsys):
+    """Two coordinators of one record (a SLURM job resubmitted while the first still runs) would drop each other's
+    rounds: while one holds the record, the other exits 2 with one line and writes nothing."""
+    path, doc, writes, _ = fake_session
+    from harness import records
+
+    records.atomic_write_json(path, doc)
+    before = path.read_bytes()
+    writes.clear()
+    with paired.RecordLock(path):  # the first coordinator, mid-session
+        with pytest.raises(paired.UsageError, match="another paired timing holds"):
+            paired.run(path, progress=False)
+        assert paired.main(["run", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "another paired timing holds" in err and len(err.strip().splitlines()) == 1, err
+        assert path.read_bytes() == before and not writes
+    assert paired.clean_rounds(paired.run(path, progress=False)) == 5  # released: the next one runs

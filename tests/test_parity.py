@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from harness.parity import (
     relative_error,
 )
 from harness.taps import tap_names
+from tests import plants
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = str(data_path())
@@ -84,6 +84,31 @@ def test_loss_deviation_peak_and_curve() -> None:
     assert curve == pytest.approx([0.0, 0.1, 0.05])
     value, step, _ = loss_deviation([1.0, 2.0, float("nan")], [1.0, 5.0, 3.0])
     assert math.isnan(value) and step == 2
+
+
+def test_step_loss_row_value_and_worst_name_the_same_step() -> None:
+    r = parity.ParityResult(backends=("a", "b"), tolerances=LOOSE, step_loss_abs_dev=[1e-6, math.nan, 0.5, 0.1])
+    (row,) = [x for x in r.rows() if x["depth"] == "step_loss"]
+    assert math.isnan(row["value"]) and row["worst"] == "step 2 of 4"  # the NaN, not the largest finite (step 3)
+    r.step_loss_abs_dev = [1e-6, 0.5, 0.1]
+    (row,) = [x for x in r.rows() if x["depth"] == "step_loss"]
+    assert row["value"] == 0.5 and row["worst"] == "step 2 of 3"
+
+
+def test_state_at_reads_a_probe_state_as_a_state_dict() -> None:
+    from harness.probe import state_at
+
+    w0, w1, m1, v1 = np.arange(3.0), np.ones(3), np.full(3, 0.1), np.full(3, 0.01)
+    p = {"opt/0/param/w": w0, "opt/1/param/w": w1, "opt/1/adam_m/w": m1, "opt/1/adam_v/w": v1,
+         "opt/10/param/w": w0, "grad/w": w1}
+    s0 = state_at(p, 0)  # the initial parameters: zero moments, t = 0
+    assert sorted(s0) == ["adam_m/w", "adam_t", "adam_v/w", "param/w"] and int(s0["adam_t"]) == 0
+    assert s0["param/w"] is w0 and not s0["adam_m/w"].any() and not s0["adam_v/w"].any()
+    s1 = state_at(p, 1)  # not opt/10/...; t = the step where the probe holds none
+    assert sorted(s1) == ["adam_m/w", "adam_t", "adam_v/w", "param/w"] and int(s1["adam_t"]) == 1
+    assert s1["param/w"] is w1 and s1["adam_m/w"] is m1 and s1["adam_v/w"] is v1
+    assert state_at({**p, "opt/1/adam_t": np.array(7)}, 1)["adam_t"] == 7 and state_at(p, 2) == {}
+    assert parity.opt_state(p, 1)["adam_m"]["w"].dtype == np.float64
 
 
 def test_compare_identical_passes_with_zero_tolerance() -> None:
@@ -191,18 +216,6 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
 torch = pytest.importorskip("torch")
 
 
-def unscaled_attention(self: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None,
-                       taps: dict | None = None) -> torch.Tensor:
-    """CausalSelfAttention.forward with one planted bug: the 1/sqrt(head size) score scale is dropped (no taps)."""
-    F = torch.nn.functional
-    B, T, C = x.shape
-    q, k, v = self.c_attn(x).split(C, dim=2)
-    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)  # the bug: scale 1, not 1/sqrt(hs)
-    y = y.transpose(1, 2).contiguous().view(B, T, C)
-    return self.resid_dropout(self.c_proj(y), mask)
-
-
 @pytest.fixture(scope="module")
 def small_setup() -> tuple:
     from harness.configure import load_config
@@ -245,13 +258,11 @@ def test_correct_torch_passes_in_process(dtype: str, small_setup: tuple, numpy_r
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_reference: tuple,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_reference: tuple) -> None:
     from harness.backends.torch_backend import TorchBackend
-    from harness.models import torch_gpt
 
-    monkeypatch.setattr(torch_gpt.CausalSelfAttention, "forward", unscaled_attention)
-    probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
+    with plants.planted("torch-unscaled"):  # the 1/sqrt(head size) scale dropped in the SDPA call
+        probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
     tol = default_tolerances(parity.precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert not result.passed
@@ -335,28 +346,13 @@ def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: py
     assert rec["verdict"] == "error" and rec["results"] is None and rec["worker_exit_codes"] == {"torch": 0, "numpy": 1}
 
 
-SITECUSTOMIZE = """
-    # Loaded by every Python process of the test (the CLI and both workers): plants the attention bug in torch.
-    import torch.nn.functional as F
-    from harness.models import torch_gpt
-
-    def forward(self, x, mask=None, taps=None):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), mask)
-
-    torch_gpt.CausalSelfAttention.forward = forward
-"""
-
-
 @pytest.mark.slow
 def test_parity_cli_catches_planted_bug_end_to_end(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    (site / "sitecustomize.py").write_text(plants.SITECUSTOMIZE)  # the attention bug, in the CLI and both workers
+    path = os.pathsep.join([str(site), str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, HARNESS_TEST_PLANT="torch-unscaled")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "parity", "--size", "small", "--steps", "3",
                            "--data", DATA, "--out", str(out), "--quiet"],

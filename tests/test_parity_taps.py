@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,9 @@ def test_every_backend_fills_every_tap_in_its_canonical_shape(n_layer: int) -> N
     for backend in (NumpyBackend(), TorchBackend(dtype="float64")):
         backend.setup(config, init_weights(config, corpus.vocab_size, SEED), corpus.vocab_size, "cpu", SEED)
         taps[backend.name] = backend.taps(x)
-        assert list(taps[backend.name]) == names or set(taps[backend.name]) == set(names)
+        # every tap, by name; their order in the dict is no part of the contract (parity walks them in forward
+        # order itself: in_forward_order, checked above)
+        assert set(taps[backend.name]) == set(names)
         assert {k: v.shape for k, v in taps[backend.name].items()} == shapes
         np.testing.assert_allclose(taps[backend.name]["logits"], backend.logits(x), rtol=0, atol=1e-14)
     for name in names:  # the two models' taps are the same tensors (float64: to rounding)
@@ -77,9 +80,10 @@ _STEP0: dict[tuple, dict] = {}
 
 
 def step0(size: str, torch_dtype: str, plant: str | None) -> parity.ParityResult:
-    """The step-0 probes of torch and of the NumPy oracle with `plant` planted (harness.probe.Recorder.start, what a
-    parity worker records first; on medium the taps and logits only, to keep the test fast), compared as
-    `harness parity` compares them. Torch's probe is computed once per size and dtype."""
+    """The step-0 probes of torch and of the NumPy oracle with `plant` planted in the side tests/plants.py names
+    (harness.probe.Recorder.start, what a parity worker records first; on medium the taps and logits only, to keep
+    the test fast), compared as `harness parity` compares them. The unplanted torch probe is computed once per size
+    and dtype."""
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
     from harness.data import BatchStream
@@ -97,13 +101,20 @@ def step0(size: str, torch_dtype: str, plant: str | None) -> parity.ParityResult
         x = x[:tap_rows(config)]
         return {"x": x, "logits": backend.logits(x), **{f"tap/{k}": v for k, v in backend.taps(x).items()}}
 
-    if (size, torch_dtype) not in _STEP0:
-        _STEP0[size, torch_dtype] = record(TorchBackend(dtype=torch_dtype, parity=True))
-    with plants.planted(plant) if plant else contextlib.nullcontext():
+    in_torch = plant is not None and plants.PLANTS[plant][0] == "torch"
+    if in_torch:
+        with plants.planted(plant):
+            other = record(TorchBackend(dtype=torch_dtype, parity=True))
+    else:
+        if (size, torch_dtype) not in _STEP0:
+            _STEP0[size, torch_dtype] = record(TorchBackend(dtype=torch_dtype, parity=True))
+        other = _STEP0[size, torch_dtype]
+    with plants.planted(plant) if plant and not in_torch else contextlib.nullcontext():
         oracle = record(NumpyBackend())
     tol = parity.default_tolerances(parity.precision_pair(torch_dtype, "float64"), size)
-    return parity.compare(_STEP0[size, torch_dtype], oracle, [1.0], [1.0], tol, backends=("torch", "numpy"),
-                          hyper=config.to_dict())
+    result = parity.compare(other, oracle, [1.0], [1.0], tol, backends=("torch", "numpy"), config=config)
+    result.inputs = (other, oracle)  # for a look at the taps themselves
+    return result
 
 
 FORWARD_BUGS = {  # plant: (the first divergent tap, a word its cause must contain)
@@ -112,6 +123,9 @@ FORWARD_BUGS = {  # plant: (the first divergent tap, a word its cause must conta
     "scale-1/D": ("h.0.attn.probs", "scale"),
     "gelu-exact": ("h.0.mlp.act", "GELU"),
     "pos-shift": ("emb", "position"),
+    # torch's SDPA call alone: its written-out probabilities (the tap) stay right, its output y does not
+    "torch-unscaled": ("h.0.attn.y", "the SDPA call's scale or mask: torch's attn.y is q, k, v attended with "
+                                     "scale 1 instead of 1/sqrt(D)"),
 }
 
 
@@ -121,12 +135,33 @@ def test_forward_bug_is_named_by_its_first_divergent_tap(plant: str, size: str, 
     tap, word = FORWARD_BUGS[plant]
     result = step0(size, dtype, plant)
     assert not result.passed and result.first_tap == tap, result.failures
-    line = result.failures[0]
+    i = next(i for i, f in enumerate(result.failures) if f.startswith("FAIL: forward"))
+    # only a side's own inconsistency (its taps against its own forward pass) may be named before it
+    assert all(" taps are not its " in f for f in result.failures[:i]), result.failures
+    line = result.failures[i]
     assert line.startswith(f"FAIL: forward: first divergent activation {tap} (max abs ") and " at [" in line, line
     assert "likely cause: " in line and word in line.split("likely cause: ")[1], line
     assert result.taps_rel_err[tap] > 2 * result.tolerances.tap  # not by rounding noise
     later = [f for f in result.failures[1:] if f.startswith(("FAIL: logits", "FAIL: gradient"))]
     assert all(f.endswith(f"follows from the forward difference at {tap}") for f in later), later
+
+
+def test_sdpa_scale_bug_names_the_attention_call() -> None:
+    """A scale bug in torch's SDPA call only: y is q, k, v attended with scale 1 (checked against the
+    oracle's own attention with that scale), and the diagnosis says so; the probabilities tapped agree."""
+    result = step0("small", "float64", "torch-unscaled")
+    assert result.taps_rel_err["h.0.attn.probs"] <= result.tolerances.tap
+    assert "scale 1 instead of 1/sqrt(D) (D = 8)" in result.tap_cause, result.tap_cause
+    (own,) = [f for f in result.failures if f.startswith("FAIL: torch's attention taps are not its attention")]
+    assert "h.0.attn.y differs from its own h.0.attn.probs @ h.0.attn.v" in own
+    # the independent truth: the oracle's own attention of the same q, k, v with scale 1 gives torch's y
+    from harness.models import numpy_gpt
+
+    q, k, v = (np.asarray(result.inputs[1][f"tap/h.0.attn.{x}"]) for x in "qkv")
+    T = q.shape[-2]
+    probs, _ = numpy_gpt.softmax_forward(np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, q @ k.swapaxes(-1, -2)))
+    y = (probs @ v).transpose(0, 2, 1, 3).reshape(q.shape[0], T, -1)
+    np.testing.assert_allclose(result.inputs[0]["tap/h.0.attn.y"], y, rtol=0, atol=1e-12)
 
 
 def test_correct_backends_pass_depth_0_on_every_size() -> None:
@@ -180,7 +215,7 @@ def resynced(size: str, steps: int, plant: str | None, torch_dtype: str = "float
     other, losses = probe.run(TorchBackend(dtype=torch_dtype, parity=True), config, corpus, SEED, reference=ref,
                               reference_name="numpy")
     tol = parity.default_tolerances(parity.precision_pair(torch_dtype, "float64"), size)
-    result = parity.compare(other, ref, losses, ref_losses, tol, backends=("torch", "numpy"), hyper=config.to_dict())
+    result = parity.compare(other, ref, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
     result.inputs = (other, ref, losses, ref_losses)  # for a second look with other tolerances
     return result
 
@@ -194,6 +229,20 @@ def test_step_counter_that_stops_is_named_at_step_4(size: str, dtype: str) -> No
     assert "likely cause: AdamW's step counter: after step 4 torch's t is 4, numpy's 3" in line
     assert all(e <= result.tolerances.opt for k in (1, 2, 3) for q in result.opt_rel_err[k].values()
                for e in q.values())  # steps 1..3 agree: named where it first acts
+    # probes without opt/<k>/adam_t (a port that does not write it): the counter is read from the updates, whose
+    # common factor is the bias correction's at t = 3 against t = 4
+    other, ref, losses, ref_losses = (
+        {k: v for k, v in p.items() if not k.endswith("/adam_t")} if isinstance(p, dict) else p for p in result.inputs)
+    assert not [k for k in (*other, *ref) if k.endswith("adam_t")]
+    blind = parity.compare(other, ref, losses, ref_losses, result.tolerances, backends=("torch", "numpy"),
+                           config=load_config(size).replace(dropout=0.0, steps=4))
+    (line,) = [f for f in blind.failures if f.startswith("FAIL: optimizer step")]
+    assert line.startswith("FAIL: optimizer step 4: ") and ", exactly what the bias correction gives when numpy uses " \
+        "t = 3 at step 4" in line, line
+    # the factor measured (eps moves it a little) against the hand-computed (1 - b1^3) / (1 - b1^4) x
+    # sqrt((1 - b2^4) / (1 - b2^3)) = 0.90969
+    factor = float(re.search(r"the update is off by ([0-9.]+),", line).group(1))
+    assert abs(factor / 0.90969 - 1) < 0.002, line
 
 
 def test_per_parameter_clipping_is_named_where_the_norm_first_exceeds_one() -> None:
@@ -255,8 +304,13 @@ def test_optimizer_pattern_helpers() -> None:
     hit, cause = diagnose.decay_cause(ratios, {n: a.shape for n, a in p.items()}, ("port", "oracle"))
     assert hit == ["wte.weight"] and "port does not decay the embeddings" in cause
     assert diagnose.decay_cause(diagnose.decay_ratios(ub, ub, p, 1e-3), {}, ("a", "b")) is None
-    f = diagnose.bias_correction_factor(3, 0.9, 0.999) / diagnose.bias_correction_factor(4, 0.9, 0.999)
-    assert "b uses t = 3 at step 4" in diagnose.step_counter_cause(1 / f, 4, 0.9, 0.999, ("a", "b"))
+    # a's update at step 4 with t = 4 against b's with t = 3: lr m / (1 - b1^t) / (sqrt(v) / sqrt(1 - b2^t)), so
+    # a / b = (1 - b1^3) / (1 - b1^4) x sqrt((1 - b2^4) / (1 - b2^3)) = 0.271 / 0.3439 x sqrt(3.994e-3 / 2.997e-3)
+    f = (1 - 0.9 ** 3) / (1 - 0.9 ** 4) * math.sqrt((1 - 0.999 ** 4) / (1 - 0.999 ** 3))
+    assert abs(f - 0.90969) < 1e-5
+    assert "off by 0.9097, exactly what the bias correction gives when b uses t = 3 at step 4" in \
+        diagnose.step_counter_cause(f, 4, 0.9, 0.999, ("a", "b"))
+    assert "a uses t = 3 at step 4" in diagnose.step_counter_cause(1 / f, 4, 0.9, 0.999, ("a", "b"))
     assert diagnose.step_counter_cause(1.3, 4, 0.9, 0.999) is None
     live = {f"opt/{k}/{q}/w": np.full(3, float(k)) for k in (1, 2) for q in ("param", "adam_m", "adam_v")}
     same = {f"opt/{k}/{q}/w": np.zeros(3) for k in (1, 2) for q in ("param", "adam_m", "adam_v")}

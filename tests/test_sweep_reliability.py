@@ -110,6 +110,35 @@ def test_1_stored_sweep_json_with_injected_settings_is_refused(tmp_path, capsys,
     assert tree(tmp_path) == before
 
 
+def test_1_stored_sweep_name_with_a_newline_is_refused(tmp_path, capsys, monkeypatch, done_sweep):
+    """The sweep's name goes into the job script (#SBATCH --job-name=harness-NAME): a stored sweep.json whose
+    spec.name holds a newline would have the job run `touch PWNED` (in the submission directory, here tmp_path).
+    The manifest's schema refuses it on load, before the cluster is asked: one line, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    out, path = copy_sweep(done_sweep, tmp_path)
+
+    def inject(doc: dict) -> None:
+        doc["spec"]["name"] = "x\ntouch PWNED\n#"
+        doc["executor"] = {"kind": "slurm", "jobs": 1, "slurm": {"partition": "debug", "time_min": 2}}
+        doc["cells"][0].update(status="pending", run_id=None)
+
+    edit(path, inject)
+    before = tree(tmp_path)
+    for option in ("--resume", "--status", "--report"):
+        code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
+        one_line_error(code, err, "sweep.json", "spec/name")
+    assert tree(tmp_path) == before and not (tmp_path / "PWNED").exists()
+
+
+def test_1_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path):
+    """Defence in depth: the SLURM executor itself refuses a job name that is not one line of plain text."""
+    from harness.sweep.slurm import SlurmExecutor
+
+    with pytest.raises(UsageError, match="control character"):
+        SlurmExecutor(tmp_path / "slurm", partition="debug", job_name="harness-x\ntouch PWNED\n#")
+    assert "--job-name=harness-ok" in SlurmExecutor(tmp_path / "slurm", job_name="harness-ok").script(1)
+
+
 # --- 5: cells are counted before anything is built ------------------------------------------------------------------
 CHILD = """
 import resource, sys, time
@@ -261,6 +290,101 @@ def test_8_damaged_sweep_json_is_one_line(tmp_path, capsys, done_sweep, case):
         code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
         one_line_error(code, err, "sweep.json", fragment)
     assert tree(tmp_path) == before
+
+
+def with_a_paired_entry(doc: dict) -> None:
+    """The one-numpy-cell sweep as a block of two backends (a torch cell beside it, not run) with its paired entry."""
+    from harness.sweep import manifest as mf
+
+    torch_cell = dict(doc["cells"][0], index=1, backend="torch", run_id=None, status="pending", job_ids=[],
+                      key=doc["cells"][0]["key"].replace("numpy", "torch"))
+    doc["cells"].append(torch_cell)
+    doc["paired"] = mf.paired_entries(doc["sweep_id"], doc["cells"], 3)
+
+
+PAIRED_DAMAGE = {
+    "a member twice": (lambda e, d: e.update(members=[0, 0]), "name a cell twice"),
+    "a member out of range": (lambda e, d: e.update(members=[0, 7]), "a cell this sweep does not have"),
+    "one member": (lambda e, d: e.update(members=[0]), "paired/0/members"),
+    "members of two blocks": (lambda e, d: d["cells"][1].update(seed=7), "not the cells of one block"),
+    "one backend": (lambda e, d: d["cells"][1].update(backend="numpy"), "two or more distinct backends"),
+    "index not its place": (lambda e, d: e.update(index=3, path=e["path"].replace("0.json", "3.json")),
+                            "its index 3 is not its place"),
+    "path elsewhere": (lambda e, d: e.update(path=e["path"].replace("0.json", "1.json")), "its path"),
+}
+
+
+@pytest.mark.parametrize("case", list(PAIRED_DAMAGE))
+def test_8_damaged_paired_entry_is_one_line(tmp_path, capsys, done_sweep, case):
+    """A stored paired entry whose members are not one block's distinct cells is refused on load (it reached
+    harness.paired.new_doc, whose ValueError was a traceback on --resume)."""
+    damage, fragment = PAIRED_DAMAGE[case]
+    out, path = copy_sweep(done_sweep, tmp_path)
+    edit(path, with_a_paired_entry)
+    assert harness(capsys, "sweep", "--status", path.parent.name, "--out", out)[0] == 0  # undamaged, it loads
+    edit(path, lambda d: damage(d["paired"][0], d))
+    before = tree(tmp_path)
+    for option in ("--status", "--resume", "--report"):
+        code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
+        one_line_error(code, err, "sweep.json", "paired/0", fragment)
+    assert tree(tmp_path) == before
+
+
+def test_8_a_paired_entry_s_fields_come_from_its_member_cells(tmp_path, done_sweep):
+    """Key, label, seed, device and dtype of a stored paired entry are its cells', whatever the stored copy says."""
+    from harness.sweep import manifest as mf
+
+    out, path = copy_sweep(done_sweep, tmp_path)
+    edit(path, with_a_paired_entry)
+    edit(path, lambda d: d["paired"][0].update(key='x"><script>', label="other", seed=5, device="cuda",
+                                                dtype="float32"))
+    (entry,) = mf.Manifest.load(out, path.parent.name).doc["paired"]
+    assert (entry["key"], entry["label"], entry["seed"], entry["device"], entry["dtype"]) == \
+        ("tiny/cpu/seed=1337/paired", "tiny", 1337, "cpu", None)
+
+
+def test_8_a_named_pipe_at_sweep_json_does_not_hang_status(tmp_path, done_sweep):
+    """sweep.json is read as a regular file only: a FIFO there is one line, at once (it blocked --status for ever)."""
+    out, path = copy_sweep(done_sweep, tmp_path)
+    path.unlink()
+    os.mkfifo(path)
+    proc = run_cli("sweep", "--status", path.parent.name, "--out", str(out), timeout=60)
+    one_line_error(proc.returncode, proc.stderr, "sweep.json", "named pipe")
+
+
+# --- squeue silent: no job is taken for gone -------------------------------------------------------------------------
+def test_a_silent_squeue_never_makes_a_queued_job_look_gone(tmp_path, capsys, monkeypatch, done_sweep):
+    """squeue failing (None) is not "no job alive": --resume submits nothing and says to retry (one line, exit 2,
+    nothing written); --status shows the stored queued/running states and says squeue did not answer."""
+    import harness.sweep.slurm as slurm
+
+    out, path = copy_sweep(done_sweep, tmp_path)
+
+    def queued(doc: dict) -> None:
+        with_a_paired_entry(doc)
+        doc["executor"] = {"kind": "slurm", "jobs": 1, "slurm": {"partition": "debug"}}
+        doc["cells"][0].update(status="queued", run_id=None, job_ids=["4242_0"])
+        doc["cells"][1].update(status="queued", job_ids=["4242_1"])
+        doc["paired"][0].update(status="running", job_ids=["4243"])
+
+    edit(path, queued)
+    submitted = []
+    monkeypatch.setattr(slurm, "check_cluster", lambda partition: None)
+    monkeypatch.setattr(slurm, "job_states", lambda job_ids: None)
+    monkeypatch.setattr(slurm.SlurmExecutor, "check_submission", lambda self, *a, **k: None)
+    monkeypatch.setattr(slurm.SlurmExecutor, "submit", lambda self, out, cells, dependency=None: submitted.append(
+        cells) or [f"9{i}" for i in range(len(cells))])
+    before = tree(tmp_path)
+    code, err = harness(capsys, "sweep", "--resume", path.parent.name, "--out", out)
+    one_line_error(code, err, "squeue did not answer", "retry")
+    assert submitted == [] and tree(tmp_path) == before
+    from harness.sweep import manifest as mf
+    from harness.sweep.command import print_status
+
+    m = mf.Manifest.load(out, path.parent.name)
+    assert print_status(m) == {"queued": 2}  # not "pending": cell 0 has no record yet, its job may run
+    assert m.doc["paired"][0]["status"] == "running"  # not "pending" (no record yet) nor "interrupted"
+    assert "squeue did not answer" in capsys.readouterr().err
 
 
 # --- 9: every SLURM field checked up front ----------------------------------------------------------------------------

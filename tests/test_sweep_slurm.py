@@ -278,13 +278,35 @@ def test_time_limit_signal_requeues_the_element_and_it_resumes(partition: str, t
 def test_paired_timing_runs_after_the_array(partition: str, tmp_path: Path, tiny_config):
     """Issue 17 on SLURM: a block's paired timing is one more job, started once the training array is over
     (`afterany`), with every contender alive at once on its one node; the cells' losses equal a local sweep's."""
+    from harness.sweep.slurm import is_alive, job_states
+
     config = str(tiny_config(interval=10))
     common = ["sweep", "--configs", config, "--backends", "torch,numpy", "--seeds", "1", "--steps", "20",
               "--threads", "1", "--no-text", "--no-report", "--quiet", "--paired-rounds", "3"]
     local = run_cli(*common, "--out", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr
-    slurm = run_cli(*common, "--executor", "slurm", "--partition", partition, *SMALL_JOB,
-                    "--out", str(tmp_path / "slurm"), timeout=QUEUE_WAIT_S)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *common, "--executor", "slurm", "--partition",
+                             partition, *SMALL_JOB, "--out", str(tmp_path / "slurm")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1"))
+    # SLURM's own view of the paired job while the training array is alive: it waits on that array
+    try:
+        _wait(lambda: _submitted_paired(tmp_path / "slurm"), 120, "the paired job's submission", proc)
+        early = _manifest(tmp_path / "slurm")
+        dependency = _scontrol(early["paired"][0]["job_ids"][-1]).get("Dependency", "")
+        array = early["cells"][0]["job_ids"][0].split("_")[0]
+        if any(is_alive(s) for s in (job_states([c["job_ids"][-1] for c in early["cells"]]) or {}).values()):
+            assert dependency.startswith(f"afterany:{array}"), dependency  # read while the array was still alive
+        out, err = proc.communicate(timeout=QUEUE_WAIT_S)
+    except BaseException:  # leave no sweep waiting and no job queued behind a failed test
+        proc.kill()
+        proc.communicate()
+        if _submitted_paired(tmp_path / "slurm"):
+            now = _manifest(tmp_path / "slurm")
+            subprocess.run(["scancel", *(i["job_ids"][-1].split("_")[0] for i in [*now["cells"], *now["paired"]])],
+                           check=False)
+        raise
+    slurm = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert slurm.returncode == 0, slurm.stderr
     assert "Bypassing sacct" not in slurm.stderr  # no status noise where accounting is off
     doc = _manifest(tmp_path / "slurm")
@@ -299,3 +321,28 @@ def test_paired_timing_runs_after_the_array(partition: str, tmp_path: Path, tiny
     rec = json.loads((tmp_path / "slurm" / entry["path"]).read_text())
     (session,) = rec["sessions"]
     assert set(session["ready"]) == {"torch", "numpy"} and session["rounds"], session.get("failure")
+    # what SLURM did, not what the harness said: the paired job started once every training element had ended
+    # (SLURM's own StartTime and EndTime, kept MinJobAge seconds), and the timing began after both records closed
+    paired_start = _scontrol(entry["job_ids"][-1]).get("StartTime")
+    ends = [_scontrol(c["job_ids"][-1]).get("EndTime") for c in doc["cells"]]
+    if paired_start and all(ends):  # a busy cluster may have purged the jobs already: the records still say it
+        assert all(paired_start >= end for end in ends), (paired_start, ends)
+    finished = [json.loads((tmp_path / "slurm" / "runs" / c["run_id"] / f"{c['backend']}.json").read_text()
+                           )["finished_at"] for c in doc["cells"]]
+    assert all(f and session["started_at"] >= f for f in finished), (session["started_at"], finished)
+
+
+def _submitted_paired(out: Path) -> bool:
+    """Whether the sweep under `out` has submitted its paired job (the manifest names its job id)."""
+    try:
+        return bool(_manifest(out)["paired"][0].get("job_ids"))
+    except (ValueError, OSError, KeyError, IndexError):  # not written yet, or caught between its writes
+        return False
+
+
+def _scontrol(job: str) -> dict[str, str]:
+    """`scontrol show job JOB` as {field: value} ({} once SLURM has forgotten the job)."""
+    q = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True)
+    if q.returncode != 0:
+        return {}
+    return dict(tok.split("=", 1) for tok in q.stdout.split() if "=" in tok)

@@ -542,3 +542,98 @@ def test_parity_help_lists_every_exit_status(capsys: pytest.CaptureFixture) -> N
     text = capsys.readouterr().out
     for status, words in ((0, "pass"), (1, "FAIL"), (2, "bad input"), (3, "crashed"), (130, "interrupted")):
         assert f"\n  {status} " in text and words in text.split(f"\n  {status} ", 1)[1].splitlines()[0], text
+
+
+# --- hostile values in --set and in config files: parsers fed huge integers or deep nesting --------------------
+HUGE_INT = "9" * 5000  # past Python's 4300-digit limit on int(str)
+DEEP_MINUS = "-" * 100_000 + "1"  # past the Python parser's stack
+SETS = {"5000-digit int": HUGE_INT, "100000 minus signs": DEEP_MINUS,
+        "int past 2**53": "1" + "0" * 250}  # parses, but overflowed a float in the memory estimate
+
+
+@pytest.mark.parametrize("command", [["run", "--steps", "1"], ["parity", "--steps", "1"],
+                                     ["kit", "export", "--steps", "1"]])
+@pytest.mark.parametrize("value", list(SETS.values()), ids=list(SETS))
+def test_a_hostile_set_value_is_one_line(command: list[str], value: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    code, _, err = harness(capsys, *command, "--set", f"n_embd={value}", "--data", data_path(), "--out", out)
+    line = one_line(code, err, "n_embd")
+    assert len(line) < 400, line  # the value is cut in the message, never repeated whole
+    assert not out.exists()
+
+
+HOSTILE_PY = {"5000-digit int": f"n_layer = {HUGE_INT}\n", "minus signs": f"n_layer = {'-' * 500_000}1\n",
+              "nested lists": f"n_layer = {'[' * 300_000}{']' * 300_000}\n",
+              "a megabyte string": f"n_layer = '{'x' * 900_000}'\n"}
+
+
+@pytest.mark.parametrize("text", list(HOSTILE_PY.values()), ids=list(HOSTILE_PY))
+def test_a_hostile_nanogpt_py_is_one_line(text: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "hostile.py"
+    config.write_text(text)
+    assert config.stat().st_size < 1 << 20  # under the size bound: the parser itself must hold
+    out = tmp_path / "out"
+    code, _, err = harness(capsys, "run", "--config", config, "--data", data_path(), "--out", out)
+    line = one_line(code, err, str(config))
+    assert len(line) < 400, line
+    assert not out.exists()
+
+
+def _small_named(name: str) -> str:
+    from harness.config import preset_path
+
+    return preset_path("small").read_text().replace('name = "small"', f"name = '{name}'")
+
+
+HOSTILE_TOML = {"nested arrays": f"[model]\nn_embd = {'[' * 300_000}{']' * 300_000}\n",
+                "5000-digit int": f"[model]\nn_embd = {HUGE_INT}\n",
+                "nested inline tables": f"[model]\nn_embd = {'{a=' * 100_000}1{'}' * 100_000}\n",
+                "a megabyte name": _small_named("x" * 900_000)}
+
+
+@pytest.mark.parametrize("text", list(HOSTILE_TOML.values()), ids=list(HOSTILE_TOML))
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_hostile_toml_is_one_line(text: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "hostile.toml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    option = "--config" if command == "run" else "--configs"
+    code, _, err = harness(capsys, command, option, path, "--data", data_path(), "--out", out)
+    line = one_line(code, err, str(path))
+    assert len(line) < 400, line
+    assert not out.exists()
+
+
+def test_a_hostile_sweep_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "sweep.toml"
+    path.write_text(f"seeds = {'[' * 300_000}{']' * 300_000}\n")
+    out = tmp_path / "out"
+    code, _, err = harness(capsys, "sweep", path, "--data", data_path(), "--out", out)
+    one_line(code, err, str(path), "not valid TOML")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text", ["[" * 200_000, f'{{"schema": {HUGE_INT}}}'],
+                         ids=["200000 nested [", "5000-digit number"])
+def test_a_hostile_manifest_is_one_line(text: str, good: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture) -> None:
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "manifest.json").write_text(text)
+    code, _, err = harness(capsys, "kit", "check", kit, good, "--out", tmp_path / "out")
+    one_line(code, err, "manifest.json", "not valid JSON")
+    assert not (tmp_path / "out").exists()
+
+
+def test_kit_export_of_a_model_too_big_for_memory_is_refused_before_computing(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    """n_embd = 100000 on small: over 1e11 parameters, a terabyte in float64 (more than any test machine has): the
+    memory preflight of `harness run` refuses it in one line before the oracle allocates anything."""
+    from harness.launch import machine_memory
+
+    out = tmp_path / "kit"
+    assert 100_000 ** 2 * 12 * 8 > machine_memory()[1]  # the parameters alone, before AdamW and activations
+    code, _, err = harness(capsys, "kit", "export", "--set", "n_embd=100000", "--data", data_path(), "--out", out)
+    one_line(code, err, "needs about", "--allow-large")
+    assert not out.exists()

@@ -54,7 +54,7 @@ def main() -> int:
                                               reference=ref, reference_name="numpy")
                     pair = parity.precision_pair(torch_dtype, numpy_dtype)
                     r = parity.compare(other, ref, losses, ref_losses, parity.default_tolerances(pair, size),
-                                       backends=("torch", "numpy"), hyper=config.to_dict())
+                                       backends=("torch", "numpy"), config=config)  # as the command
                     dev = r.step_loss_abs_dev
                     print(json.dumps({
                         "size": size, "seed": seed, "dropout": dropout, "steps": args.steps, "pair": pair,

@@ -81,7 +81,9 @@ def short(text: str, limit: int = 170) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object) -> list[list[str]]:
+def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object,
+                only: list[str] | None = None) -> list[list[str]]:
+    """The rows of the numpy and torch plants (`only`: those named), each run as `harness parity` runs it."""
     import plants
 
     from harness import parity, probe
@@ -92,6 +94,8 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object)
     rows, references = [], {}
     for size in sizes:
         for name, dropout in PARITY_PLANTS.items():
+            if only is not None and name not in only:
+                continue
             where, what, _ = plants.PLANTS[name]
             config = load_config(size).replace(dropout=dropout, steps=steps)
             for dtype in dtypes:
@@ -109,8 +113,9 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object)
                         other = probe.run(TorchBackend(dtype=dtype, parity=True), config, corpus, 1337,
                                           reference=ref[0], reference_name="numpy")
                 tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), size)
+                # config=, as the command passes it: the option and schedule diagnoses need the config
                 r = parity.compare(other[0], ref[0], other[1], ref[1], tol, backends=("torch", "numpy"),
-                                   hyper=config.to_dict())
+                                   config=config)
                 depth, cause = caught(r)
                 rows.append([what, where, size, f"{dtype}/float64", depth, short(cause)])
                 print(f"{name} {size} {dtype}: {depth} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
@@ -179,6 +184,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,float64", help="torch's (and the port's) dtypes")
     ap.add_argument("--steps", type=int, default=8, help="training steps of each parity run (8)")
     ap.add_argument("--only", choices=("parity", "port"), help="one kind of plant only")
+    ap.add_argument("--plants", metavar="NAME,...",
+                    help=f"these parity plants only (printed, not written): {', '.join(PARITY_PLANTS)}")
     ap.add_argument("--data", default=os.environ.get("HARNESS_DATA"))
     ap.add_argument("--write", type=Path, metavar="MARKDOWN", help="replace the table between the markers there")
     args = ap.parse_args()
@@ -190,10 +197,16 @@ def main() -> int:
     torch.set_num_threads(1)
     corpus = load_corpus(args.data)
     sizes, dtypes = args.sizes.split(","), args.dtypes.split(",")
+    only = args.plants.split(",") if args.plants else None
+    unknown = [n for n in only or [] if n not in PARITY_PLANTS]
+    if unknown or (only and (args.write or args.only == "port")):
+        print(f"--plants: unknown plant(s) {', '.join(unknown)}" if unknown else
+              "--plants selects parity rows to print: not with --write or --only port", file=sys.stderr)
+        return 2
     rows = []
     if args.only in (None, "parity"):
-        rows += parity_rows(sizes, dtypes, args.steps, corpus)
-    if args.only in (None, "port"):
+        rows += parity_rows(sizes, dtypes, args.steps, corpus, only)
+    if args.only in (None, "port") and only is None:
         rows += port_rows(sizes, dtypes, corpus.path)
     text = table(rows, args.steps, sizes)
     if args.write is None:

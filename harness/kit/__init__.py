@@ -20,13 +20,12 @@ DEFAULT_STEPS = 5
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `export` and `check` subcommands of `harness kit`."""
     from harness.config import PRESETS, seed_arg
-    from harness.options import Parser, add_data, add_quiet, add_set, add_size, out_arg, positive_int
+    from harness.options import Parser, add_config, add_data, add_quiet, add_set, add_size, out_arg, positive_int
 
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
     e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json")
     add_size(e, f"the size preset: one of {', '.join(PRESETS)} (default small; a kit is one size)", one=True)
-    e.add_argument("--config", metavar="FILE", help="a TOML config of your own instead of a preset "
-                   "(see `harness sizes --toml small`), or a nanoGPT config .py (read, never run)")
+    add_config(e)
     add_set(e)
     add_data(e)
     e.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and masks, 0 to "
@@ -38,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--out", type=out_arg, required=True, metavar="DIR",
                    help="output directory: a new or empty directory for the kit (required)")
     add_quiet(e)
+    e.add_argument("--allow-large", action="store_true", help="export even when the memory estimate exceeds the "
+                   "machine's available memory (as `harness run --allow-large`)")
     e.set_defaults(kit_func="export")
 
     c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed")

@@ -178,6 +178,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                    files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
     """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
     from harness import __version__, schedule
+    from harness.config import MODEL_OPTIONS
     from harness.kit.layout import describe
     from harness.parity import default_tolerances
     from harness.taps import MEANING, PREFIX, kind, tap_names, tap_rows
@@ -213,8 +214,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                   + ("biases in every Linear and LayerNorm of the blocks and ln_f" if config.bias else
                      "no biases in the blocks' Linears and LayerNorms nor in ln_f (nanoGPT's bias = False)")
                   + "; loss = mean cross-entropy over all B*T positions"),
-        "model_options": {"tie_embeddings": config.tie_embeddings, "gelu": config.gelu, "bias": config.bias,
-                          "lm_head_bias": config.lm_head_bias, "mlp_hidden": config.d_hidden},
+        "model_options": {**{k: getattr(config, k) for k in MODEL_OPTIONS}, "mlp_hidden": config.d_hidden},
         "training": {
             "learning_rate": config.learning_rate, "schedule": schedule.describe(config),
             "lr_schedule": config.lr_schedule, "warmup_steps": config.warmup_steps,
@@ -272,9 +272,9 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
 
 def command(args: argparse.Namespace) -> int:
     """`harness kit export`: validate, compute with the oracle, write the files, then manifest.json last."""
-    from harness.configure import load_config
+    from harness import launch
     from harness.data import check_fits, load_corpus
-    from harness.options import pick_sizes
+    from harness.options import configure, pick_sizes
 
     dropout = args.dropout
     if not isinstance(dropout, float) or not math.isfinite(dropout) or not 0 <= dropout < 1:
@@ -283,14 +283,18 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {args.steps} is more than {MAX_STEPS}; a kit checks the first few steps "
                          "(5 is plenty), pass fewer")
     _check_out(args.out)
-    from harness.nanogpt import parse_sets
-
     args.size = pick_sizes(args.size, one=True)[0]
-    config = load_config(args.size, args.config, parse_sets(getattr(args, "set", None))).replace(
-        dropout=dropout, steps=args.steps)
+    config = configure(args, args.size, changes={"dropout": dropout, "steps": args.steps})
     size = None if args.config or getattr(args, "set", None) else args.size  # measured tolerances: the preset's
     corpus = load_corpus(args.data)
     check_fits(corpus, config.block_size, config.batch_size)
+    # the memory preflight of `harness run` and `harness parity`, before anything is computed: the oracle is one
+    # float64 NumPy worker, and the parameters and AdamW moments after each of the --steps steps are kept (in the
+    # arrays and again in their NPZ bytes), as a parity probe keeps them for its optimizer steps
+    launch.check_memory(launch.Plan(config=config, corpus=corpus, backends=["numpy"], seed=args.seed, out=args.out,
+                                    backend_options={"numpy": {"dtype": "float64"}},
+                                    parity={"opt_steps": args.steps}, probe_fix="export fewer steps (--steps N)",
+                                    allow_large=getattr(args, "allow_large", False)))
     print(f"kit: {config.name}, {args.steps} steps, dropout {dropout:g}, seed {args.seed} -> {args.out}",
           file=sys.stderr)
     files, _ = compute(config, corpus, args.seed, args.steps, progress=not getattr(args, "quiet", False))

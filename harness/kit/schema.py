@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.config import GELUS, PRESETS
+from harness.config import GELUS, PRESETS, short
 from harness.errors import UsageError
 from harness.kit.export import FILES, MANIFEST, MAX_STEPS, SCHEMA, SCHEMA_VERSION
 
@@ -139,8 +139,11 @@ def load_manifest(kit: Path) -> dict[str, Any]:
     blob = read_regular(path, "kit manifest", FIX, MAX_MANIFEST_BYTES)
     try:
         doc = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc}); {FIX}") from None
+    # JSONDecodeError is a ValueError, as is a number past Python's integer digit limit; deep nesting of [ or {
+    # runs out of recursion (RecursionError) or memory
+    except (UnicodeDecodeError, ValueError, MemoryError, RecursionError) as exc:
+        reason = short(str(exc), 120)[1:-1] if str(exc) else type(exc).__name__
+        raise UsageError(f"{path}: not valid JSON ({reason}); {FIX}") from None
     return validate_manifest(doc, path)
 
 

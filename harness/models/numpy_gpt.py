@@ -358,10 +358,11 @@ def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Confi
     m, mlp_cache = mlp_forward(h, p("mlp.c_fc.weight"), p("mlp.c_fc.bias"),
                                p("mlp.c_proj.weight"), p("mlp.c_proj.bias"), config.gelu, own)
     m, drop2_cache = dropout_forward(m, config.dropout, rng, masks.get(prefix + "mlp"))
+    out = x + m
     if own is not None:
-        own.update({"ln_2": h, "res2": x + m})
+        own.update({"ln_2": h, "res2": out})
         taps.update({prefix + name: value for name, value in own.items()})
-    return x + m, (ln1_cache, attn_cache, drop1_cache, ln2_cache, mlp_cache, drop2_cache)
+    return out, (ln1_cache, attn_cache, drop1_cache, ln2_cache, mlp_cache, drop2_cache)
 
 
 def block_backward(dout: Array, cache: Cache, prefix: str) -> tuple[Array, dict[str, Array]]:

@@ -47,7 +47,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # softmax(q k^T / sqrt(hs) + causal mask) v; no dropout on the attention probabilities (docs/design.md)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if taps is not None:  # SDPA does not return its probabilities: the same softmax, written out, for the tap
+        if taps is not None:
+            # SDPA does not return its probabilities: the same softmax, written out, for the tap. A bug in the SDPA
+            # call alone (its scale, its mask) leaves these right and y wrong: parity checks each side's attn.y
+            # against its own attn.probs @ attn.v (harness.diagnose.attention_self_error) and names that call.
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             taps.update({"attn.q": q, "attn.k": k, "attn.v": v,

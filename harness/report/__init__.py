@@ -27,6 +27,7 @@ from harness.errors import UsageError
 from harness.report import analysis, tables
 from harness.report.analysis import ERROR, NEUTRAL, OK, WARN, RunView
 from harness.results import costs, step_median_interval
+from harness.runner import FIGURES_ALL
 
 SAMPLE_CONTINUATIONS = 3  # prompted continuations shown in full per run (all are in the records)
 
@@ -166,7 +167,7 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
             parts.append(f"final validation loss {last['val_loss']:.4f} at step {last['step']:,}")
         if c["tokens_per_s"]:
             ci = step_median_interval(rec)
-            which = "undisturbed" if c.get("figures_from") != "all steady steps (none undisturbed)" else "steady"
+            which = "undisturbed" if c.get("figures_from") != FIGURES_ALL else "steady"
             interval = (f" (median {which} step {tables.fmt_seconds(c['step_median_s'])}, 95 % interval "
                         f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c['steady_steps']:,} "
                         "steps)") if len(ci) == 2 and c.get("steady_steps") else ""

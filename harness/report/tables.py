@@ -19,6 +19,7 @@ from harness.report.analysis import (
     status_of,
     text_agreement,
 )
+from harness.runner import FIGURES_ALL
 
 DASH = "—"
 
@@ -282,7 +283,7 @@ def cost_table(view: RunView) -> Markup:
         kind = {"device": "device", "rss": "RSS"}.get(c["memory_kind"], c["memory_kind"] or "")
         steady = f" over {c['steady_steps']:,} steps" if c["steady_steps"] else ""
         cont = c["contention"] or {}
-        if c.get("figures_from") == "all steady steps (none undisturbed)":
+        if c.get("figures_from") == FIGURES_ALL:
             steady = f" over all {c['steady_steps']:,} steady steps (none undisturbed)"
         elif c.get("disturbed_steps") is not None:
             steady = f" over {c['steady_steps']:,} undisturbed steps ({c['disturbed_steps']:,} disturbed left out)"

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from harness import launch, records
 from harness.errors import UsageError
@@ -173,8 +174,10 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     return build_spec(doc, base), executor
 
 
-def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None, jobs: int = 1) -> object:
-    """Every check that can fail, for every cell, before anything is written; returns the corpus.
+def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None, entries: list[dict],
+             jobs: int = 1) -> object:
+    """Every check that can fail, for every cell and paired-timing entry (`entries`), before anything is written;
+    returns the corpus.
 
     `jobs` workers at once (the local executor's --jobs) must fit in memory together: the `jobs` biggest cells'
     estimates are added up."""
@@ -183,8 +186,7 @@ def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None, jo
     corpus = load_corpus(data)
     plans = [_plan(spec, cell, corpus, out) for cell in cells]
     check_plans(plans, jobs)
-    check_paired_memory(dict(enumerate(plans)), mf.paired_entries("ID", [_cell_doc(c, spec) for c in cells],
-                                                                   spec.paired_rounds))
+    check_paired_memory(dict(enumerate(plans)), entries)
     return corpus
 
 
@@ -281,48 +283,43 @@ def _run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool,
     fresh: list[dict] = []  # cells given a run directory here
     begun: set[int] = set()  # cells an executor started or submitted
 
-    def notify(cell: dict, event: str) -> None:
-        if cell.get("kind") == "paired":
-            return notify_paired(cell, event)
-        if event == "started":
-            begun.add(cell["index"])
-            cell["attempts"] = cell.get("attempts", 0) + 1
-            cell["status"] = "running"
-            cell["contended"] = cell.get("contended") or contended
-            started[0] += 1
-            print(f"[{started[0]}/{total}] {cell['key']}: run {cell['run_id']}", file=sys.stderr, flush=True)
-        elif event == "queued":
-            begun.add(cell["index"])
-            cell["attempts"] = cell.get("attempts", 0) + 1
-            cell["status"] = "queued"
-        elif event == "running":
-            cell["status"] = "running"
-            print(f"  running {cell['key']} (job {cell['job_ids'][-1]})", file=sys.stderr, flush=True)
-        elif event == "finished":
-            done[0] += 1
-            state, rec = mf.record_status(m.out, cell)
-            cell["status"] = "interrupted" if state == "running" else state  # a record left 'running' was killed
-            info = mf.cell_summary(cell, rec)
-            print(f"  {cell['key']}: {cell['status']} {info['steps']} val {info['val_loss']} "
-                  f"({done[0]}/{total} done)", file=sys.stderr, flush=True)
-        m.save()
-
-    def notify_paired(entry: dict, event: str) -> None:
+    def event_of(item: dict, event: str) -> None:
+        """One cell's or paired entry's event, in memory (`notify` saves the manifest)."""
+        entry = item.get("kind") == "paired"
         if event in ("started", "queued"):
-            entry["attempts"] = entry.get("attempts", 0) + 1
-            entry["status"] = "running" if event == "started" else "queued"
-            where = f" as SLURM job {entry['job_ids'][-1]}" if event == "queued" else ""
-            print(f"  paired timing {entry['key']}{where}", file=sys.stderr, flush=True)
+            item["attempts"] = item.get("attempts", 0) + 1
+            item["status"] = "running" if event == "started" else "queued"
+            if entry:
+                where = f" as SLURM job {item['job_ids'][-1]}" if event == "queued" else ""
+                print(f"  paired timing {item['key']}{where}", file=sys.stderr, flush=True)
+                return
+            begun.add(item["index"])
+            if event == "started":
+                item["contended"] = item.get("contended") or contended
+                started[0] += 1
+                print(f"[{started[0]}/{total}] {item['key']}: run {item['run_id']}", file=sys.stderr, flush=True)
         elif event == "running":
-            entry["status"] = "running"
+            item["status"] = "running"
+            if not entry:
+                print(f"  running {item['key']} (job {item['job_ids'][-1]})", file=sys.stderr, flush=True)
         elif event == "finished":
-            state, doc = mf.paired_status(m.out, entry)
-            entry["status"] = "interrupted" if state == "running" else state
-            from harness import paired as pt
+            state, rec = (mf.paired_status if entry else mf.record_status)(m.out, item)
+            item["status"] = "interrupted" if state == "running" else state  # a record left 'running' was killed
+            if entry:
+                from harness import paired as pt
 
-            line = pt.headline(doc) if doc else "no record"
-            print(f"  {entry['key']}: {entry['status']}; {line}", file=sys.stderr, flush=True)
-        m.save()
+                line = pt.headline(rec) if rec else "no record"
+                print(f"  {item['key']}: {item['status']}; {line}", file=sys.stderr, flush=True)
+            else:
+                done[0] += 1
+                info = mf.cell_summary(item, rec)
+                print(f"  {item['key']}: {item['status']} {info['steps']} val {info['val_loss']} "
+                      f"({done[0]}/{total} done)", file=sys.stderr, flush=True)
+
+    def notify(items: dict | list[dict], event: str) -> None:
+        for item in [items] if isinstance(items, dict) else items:
+            event_of(item, event)
+        m.save()  # once per call: a submitted array of 1000 cells is one write of the manifest, not 1000
 
     executor = _executor(m, progress, wait)
     try:
@@ -359,21 +356,28 @@ class DiskFull(Exception):
                          f"space, then continue with `{again}`")
 
 
-def _alive_jobs(m: mf.Manifest, items: list[dict]) -> dict[str, str]:
-    """The SLURM jobs of `items` (cells or paired entries) that squeue still lists as alive, with their state."""
-    if m.doc["executor"]["kind"] != "slurm" or not items:
+def _alive_jobs(m: mf.Manifest) -> dict[str, str] | None:
+    """The SLURM jobs of the sweep's cells and paired entries that squeue lists as alive, with their state (one squeue
+    call for both; {} for a local sweep or one without jobs); None when squeue cannot answer."""
+    items = [*m.cells, *(m.doc.get("paired") or [])]
+    jobs = [i["job_ids"][-1] for i in items if i.get("job_ids")]
+    if m.doc["executor"]["kind"] != "slurm" or not jobs:
         return {}
     from harness.sweep.slurm import is_alive, job_states
 
-    states = job_states([i["job_ids"][-1] for i in items if i.get("job_ids")]) or {}
-    return {j: s for j, s in states.items() if is_alive(s)}
+    states = job_states(jobs)
+    return None if states is None else {j: s for j, s in states.items() if is_alive(s)}
 
 
-def _state_now(m: mf.Manifest, item: dict, state: str, alive: dict[str, str]) -> tuple[str, str]:
+def _state_now(m: mf.Manifest, item: dict, state: str, alive: dict[str, str] | None) -> tuple[str, str]:
     """(state, job id) of a cell or paired entry now: its job's, while squeue lists it alive, else its record's
-    `state`, where a record left "running" is running only if this sweep's local process is running it."""
+    `state`, where a record left "running" is running only if this sweep's local process is running it. When squeue
+    could not answer (`alive` None), a job stored as queued or running keeps that state unless its record says it
+    completed: an unanswered squeue must never make a job that still runs look gone (and be submitted again)."""
     job = item["job_ids"][-1] if item.get("job_ids") else ""
-    if job in alive:
+    if alive is None and job and item.get("status") in ("queued", "running") and state != mf.DONE:
+        return item["status"], job
+    if alive is not None and job in alive:
         return ("running" if alive[job].startswith("RUNNING") else "queued"), job
     if state == "running":
         local = item.get("status") == "running" and m.doc["executor"]["kind"] == "local" and _local_alive(m)
@@ -381,31 +385,46 @@ def _state_now(m: mf.Manifest, item: dict, state: str, alive: dict[str, str]) ->
     return state, job
 
 
-def refresh(m: mf.Manifest) -> list[dict]:
-    """Each cell's state now (from squeue for SLURM jobs still alive, else from its RunRecord), set in `m` in memory."""
-    alive = _alive_jobs(m, m.cells)
-    rows = []
-    for cell in m.cells:
-        state, rec = mf.record_status(m.out, cell)
-        cell["status"], job = _state_now(m, cell, state, alive)
-        rows.append({"cell": cell["index"], "key": cell["key"], "status": cell["status"],
-                     "run": cell.get("run_id") or "", "job": job, **mf.cell_summary(cell, rec)})
-    return rows
+class Refreshed(NamedTuple):
+    """The rows of `refresh`: one per cell, one per paired-timing entry; whether squeue answered (always, locally)."""
+
+    cells: list[dict]
+    paired: list[dict]
+    squeue_answered: bool
 
 
-def refresh_paired(m: mf.Manifest) -> list[dict]:
-    """Each paired-timing entry's state now (from its record, and squeue for a SLURM job still alive)."""
-    from harness import paired
+def refresh(m: mf.Manifest) -> Refreshed:
+    """Each cell's and paired-timing entry's state now (from squeue, asked once, for SLURM jobs still alive, else from
+    its record), set in `m` in memory."""
+    alive = _alive_jobs(m)
+    return Refreshed([_refresh_item(m, c, alive) for c in m.cells],
+                     [_refresh_item(m, e, alive) for e in m.doc.get("paired") or []], alive is not None)
 
-    entries = m.doc.get("paired") or []
-    alive = _alive_jobs(m, entries)
-    rows = []
-    for entry in entries:
-        state, doc = mf.paired_status(m.out, entry)
-        entry["status"], job = _state_now(m, entry, state, alive)
-        rows.append({"paired": entry["index"], "key": entry["key"], "status": entry["status"], "job": job,
-                     "rounds": paired.status_text(doc) if doc else ""})
-    return rows
+
+def _refresh_item(m: mf.Manifest, item: dict, alive: dict[str, str] | None) -> dict:
+    """A cell's or paired entry's state now, set in it; its row of the status table."""
+    if item.get("kind") == "paired":
+        from harness import paired
+
+        state, doc = mf.paired_status(m.out, item)
+        item["status"], job = _state_now(m, item, state, alive)
+        return {"paired": item["index"], "key": item["key"], "status": item["status"], "job": job,
+                "rounds": paired.status_text(doc) if doc else ""}
+    state, rec = mf.record_status(m.out, item)
+    item["status"], job = _state_now(m, item, state, alive)
+    return {"cell": item["index"], "key": item["key"], "status": item["status"], "run": item.get("run_id") or "",
+            "job": job, **mf.cell_summary(item, rec)}
+
+
+def _counts(rows: list[dict]) -> dict[str, int]:
+    """How many rows are in each state."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return counts
+
+
+SQUEUE_SILENT = "squeue did not answer: the states of queued or running jobs are as last recorded"
 
 
 def _local_alive(m: mf.Manifest) -> bool:
@@ -431,33 +450,31 @@ def _own(m: mf.Manifest) -> None:
 
 
 def print_status(m: mf.Manifest) -> dict[str, int]:
+    """Print the table of cells and of paired timings; returns how many cells are in each state."""
     import pandas as pd
 
-    rows = refresh(m)
+    rows, prows, answered = refresh(m)
     print(f"sweep {m.sweep_id} ({m.doc['executor']['kind']}), {len(rows)} cells, under {m.out}")
     print(pd.DataFrame(rows).to_string(index=False))
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    counts = _counts(rows)
     print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    prows = refresh_paired(m)
     if prows:
         print(f"paired timing ({len(prows)}):")
         print(pd.DataFrame(prows).to_string(index=False))
+    if not answered:
+        print(f"{SQUEUE_SILENT}; ask again later", file=sys.stderr)
     return counts
 
 
 def _finish(m: mf.Manifest, code: int, write_report: ReportWriter | None) -> int:
-    counts: dict[str, int] = {}
-    for row in refresh(m):
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    pcounts: dict[str, int] = {}
-    for row in refresh_paired(m):
-        pcounts[row["status"]] = pcounts.get(row["status"], 0) + 1
+    rows, prows, answered = refresh(m)
+    counts, pcounts = _counts(rows), _counts(prows)
     m.save()
     print(f"sweep {m.sweep_id}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), file=sys.stderr)
     if pcounts:
         print("paired timing: " + ", ".join(f"{v} {k}" for k, v in sorted(pcounts.items())), file=sys.stderr)
+    if not answered:
+        print(SQUEUE_SILENT, file=sys.stderr)
     if write_report is not None and counts.get("completed"):
         path = write_report(m.out, m.sweep_id)
         print(f"report: {path}", file=sys.stderr)
@@ -509,10 +526,11 @@ def command(args: argparse.Namespace) -> int:
         check_cluster(executor["slurm"].get("partition"))
         slurm = SlurmExecutor.from_settings(Path(args.out).resolve() / "sweeps" / "ID" / "slurm", executor["slurm"],
                                             job_name=f"harness-{spec.name}")
-    corpus = validate(spec, cells, args.out, args.data, jobs=executor["jobs"] if executor["kind"] == "local" else 1)
+    cell_docs = [_cell_doc(c, spec) for c in cells]
+    entries = mf.paired_entries("ID", cell_docs, spec.paired_rounds)  # their paths name the sweep once it has an id
+    corpus = validate(spec, cells, args.out, args.data, entries,
+                      jobs=executor["jobs"] if executor["kind"] == "local" else 1)
     if slurm is not None:  # sbatch --test-only: what sbatch would refuse, refused now
-        entries = mf.paired_entries("ID", [_cell_doc(c, spec) for c in cells],
-                                    spec.paired_rounds)
         slurm.check_submission(len(cells), (len(entries), max((len(e["members"]) for e in entries), default=0)))
     groups = len({c.group for c in cells})
     where = ("one at a time on this machine" if executor["kind"] == "local" and executor["jobs"] == 1 else
@@ -525,8 +543,10 @@ def command(args: argparse.Namespace) -> int:
         "schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "spec": spec.to_dict(),
         "executor": executor, "data": {"path": corpus.path, "sha256": corpus.sha256},  # type: ignore[attr-defined]
-        "cells": [_cell_doc(c, spec) for c in cells]})
-    m.doc["paired"] = mf.paired_entries(sweep_id, m.cells, spec.paired_rounds)
+        "cells": cell_docs})
+    for entry in entries:
+        entry["path"] = mf.paired_path(sweep_id, entry["index"])
+    m.doc["paired"] = entries
     _own(m)
     try:
         m.save()
@@ -592,8 +612,9 @@ def resume(args: argparse.Namespace) -> int:
     corpus = load_corpus(m.doc["data"]["path"])
     if corpus.sha256 != m.doc["data"]["sha256"]:
         raise UsageError(f"data file {corpus.path!r} changed since the sweep started; restore it")
-    refresh(m)
-    refresh_paired(m)
+    if not refresh(m).squeue_answered:  # which jobs still run is unknown: submitting now could run a cell twice
+        raise UsageError(f"squeue did not answer, so whether the jobs of sweep {m.sweep_id} still run is unknown and "
+                         "nothing is submitted again; retry this --resume once squeue answers")
     todo = [c for c in m.cells if c["status"] in mf.RERUNNABLE]
     ptodo = [e for e in m.doc.get("paired") or [] if e["status"] in mf.PAIRED_RERUNNABLE]
     check_plans([_plan_of(m, c, corpus) for c in todo], ex.get("jobs", 1) if ex["kind"] == "local" else 1)

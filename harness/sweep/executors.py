@@ -32,7 +32,9 @@ from typing import Protocol
 from harness import launch, records
 from harness.errors import UsageError
 
-Notify = Callable[[dict, str], None]  # (cell, event) -> None: "started", "finished"
+# (cell, or several cells at once, event) -> None; events: "started", "queued", "running", "finished". Several cells
+# in one call (a submitted job array, the jobs one poll found over) are one write of the manifest, not one each.
+Notify = Callable[[dict | list[dict], str], None]
 
 
 class Executor(Protocol):

@@ -13,6 +13,7 @@ trusted: on SLURM, submitit's pickles under `<out>/sweeps/<id>/slurm/` are what 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import time
@@ -22,6 +23,7 @@ from typing import Any
 from harness import records
 from harness.config import SEED_MAX, config_from_dict
 from harness.errors import UsageError
+from harness.files import read_regular
 from harness.sweep.settings import check_executor
 
 SCHEMA = "nanogpt-parity/sweep"
@@ -30,7 +32,11 @@ SCHEMA_VERSION = 1
 DONE = "completed"
 RERUNNABLE = ("pending", "interrupted", "failed")
 STATES = ("pending", "queued", "running", "completed", "interrupted", "failed")
+MAX_MANIFEST_BYTES = 1 << 30  # some 10 kB a cell: far above any sweep this harness would write, yet bounded
 SWEEP_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+# the sweep's name, as harness.sweep.spec.build_spec accepts it at creation: it goes into sweep ids and into the SLURM
+# job name (#SBATCH --job-name=harness-NAME), so a stored one is held to the same plain text (no newline, no markup)
+SWEEP_NAME_RE = r"^[A-Za-z0-9_.-]{1,40}$"
 
 _CELL = {
     "type": "object",
@@ -75,7 +81,8 @@ SWEEP_JSON_SCHEMA: dict = {
         "schema_version": {"type": "integer", "minimum": 1},
         "sweep_id": {"type": "string", "pattern": SWEEP_ID_RE},
         "spec": {"type": "object", "required": ["checkpoint_every", "text"],
-                 "properties": {"checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
+                 "properties": {"name": {"type": "string", "pattern": SWEEP_NAME_RE},
+                                "checkpoint_every": {"type": ["integer", "null"], "minimum": 0},
                                 "text": {"type": "boolean"}, "seeds": {"type": "array"}}},
         "executor": {"type": "object", "required": ["kind"]},  # every field: settings.check_executor
         "data": {"type": "object", "required": ["path", "sha256"],
@@ -138,13 +145,13 @@ class Manifest:
         check_sweep_id(sweep_id, out)
         path = sweeps_dir(out) / sweep_id / "sweep.json"
         fix = "that sweep cannot be used; restore its sweep.json or start a new sweep"
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             raise UsageError(f"no sweep {sweep_id!r} under {str(sweeps_dir(out))!r}; pass an existing sweep id "
-                             "and the --out it was written to") from None
-        except OSError as exc:
-            raise UsageError(records.os_error_message(exc, "cannot read the sweep manifest")) from None
+                             "and the --out it was written to")
+        # a regular file of bounded size only: a named pipe put at sweep.json must not hang --status
+        blob = read_regular(path, "the sweep manifest", fix, MAX_MANIFEST_BYTES)
+        try:
+            doc = json.loads(blob.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path} is corrupt ({exc}); that sweep cannot be read") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
@@ -178,12 +185,37 @@ def check_document(doc: dict, path: Path, fix: str) -> None:
                          "fail these checks is not run (they go into job scripts): fix them or start a new sweep"
                          ) from None
     for i, cell in enumerate(doc["cells"]):
+        if cell["index"] != i:  # members and resumes find a cell by its index: it must be its place in the list
+            raise UsageError(f"{str(path)!r} is invalid at field 'cells/{i}/index': {cell['index']} is not its place "
+                             f"in the list; {fix}")
         config_from_dict(cell["config"], f"{path} field 'cells/{i}'")
     for i, entry in enumerate(doc.get("paired") or []):
-        if entry["path"] != f"sweeps/{doc['sweep_id']}/paired/{entry['index']}.json" or \
-                any(m >= len(doc["cells"]) for m in entry["members"]):
-            raise UsageError(f"{str(path)!r} is invalid at field 'paired/{i}': its path or members do not belong to "
-                             f"this sweep; {fix}")
+        why = f"its index {entry['index']} is not its place in the list" if entry["index"] != i else \
+            _members_problem(entry["members"], doc["cells"])  # the index names its record: two must never share one
+        if why is None and entry["path"] != paired_path(doc["sweep_id"], entry["index"]):
+            why = "its path is not its record's place in this sweep"
+        if why is not None:
+            raise UsageError(f"{str(path)!r} is invalid at field 'paired/{i}': {why}; {fix}")
+        # what the member cells determine is taken from them, never from the stored copy
+        entry.update(paired_fields(doc["sweep_id"], entry["index"], [doc["cells"][m] for m in entry["members"]]))
+
+
+def _members_problem(members: list[int], cells: list[dict]) -> str | None:
+    """Why `members` are not the cells of one paired timing (None if they are): distinct cells of this sweep, every
+    cell of one block (same config, seed, device and dtype option), two or more backends, told apart by name."""
+    if len(set(members)) != len(members):
+        return f"its members {members} name a cell twice"
+    if any(m >= len(cells) for m in members):
+        return f"its members {members} name a cell this sweep does not have"
+    group = [cells[m] for m in members]
+    block = block_of(group[0])
+    if any(block_of(c) != block for c in group) or \
+            sorted(members) != [c["index"] for c in cells if block_of(c) == block]:
+        return f"its members {members} are not the cells of one block (same config, seed, device and dtype)"
+    names = [contender_name(c, group) for c in group]
+    if len({c["backend"] for c in group}) < 2 or len(set(names)) != len(names):
+        return f"its members {members} are not two or more distinct backends"
+    return None
 
 
 def record_status(out: Path, cell: dict) -> tuple[str, dict | None]:
@@ -222,12 +254,25 @@ def cell_summary(cell: dict, rec: dict | None) -> dict[str, Any]:
 # entry whose contenders are that block's cells (two or more backends), timed side by side after the block's
 # training. The entries live in the manifest's `paired` list (never among the cells: a cell is one training run),
 # their records in `<out>/sweeps/<id>/paired/<n>.json`.
-PAIRED_RERUNNABLE = ("pending", "interrupted", "failed", "incomplete")
+PAIRED_RERUNNABLE = (*RERUNNABLE, "incomplete")  # incomplete: its sessions ended without enough undisturbed rounds
 
 
 def block_of(cell: dict) -> tuple:
     """The cells whose speed is compared side by side: same config, seed, device and dtype option."""
-    return (cell["label"], cell["seed"], cell["device"], (cell.get("backend_options") or {}).get("dtype"))
+    return (cell.get("label"), cell["seed"], cell["device"], (cell.get("backend_options") or {}).get("dtype"))
+
+
+def paired_fields(sweep_id: str, index: int, members: list[dict]) -> dict[str, Any]:
+    """The fields of paired entry `index` that its member cells (one block) determine: key, label, seed, device,
+    dtype and its record's path."""
+    label, seed, device, dtype = block_of(members[0])
+    return {"key": f"{label}/{device}{f'/dtype={dtype}' if dtype else ''}/seed={seed}/paired", "label": label,
+            "seed": seed, "device": device, "dtype": dtype, "path": paired_path(sweep_id, index)}
+
+
+def paired_path(sweep_id: str, index: int) -> str:
+    """Where the record of paired entry `index` lives, relative to --out (the only place a manifest may name)."""
+    return f"sweeps/{sweep_id}/paired/{index}.json"
 
 
 def paired_entries(sweep_id: str, cells: list[dict], rounds: int) -> list[dict]:
@@ -238,14 +283,12 @@ def paired_entries(sweep_id: str, cells: list[dict], rounds: int) -> list[dict]:
     for cell in cells:
         blocks.setdefault(block_of(cell), []).append(cell)
     out = []
-    for (label, seed, device, dtype), members in blocks.items():
+    for members in blocks.values():
         if len({c["backend"] for c in members}) < 2:
             continue
         i = len(out)
-        key = f"{label}/{device}{f'/dtype={dtype}' if dtype else ''}/seed={seed}/paired"
-        out.append({"index": i, "kind": "paired", "key": key, "label": label, "seed": seed, "device": device,
-                    "dtype": dtype, "members": [c["index"] for c in members], "rounds": rounds,
-                    "path": f"sweeps/{sweep_id}/paired/{i}.json", "status": "pending", "attempts": 0,
+        out.append({"index": i, "kind": "paired", **paired_fields(sweep_id, i, members),
+                    "members": [c["index"] for c in members], "rounds": rounds, "status": "pending", "attempts": 0,
                     "job_ids": []})
     return out
 
@@ -273,17 +316,18 @@ def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | 
         records.atomic_write_json(path, paired.new_doc(contenders, entry["label"], entry["seed"], entry["rounds"],
                                                        threads))
         return path
-    try:
-        doc = paired.load(path)
-    except UsageError:
-        return path  # paired.run says what is wrong with it, and the entry fails
-    now = {c["cell"]: c for c in contenders}
-    stale = [c for c in doc["contenders"] if c.get("cell") in now and
-             (c.get("run_id"), c.get("run_dir")) != (now[c["cell"]]["run_id"], now[c["cell"]]["run_dir"])]
-    for c in stale:
-        c.update(run_id=now[c["cell"]]["run_id"], run_dir=now[c["cell"]]["run_dir"])
-    if stale:
-        records.atomic_write_json(path, doc)
+    with paired.RecordLock(path):  # a coordinator adding a session rewrites the record too
+        try:
+            doc = paired.load(path)
+        except UsageError:
+            return path  # paired.run says what is wrong with it, and the entry fails
+        now = {c["cell"]: c for c in contenders}
+        stale = [c for c in doc["contenders"] if c.get("cell") in now and
+                 (c.get("run_id"), c.get("run_dir")) != (now[c["cell"]]["run_id"], now[c["cell"]]["run_dir"])]
+        for c in stale:
+            c.update(run_id=now[c["cell"]]["run_id"], run_dir=now[c["cell"]]["run_dir"])
+        if stale:
+            records.atomic_write_json(path, doc)
     return path
 
 

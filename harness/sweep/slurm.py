@@ -185,6 +185,7 @@ class SlurmExecutor:
                  sbatch: list[str] | None = None, array_parallelism: int | None = None, wait: bool = True,
                  poll_s: float = 5.0, job_name: str = "harness"):
         check_text(str(Path(folder).resolve()), "--out")  # a stored sweep's folder goes into the job script too
+        check_text(job_name, "the sweep's name")  # #SBATCH --job-name=...: the manifest's schema holds it too
         self.folder, self.wait, self.poll_s, self.job_name = Path(folder), wait, poll_s, job_name
         self.params: dict = {"time": time_min, "signal_delay_s": 90}
         if partition:
@@ -210,14 +211,20 @@ class SlurmExecutor:
                    time_min=slurm.get("time_min") or DEFAULT_TIME_MIN, sbatch=slurm.get("sbatch"),
                    array_parallelism=slurm.get("array_parallelism"), wait=wait, job_name=job_name)
 
+    def params_for(self, members: int = 0) -> dict:
+        """The sbatch parameters of a training array (`members` 0) or of the paired timings' array whose elements
+        hold up to `members` contenders each: those all run at once on one node, so its memory is theirs together."""
+        params = dict(self.params)
+        if members and self.mem_mb:
+            params["mem"] = f"{self.mem_mb * members}M"
+        return params
+
     def script(self, n_cells: int, members: int = 0) -> str:
         """The job script submitit writes for an array of `n_cells` (a plain job for one), as sbatch reads it; with
         `members`, the paired timings' array, each element holding that many contenders' memory."""
         from submitit.slurm.slurm import _make_sbatch_string
 
-        params = dict(self.params)
-        if members and self.mem_mb:
-            params["mem"] = f"{self.mem_mb * members}M"
+        params = self.params_for(members)
         executor = submitit.SlurmExecutor(folder=self.folder)
         executor.update_parameters(job_name=self.job_name, **params)  # submitit's own checks of the names
         return _make_sbatch_string(command="true", folder=executor.folder, map_count=n_cells if n_cells > 1 else None,
@@ -254,10 +261,10 @@ class SlurmExecutor:
         Paired-timing entries (`kind` "paired") go as their own array, after `dependency` (the training jobs they
         time): each element starts every contender of its block on one node, so its memory is theirs together."""
         executor = submitit.SlurmExecutor(folder=self.folder)
-        params = dict(self.params, **({"dependency": dependency} if dependency else {}))
         paired = [c for c in cells if c.get("kind") == "paired"]
-        if paired and self.mem_mb:
-            params["mem"] = f"{self.mem_mb * max(len(c['members']) for c in paired)}M"
+        params = self.params_for(max((len(c["members"]) for c in paired), default=0))
+        if dependency:
+            params["dependency"] = dependency
         executor.update_parameters(job_name=self.job_name + ("-paired" if paired else ""), **params)
         self.folder.mkdir(parents=True, exist_ok=True)
         before = set(os.listdir(self.folder))
@@ -299,7 +306,7 @@ class SlurmExecutor:
                                       submitted) from None
             for cell, job_id in zip(chunk, job_ids):
                 cell.setdefault("job_ids", []).append(job_id)
-                notify(cell, "queued")
+            notify(chunk, "queued")  # the whole array at once: one write of the manifest
             submitted += len(chunk)
             array, limit = job_ids[0].split("_")[0], self.params.get("array_parallelism")
             if not paired:
@@ -325,15 +332,19 @@ class SlurmExecutor:
                     failures += 1
                     if failures in (1, 10) or failures % 60 == 0:  # say so, but never once per poll
                         print(f"sweep: squeue did not answer ({failures}x); still waiting", file=sys.stderr)
+                over, began = [], []
                 for jid, cell in list(pending.items()):
                     state = None if states is None else states.get(jid)
                     result = self.folder / f"{jid}_0_result.pkl"
                     if result.exists() or (states is not None and not is_alive(state)):
                         del pending[jid]
-                        notify(cell, "finished")
+                        over.append(cell)
                     elif state and state.startswith("RUNNING") and jid not in seen_running:
                         seen_running.add(jid)
-                        notify(cell, "running")
+                        began.append(cell)
+                for cells_now, event in ((began, "running"), (over, "finished")):
+                    if cells_now:  # what one poll found: one write of the manifest per event, not one per job
+                        notify(cells_now, event)
                 if pending:
                     time.sleep(self.poll_s)
         except KeyboardInterrupt:

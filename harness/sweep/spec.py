@@ -1,10 +1,10 @@
 """A sweep spec (a TOML file, or the same from flags) and the cells it expands to.
 
 Axes: `sizes` and/or `configs` (TOML files), `backends`, `seeds` (a count or a list), `devices`, `precision`,
-`dtype`, and any config field as a list under `[fields]`. Cells are the cross product; every cell is validated
-(its Config, its backend, device and options) before anything is written. When `n_embd` is swept and `d_hidden` is
-not, `d_hidden` keeps the preset's ratio to `n_embd` (4 in every preset); every other field keeps its value and
-must stay valid (e.g. `n_head` must divide every `n_embd`).
+`dtype`, and any config field (or nanoGPT's name for it, as on `harness run --set`) as a list under `[fields]`.
+Cells are the cross product; every cell is validated (its Config, its backend, device and options) before anything
+is written. When `n_embd` is swept and `d_hidden` is not, `d_hidden` keeps the preset's ratio to `n_embd` (4 in
+every preset); every other field keeps its value and must stay valid (e.g. `n_head` must divide every `n_embd`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from harness.config import PRESETS, SEED_MAX, Config
+from harness import nanogpt
+from harness.config import PRESETS, SEED_MAX, Config, short
 from harness.configure import load_config
 from harness.errors import UsageError
 from harness.paired import ROUNDS
+from harness.sweep.manifest import SWEEP_NAME_RE
 from harness.sweep.settings import check_slurm
 
 DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
@@ -39,6 +41,9 @@ TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "precisi
 # Config fields a sweep may not list: the name is the cell's label, steps/epochs are the schedule (top level)
 NOT_SWEEPABLE = {"name", "steps", "epochs"}
 FIELDS = {f.name for f in dataclasses.fields(Config)} - NOT_SWEEPABLE
+# nanoGPT's names, accepted as on `harness run --set` (harness.nanogpt.apply_overrides): an alias of a field, or
+# decay_lr (true: the cosine schedule the config describes; false: a constant rate)
+NANOGPT_NAMES = {**nanogpt.ALIASES, "decay_lr": "lr_schedule"}
 
 
 @dataclass
@@ -136,16 +141,10 @@ def parse_seed_flag(text: str) -> int | list[int]:
     return ints[0] if len(ints) == 1 and "," not in text else ints
 
 
-def parse_value(text: str) -> Any:
-    """A flag value as TOML reads it: 16 -> int, 0.01 -> float, true -> bool, anything else a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def parse_set(items: list[str]) -> dict[str, list[Any]]:
-    """`--set learning_rate=0.003,0.01` (repeatable) -> {"learning_rate": [0.003, 0.01]}."""
+    """`--set learning_rate=0.003,0.01` (repeatable) -> {"learning_rate": [0.003, 0.01]}: a sweep axis. Each value
+    is read as `harness run --set` reads one (harness.nanogpt.parse_value: a Python literal such as False or 1e-3,
+    else TOML's spelling, else the text)."""
     fields: dict[str, list[Any]] = {}
     for item in items:
         name, sep, values = item.partition("=")
@@ -154,7 +153,7 @@ def parse_set(items: list[str]) -> dict[str, list[Any]]:
         name = name.strip()
         if name in fields:
             raise UsageError(f"--set {name} given twice; list all its values in one --set {name}=V1,V2")
-        fields[name] = [parse_value(v.strip()) for v in values.split(",")]
+        fields[name] = [nanogpt.parse_value(v.strip(), f"--set {name}") for v in values.split(",")]
     return fields
 
 
@@ -174,8 +173,10 @@ def load_toml(path: Path) -> tuple[dict, Path]:
     blob = read_regular(path, "sweep file", "pass the path of a TOML file", MAX_TOML_BYTES)
     try:
         doc = tomllib.loads(blob.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
+    # TOMLDecodeError is a ValueError, as is an integer past Python's digit limit; deep nesting runs out of recursion
+    except (UnicodeDecodeError, ValueError, MemoryError, RecursionError) as exc:
+        reason = short(str(exc), 120)[1:-1] if str(exc) else type(exc).__name__
+        raise UsageError(f"{path}: not valid TOML ({reason}); fix the syntax") from None
     unknown = set(doc) - TOP_KEYS
     if unknown:
         raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
@@ -192,8 +193,8 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     """A SweepSpec from a mapping (the TOML document, with the flags already merged in)."""
     spec = SweepSpec()
     if "name" in doc:
-        if not isinstance(doc["name"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", doc["name"]):
-            raise UsageError(f"sweep name {doc['name']!r}: use 1-40 letters, digits, '.', '_' or '-'")
+        if not isinstance(doc["name"], str) or not re.fullmatch(SWEEP_NAME_RE, doc["name"]):
+            raise UsageError(f"sweep name {short(doc['name'])}: use 1-40 letters, digits, '.', '_' or '-'")
         spec.name = doc["name"]
     if "sizes" in doc:
         spec.sizes = _list(doc["sizes"], "sizes")
@@ -219,11 +220,17 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
         raise UsageError(f"precision applies to {' and '.join(PRECISION_BACKENDS)} only, and this sweep has "
                          f"{', '.join(spec.backends)}; drop precision or add one of those backends")
     fields = doc.get("fields", {})
+    targets: dict[str, str] = {}  # the field each name sets: a field and its nanoGPT alias may not both be swept
     for name, values in fields.items():
-        if name not in FIELDS:
-            hint = " (set it at the top level of the sweep)" if name in NOT_SWEEPABLE else ""
-            raise UsageError(f"unknown config field {name!r} in the sweep{hint}; sweepable fields: "
-                             f"{', '.join(sorted(FIELDS))}")
+        target = NANOGPT_NAMES.get(name, name)
+        if target not in FIELDS:
+            hint = " (set it at the top level of the sweep)" if target in NOT_SWEEPABLE else ""
+            alias = f" (nanoGPT's name for {target})" if name != target else ""
+            raise UsageError(f"unknown config field {short(name)}{alias} in the sweep{hint}; sweepable fields: "
+                             f"{', '.join(sorted(FIELDS))} (and nanoGPT's {', '.join(sorted(NANOGPT_NAMES))})")
+        if target in targets:
+            raise UsageError(f"the sweep lists both {targets[target]} and {name}, which set the same field; keep one")
+        targets[target] = name
         spec.fields[name] = _list(values, f"fields.{name}", (int, float, str, bool))  # bool: the model options
     if doc.get("steps") is not None and doc.get("epochs") is not None:
         raise UsageError("the sweep sets both steps and epochs; keep one")
@@ -295,14 +302,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
             schedule["eval_interval"] = spec.eval_interval
         for values in itertools.product(*(spec.fields[n] for n in names)):
             overrides = dict(zip(names, values))
-            changes = dict(schedule, **overrides)
-            if "n_embd" in overrides and "d_hidden" not in overrides and isinstance(overrides["n_embd"], int):
-                changes["d_hidden"] = max(1, round(base.d_hidden * overrides["n_embd"] / base.n_embd))
             label = _label(base.name, overrides)
-            try:
-                config = base.replace(name=label, **changes)
-            except TypeError as exc:  # a value of the wrong type that dataclasses.replace let through
-                raise UsageError(f"sweep cell {label}: {exc}") from None
+            # as `harness run --set`: nanoGPT's names, and d_hidden keeping its ratio when n_embd is swept
+            config = nanogpt.apply_overrides(base, dict(schedule, **overrides, name=label))
             # seeds outermost, backends innermost: the cells that a paired comparison sets side by side run
             # next to each other, so slow drift of the machine hits both alike
             for seed in spec.seeds:
