@@ -19,6 +19,9 @@ from harness.probe import STATE_QUANTITIES, state_at
 from harness.taps import BLOCK_TAPS, block_of, kind
 
 TINY = 1e-300  # floor of the relative error's denominator: two all-zero arrays agree exactly
+# what gradients that differ only under the dropout masks point at (harness parity and the kit say it alike)
+DROPOUT_CAUSE = ("dropout (placement or scaling; the gradients agree with dropout off): masks on the embedding sum "
+                 "and after each c_proj, before the residual add, kept values x / (1 - p)")
 CLOSE = 1e-3  # a candidate explains a tap when it leaves less than this fraction of the tap's size
 
 # What each depth cannot see (printed with the verdict; docs/parity.md, "What each depth cannot see").

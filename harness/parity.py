@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from harness import diagnose
-from harness.diagnose import TINY, common_factor, proportional, relative_error, worst, worst_key
+from harness.diagnose import DROPOUT_CAUSE, TINY, common_factor, proportional, relative_error, worst, worst_key
 from harness.errors import UsageError
 from harness.options import THREADS_HELP, add_backend, add_quiet, configure, pick_sizes
 from harness.probe import (
@@ -963,8 +963,8 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
         r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err, r.first_dropout_grad = \
             _compare_grads(_grads(probe_a, DROPOUT_GRAD_PREFIX), _grads(probe_b, DROPOUT_GRAD_PREFIX),
                            tolerances.grad, "gradient with dropout masks", (a, b), fail,
-                           cause=("likely cause: dropout (placement or scaling; the gradients agree with dropout "
-                                  "off)" if grads_ok and r.grad_rel_err else downstream[2:] or None))
+                           cause=(f"likely cause: {DROPOUT_CAUSE}" if grads_ok and r.grad_rel_err
+                                  else downstream[2:] or None))
         grads_ok = grads_ok and all(_within(e, tolerances.grad) for e in r.dropout_grad_rel_err.values())
     # (c) the optimizer step
     # the rate each step took first (its cause explains an optimizer difference at the same step): a tenth of the

@@ -63,7 +63,9 @@ def caught(result: object) -> tuple[str, str]:
     if any(f.startswith("FAIL: logits") for f in r.failures):
         return "logits", r.logits_cause or "the forward-pass checklist"
     if any(f.startswith("FAIL: gradient with dropout") for f in r.failures):
-        return f"dropout gradients: `{r.worst_dropout_grad}`", "dropout (placement or scaling)"
+        named = next((f.split("likely cause: ", 1)[1] for f in r.failures
+                      if f.startswith("FAIL: gradient with dropout") and "likely cause: " in f), "")
+        return f"dropout gradients: `{r.worst_dropout_grad}`", named
     if any(f.startswith("FAIL: gradient ") for f in r.failures):
         return f"gradients: `{r.first_grad}` first, `{r.worst_grad}` worst", "the backward pass"
     if r.opt_first_bad:

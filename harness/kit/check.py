@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.diagnose import DROPOUT_CAUSE
 from harness.errors import UsageError
 from harness.files import kind_of, open_regular
 from harness.kit.export import KINDS, MANIFEST, opt_key
@@ -283,8 +284,7 @@ CAUSES = {
               "split, LayerNorm eps or variance, GELU form (tanh), lm_head tied or not, a weight read in the wrong "
               "layout, token ids not shifted; write the activation taps (tap/<name>) to have the layer named",
     "gradients": "the backward pass (the first broken parameter, in backward order, is nearest the defect)",
-    "dropout_gradients": "dropout (placement or scaling; the gradients agree with dropout off): masks on the "
-                         "embedding sum and after each c_proj, before the residual add, kept values x / (1 - p)",
+    "dropout_gradients": DROPOUT_CAUSE,
     "loss": "the training step after step 0 (clipping, AdamW) or the dropout masks of later steps; write the "
             "optimizer depth (opt/<k>/...) to have the parameter named",
 }

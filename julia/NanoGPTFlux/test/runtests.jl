@@ -175,6 +175,16 @@ function loss_and_grads(s, x, y, masks = nothing)
     return res.val, g
 end
 
+# Loss and gradients of the Float64 model on the fixture's batch against its `loss_key` and `grad_prefix` arrays.
+function check_loss_and_grads(s, x, y, fx, loss_key, grad_prefix, masks = nothing)
+    l, g = loss_and_grads(s, x, y, masks)
+    @test l ≈ fx.scalars[loss_key] rtol = 1.0e-10
+    for spec in s.specs
+        @test close_to(g[spec.name], fx.arrays[grad_prefix * spec.name]; rtol = 1.0e-9)
+    end
+    return nothing
+end
+
 # Two full training steps (masks, clipping, AdamW with decay) against the fixture's arrays under `prefix`: the
 # losses, the parameters, the step counter and, from step `moments_from` on, AdamW's moments (Float64 model).
 function check_two_steps(s, x, y, fx, prefix, masks; moments_from = 1)
@@ -486,20 +496,8 @@ end
         masks = fixture_masks(fx)
         @test length(masks) == 1 + 2 * cfg["n_layer"]
         @test close_to(logits(s, x), fx.arrays["logits"]; rtol = 1.0e-10)
-        l, g = loss_and_grads(s, x, y)
-        @test l ≈ fx.scalars["loss"] rtol = 1.0e-10
-        for spec in s.specs
-            @test close_to(g[spec.name], fx.arrays["grad/" * spec.name]; rtol = 1.0e-9)
-        end
-        l, g = loss_and_grads(s, x, y, masks)
-        @test l ≈ fx.scalars["loss_masked"] rtol = 1.0e-10
-        for spec in s.specs
-            @test close_to(
-                g[spec.name],
-                fx.arrays["grad_masked/" * spec.name];
-                rtol = 1.0e-9,
-            )
-        end
+        check_loss_and_grads(s, x, y, fx, "loss", "grad/")
+        check_loss_and_grads(s, x, y, fx, "loss_masked", "grad_masked/", masks)
         # two full steps: masks, clipping (active: the fixture checks), AdamW with decay
         check_two_steps(s, x, y, fx, "", masks)
     end
@@ -546,16 +544,8 @@ end
         x, y = fixture_tokens(fx)
         masks = filter(kv -> kv.first in ("emb", "h.0.attn", "h.0.mlp"), fixture_masks(fx))
         @test close_to(logits(s, x), fx.arrays["options/logits"]; rtol = 1.0e-10)
-        l, g = loss_and_grads(s, x, y)
-        @test l ≈ fx.scalars["options/loss"] rtol = 1.0e-10
-        for spec in s.specs
-            # wte.weight: the sum of the embedding's and the output layer's gradient
-            @test close_to(
-                g[spec.name],
-                fx.arrays["options/grad/" * spec.name];
-                rtol = 1.0e-9,
-            )
-        end
+        # wte.weight: the sum of the embedding's and the output layer's gradient
+        check_loss_and_grads(s, x, y, fx, "options/loss", "options/grad/")
         # two steps with the schedule's rates (a warm-up step, then the peak), masks, clipping; the fixture
         # holds AdamW's moments of step 2
         check_two_steps(s, x, y, fx, "options/", masks; moments_from = 2)
