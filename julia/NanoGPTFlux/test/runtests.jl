@@ -185,6 +185,22 @@ function check_loss_and_grads(s, x, y, fx, loss_key, grad_prefix, masks = nothin
     return nothing
 end
 
+# Central differences of the loss `f()` at `per_param` random entries of every parameter against the gradients
+# `g`; the model's own arrays are nudged in place and restored.
+function check_finite_differences(s, g, f, rng, per_param)
+    h = 1.0e-6
+    for (spec, p) in zip(s.specs, s.params), i in unique(rand(rng, 1:length(p), per_param))
+        p0 = p[i]
+        p[i] = p0 + h
+        up = f()
+        p[i] = p0 - h
+        down = f()
+        p[i] = p0
+        @test g[spec.name][i] ≈ (up - down) / 2h rtol = 1.0e-5 atol = 1.0e-8
+    end
+    return nothing
+end
+
 # Two full training steps (masks, clipping, AdamW with decay) against the fixture's arrays under `prefix`: the
 # losses, the parameters, the step counter and, from step `moments_from` on, AdamW's moments (Float64 model).
 function check_two_steps(s, x, y, fx, prefix, masks; moments_from = 1)
@@ -577,18 +593,13 @@ end
         x, y = fixture_tokens(fx)
         _, g = loss_and_grads(s, x, y)
         idx, onehot, mask = NG.device_batch(s, x, y)
-        f() = NG.loss(s.model, idx, onehot, mask)
-        h = 1.0e-6
-        rng = Random.Xoshiro(7)
-        for (spec, p) in zip(s.specs, s.params), i in unique(rand(rng, 1:length(p), 4))
-            p0 = p[i]
-            p[i] = p0 + h
-            up = f()
-            p[i] = p0 - h
-            down = f()
-            p[i] = p0
-            @test g[spec.name][i] ≈ (up - down) / 2h rtol = 1.0e-5 atol = 1.0e-8
-        end
+        check_finite_differences(
+            s,
+            g,
+            () -> NG.loss(s.model, idx, onehot, mask),
+            Random.Xoshiro(7),
+            4,
+        )
     end
 
     @testset "finite differences agree with the gradients (Float64 model, with masks)" begin
@@ -599,21 +610,8 @@ end
         _, g = loss_and_grads(s, x, y, masks)
         idx, onehot, mask = NG.device_batch(s, x, y)
         keeps = NG.keeps_for(s, masks, idx)
-        f() = NG.loss(s.model, idx, onehot, mask, keeps)
-        rng = Random.Xoshiro(42)
-        h = 1.0e-6
-        for (spec, p) in zip(s.specs, s.params)
-            # p is the model's own array
-            for i in unique(rand(rng, 1:length(p), 3))
-                p0 = p[i]
-                p[i] = p0 + h
-                up = f()
-                p[i] = p0 - h
-                down = f()
-                p[i] = p0
-                @test g[spec.name][i] ≈ (up - down) / 2h rtol = 1.0e-5 atol = 1.0e-8
-            end
-        end
+        f = () -> NG.loss(s.model, idx, onehot, mask, keeps)
+        check_finite_differences(s, g, f, Random.Xoshiro(42), 3)
     end
 
     @testset "training lowers the loss on a repeated batch" begin
