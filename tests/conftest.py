@@ -35,7 +35,7 @@ def data_path() -> Path:
 
 def shakespeare_path() -> Path | None:
     """Tiny Shakespeare where this machine has it (HARNESS_DATA, else the harness's user cache), else None."""
-    from harness.data import TINY_SHAKESPEARE_SHA256, cache_dir, sha256_bytes
+    from harness.core.data import TINY_SHAKESPEARE_SHA256, cache_dir, sha256_bytes
 
     for candidate in (USER_DATA, cache_dir() / "tinyshakespeare.txt"):
         if candidate and Path(candidate).is_file():
@@ -67,7 +67,7 @@ def shakespeare() -> Path:
 
 @pytest.fixture(scope="session")
 def corpus(data: Path):
-    from harness.data import load_corpus
+    from harness.core.data import load_corpus
 
     return load_corpus(data)
 
@@ -139,11 +139,11 @@ def harness_in_process(capsys, *args: object) -> tuple[int, str]:
     """`harness ARGS` in this process (its workers are still their own processes): (exit status, stderr)."""
     import signal
 
-    from harness import cli
+    from harness.cli import main
 
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        code = cli.main([str(a) for a in args])
+        code = main.main([str(a) for a in args])
     except SystemExit as exc:  # argparse
         code = exc.code
     finally:

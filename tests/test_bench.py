@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import bench
-from harness.cli import main
-from harness.configure import load_config
-from harness.data import BatchStream, load_corpus
-from harness.weights import init_weights
+from harness.bench import overhead as bench_overhead
+from harness.cli.main import main
+from harness.config.load import load_config
+from harness.core.data import BatchStream, load_corpus
+from harness.core.weights import init_weights
 
 torch = pytest.importorskip("torch")
 
@@ -65,10 +65,10 @@ def only_json(out: Path) -> dict:
 def check_result(result: dict, backend: str) -> None:
     assert result["status"] == "completed"
     assert result["backend"] == backend
-    for key in bench.RESULT_FIELDS:
+    for key in bench_overhead.RESULT_FIELDS:
         assert key in result, key
     for loop in ("runner", "bare"):
-        for key in bench.TIMING_FIELDS:
+        for key in bench_overhead.TIMING_FIELDS:
             assert key in result[loop], (loop, key)
         assert result[loop]["step_ms_median"] > 0 and result[loop]["tokens_per_s"] > 0
         assert result[loop]["step_ms_p90"] >= result[loop]["step_ms_median"]
@@ -87,7 +87,7 @@ def test_bench_writes_every_field(tmp_path: Path, text_file: Path, capsys: pytes
                                      "--threads", "1")
     assert code == 0, stderr
     doc = only_json(out)
-    assert doc["schema"] == bench.SCHEMA and doc["schema_version"] == bench.SCHEMA_VERSION
+    assert doc["schema"] == bench_overhead.SCHEMA and doc["schema_version"] == bench_overhead.SCHEMA_VERSION
     assert doc["options"]["sizes"] == ["small"] and doc["options"]["backends"] == ["torch"]
     env = doc["environment"]
     assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
@@ -132,9 +132,9 @@ def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
 
     backend = TorchBackend()
     backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
-    runner = bench.runner_repeat(backend, config, stream, 0, steps)
+    runner = bench_overhead.runner_repeat(backend, config, stream, 0, steps)
 
-    bare = bench.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare = bench_overhead.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
     floor = bare.repeat([stream.batch(k) for k in range(steps)])
 
     assert len(runner.losses) == len(floor.losses) == steps
@@ -157,8 +157,8 @@ def test_generic_bare_loop_matches_runner(text_file: Path) -> None:
     a, b = TorchBackend(), TorchBackend()
     a.setup(config, weights, corpus.vocab_size, "cpu", SEED)
     b.setup(config, weights, corpus.vocab_size, "cpu", SEED)
-    runner = bench.runner_repeat(a, config, stream, 0, 3)
-    floor = bench.backend_repeat(b, [stream.batch(k) for k in range(3)], config.learning_rate)
+    runner = bench_overhead.runner_repeat(a, config, stream, 0, 3)
+    floor = bench_overhead.backend_repeat(b, [stream.batch(k) for k in range(3)], config.learning_rate)
     np.testing.assert_allclose(floor.losses, runner.losses, rtol=1e-6, atol=0)
 
 
@@ -205,9 +205,9 @@ def test_floor_and_runner_make_the_same_copy(text_file: Path, monkeypatch: pytes
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
     backend = torch_backend.TorchBackend()
     backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
-    bench.runner_repeat(backend, config, stream, 0, 3)
+    bench_overhead.runner_repeat(backend, config, stream, 0, 3)
     runner_copies, copies[:] = list(copies), []
-    bare = bench.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare = bench_overhead.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
     bare.repeat([stream.batch(k) for k in range(3)])
     assert copies == runner_copies == [(config.batch_size, config.block_size)] * 6
 
@@ -230,17 +230,17 @@ def test_warmup_0_reads_memory_after_steps(text_file: Path, monkeypatch: pytest.
             order.append(f"memory after {Counting.steps} steps")
             return super().memory()
 
-    class Bare(bench.BareTorch):
+    class Bare(bench_overhead.BareTorch):
         def __init__(self, *a, **kw):
             order.append("bare model")
             super().__init__(*a, **kw)
 
-    monkeypatch.setattr(bench, "create_backend", lambda name, **opts: Counting(**opts))
-    monkeypatch.setattr(bench, "BareTorch", Bare)
+    monkeypatch.setattr(bench_overhead, "create_backend", lambda name, **opts: Counting(**opts))
+    monkeypatch.setattr(bench_overhead, "BareTorch", Bare)
     config = load_config("small")
-    job = bench.Job("torch", "small", config.to_dict(), str(text_file), "cpu", SEED, steps=2, warmup=0, repeats=1,
-                    progress=False)
-    result = bench.measure(job)
+    job = bench_overhead.Job("torch", "small", config.to_dict(), str(text_file), "cpu", SEED, steps=2, warmup=0,
+                             repeats=1, progress=False)
+    result = bench_overhead.measure(job)
     assert order[:2] == ["memory after 2 steps", "bare model"]
     assert result["compile_s"] is None and result["first_step_s"] > 0 and len(result["overhead_ratios"]) == 1
 
@@ -257,26 +257,26 @@ def test_cuda_without_gpu_exits_2(tmp_path: Path, text_file: Path, capsys: pytes
 def fake_result(size: str, device: str, overhead: float, x_step: float) -> dict:
     result = {"backend": "torch", "size": size, "device": device, "status": "completed",
               "overhead_ratio": 1 + overhead, "stream": {"x_step": x_step}}
-    result["checks"] = bench.checks(result)
+    result["checks"] = bench_overhead.checks(result)
     return result
 
 
 def test_targets() -> None:
     """Which targets apply where: overhead 3% on CPU for medium/large only, 5% on CUDA; stream 50x everywhere."""
-    assert bench.misses([fake_result("small", "cpu", 0.20, 60)]) == []
-    assert bench.misses([fake_result("medium", "cpu", 0.02, 60)]) == []
-    [miss] = bench.misses([fake_result("medium", "cpu", 0.04, 60)])
+    assert bench_overhead.misses([fake_result("small", "cpu", 0.20, 60)]) == []
+    assert bench_overhead.misses([fake_result("medium", "cpu", 0.02, 60)]) == []
+    [miss] = bench_overhead.misses([fake_result("medium", "cpu", 0.04, 60)])
     assert "torch/medium on cpu" in miss and "overhead" in miss and "3%" in miss
-    [miss] = bench.misses([fake_result("large", "cuda", 0.06, 60)])
+    [miss] = bench_overhead.misses([fake_result("large", "cuda", 0.06, 60)])
     assert "5%" in miss
-    assert bench.misses([fake_result("small", "cuda", 0.04, 60)]) == []
-    [miss] = bench.misses([fake_result("small", "cpu", 0.0, 20)])
+    assert bench_overhead.misses([fake_result("small", "cuda", 0.04, 60)]) == []
+    [miss] = bench_overhead.misses([fake_result("small", "cpu", 0.0, 20)])
     assert "batch stream" in miss and "50x" in miss
 
 
 def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_measure(job: bench.Job) -> dict:
+    def fake_measure(job: bench_overhead.Job) -> dict:
         result = fake_result(job.size, job.device, 0.10, 500)
         result.update(runner={"step_ms_median": 1.0, "step_ms_p90": 1.0, "tokens_per_s": 1.0},
                       bare={"step_ms_median": 1.0, "step_ms_p90": 1.0}, overhead_pct=10.0,
@@ -284,7 +284,7 @@ def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: 
                       memory={"kind": "rss", "peak_bytes": 1})
         return result
 
-    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench_overhead, "measure", fake_measure)
     args = ["--sizes", "small,medium", "--data", str(text_file), "--out", str(tmp_path / "out")]
     code, _, stderr = run_bench(capsys, *args)
     assert code == 0  # without --check a miss is reported, not fatal
@@ -298,9 +298,9 @@ def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: 
 def test_contention_probe_cost_counts_one_reading_per_chunk() -> None:
     """The sampler reads the machine once per chunk boundary (the reading that ends a chunk starts the next): per
     step that is the tick plus one reading spread over the steps of a chunk (chunk_s / step_s of them)."""
-    from harness import contention
+    from harness.timing import contention
 
-    cost = bench.contention_probe_cost(0.01, "cpu", snapshots=5, ticks=100)
+    cost = bench_overhead.contention_probe_cost(0.01, "cpu", snapshots=5, ticks=100)
     assert cost["chunk_s"] == contention.CHUNK_S and cost["snapshot_us"] > 0
     steps_per_chunk = contention.CHUNK_S / 0.01
     assert cost["per_step_us"] == pytest.approx(cost["tick_us"] + cost["snapshot_us"] / steps_per_chunk)
@@ -310,7 +310,7 @@ def test_contention_probe_cost_counts_one_reading_per_chunk() -> None:
 def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     """`harness bench --noise` judges its four legs: a ratio stated the other way round is the same ratio, a marked
     run passes the run check, an unmarked slow one fails it; the table prints what the checks use."""
-    from harness import noise
+    from harness.bench import noise
 
     def leg(a: str, b: str, time_ratio: float, hit: int, missed: int = 0) -> dict:
         cells = [{"backend": "torch", "seed": 1337 + i, "contended_fraction": 0.4 if i < hit else 0.0,
@@ -354,7 +354,7 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
 
 def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch, capsys):
     """Missing data, one backend or a size too big for the text: one line, exit 2, no leg started, nothing written."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     out = tmp_path / "out"
     monkeypatch.delenv("HARNESS_DATA", raising=False)
@@ -375,7 +375,7 @@ def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch,
 def test_noise_benchmark_lines_chunks_up_with_the_hogs():
     """A chunk counts as run during the hogs when at least half of it lies in their calendar window; of those, the
     ones the contention rule judges disturbed are counted apart (the detection's recall)."""
-    from harness import noise
+    from harness.bench import noise
 
     window = [100.0, 110.0]
     assert noise.overlaps(101.0, 2.0, window) and noise.overlaps(109.0, 2.0, window)  # half inside counts
@@ -395,8 +395,10 @@ def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     from test_paired import BUSY, QUIET
     from test_report import make_sweep
 
-    from harness import noise, paired, records
+    from harness.bench import noise
+    from harness.run import records
     from harness.sweep import manifest as mf
+    from harness.timing import paired
 
     out = tmp_path / "out"
     sweep_id = make_sweep(out, seeds=3)

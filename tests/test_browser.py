@@ -345,7 +345,7 @@ def test_markup_in_kit_check_paths_does_not_run(browser: str, tmp_path: Path) ->
     """`harness kit check` writes the kit's and the results' paths into its page."""
     import numpy as np
 
-    from harness.cli import main
+    from harness.cli.main import main
 
     kit = tmp_path / "kit"
     assert main(["kit", "export", "--steps", "1", "--out", str(kit)]) == 0

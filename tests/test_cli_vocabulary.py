@@ -1,4 +1,4 @@
-"""One vocabulary on the command line, checked on the parsers themselves (harness.cli.build_parser):
+"""One vocabulary on the command line, checked on the parsers themselves (harness.cli.main.build_parser):
 
 - every option and positional of every command has help text;
 - no parser accepts abbreviations (a prefix is an error, never silently another option);
@@ -17,9 +17,9 @@ import re
 
 import pytest
 
-from harness.cli import build_parser
-from harness.config import SIZES
-from harness.options import listed, pick_backends, pick_sizes
+from harness.cli.main import build_parser
+from harness.cli.options import listed, pick_backends, pick_sizes
+from harness.config.presets import SIZES
 
 # canonical spelling -> the aliases an option with that spelling may also carry
 CANONICAL: dict[str, set[str]] = {"--backend": {"--backends"}, "--size": {"--sizes"}, "--config": {"--configs"}}
@@ -151,7 +151,7 @@ def test_a_prefix_is_an_error(capsys):
 
 def test_size_help_names_every_size_the_command_takes():
     """A command's --size help lists what pick_sizes accepts: the nanoGPT recipes too, wherever it takes presets."""
-    from harness.config import PRESETS
+    from harness.config.presets import PRESETS
 
     for name, parser in commands():
         for action in options(parser):

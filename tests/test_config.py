@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import SIZES
-from harness.configure import load_config
+from harness.config.load import load_config
+from harness.config.presets import SIZES
 from harness.errors import UsageError
 
 # docs/design.md, "Size presets", copied by hand: the independent truth the TOML files must match.
@@ -48,7 +48,7 @@ def test_invalid_values(change, message):
 
 
 def test_user_config_round_trip(tmp_path):
-    from harness.config import preset_path
+    from harness.config.presets import preset_path
 
     path = tmp_path / "mine.toml"
     path.write_text(preset_path("medium").read_text().replace("n_layer = 2", "n_layer = 3"))
@@ -78,7 +78,7 @@ def test_config_name_must_be_a_plain_name(name):
 def test_seed_range():
     import argparse
 
-    from harness.config import SEED_MAX, check_seed, seed_arg
+    from harness.config.fields import SEED_MAX, check_seed, seed_arg
 
     assert seed_arg("0") == 0 and seed_arg(str(SEED_MAX)) == SEED_MAX == 2**32 - 1
     for bad in ("-1", str(2**32), str(2**64), "x"):
@@ -89,7 +89,7 @@ def test_seed_range():
 
 
 def test_config_from_stored_dict():
-    from harness.config import config_from_dict
+    from harness.config.fields import config_from_dict
 
     stored = load_config("small").to_dict()
     assert config_from_dict(dict(stored), "spec.json") == load_config("small")
@@ -106,7 +106,8 @@ def test_config_from_stored_dict():
 def test_option_defaults_are_the_original_model_and_every_option_reads_from_toml(tmp_path):
     """The options' defaults, written out: the original model (untied, tanh GELU, biases everywhere) and optimizer
     (nanoGPT's decay set, a constant rate); each option is read from its TOML section, and nothing else is optional."""
-    from harness.config import OPTION_DEFAULTS, preset_path, read_toml
+    from harness.config.fields import OPTION_DEFAULTS
+    from harness.config.presets import preset_path, read_toml
 
     assert OPTION_DEFAULTS == {"tie_embeddings": False, "gelu": "tanh", "bias": True, "lm_head_bias": True,
                                "decay": "nanogpt", "lr_schedule": "constant", "warmup_steps": 0,

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import contention
-from harness.contention import Probe, Sampler, Snapshot, chunk, judge
-from harness.runner import Curves, summarize_times, train, truncate_chunks
+from harness.run.loop import Curves, train
+from harness.timing import contention
+from harness.timing.contention import Probe, Sampler, Snapshot, chunk, judge
+from harness.timing.steady import summarize_times, truncate_chunks
 
 
 # --- a fake /proc -------------------------------------------------------------------------------------------------
@@ -243,8 +244,8 @@ class TickingBackend:
 
 
 def test_the_training_loop_records_chunks_and_the_worker_summary_drops_the_disturbed_steps(proc: FakeProc):
-    from harness.configure import load_config
-    from harness.runner import steady_start
+    from harness.config.load import load_config
+    from harness.timing.steady import steady_start
 
     config = load_config("small").replace(steps=100, eval_interval=50)
     wall, cpu = Clock(0.0), Clock(0.0)

@@ -15,13 +15,14 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from harness import runner
 from harness.backends.base import BackendUnavailable
-from harness.configure import load_config
-from harness.data import BatchStream
-from harness.devices import parse_devices
+from harness.cli.options import parse_devices
+from harness.config.load import load_config
+from harness.core.data import BatchStream
+from harness.core.weights import init_weights
 from harness.errors import UsageError
-from harness.weights import init_weights
+from harness.run import loop
+from harness.timing import steady
 
 torch = pytest.importorskip("torch")
 VOCAB = 11
@@ -93,14 +94,14 @@ def test_runner_times_async_steps_with_markers_and_no_per_step_sync() -> None:
     durations = [3.0] + [0.01 * (1 + k % 3) for k in range(steps - 1)]  # a slow first (compile-like) step
     device = FakeDevice(durations)
     backend = ClockBackend(device, durations)
-    curves = runner.Curves()
-    outcome = runner.train(backend, config, stream_for(config), {}, curves, steps, progress=False)
+    curves = loop.Curves()
+    outcome = loop.train(backend, config, stream_for(config), {}, curves, steps, progress=False)
     assert outcome.status == "completed" and len(curves.loss) == len(curves.time_s) == len(curves.step) == steps
     assert backend.syncs == 0  # never waited for the device per step
     assert device.fetches == 3  # one fetch per FLUSH_EVERY (50) steps: 50, 100, 120
     np.testing.assert_allclose(curves.time_s, durations)  # the device's own step times, first step included
     assert outcome.train_s == pytest.approx(sum(durations))
-    summary = runner.summarize_times(curves.time_s, 64)
+    summary = steady.summarize_times(curves.time_s, 64)
     assert summary["step_median_s"] == pytest.approx(0.02)  # steady state excludes the slow first step
 
 
@@ -108,8 +109,8 @@ def test_runner_on_a_synchronous_device_keeps_host_timing() -> None:
     """Without a device clock (CPU) the runner synchronises and reads the host clock around every step, as before."""
     config = tiny()
     backend = ClockBackend(None, [0.0] * 7)
-    curves = runner.Curves()
-    runner.train(backend, config, stream_for(config), {}, curves, 7, progress=False)
+    curves = loop.Curves()
+    loop.train(backend, config, stream_for(config), {}, curves, 7, progress=False)
     assert backend.syncs == 7 and len(curves.time_s) == 7 and all(t >= 0 for t in curves.time_s)
 
 
@@ -122,8 +123,8 @@ def test_non_finite_loss_keeps_curves_aligned_with_device_markers() -> None:
             loss = super().train_step(x, y, lr)
             return float("nan") if self.k == 4 else loss
 
-    curves = runner.Curves()
-    outcome = runner.train(Diverges(device, [0.01] * 10), config, stream_for(config), {}, curves, 10, progress=False)
+    curves = loop.Curves()
+    outcome = loop.train(Diverges(device, [0.01] * 10), config, stream_for(config), {}, curves, 10, progress=False)
     assert outcome.status == "failed: non-finite loss at step 3"
     assert len(curves.loss) == len(curves.time_s) == len(curves.step) == 4
 
@@ -172,13 +173,13 @@ def test_warm_up_runs_once_before_the_step0_evaluation() -> None:
     config = tiny().replace(eval_interval=2)
     backend = Compiled(None, [0.0] * 4)
     evals = {"val": [stream_for(config).batch(0)], "train": [stream_for(config).batch(1)]}
-    outcome = runner.train(backend, config, stream_for(config), evals, runner.Curves(), 4, progress=False)
+    outcome = loop.train(backend, config, stream_for(config), evals, loop.Curves(), 4, progress=False)
     assert calls[0] == "warm_up" and calls.count("warm_up") == 1
     assert outcome.compile_s is not None and outcome.compile_s >= 0
-    outcome = runner.train(backend, config, stream_for(config), evals, runner.Curves(), 6, start_step=4,
+    outcome = loop.train(backend, config, stream_for(config), evals, loop.Curves(), 6, start_step=4,
                            progress=False)
     assert outcome.compile_s is None  # nothing left to compile
-    assert runner.train(ClockBackend(None, [0.0] * 2), config, stream_for(config), {}, runner.Curves(), 2,
+    assert loop.train(ClockBackend(None, [0.0] * 2), config, stream_for(config), {}, loop.Curves(), 2,
                         progress=False).compile_s is None  # a backend without warm-up
 
 
@@ -214,7 +215,7 @@ def test_torch_compile_warm_up_changes_nothing(monkeypatch: pytest.MonkeyPatch) 
 def test_dynamo_reset_keeps_the_second_size_static() -> None:
     """Two shapes through one torch.compile in one process: without reset the second graph has symbolic (dynamic)
     shapes, which `harness run` (one size per process) never uses; with bench.reset_compiler() it is static."""
-    from harness import bench
+    from harness.bench import overhead
 
     def compile_twice(reset: bool) -> list[bool]:
         dynamic: list[bool] = []
@@ -224,12 +225,12 @@ def test_dynamo_reset_keeps_the_second_size_static() -> None:
                 isinstance(s, torch.SymInt) for s in e.shape)) for e in example_inputs))
             return gm.forward
 
-        bench.reset_compiler()
+        overhead.reset_compiler()
         model = torch.nn.Linear(4, 3)
         for n in (2, 5):
             torch.compile(model, backend=record)(torch.ones(n, 4))
             if reset:
-                bench.reset_compiler()
+                overhead.reset_compiler()
                 model = torch.nn.Linear(4, 3)
         return dynamic
 
@@ -239,13 +240,13 @@ def test_dynamo_reset_keeps_the_second_size_static() -> None:
 
 
 def test_bench_resets_dynamo_before_each_compiled_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import bench
+    from harness.bench import overhead
 
     events: list[str] = []
-    monkeypatch.setattr(bench, "reset_compiler", lambda: events.append("reset"))
-    monkeypatch.setattr(bench, "_measure", lambda job: events.append(f"measure {job.size}") or {})
+    monkeypatch.setattr(overhead, "reset_compiler", lambda: events.append("reset"))
+    monkeypatch.setattr(overhead, "_measure", lambda job: events.append(f"measure {job.size}") or {})
     for size, opts in (("small", {"compile": True}), ("medium", {"compile": True}), ("large", {})):
-        bench.measure(bench.Job("torch", size, {}, "", "cpu", 0, 1, 0, 1, options=opts))
+        overhead.measure(overhead.Job("torch", size, {}, "", "cpu", 0, 1, 0, 1, options=opts))
     assert events == ["reset", "measure small", "reset", "measure medium", "measure large"]
 
 
@@ -266,7 +267,7 @@ def test_parse_devices() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: torch=cuda is valid here")
 def test_parity_torch_on_cuda_without_gpu_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from harness.cli import main
+    from harness.cli.main import main
 
     out = tmp_path / "out"
     code = main(["parity", "--device", "torch=cuda", "--steps", "2", "--out", str(out)])
@@ -279,11 +280,11 @@ def test_parity_spec_carries_devices_and_parity_options(tmp_path: Path, monkeypa
                                                         capsys: pytest.CaptureFixture) -> None:
     """What the workers get: spec["devices"] per backend and torch's parity options; the worker reads its device
     from there (falling back to spec["device"])."""
-    from harness import launch
-    from harness.cli import main
-    from harness.worker import Worker
+    from harness.cli.main import main
+    from harness.run import supervise
+    from harness.run.worker import Worker
 
-    monkeypatch.setattr(launch, "execute", lambda directory, backends, **kw: {b: 1 for b in backends})
+    monkeypatch.setattr(supervise, "execute", lambda directory, backends, **kw: {b: 1 for b in backends})
     out = tmp_path / "out"
     assert main(["parity", "--device", "numpy=cpu", "--steps", "2", "--out", str(out)]) == 3  # the workers "crashed"
     [spec_path] = list((out / "runs").glob("*/spec.json"))
@@ -306,7 +307,7 @@ def test_parity_mode_uses_single_tensor_adamw_and_math_attention(monkeypatch: py
     import torch.nn.attention as attention
 
     from harness.backends.torch_backend import TorchBackend, adamw_flags, attention_kernels
-    from harness.devices import parity_options
+    from harness.cli.parity import parity_options
 
     assert adamw_flags("cuda", parity=False) == {"fused": True}
     assert adamw_flags("cuda", parity=True) == adamw_flags("cpu", parity=True) == {"fused": False, "foreach": False}
@@ -454,7 +455,7 @@ def test_cupy_readiness_names_the_failing_step(stub_cupy, fail: str, words: str)
 
 
 def test_cupy_not_ready_is_one_line_exit_2(stub_cupy, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from harness.cli import main
+    from harness.cli.main import main
 
     stub_cupy("kernel")
     out = tmp_path / "out"
@@ -503,7 +504,7 @@ def test_cupy_path_device_dropout_resume_and_memory(stub_cupy) -> None:
 
 # --- finding 9: doctor ---------------------------------------------------------------------------------------------
 def test_doctor_tells_cpu_build_from_driver_problem(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import doctor
+    from harness.cli import doctor
 
     monkeypatch.setattr(torch.version, "cuda", None)
     assert "CPU-only build" in doctor._torch_row()[1]
@@ -521,7 +522,7 @@ def test_doctor_tells_cpu_build_from_driver_problem(monkeypatch: pytest.MonkeyPa
 def test_doctor_cupy_and_compile_rows(monkeypatch: pytest.MonkeyPatch, stub_cupy) -> None:
     import importlib.util
 
-    from harness import doctor
+    from harness.cli import doctor
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "cupy" else real_find_spec(n, *a))
@@ -543,10 +544,10 @@ def test_generation_copies_only_the_last_position() -> None:
     takes it too). Planted bug: generate without last_only records full (N, T, V) copies."""
     import inspect
 
-    from harness import metrics
     from harness.backends.flux import FluxBackend
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
+    from harness.run import text
 
     config = tiny()
     x = stream_for(config).batch(0)[0]
@@ -567,14 +568,14 @@ def test_generation_copies_only_the_last_position() -> None:
 
     rec = Recording()
     rec.setup(config, init_weights(config, VOCAB, 0), VOCAB, "cpu", 0)
-    ids = metrics.generate(rec, x[:2, :5], 3, config.block_size, 0.8, seed=1)
+    ids = text.generate(rec, x[:2, :5], 3, config.block_size, 0.8, seed=1)
     assert ids.shape == (2, 3) and shapes == [(2, 1, VOCAB)] * 3
 
 
 def test_precision_refused_on_cpu_and_before_ampere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture) -> None:
     from harness.backends.torch_backend import check_precision
-    from harness.cli import main
+    from harness.cli.main import main
 
     check_precision("fp32", "cpu")
     with pytest.raises(UsageError, match="needs a CUDA GPU"):

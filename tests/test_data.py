@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import CORPUS_SHA256
 
-from harness import data as hdata
-from harness.data import BatchStream, eval_batches, load_corpus
+from harness.core import data as core_data
+from harness.core.data import BatchStream, eval_batches, load_corpus
 from harness.errors import UsageError
 
 
@@ -34,7 +34,7 @@ def test_test_corpus_is_the_same_everywhere(corpus, data):
 def test_tiny_shakespeare_facts(shakespeare):
     """The real Tiny Shakespeare where this machine has it (HARNESS_DATA or the user cache): its published facts."""
     corpus = load_corpus(shakespeare)
-    if corpus.sha256 != hdata.TINY_SHAKESPEARE_SHA256:  # the project corpus stood in: its own facts are above
+    if corpus.sha256 != core_data.TINY_SHAKESPEARE_SHA256:  # the project corpus stood in: its own facts are above
         assert corpus.vocab_size == 65
         return
     assert corpus.n_chars == 1_115_394 and corpus.vocab_size == 65
@@ -109,13 +109,13 @@ def test_too_short_for_a_block(tmp_path):
     path.write_text("hello world " * 30)  # 360 chars: val split 36 < block 64 + 1
     corpus = load_corpus(path)
     with pytest.raises(UsageError, match="too short"):
-        hdata.check_fits(corpus, 64, 16)
+        core_data.check_fits(corpus, 64, 16)
 
 
 def test_offline_without_cache_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HARNESS_DATA", raising=False)
-    monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens
+    monkeypatch.setattr(core_data, "TINY_SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens
     with pytest.raises(UsageError) as info:
         load_corpus(None)
     message = str(info.value)
@@ -126,7 +126,7 @@ def test_offline_without_cache_is_one_clear_line(tmp_path, monkeypatch):
 def test_download_verifies_and_caches(tmp_path, monkeypatch, data):
     """Serve a file on loopback as if it were Tiny Shakespeare (its checksum patched in): first use downloads and
     verifies, second use reads the cache."""
-    monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_SHA256", CORPUS_SHA256)
+    monkeypatch.setattr(core_data, "TINY_SHAKESPEARE_SHA256", CORPUS_SHA256)
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "input.txt").write_bytes(data.read_bytes())
     (tmp_path / "www" / "wrong.txt").write_bytes(b"not shakespeare")
@@ -137,15 +137,15 @@ def test_download_verifies_and_caches(tmp_path, monkeypatch, data):
         port = server.server_address[1]
         monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
         monkeypatch.delenv("HARNESS_DATA", raising=False)
-        monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_URL", f"http://127.0.0.1:{port}/wrong.txt")
+        monkeypatch.setattr(core_data, "TINY_SHAKESPEARE_URL", f"http://127.0.0.1:{port}/wrong.txt")
         with pytest.raises(UsageError, match="wrong sha256"):
             load_corpus(None)
-        monkeypatch.setattr(hdata, "TINY_SHAKESPEARE_URL", f"http://127.0.0.1:{port}/input.txt")
+        monkeypatch.setattr(core_data, "TINY_SHAKESPEARE_URL", f"http://127.0.0.1:{port}/input.txt")
         corpus = load_corpus(None)
-        assert corpus.sha256 == hdata.TINY_SHAKESPEARE_SHA256
+        assert corpus.sha256 == core_data.TINY_SHAKESPEARE_SHA256
         assert (tmp_path / "cache" / "tinyshakespeare.txt").is_file()
         server.shutdown()
-        assert load_corpus(None).sha256 == hdata.TINY_SHAKESPEARE_SHA256  # from the cache, server gone
+        assert load_corpus(None).sha256 == core_data.TINY_SHAKESPEARE_SHA256  # from the cache, server gone
     finally:
         server.server_close()
 

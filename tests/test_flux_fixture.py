@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.backends.flux_layout import masks_to_flux, to_flux
-from harness.weights import decays
+from harness.core.weights import decays
 
 TEST_DIR = Path(__file__).resolve().parent.parent / "julia" / "NanoGPTFlux" / "test"
 
@@ -94,8 +94,8 @@ def test_fixture_layout_and_contents(fresh: str):
 def test_fixture_options_case(fresh: str):
     """The options case (nanoGPT's model options and a cosine schedule): its parameters are those the options leave
     (no biases, no lm_head.weight), in the Flux layout, and its two rates are the schedule's."""
-    from harness.schedule import learning_rates
-    from harness.weights import param_shapes
+    from harness.core.schedule import learning_rates
+    from harness.core.weights import param_shapes
 
     cfg, scalars, arrays = make_fixture.parse(fresh)
     config = make_fixture.options_config()

@@ -27,9 +27,9 @@ from harness.backends.flux_layout import (
     tokens_from_flux,
     tokens_to_flux,
 )
-from harness.configure import load_config
+from harness.config.load import load_config
+from harness.core.weights import init_weights, param_shapes
 from harness.models import numpy_gpt
-from harness.weights import init_weights, param_shapes
 
 VOCAB = 65
 
@@ -277,9 +277,9 @@ def test_flux_layout_forward_with_wrong_masks_fails(wrong):
 @pytest.mark.parametrize("n_layer", [1, 2])
 def test_taps_from_flux_give_the_oracles_taps(n_layer):
     """NanoGPTFlux's taps (src/taps.jl, emulated in the Flux layout above), converted by taps_from_flux, are the
-    oracle's taps: every name of harness.taps, its canonical shape and values."""
+    oracle's taps: every name of harness.core.taps, its canonical shape and values."""
     from harness.backends.flux_layout import taps_from_flux, taps_to_flux
-    from harness.taps import tap_names, tap_shapes
+    from harness.core.taps import tap_names, tap_shapes
 
     config, w = _weights(n_layer=n_layer)
     config = config.replace(dropout=0.0)

@@ -129,7 +129,7 @@ def test_flux_worker_imports_neither_torch_nor_juliacall():
     import subprocess
     import sys
 
-    code = ("import sys, harness.worker, harness.backends.flux; "
+    code = ("import sys, harness.run.worker, harness.backends.flux; "
             "assert 'torch' not in sys.modules and 'juliacall' not in sys.modules, sorted(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

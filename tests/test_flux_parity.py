@@ -67,8 +67,8 @@ def test_run_both_small(tmp_path: Path):
 BRIDGE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from harness.backends.flux import FluxBackend
-    from harness.configure import load_config
-    from harness.weights import init_weights
+    from harness.config.load import load_config
+    from harness.core.weights import init_weights
 
     config = load_config("small").replace(dropout=0.0, n_layer=2)
     V = 65

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.cli import main
-from harness.taps import tap_names
+from harness.cli.main import main
+from harness.core.taps import tap_names
 from tests.conftest import data_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,8 +105,8 @@ def test_export_writes_a_small_self_describing_kit(kit: Path) -> None:
 
 
 def test_dropout_kit_holds_the_harness_masks(kit_drop: Path) -> None:
-    from harness.configure import load_config
-    from harness.masks import dropout_masks
+    from harness.config.load import load_config
+    from harness.core.masks import dropout_masks
 
     manifest = json.loads((kit_drop / "manifest.json").read_text())
     config = load_config("small").replace(dropout=0.2, steps=3)

@@ -7,9 +7,9 @@ import functools
 import numpy as np
 import pytest
 
-from harness import metrics
-from harness.configure import load_config
-from harness.data import Corpus
+from harness.config.load import load_config
+from harness.core.data import Corpus
+from harness.run import text as run_text
 
 ALPHABET = tuple(sorted(set(" \nabcdefghijklmnopqrstuvwxyz.,")))
 
@@ -66,31 +66,31 @@ def test_inverse_cdf_hand_computed() -> None:
     """p = (0.1, 0.2, 0.3, 0.4): cdf (0.1, 0.3, 0.6, 1.0); the token is the first whose cdf exceeds u."""
     logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4]] * 6))
     u = np.array([0.0, 0.05, 0.25, 0.59, 0.61, 0.999])
-    assert metrics.sample_next(logits, 1.0, u).tolist() == [0, 0, 1, 2, 3, 3]
+    assert run_text.sample_next(logits, 1.0, u).tolist() == [0, 0, 1, 2, 3, 3]
 
 
 def test_temperature_sharpens_by_hand() -> None:
     """T = 0.5 squares the probabilities: (1, 4, 9, 16)/30, cdf (1/30, 5/30, 14/30, 1)."""
     logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4]] * 4))
     u = np.array([0.02, 0.1, 0.4, 0.5])
-    assert metrics.sample_next(logits, 0.5, u).tolist() == [0, 1, 2, 3]
+    assert run_text.sample_next(logits, 0.5, u).tolist() == [0, 1, 2, 3]
 
 
 def test_greedy_is_argmax_and_per_row_temperatures() -> None:
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(5, 11))
     u = rng.random(5)
-    assert metrics.sample_next(logits, None, u).tolist() == logits.argmax(axis=1).tolist()
-    mixed = metrics.sample_next(logits, [None, 1.0, None, 0.5, 2.0], u)
+    assert run_text.sample_next(logits, None, u).tolist() == logits.argmax(axis=1).tolist()
+    mixed = run_text.sample_next(logits, [None, 1.0, None, 0.5, 2.0], u)
     assert mixed[0] == logits[0].argmax() and mixed[2] == logits[2].argmax()
     for row, t in ((1, 1.0), (3, 0.5), (4, 2.0)):
-        assert mixed[row] == metrics.sample_next(logits[row:row + 1], t, u[row:row + 1])[0]
+        assert mixed[row] == run_text.sample_next(logits[row:row + 1], t, u[row:row + 1])[0]
 
 
 def test_zero_probability_token_never_drawn() -> None:
     """A token whose probability underflows to 0 is never sampled, even for u = 0."""
     logits = np.array([[-1e4, 0.0, 0.0]])
-    assert metrics.sample_next(logits, 0.1, np.array([0.0]))[0] == 1
+    assert run_text.sample_next(logits, 0.1, np.array([0.0]))[0] == 1
 
 
 # --- generation ------------------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_uniform_logits_follow_the_published_uniform_stream() -> None:
     """Uniform logits: token = floor(u * V), with u from PCG64([seed, 3]) drawn as an (n_new, rows) array."""
     vocab, rows, n_new, seed = 13, 4, 25, 99
     prompts = np.zeros((rows, 5), dtype=np.int64)
-    out = metrics.generate(UniformBackend(vocab), prompts, n_new, block_size=8, temperature=1.0, seed=seed)
+    out = run_text.generate(UniformBackend(vocab), prompts, n_new, block_size=8, temperature=1.0, seed=seed)
     u = np.random.Generator(np.random.PCG64([seed, 3])).random((n_new, rows))
     assert out.tolist() == np.floor(u * vocab).astype(int).T.tolist()
 
@@ -107,17 +107,17 @@ def test_identical_logits_give_identical_text_across_dtypes() -> None:
     """Two 'backends' with the same logits (float32 and float64) decode the same text at every temperature."""
     prompts = np.arange(12, dtype=np.int64).reshape(3, 4) % 7
     for t in (1.5, 0.8, None):
-        a = metrics.generate(UniformBackend(7, np.float32, 0.25), prompts, 30, 16, t, seed=5)
-        b = metrics.generate(UniformBackend(7, np.float64, 0.25), prompts, 30, 16, t, seed=5)
+        a = run_text.generate(UniformBackend(7, np.float32, 0.25), prompts, 30, 16, t, seed=5)
+        b = run_text.generate(UniformBackend(7, np.float64, 0.25), prompts, 30, 16, t, seed=5)
         assert a.tolist() == b.tolist()
 
 
 def test_prompts_and_references_come_from_the_validation_text() -> None:
     corpus = random_corpus()
-    prompts, refs = metrics.prompt_set(corpus)
-    n_val, P, L = len(corpus.val), metrics.PROMPT_CHARS, metrics.CONTINUATION_CHARS
+    prompts, refs = run_text.prompt_set(corpus)
+    n_val, P, L = len(corpus.val), run_text.PROMPT_CHARS, run_text.CONTINUATION_CHARS
     text = corpus.decode(corpus.val)
-    assert prompts.shape == (metrics.N_PROMPTS, P)
+    assert prompts.shape == (run_text.N_PROMPTS, P)
     assert corpus.decode(prompts[0]) == text[:P] and refs[0] == text[P:P + L]
     assert corpus.decode(prompts[-1]) + refs[-1] == text[n_val - P - L:]  # the last window ends the split
     for p, r in zip(prompts, refs):
@@ -128,7 +128,7 @@ def test_prompts_and_references_come_from_the_validation_text() -> None:
 def oracle_quality() -> dict:
     corpus = random_corpus()
     config = load_config("small")
-    return metrics.text_quality(OracleBackend(corpus), corpus, config, seed=1337)
+    return run_text.text_quality(OracleBackend(corpus), corpus, config, seed=1337)
 
 
 def test_oracle_scores_100(oracle_quality: dict) -> None:
@@ -144,14 +144,14 @@ def test_text_quality_record_shape(oracle_quality: dict) -> None:
     q = oracle_quality
     p = q["protocol"]
     assert (p["n_prompts"], p["prompt_chars"], p["continuation_chars"], p["temperature"]) == (
-        metrics.N_PROMPTS, metrics.PROMPT_CHARS, metrics.CONTINUATION_CHARS, metrics.TEMPERATURE)
-    assert q["generation_tokens"] == metrics.N_PROMPTS * metrics.CONTINUATION_CHARS
+        run_text.N_PROMPTS, run_text.PROMPT_CHARS, run_text.CONTINUATION_CHARS, run_text.TEMPERATURE)
+    assert q["generation_tokens"] == run_text.N_PROMPTS * run_text.CONTINUATION_CHARS
     assert q["generation_tokens_per_s"] == pytest.approx(q["generation_tokens"] / q["generation_s"])
     assert [s["temperature"] for s in q["samples"]] == [1.5, 1.0, 0.8, 0.5, 0.1, None]
-    assert all(len(s["text"]) == metrics.SAMPLE_CHARS for s in q["samples"])
+    assert all(len(s["text"]) == run_text.SAMPLE_CHARS for s in q["samples"])
     # the oracle is certain, so every temperature continues the sample prompt with the true text
     corpus = random_corpus()
-    truth = corpus.decode(corpus.val[metrics.PROMPT_CHARS:metrics.PROMPT_CHARS + metrics.SAMPLE_CHARS])
+    truth = corpus.decode(corpus.val[run_text.PROMPT_CHARS:run_text.PROMPT_CHARS + run_text.SAMPLE_CHARS])
     assert all(s["text"] == truth for s in q["samples"])
 
 
@@ -161,7 +161,7 @@ def test_score_text_against_sacrebleu_directly() -> None:
 
     hyps = ["the cat\nsat on  the mat", "a dog ran far away"]
     refs = ["the cat sat on the mat", "the dog ran away"]
-    got = metrics.score_text(hyps, refs, bootstrap=0)
+    got = run_text.score_text(hyps, refs, bootstrap=0)
     lines = ["the cat sat on the mat", "a dog ran far away"]
     assert got["bleu"] == pytest.approx(BLEU().corpus_score(lines, [refs]).score)
     assert got["chrf"] == pytest.approx(CHRF().corpus_score(lines, [refs]).score)

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from harness import parity
-from harness.config import OPTION_DEFAULTS, PRESETS, config_from_dict
-from harness.configure import load_config
+from harness.config.fields import OPTION_DEFAULTS, config_from_dict
+from harness.config.load import load_config
+from harness.config.presets import PRESETS
+from harness.core.schedule import effective_rate, learning_rate, learning_rates
+from harness.core.weights import count_parameters, decays, init_weights, param_shapes
 from harness.errors import UsageError
-from harness.schedule import effective_rate, learning_rate, learning_rates
-from harness.weights import count_parameters, decays, init_weights, param_shapes
+from harness.parity import compare
 
 torch = pytest.importorskip("torch")
 
@@ -78,8 +79,8 @@ def test_schedule_is_nanogpts_get_lr() -> None:
 
 
 def test_the_runner_hands_each_step_its_rate() -> None:
-    from harness.data import BatchStream, load_corpus
-    from harness.runner import Curves, train
+    from harness.core.data import BatchStream, load_corpus
+    from harness.run.loop import Curves, train
 
     class Recorder:  # the least of the Backend protocol the loop uses
         def __init__(self) -> None:
@@ -107,8 +108,8 @@ def test_the_runner_hands_each_step_its_rate() -> None:
 
 
 def test_options_shape_the_parameters_and_the_costs() -> None:
-    from harness.costs import flops_per_token
-    from harness.launch import n_parameters
+    from harness.core.costs import flops_per_token
+    from harness.run.plan import n_parameters
 
     for size in ("small", "medium"):
         for t, b, lb in itertools.product((False, True), repeat=3):
@@ -192,7 +193,7 @@ def test_torch_backend_with_nanogpt_options_matches_the_oracle() -> None:
 
 
 def test_presets_are_listed_and_the_recipes_are_nanogpts(capsys: pytest.CaptureFixture) -> None:
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["sizes"]) == 0
     table = capsys.readouterr().out
@@ -306,7 +307,7 @@ def test_sweep_sets_the_options() -> None:
 def test_sweep_reads_set_as_run_does() -> None:
     """`harness sweep --set NAME=V1,V2` reads each value as `harness run --set` reads one (False, 1e-3: Python
     literals, as nanoGPT's configurator) and takes nanoGPT's names, with run's d_hidden rule."""
-    from harness.nanogpt import parse_sets
+    from harness.config.nanogpt import parse_sets
     from harness.sweep.spec import build_spec, expand, parse_set
 
     fields = parse_set(["bias=False,True", "n_embd=32"])
@@ -336,8 +337,8 @@ STEPS = 6
 
 def probe_run(backend: object, config: object, plant: object = None) -> tuple[dict[str, np.ndarray], list[float]]:
     """What a parity worker measures, in process: the probe with the state after every step, and the losses."""
-    from harness.data import BatchStream, load_corpus
-    from harness.runner import Curves, train
+    from harness.core.data import BatchStream, load_corpus
+    from harness.run.loop import Curves, train
 
     corpus = load_corpus(data_path())
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, 1337, config.scheme)
@@ -417,16 +418,16 @@ def test_planted_bug_fails_parity_naming_the_cause(bug: str, monkeypatch: pytest
 
     how, dtype, line, cause = PLANTS[bug]
     c = load_config("small").replace(dropout=0.0, steps=STEPS, **NANOGPT, **COSINE)
-    tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), None)
+    tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), None)
     if dtype not in _CORRECT:
         _CORRECT[dtype] = probe_run(TorchBackend(dtype=dtype, parity=True), c), probe_run(NumpyBackend(), c)
     (probe_t, loss_t), (probe_n, loss_n) = _CORRECT[dtype]
-    assert parity.compare(probe_t, probe_n, loss_t, loss_n, tol, config=c).passed  # correct backends agree
+    assert compare.compare(probe_t, probe_n, loss_t, loss_n, tol, config=c).passed  # correct backends agree
     if how == "tie":
         no_tied_sum(monkeypatch)
     plant = {"tie": None, "gelu": tanh_gelu}[how] if isinstance(how, str) else wrong_rate(how)
     probe_n, loss_n = probe_run(NumpyBackend(), c, plant)
-    result = parity.compare(probe_t, probe_n, loss_t, loss_n, tol, backends=("torch", "numpy"), config=c)
+    result = compare.compare(probe_t, probe_n, loss_t, loss_n, tol, backends=("torch", "numpy"), config=c)
     assert not result.passed
     (first,) = [f for f in result.failures if f.startswith(line)]
     assert cause in first, first
@@ -444,27 +445,27 @@ def test_option_diagnoses_on_synthetic_quantities() -> None:
     c = load_config("small").replace(steps=8, **COSINE)
     lr = {k: learning_rate(c, k - 1) for k in range(1, 8)}  # optimizer step k used get_lr(k - 1)
     ahead = {k: (learning_rate(c, k) / lr[k], lr[k] / learning_rate(c, k)) for k in range(1, 4)}
-    text = parity.diagnose_schedule(ahead, c, ("torch", "numpy"))
+    text = compare.diagnose_schedule(ahead, c, ("torch", "numpy"))
     assert "warm-up is off by one step: it used the rate of the next step" in text
     assert "from optimizer step 1 on numpy stepped with other rates than the schedule (step 1: 0.006667, not " \
            "0.003333" in text
     zero = c.replace(min_lr=0.0)  # now the first backend decays to 0
     to_zero = {k: (lr[k] / learning_rate(zero, k - 1), learning_rate(zero, k - 1) / lr[k]) for k in range(1, 7)}
     assert "the cosine decays to 0 instead of min_lr = 0.001; from optimizer step 4 on torch stepped" in \
-        parity.diagnose_schedule(to_zero, c, ("torch", "numpy"))
-    assert parity.diagnose_schedule({k: (1.0, 1.0) for k in range(1, 8)}, c) is None  # both follow the schedule
-    assert parity.diagnose_schedule({1: (2.0, 0.5)}, load_config("small")) is None  # a plain factor: not a schedule
+        compare.diagnose_schedule(to_zero, c, ("torch", "numpy"))
+    assert compare.diagnose_schedule({k: (1.0, 1.0) for k in range(1, 8)}, c) is None  # both follow the schedule
+    assert compare.diagnose_schedule({1: (2.0, 0.5)}, load_config("small")) is None  # a plain factor: not a schedule
     rng = np.random.default_rng(0)
     x = np.array([[0, 1, 2]])
     ga = {"wte.weight": rng.standard_normal((5, 3)), "h.0.ln_1.weight": rng.standard_normal(3)}
     head_only = dict(ga, **{"wte.weight": ga["wte.weight"] + np.pad(np.ones((3, 3)), ((0, 2), (0, 0)))})
-    assert "the embedding lookup's part is missing" in parity.diagnose_tying(ga, head_only, x, 1e-6)
-    assert "the output layer's part is missing" in parity.diagnose_tying(ga, dict(ga, **{"wte.weight": 0 * ga[
+    assert "the embedding lookup's part is missing" in compare.diagnose_tying(ga, head_only, x, 1e-6)
+    assert "the output layer's part is missing" in compare.diagnose_tying(ga, dict(ga, **{"wte.weight": 0 * ga[
         "wte.weight"]}), x, 1e-6)
     untied = dict(ga, **{"lm_head.weight": np.zeros((5, 3))})
-    assert parity.diagnose_tying(untied, dict(untied, **{"wte.weight": 0 * ga["wte.weight"]}), x, 1e-6) is None
+    assert compare.diagnose_tying(untied, dict(untied, **{"wte.weight": 0 * ga["wte.weight"]}), x, 1e-6) is None
     both = dict(head_only, **{"h.0.ln_1.weight": 2 * ga["h.0.ln_1.weight"]})
-    assert parity.diagnose_tying(ga, both, x, 1e-6) is None  # not only the shared matrix: another cause
+    assert compare.diagnose_tying(ga, both, x, 1e-6) is None  # not only the shared matrix: another cause
 
 
 # ------------------------------------------------------------------------------------------ the conformance kit
@@ -475,7 +476,7 @@ KIT_SETS = ["tie_embeddings=true", "gelu=exact", "bias=false", "lm_head_bias=fal
 
 @pytest.fixture(scope="module")
 def nanogpt_kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from harness.cli import main
+    from harness.cli.main import main
 
     out = tmp_path_factory.mktemp("kit") / "kit"
     args = ["kit", "export", "--size", "small", "--steps", "6", "--data", str(data_path()), "--out", str(out)]
@@ -502,7 +503,7 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
                                                                    capsys: pytest.CaptureFixture) -> None:
     import json
 
-    from harness.cli import main
+    from harness.cli.main import main
 
     manifest = json.loads((nanogpt_kit / "manifest.json").read_text())
     c = config_from_dict(manifest["config"], "manifest")
@@ -536,7 +537,7 @@ KIT_PLANTS = {  # plant in the port: (dtype, what `kit check` must print)
 @pytest.mark.parametrize("plant", list(KIT_PLANTS))
 def test_kit_names_a_port_that_gets_an_option_wrong(plant: str, nanogpt_kit: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture) -> None:
-    from harness.cli import main
+    from harness.cli.main import main
 
     dtype, text = KIT_PLANTS[plant]
     results = port(nanogpt_kit, tmp_path / "results.npz", "--dtype", dtype, "--plant", plant)
@@ -550,7 +551,7 @@ def test_resume_of_a_run_from_before_the_options() -> None:
     """A spec.json written before the options (no option keys) resumes; --set must reproduce what it stored."""
     import argparse
 
-    from harness.cli import resume_conflicts
+    from harness.cli.run import resume_conflicts
 
     c = load_config("small")
     old = {"config": {k: v for k, v in c.to_dict().items() if k not in OPTION_DEFAULTS}, "backend_options": {},
@@ -566,8 +567,8 @@ def test_resume_reads_backend_all_as_a_new_run_does(capsys: pytest.CaptureFixtur
     does: no conflict with a run of exactly those backends, a conflict with a run of fewer."""
     import argparse
 
-    from harness.cli import resume_conflicts
-    from harness.options import available_backends
+    from harness.cli.options import available_backends
+    from harness.cli.run import resume_conflicts
 
     ready, _ = available_backends("cpu")
     c = load_config("small")

@@ -9,10 +9,10 @@ import pytest
 
 from harness.backends.base import Backend, BackendUnavailable
 from harness.backends.numpy_backend import NumpyBackend
-from harness.config import Config
-from harness.configure import load_config
+from harness.config.fields import Config
+from harness.config.load import load_config
+from harness.core.weights import decays, init_weights, param_shapes
 from harness.errors import UsageError
-from harness.weights import decays, init_weights, param_shapes
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

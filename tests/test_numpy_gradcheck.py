@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from harness.config import Config
-from harness.configure import load_config
+from harness.config.fields import Config
+from harness.config.load import load_config
+from harness.core.weights import decays, init_weights
 from harness.models import numpy_gpt as ng
-from harness.weights import decays, init_weights
 
 VOCAB = 7
 H = 1e-5  # central differences: truncation error O(H^2), rounding error O(1e-16 / H)

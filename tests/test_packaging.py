@@ -94,7 +94,7 @@ def test_every_data_file_ships(setup_args):
     needed = {f for f in tracked_files() if not f.endswith(".py")
               and any(f.startswith(r + "/") for r in roots)}
     assert needed - shipped == set(), "list these in [tool.setuptools.package-data] of pyproject.toml"
-    assert "julia/NanoGPTFlux/src/NanoGPTFlux.jl" in shipped and "harness/configs/small.toml" in shipped
+    assert "julia/NanoGPTFlux/src/NanoGPTFlux.jl" in shipped and "harness/config/toml/small.toml" in shipped
 
 
 def _is_binary(path: Path) -> bool:

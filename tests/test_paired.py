@@ -15,7 +15,8 @@ from typing import ClassVar
 import pytest
 from conftest import run_cli
 
-from harness import paired, stats
+from harness.run import paired_timing
+from harness.timing import paired, stats
 
 QUIET = {"step": 0, "n": 5, "wall_s": 0.25, "cpu_s": 0.25, "exec_s": 0.25, "wait_s": 0.0}
 BUSY = dict(QUIET, exec_s=0.15, wait_s=0.1, cpu_s=0.15)
@@ -23,7 +24,7 @@ BUSY = dict(QUIET, exec_s=0.15, wait_s=0.1, cpu_s=0.15)
 
 def planted(ratios: list[float], disturbed: tuple[int, ...] = (), sessions: int = 1, rounds: int = 10) -> dict:
     """A paired-timing record whose round r has torch steps of 10 ms and numpy steps of 10 ms x ratios[r]."""
-    doc = paired.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
+    doc = paired_timing.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
                          1337, rounds)
     per = len(ratios) // sessions
     for s in range(sessions):
@@ -111,7 +112,7 @@ def test_a_run_of_two_backends_times_them_side_by_side_and_resume_adds_a_session
     assert 2 <= len(rounds) <= 8 and [r["order"] for r in rounds[:2]] == [["torch", "numpy"], ["numpy", "torch"]]
     for r in rounds:
         for name, burst in r["bursts"].items():
-            assert len(burst["times"]) >= paired.MIN_BURST and burst["chunk"]["n"] == len(burst["times"]), name
+            assert len(burst["times"]) >= paired_timing.MIN_BURST and burst["chunk"]["n"] == len(burst["times"]), name
     starts = [r["bursts"]["torch"]["start"] for r in rounds]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)  # the batches go on, never repeated
     assert "paired timing:" in result.stderr and "faster than" in result.stderr
@@ -134,8 +135,9 @@ def test_a_paired_record_follows_its_cells_to_their_new_runs(tmp_path: Path) -> 
     and keep every session it holds."""
     from test_report import make_sweep
 
-    from harness import paired
+    from harness.run import paired_timing
     from harness.sweep import manifest as mf
+    from harness.timing import paired
 
     out = tmp_path / "out"
     sweep_id = make_sweep(out, seeds=1)
@@ -152,13 +154,13 @@ def test_a_paired_record_follows_its_cells_to_their_new_runs(tmp_path: Path) -> 
     moved = next(c for c in after["contenders"] if c["cell"] == cell["index"])
     assert moved["run_id"] == cell["run_id"] and moved["run_dir"].endswith(cell["run_id"])
     assert after["sessions"] == sessions  # nothing measured is lost
-    paired.check_contenders(after, out / entry["path"])  # the coordinator accepts it
+    paired_timing.check_contenders(after, out / entry["path"])  # the coordinator accepts it
 
 
 class FakeChild:
     """A timing process that answers at once: ready, then one burst per request of 3 steps of 1 ms, its chunk
     quiet except in the rounds listed in `busy` (round index, contender); raises KeyboardInterrupt (Ctrl-C, or
-    SIGTERM in `python -m harness.paired run`) when asked for the burst of round `interrupt_at`."""
+    SIGTERM in `python -m harness.run.paired_timing run`) when asked for the burst of round `interrupt_at`."""
 
     busy: ClassVar[set] = set()
     interrupt_at: ClassVar[int | None] = None
@@ -191,44 +193,45 @@ class FakeChild:
 def fake_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """paired.run with FakeChild timing processes; returns (path, doc, writes, judged): the record's path, a fresh
     record wanting 5 rounds, the times the record was written, the bursts judged."""
-    from harness import contention, records
+    from harness.run import records
+    from harness.timing import contention
 
-    monkeypatch.setattr(paired, "Child", FakeChild)
-    monkeypatch.setattr(paired, "check_contenders", lambda doc, path: None)
-    monkeypatch.setattr(paired, "_env", lambda c, threads: {})
+    monkeypatch.setattr(paired_timing, "Child", FakeChild)
+    monkeypatch.setattr(paired_timing, "check_contenders", lambda doc, path: None)
+    monkeypatch.setattr(paired_timing, "_env", lambda c, threads: {})
     monkeypatch.setattr(FakeChild, "busy", set())
     monkeypatch.setattr(FakeChild, "interrupt_at", None)
     writes, judged = [], []
     write, judge = records.atomic_write_json, contention.judge
     monkeypatch.setattr(records, "atomic_write_json", lambda p, obj: writes.append(p) or write(p, obj))
     monkeypatch.setattr(contention, "judge", lambda c: judged.append(c) or judge(c))
-    doc = paired.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
+    doc = paired_timing.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
                          1337, rounds=5)
     return tmp_path / "paired.json", doc, writes, judged
 
 
 def test_a_session_counts_its_rounds_as_it_goes_and_writes_the_record_every_few_seconds(fake_session, monkeypatch):
     path, doc, writes, judged = fake_session
-    monkeypatch.setattr(paired, "PERSIST_EVERY_S", 1e9)  # no periodic write in so short a session
+    monkeypatch.setattr(paired_timing, "PERSIST_EVERY_S", 1e9)  # no periodic write in so short a session
     FakeChild.busy = {(2, "numpy")}  # round 2's second burst waited: 6 rounds for 5 undisturbed ones
-    out = paired.run(path, doc, progress=False)
+    out = paired_timing.run(path, doc, progress=False)
     assert len(judged) == 2 * 6  # every burst judged once (not every burst so far after every round)
     assert len(writes) == 2  # the session's start and its end, not once per round
     (session,) = json.loads(path.read_text())["sessions"]
     assert len(session["rounds"]) == 6 and session["status"] == "completed" and paired.clean_rounds(out) == 5
-    monkeypatch.setattr(paired, "PERSIST_EVERY_S", 0.0)  # a long session: written as it goes
+    monkeypatch.setattr(paired_timing, "PERSIST_EVERY_S", 0.0)  # a long session: written as it goes
     FakeChild.busy = set()
     writes.clear()
-    paired.run(path, progress=False, rounds=8)
+    paired_timing.run(path, progress=False, rounds=8)
     assert len(writes) == 1 + 3 + 1 and len(json.loads(path.read_text())["sessions"][1]["rounds"]) == 3
 
 
 def test_an_interrupted_session_keeps_every_round_it_measured(fake_session, monkeypatch):
     path, doc, writes, _ = fake_session
-    monkeypatch.setattr(paired, "PERSIST_EVERY_S", 1e9)  # nothing written between the session's start and end
+    monkeypatch.setattr(paired_timing, "PERSIST_EVERY_S", 1e9)  # nothing written between the session's start and end
     FakeChild.interrupt_at = 3  # Ctrl-C (or SIGTERM) during round 3: rounds 0..2 are in
     with pytest.raises(KeyboardInterrupt):
-        paired.run(path, doc, progress=False)
+        paired_timing.run(path, doc, progress=False)
     saved = json.loads(path.read_text())
     (session,) = saved["sessions"]
     assert len(session["rounds"]) == 3 and session["status"] == "interrupted" and saved["status"] == "interrupted"
@@ -240,16 +243,16 @@ def test_a_second_coordinator_of_one_record_is_refused(fake_session, capsys):
     """Two coordinators of one record (a SLURM job resubmitted while the first still runs) would drop each other's
     rounds: while one holds the record, the other exits 2 with one line and writes nothing."""
     path, doc, writes, _ = fake_session
-    from harness import records
+    from harness.run import records
 
     records.atomic_write_json(path, doc)
     before = path.read_bytes()
     writes.clear()
-    with paired.RecordLock(path):  # the first coordinator, mid-session
-        with pytest.raises(paired.UsageError, match="another paired timing holds"):
-            paired.run(path, progress=False)
-        assert paired.main(["run", str(path)]) == 2
+    with paired_timing.RecordLock(path):  # the first coordinator, mid-session
+        with pytest.raises(paired_timing.UsageError, match="another paired timing holds"):
+            paired_timing.run(path, progress=False)
+        assert paired_timing.main(["run", str(path)]) == 2
         err = capsys.readouterr().err
         assert "another paired timing holds" in err and len(err.strip().splitlines()) == 1, err
         assert path.read_bytes() == before and not writes
-    assert paired.clean_rounds(paired.run(path, progress=False)) == 5  # released: the next one runs
+    assert paired.clean_rounds(paired_timing.run(path, progress=False)) == 5  # released: the next one runs

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from harness import parity
-from harness.cli import main
-from harness.parity import (
+from harness.cli import parity
+from harness.cli.main import main
+from harness.core.taps import tap_names
+from harness.parity import compare as parity_compare
+from harness.parity.compare import (
     DEFAULT_TOLERANCES,
     Tolerances,
     compare,
@@ -25,7 +27,6 @@ from harness.parity import (
     max_abs_diff,
     relative_error,
 )
-from harness.taps import tap_names
 from tests import plants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def test_loss_deviation_peak_and_curve() -> None:
 
 
 def test_step_loss_row_value_and_worst_name_the_same_step() -> None:
-    r = parity.ParityResult(backends=("a", "b"), tolerances=LOOSE, step_loss_abs_dev=[1e-6, math.nan, 0.5, 0.1])
+    r = parity_compare.ParityResult(backends=("a", "b"), tolerances=LOOSE, step_loss_abs_dev=[1e-6, math.nan, 0.5, 0.1])
     (row,) = [x for x in r.rows() if x["depth"] == "step_loss"]
     assert math.isnan(row["value"]) and row["worst"] == "step 2 of 4"  # the NaN, not the largest finite (step 3)
     r.step_loss_abs_dev = [1e-6, 0.5, 0.1]
@@ -96,7 +97,7 @@ def test_step_loss_row_value_and_worst_name_the_same_step() -> None:
 
 
 def test_state_at_reads_a_probe_state_as_a_state_dict() -> None:
-    from harness.probe import state_at
+    from harness.run.probe import state_at
 
     w0, w1, m1, v1 = np.arange(3.0), np.ones(3), np.full(3, 0.1), np.full(3, 0.01)
     p = {"opt/0/param/w": w0, "opt/1/param/w": w1, "opt/1/adam_m/w": m1, "opt/1/adam_v/w": v1,
@@ -108,7 +109,7 @@ def test_state_at_reads_a_probe_state_as_a_state_dict() -> None:
     assert sorted(s1) == ["adam_m/w", "adam_t", "adam_v/w", "param/w"] and int(s1["adam_t"]) == 1
     assert s1["param/w"] is w1 and s1["adam_m/w"] is m1 and s1["adam_v/w"] is v1
     assert state_at({**p, "opt/1/adam_t": np.array(7)}, 1)["adam_t"] == 7 and state_at(p, 2) == {}
-    assert parity.opt_state(p, 1)["adam_m"]["w"].dtype == np.float64
+    assert parity_compare.opt_state(p, 1)["adam_m"]["w"].dtype == np.float64
 
 
 def test_compare_identical_passes_with_zero_tolerance() -> None:
@@ -166,16 +167,16 @@ def test_compare_structural_problems_fail() -> None:
 
 
 def test_tolerance_defaults_and_validation() -> None:
-    assert parity.precision_pair("float64", "float64") == "float64/float64"
-    assert parity.precision_pair("float64", "float32") == "float32/float64"
-    assert parity.precision_pair("float32", "float64") == "float32/float64"
-    assert parity.precision_pair("float32", "float32") == "float32/float32"
+    assert parity_compare.precision_pair("float64", "float64") == "float64/float64"
+    assert parity_compare.precision_pair("float64", "float32") == "float32/float64"
+    assert parity_compare.precision_pair("float32", "float64") == "float32/float64"
+    assert parity_compare.precision_pair("float32", "float32") == "float32/float32"
     assert set(DEFAULT_TOLERANCES) == {"float64/float64", "float32/float64", "float32/float32"}
     for table in DEFAULT_TOLERANCES.values():
         assert set(table) == {"small", "medium", "large"}
         for tol in table.values():
             tol.validate()
-    keys = parity.TOL_KEYS
+    keys = parity_compare.TOL_KEYS
     pairs = ("float64/float64", "float32/float64", "float32/float32")
     for size in ("small", "medium", "large"):  # more float32 never means tighter tolerances
         t64, mixed, t32 = (default_tolerances(p, size) for p in pairs)
@@ -187,7 +188,7 @@ def test_tolerance_defaults_and_validation() -> None:
         assert getattr(own, key) == max(getattr(t, key) for t in DEFAULT_TOLERANCES["float32/float64"].values())
     assert default_tolerances("bfloat16/float32", "small") == DEFAULT_TOLERANCES["float32/float32"]["small"]
     for bad in (-1e-3, float("nan"), float("inf")):
-        with pytest.raises(parity.UsageError):
+        with pytest.raises(parity_compare.UsageError):
             Tolerances(logits=1e-3, grad=bad, loss=1e-3, opt=1e-3).validate()
 
 
@@ -207,7 +208,7 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
     assert tol.loss == default_tolerances("float32/float64", None).loss
     assert source["loss"] == "default (float32/float64 pair, loosest over the presets)"
     args.tol_loss = -1.0
-    with pytest.raises(parity.UsageError, match="--tol-loss must be a finite number >= 0"):
+    with pytest.raises(parity_compare.UsageError, match="--tol-loss must be a finite number >= 0"):
         parity.resolve_tolerances(args, "float32/float64")
 
 
@@ -218,9 +219,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def small_setup() -> tuple:
-    from harness.configure import load_config
-    from harness.data import BatchStream, load_corpus
-    from harness.weights import init_weights
+    from harness.config.load import load_config
+    from harness.core.data import BatchStream, load_corpus
+    from harness.core.weights import init_weights
 
     corpus = load_corpus(DATA)
     config = load_config("small").replace(dropout=0.0, steps=10)
@@ -252,7 +253,7 @@ def test_correct_torch_passes_in_process(dtype: str, small_setup: tuple, numpy_r
     from harness.backends.torch_backend import TorchBackend
 
     probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
-    tol = default_tolerances(parity.precision_pair(dtype, "float64"), "small")
+    tol = default_tolerances(parity_compare.precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert result.passed, result.failures
 
@@ -263,7 +264,7 @@ def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_r
 
     with plants.planted("torch-unscaled"):  # the 1/sqrt(head size) scale dropped in the SDPA call
         probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
-    tol = default_tolerances(parity.precision_pair(dtype, "float64"), "small")
+    tol = default_tolerances(parity_compare.precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert not result.passed
     text = "\n".join(result.failures)
@@ -334,11 +335,11 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import launch
+    from harness.run import supervise
 
-    monkeypatch.setattr(launch, "execute", lambda directory, backends, **kw: {"torch": 0, "numpy": 1})
+    monkeypatch.setattr(supervise, "execute", lambda directory, backends, **kw: {"torch": 0, "numpy": 1})
     code, out, err = run_cli(["parity", "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
-    assert code == parity.EXIT_CRASH == 3  # not 1: a crashed backend is no numerical FAIL
+    assert code == parity_compare.EXIT_CRASH == 3  # not 1: a crashed backend is no numerical FAIL
     assert "parity record:" in out
     assert "ERROR: numpy exited 1; nothing compared" in err
     (path,) = tmp_path.glob("runs/*/parity.json")

@@ -3,7 +3,7 @@
 Every bug of issue 11 is planted in the torch backend (float32) and compared, exactly as `harness parity` does, with
 the unchanged NumPy float64 oracle on small and medium: the run must fail with a FAIL line that names a parameter
 and, for the optimizer bugs, the likely cause. Correct backends must pass, with dropout 0 and with dropout 0.2.
-In-process runs use the real training loop (harness.runner.train with the worker's mask and optimizer hooks);
+In-process runs use the real training loop (harness.run.loop.train with the worker's mask and optimizer hooks);
 two end-to-end tests plant a bug in the worker processes of the real command.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from harness import parity
-from harness.configure import load_config
-from harness.masks import dropout_masks, fingerprint, mask_keys
+from harness.config.load import load_config
+from harness.core.masks import dropout_masks, fingerprint, mask_keys
+from harness.parity import compare
 from tests.plants import plant_optimizer_bug
 
 torch = pytest.importorskip("torch")
@@ -72,11 +72,11 @@ def test_numpy_dropout_applies_the_given_mask() -> None:
 
 def parity_run(backend: object, size: str, dropout: float, plant: Callable[[object], None] | None = None,
                ref: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
-    """What a parity worker measures, in process (harness.probe.run, the worker's own code): the probe (with
+    """What a parity worker measures, in process (harness.run.probe.run, the worker's own code): the probe (with
     `opt/<k>/...` after each of the OPT_STEPS training steps, re-synchronised from `ref` when given) and the losses,
     through the real training loop."""
-    from harness.data import load_corpus
-    from harness.probe import run
+    from harness.core.data import load_corpus
+    from harness.run.probe import run
 
     config = load_config(size).replace(dropout=dropout, steps=OPT_STEPS)
     return run(backend, config, load_corpus(DATA), SEED, reference=ref, reference_name="numpy", prepare=plant)
@@ -95,14 +95,14 @@ def reference(size: str, dropout: float) -> tuple[dict[str, np.ndarray], list[fl
 
 
 def torch_vs_numpy(size: str, dropout: float, dtype: str = "float32",
-                   plant: Callable[[object], None] | None = None) -> parity.ParityResult:
+                   plant: Callable[[object], None] | None = None) -> compare.ParityResult:
     from harness.backends.torch_backend import TorchBackend
 
     ref_probe, ref_losses = reference(size, dropout)
     probe, losses = parity_run(TorchBackend(dtype=dtype, parity=True), size, dropout, plant, ref=ref_probe)
-    tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), size)
+    tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), size)
     config = load_config(size).replace(dropout=dropout, steps=OPT_STEPS)  # the runs' own, as the command passes it
-    return parity.compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
+    return compare.compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
 
 
 @pytest.mark.parametrize("size", ["small", "medium"])
@@ -149,14 +149,14 @@ def test_opt_depth_names_a_missing_parameter_and_skips_old_probes() -> None:
     for k in (1, 2):
         p.update({f"opt/{k}/param/w": rng.standard_normal(3), f"opt/{k}/adam_m/w": rng.standard_normal(3),
                   f"opt/{k}/adam_v/w": rng.random(3)})
-    tol = parity.Tolerances(0.0, 0.0, 0.0, 0.0)
-    same = parity.compare(p, dict(p), [1.0], [1.0], tol)
+    tol = compare.Tolerances(0.0, 0.0, 0.0, 0.0)
+    same = compare.compare(p, dict(p), [1.0], [1.0], tol)
     assert same.passed and same.worst_opt_rel_err == 0.0 and sorted(same.opt_rel_err) == [1, 2]
     q = {k: v for k, v in p.items() if k != "opt/2/adam_v/w"}
-    assert "FAIL: optimizer step 2 adam_v of w missing from the b probe" in parity.compare(p, q, [1.0], [1.0],
+    assert "FAIL: optimizer step 2 adam_v of w missing from the b probe" in compare.compare(p, q, [1.0], [1.0],
                                                                                           tol).failures
     old = {k: v for k, v in p.items() if not k.startswith("opt/")}
-    assert parity.compare(old, dict(old), [1.0], [1.0], tol).opt_rel_err == {}  # a probe without depth 3
+    assert compare.compare(old, dict(old), [1.0], [1.0], tol).opt_rel_err == {}  # a probe without depth 3
 
 
 # ------------------------------------------------------------------------------------------ planted dropout bugs
@@ -280,7 +280,7 @@ def test_cli_dropout_masks_catch_planted_scaling_bug(tmp_path: Path) -> None:
 ])
 def test_new_options_bad_input_exit_2(args: list[str], message: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture) -> None:
-    from harness.cli import main
+    from harness.cli.main import main
 
     out = tmp_path / "out"
     code = main(["parity", "--data", DATA, *args, "--out", str(out)])
@@ -318,14 +318,14 @@ def test_diagnosis_of_synthetic_patterns() -> None:
     for n, f in (("w", 0.5), ("b", 0.8)):
         clip[f"opt/1/adam_m/{n}"] = f * b[f"opt/1/adam_m/{n}"]
         clip[f"opt/1/adam_v/{n}"] = f * f * b[f"opt/1/adam_v/{n}"]
-    assert parity.diagnose_optimizer(clip, b, 1, 1e-6).startswith("gradient clipping per parameter")
+    assert compare.diagnose_optimizer(clip, b, 1, 1e-6).startswith("gradient clipping per parameter")
     lr = dict(b)  # every update twice as large, at every step
     for t in (1, 2):
         for n in ("w", "b"):
             step = b[f"opt/{t}/param/{n}"] - b[f"opt/{t - 1}/param/{n}"]
             lr[f"opt/{t}/param/{n}"] = lr[f"opt/{t - 1}/param/{n}"] + 2 * step
-    assert parity.diagnose_optimizer(lr, b, 1, 1e-6).startswith("the step size")
+    assert compare.diagnose_optimizer(lr, b, 1, 1e-6).startswith("the step size")
     decay = dict(b)  # the matrix decays by an extra 0.05 lr-scaled step
     decay["opt/1/param/w"] = b["opt/1/param/w"] - 0.01 * 0.05 * b["opt/0/param/w"]
-    assert parity.diagnose_optimizer(decay, b, 1, 1e-6).startswith("decoupled weight decay on the matrices")
-    assert parity.diagnose_optimizer(b, b, 1, 1e-6, gradients_agree=False).startswith("the gradients already")
+    assert compare.diagnose_optimizer(decay, b, 1, 1e-6).startswith("decoupled weight decay on the matrices")
+    assert compare.diagnose_optimizer(b, b, 1, 1e-6, gradients_agree=False).startswith("the gradients already")

@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from harness import diagnose, parity, probe
-from harness.configure import load_config
-from harness.taps import in_forward_order, tap_names, tap_rows, tap_shapes
+from harness.config.load import load_config
+from harness.core.taps import in_forward_order, tap_names, tap_rows, tap_shapes
+from harness.parity import compare, diagnose
+from harness.run import probe
 from tests import plants
 
 torch = pytest.importorskip("torch")
@@ -35,7 +36,7 @@ SEED = 1337
 
 
 def _corpus():
-    from harness.data import load_corpus
+    from harness.core.data import load_corpus
 
     return load_corpus(DATA)
 
@@ -47,8 +48,8 @@ def _corpus():
 def test_every_backend_fills_every_tap_in_its_canonical_shape(n_layer: int) -> None:
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
-    from harness.data import BatchStream
-    from harness.weights import init_weights
+    from harness.core.data import BatchStream
+    from harness.core.weights import init_weights
 
     corpus = _corpus()
     config = load_config("small").replace(n_layer=n_layer, dropout=0.0)
@@ -79,15 +80,15 @@ def test_every_backend_fills_every_tap_in_its_canonical_shape(n_layer: int) -> N
 _STEP0: dict[tuple, dict] = {}
 
 
-def step0(size: str, torch_dtype: str, plant: str | None) -> parity.ParityResult:
+def step0(size: str, torch_dtype: str, plant: str | None) -> compare.ParityResult:
     """The step-0 probes of torch and of the NumPy oracle with `plant` planted in the side tests/plants.py names
-    (harness.probe.Recorder.start, what a parity worker records first; on medium the taps and logits only, to keep
+    (harness.run.probe.Recorder.start, what a parity worker records first; on medium the taps and logits only, to keep
     the test fast), compared as `harness parity` compares them. The unplanted torch probe is computed once per size
     and dtype."""
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
-    from harness.data import BatchStream
-    from harness.weights import init_weights
+    from harness.core.data import BatchStream
+    from harness.core.weights import init_weights
 
     corpus = _corpus()
     config = load_config(size).replace(dropout=0.0, steps=1)
@@ -111,8 +112,8 @@ def step0(size: str, torch_dtype: str, plant: str | None) -> parity.ParityResult
         other = _STEP0[size, torch_dtype]
     with plants.planted(plant) if plant and not in_torch else contextlib.nullcontext():
         oracle = record(NumpyBackend())
-    tol = parity.default_tolerances(parity.precision_pair(torch_dtype, "float64"), size)
-    result = parity.compare(other, oracle, [1.0], [1.0], tol, backends=("torch", "numpy"), config=config)
+    tol = compare.default_tolerances(compare.precision_pair(torch_dtype, "float64"), size)
+    result = compare.compare(other, oracle, [1.0], [1.0], tol, backends=("torch", "numpy"), config=config)
     result.inputs = (other, oracle)  # for a look at the taps themselves
     return result
 
@@ -202,9 +203,9 @@ def test_pattern_causes_of_other_forward_bugs() -> None:
 
 
 def resynced(size: str, steps: int, plant: str | None, torch_dtype: str = "float32",
-             dropout: float = 0.0) -> parity.ParityResult:
+             dropout: float = 0.0) -> compare.ParityResult:
     """`harness parity` in process: the (planted) NumPy oracle trains as the reference, torch re-synchronises
-    every step from it (harness.probe.run: the worker's code)."""
+    every step from it (harness.run.probe.run: the worker's code)."""
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
 
@@ -214,8 +215,8 @@ def resynced(size: str, steps: int, plant: str | None, torch_dtype: str = "float
         ref, ref_losses = probe.run(NumpyBackend(), config, corpus, SEED)
     other, losses = probe.run(TorchBackend(dtype=torch_dtype, parity=True), config, corpus, SEED, reference=ref,
                               reference_name="numpy")
-    tol = parity.default_tolerances(parity.precision_pair(torch_dtype, "float64"), size)
-    result = parity.compare(other, ref, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
+    tol = compare.default_tolerances(compare.precision_pair(torch_dtype, "float64"), size)
+    result = compare.compare(other, ref, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
     result.inputs = (other, ref, losses, ref_losses)  # for a second look with other tolerances
     return result
 
@@ -234,7 +235,7 @@ def test_step_counter_that_stops_is_named_at_step_4(size: str, dtype: str) -> No
     other, ref, losses, ref_losses = (
         {k: v for k, v in p.items() if not k.endswith("/adam_t")} if isinstance(p, dict) else p for p in result.inputs)
     assert not [k for k in (*other, *ref) if k.endswith("adam_t")]
-    blind = parity.compare(other, ref, losses, ref_losses, result.tolerances, backends=("torch", "numpy"),
+    blind = compare.compare(other, ref, losses, ref_losses, result.tolerances, backends=("torch", "numpy"),
                            config=load_config(size).replace(dropout=0.0, steps=4))
     (line,) = [f for f in blind.failures if f.startswith("FAIL: optimizer step")]
     assert line.startswith("FAIL: optimizer step 4: ") and ", exactly what the bias correction gives when numpy uses " \
@@ -268,7 +269,7 @@ def test_embeddings_not_decayed_fail_even_within_tolerance() -> None:
     assert "wte.weight -1.000, wpe.weight -1.000" in line
     # the difference (2e-3 of the update) is 10x below the free-run tolerance of before: the pattern still fails it
     loose = dataclasses.replace(result.tolerances, opt=1e-2)
-    again = parity.compare(*result.inputs, loose, backends=("torch", "numpy"), hyper=load_config("small").to_dict())
+    again = compare.compare(*result.inputs, loose, backends=("torch", "numpy"), hyper=load_config("small").to_dict())
     (line,) = [f for f in again.failures if f.startswith("FAIL: optimizer step")]
     assert "within tol 0.01 but exactly the pattern below" in line and "embeddings" in line, line
 
@@ -285,11 +286,11 @@ def test_update_error_leaves_out_rounding_level_entries_only() -> None:
     noisy = u.copy()
     noisy[3] = -5e-3  # an entry with a rounding-level gradient: Adam moves it by ~lr, differently
     v = np.array([1e-4, 4e-4, 9e-4, 1e-30, 0.0])
-    assert parity.update_error(noisy, u, v, v) == 0.0
-    assert parity.update_error(noisy, u, None, None) > 0.1
+    assert compare.update_error(noisy, u, v, v) == 0.0
+    assert compare.update_error(noisy, u, None, None) > 0.1
     decayed = u.copy()
     decayed[4] += 1e-3  # v exactly 0 (an unused token's row: decay only) is kept
-    assert parity.update_error(decayed, u, v, v) > 0.01
+    assert compare.update_error(decayed, u, v, v) > 0.01
 
 
 # ------------------------------------------------------------------------------------------ the other diagnoses
@@ -322,8 +323,8 @@ def test_optimizer_pattern_helpers() -> None:
 
 def test_loss_line_names_the_first_step_over_tolerance_and_the_peak() -> None:
     p = {"logits": np.zeros((1, 1, 2)), "grad/w": np.ones(3)}
-    tol = parity.Tolerances(1.0, 1.0, 1e-3, 1.0)
-    r = parity.compare(p, dict(p), [1.0, 1.0, 1.0, 1.0], [1.0, 1.002, 1.5, 1.0], tol)
+    tol = compare.Tolerances(1.0, 1.0, 1e-3, 1.0)
+    r = compare.compare(p, dict(p), [1.0, 1.0, 1.0, 1.0], [1.0, 1.002, 1.5, 1.0], tol)
     assert r.loss_first_bad == 1 and r.loss_peak_step == 2
     assert "FAIL: training loss: first over tol 0.001 at step 1 (abs dev 2.0e-03), peak 5.0e-01 at step 2" \
         in r.failures
@@ -335,7 +336,7 @@ def test_taps_of_a_side_that_are_not_its_forward_pass_fail() -> None:
     logits = np.random.default_rng(0).standard_normal((2, 3, 4))
     a = {"logits": logits, "grad/w": np.ones(2), "tap/logits": logits[:1] + 1e-3}
     b = {"logits": logits, "grad/w": np.ones(2), "tap/logits": logits[:1]}
-    r = parity.compare(a, b, [1.0], [1.0], parity.Tolerances(1e-6, 1e-6, 1e-6, 1e-6, taps=1e-6))
+    r = compare.compare(a, b, [1.0], [1.0], compare.Tolerances(1e-6, 1e-6, 1e-6, 1e-6, taps=1e-6))
     assert any(f.startswith("FAIL: a's activation taps are not its forward pass") for f in r.failures)
 
 

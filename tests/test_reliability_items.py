@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import records
 from harness.errors import UsageError
+from harness.run import records
 from tests.conftest import (
     TINY,
     children,
@@ -169,7 +169,7 @@ def test_4_a_running_run_is_locked(tmp_path, config_file):
 def test_4_lock_dies_with_its_holder(tmp_path):
     paths = records.RunPaths(tmp_path, "r1")
     paths.dir.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness import records; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness.run import records; "
                                f"records.RunLock(records.RunPaths({str(tmp_path)!r}, 'r1')).acquire(); "
                                "print('held', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -265,19 +265,19 @@ def test_10_memory_estimate_refuses(tmp_path, capsys, change):
 
 
 def test_10_memory_estimate_unit(corpus):
-    from harness import launch
-    from harness.configure import load_config
-    from harness.weights import count_parameters, param_shapes
+    from harness.config.load import load_config
+    from harness.core.weights import count_parameters, param_shapes
+    from harness.run import plan as run_plan
 
     for size in ("small", "large"):
         c = load_config(size)
-        assert launch.n_parameters(c, 65) == count_parameters(param_shapes(c, 65))
+        assert run_plan.n_parameters(c, 65) == count_parameters(param_shapes(c, 65))
 
-    small = launch.Plan(config=load_config("small"), corpus=corpus, backends=["torch"])
-    assert 0 < launch.check_memory(small) < 500 * 2**20  # the preset fits easily
-    huge = launch.Plan(config=load_config("small").replace(n_embd=10**9, n_head=1), corpus=corpus,
+    small = run_plan.Plan(config=load_config("small"), corpus=corpus, backends=["torch"])
+    assert 0 < run_plan.check_memory(small) < 500 * 2**20  # the preset fits easily
+    huge = run_plan.Plan(config=load_config("small").replace(n_embd=10**9, n_head=1), corpus=corpus,
                        backends=["torch"], allow_large=True)
-    assert launch.check_memory(huge) > 10**18  # refused only without the override
+    assert run_plan.check_memory(huge) > 10**18  # refused only without the override
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "a\\u0000b", "has space", "a&b", "x" * 300, ""])
@@ -373,7 +373,7 @@ def test_14_ignored_options_are_refused(tmp_path, capsys, args, fragment, monkey
 
 
 def test_14_compile_caches_go_into_out(tmp_path, monkeypatch):
-    from harness import processes
+    from harness.run import processes
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
@@ -492,19 +492,20 @@ def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, confi
 # --- the executor seam ----------------------------------------------------------------------------------------------
 def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config_file):
     """`launch.run_backend` trains one backend in this process (what a SLURM job calls); it takes the lock."""
-    from harness import launch
-    from harness.configure import load_config
-    from harness.data import load_corpus
+    from harness.config.load import load_config
+    from harness.core.data import load_corpus
+    from harness.run import plan as run_plan
+    from harness.run import supervise
 
-    plan = launch.Plan(config=load_config(path=config_file).replace(steps=10), corpus=load_corpus(data_path()),
+    plan = run_plan.Plan(config=load_config(path=config_file).replace(steps=10), corpus=load_corpus(data_path()),
                        backends=["numpy"], out=tmp_path / "out", text=False, progress=False)
-    launch.preflight(plan)
-    paths = records.RunPaths(plan.out, launch.write_spec(plan))
+    run_plan.preflight(plan)
+    paths = records.RunPaths(plan.out, run_plan.write_spec(plan))
     with records.RunLock(paths):  # someone else writes the run: refused, nothing touched
-        assert launch.run_backend(paths.dir, "numpy", progress=False) == 2
+        assert supervise.run_backend(paths.dir, "numpy", progress=False) == 2
         assert "being written by another process" in capsys.readouterr().err
     assert not paths.record("numpy").exists()
-    assert launch.run_backend(paths.dir, "numpy", progress=False) == 0
+    assert supervise.run_backend(paths.dir, "numpy", progress=False) == 0
     rec = records.load_record(paths.record("numpy"), "numpy")
     assert rec["status"] == "completed" and len(rec["steps"]["loss"]) == 10
     assert records.Status.of(rec["status"]) is records.Status.COMPLETED
@@ -513,25 +514,25 @@ def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config
 
 def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):
     """A backend on CUDA is also checked against the GPU's free memory, read from nvidia-smi (a fake one here)."""
-    from harness import launch
-    from harness.configure import load_config
+    from harness.config.load import load_config
+    from harness.run import plan as run_plan
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho '81559, 2'\n")  # MiB total, MiB free: 2 MiB free
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert launch.gpu_memory() == (81559 * 2**20, 2 * 2**20)
+    assert run_plan.gpu_memory() == (81559 * 2**20, 2 * 2**20)
     medium = load_config("medium")
-    on_cpu = launch.Plan(config=medium, corpus=corpus, backends=["torch"])
-    assert launch.check_memory(on_cpu) > 0  # host RAM is enough, and the GPU is not asked about
-    on_gpu = launch.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda")
+    on_cpu = run_plan.Plan(config=medium, corpus=corpus, backends=["torch"])
+    assert run_plan.check_memory(on_cpu) > 0  # host RAM is enough, and the GPU is not asked about
+    on_gpu = run_plan.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda")
     with pytest.raises(UsageError, match=r"of GPU memory .* 2.0 MiB free of 79.6 GiB.*--allow-large"):
-        launch.check_memory(on_gpu)
-    parity_gpu = launch.Plan(config=medium, corpus=corpus, backends=["torch", "numpy"], devices={"torch": "cuda"})
+        run_plan.check_memory(on_gpu)
+    parity_gpu = run_plan.Plan(config=medium, corpus=corpus, backends=["torch", "numpy"], devices={"torch": "cuda"})
     with pytest.raises(UsageError, match="of GPU memory"):
-        launch.check_memory(parity_gpu)
-    assert launch.check_memory(launch.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda",
+        run_plan.check_memory(parity_gpu)
+    assert run_plan.check_memory(run_plan.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda",
                                            allow_large=True)) > 0
     smi.write_text("#!/bin/sh\nexit 9\n")  # a broken driver: no GPU figure, no refusal on its account
-    assert launch.gpu_memory() is None
-    assert launch.check_memory(on_gpu) > 0
+    assert run_plan.gpu_memory() is None
+    assert run_plan.check_memory(on_gpu) > 0

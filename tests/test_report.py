@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from conftest import data_path
 
-from harness import records
-from harness.configure import load_config
+from harness.config.load import load_config
+from harness.core.weights import count_parameters, param_shapes
 from harness.errors import UsageError
 from harness.report import report_name, write_index, write_report
-from harness.runner import summarize_times
-from harness.weights import count_parameters, param_shapes
-from harness.worker import flops_per_token
+from harness.run import records
+from harness.run.worker import flops_per_token
+from harness.timing.steady import summarize_times
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 65
@@ -111,13 +111,13 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
 
 
 def synthetic_text(backend: str) -> dict:
-    from harness import metrics
+    from harness.run import text as run_text
 
     refs = ["the quick brown fox jumps over the lazy dog"] * 4
     hyps = ["the quick brown fox jumps over the lazy cat", "the quick red fox", "a slow dog", "the lazy dog"]
     if backend != "torch":
         hyps = [*hyps[:3], "the lazy dogs"]
-    scores = metrics.score_text(hyps, refs, bootstrap=0)
+    scores = run_text.score_text(hyps, refs, bootstrap=0)
     return {"protocol": {"n_prompts": 4, "prompt_chars": 8, "continuation_chars": 40, "temperature": 0.8,
                          "seed": 1337},
             **scores, "generation_s": 0.5, "generation_tokens": 160, "generation_tokens_per_s": 320.0,
@@ -252,13 +252,13 @@ def test_single_backend_with_real_text_metrics(tmp_path: Path) -> None:
     """One backend, whose `text` is what metrics.text_quality really returns (oracle backend: scores 100)."""
     from test_metrics import OracleBackend, random_corpus
 
-    from harness import metrics
+    from harness.run import text as run_text
 
     run_id = make_run(tmp_path, backends=("torch",))
     path = records.run_dir(tmp_path, run_id) / "torch.json"
     rec = json.loads(path.read_text())
     corpus = random_corpus()
-    rec["text"] = metrics.text_quality(OracleBackend(corpus), corpus, load_config("small"), seed=1)
+    rec["text"] = run_text.text_quality(OracleBackend(corpus), corpus, load_config("small"), seed=1)
     records.atomic_write_json(path, rec)
     html = write_report(tmp_path, [run_id]).read_text()
     text = text_of(html)
@@ -266,7 +266,7 @@ def test_single_backend_with_real_text_metrics(tmp_path: Path) -> None:
     assert html.count('class="figure"') == 2
     assert "torch 100.0 / 100.00" in text  # chrF / BLEU in the summary
     assert rec["text"]["bleu_signature"] in text and rec["text"]["chrf_signature"] in text
-    assert f"{metrics.N_PROMPTS} prompts of {metrics.PROMPT_CHARS} characters" in text
+    assert f"{run_text.N_PROMPTS} prompts of {run_text.PROMPT_CHARS} characters" in text
     assert "T = 1.5" in text and "greedy" in text
 
 
@@ -346,8 +346,8 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
 
 
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
-    """A parity.json as `harness parity` writes it, from harness.parity.compare on the run's records."""
-    from harness import parity
+    """A parity.json as `harness parity` writes it, from harness.parity.compare.compare on the run's records."""
+    from harness.parity import compare
 
     recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
     rng = np.random.default_rng(0)
@@ -357,10 +357,10 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
     probe_a = {"logits": logits, **grads, **rates}
     probe_b = {"logits": logits + logits_shift, **grads, **rates}
     a, b = backends
-    tol = parity.default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
-    result = parity.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
+    tol = compare.default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
+    result = compare.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
                             backends=backends)
-    return {"schema": parity.SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
+    return {"schema": compare.SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
             "failures": result.failures, "results": result.to_dict(), "checks": result.rows(),
             "tolerances": {"logits": tol.logits,
             "grad": tol.grad, "loss": tol.loss}, "precision_pair": "float32/float64",
@@ -370,7 +370,7 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
 
 
 def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
-    """parity.json as harness.parity writes it: PASS with every check shown; FAIL with a banner and the reason."""
+    """parity.json as `harness parity` writes it: PASS with every check shown; FAIL with a banner and the reason."""
     run_id = make_run(tmp_path, dropout=0.0, loss_noise=1e-6)  # per-step |diff| ~ 1e-6 < 1e-4
     directory = records.run_dir(tmp_path, run_id)
     records.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy")))
@@ -447,7 +447,7 @@ def test_missing_and_corrupt_records_raise_usage_error(tmp_path: Path) -> None:
 # --- tests: the command line ------------------------------------------------------------------------------------------
 def harness(*args: str) -> tuple[int, str, str]:
     """`harness ARGS...` in this process (the run's workers are still their own processes): (status, out, err)."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -687,10 +687,11 @@ def test_three_seeds_whose_ratios_vary_over_ten_percent_are_not_green(tmp_path: 
 
 
 def test_a_failed_paired_timing_says_why_and_is_not_a_verdict(tmp_path: Path, no_figures: None) -> None:
-    from harness import paired
+    from harness.run import paired_timing
 
     run_id = make_run(tmp_path)
-    doc = paired.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small", 1)
+    doc = paired_timing.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}],
+                                "small", 1)
     doc["sessions"].append({"status": "failed", "rounds": [], "failure": "numpy: the timing process exited with "
                                                                          "status 1"})
     records.atomic_write_json(records.RunPaths(tmp_path, run_id).paired_timing, doc)

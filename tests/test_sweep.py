@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 from conftest import data_path, run_cli
 
-from harness import stats
 from harness.errors import UsageError
 from harness.sweep.spec import DEFAULT_SEED, build_spec, expand, parse_seed_flag, parse_seeds, parse_set
+from harness.timing import stats
 
 # --- statistics ------------------------------------------------------------------------------------------------------
 # Two-sided 95 % critical values t_{0.975, df} from the printed Student-t table (NIST/SEMATECH e-Handbook 1.3.6.7.2)
@@ -149,7 +149,7 @@ def _manifest(out: Path) -> dict:
 
 def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
     """Two backends x two seeds on a tiny config: records, manifest, CSV, intervals in the report, time to target."""
-    from harness.results import load_runs
+    from harness.report.results import load_runs
 
     out = tmp_path / "out"
     spec = tmp_path / "grid.toml"
@@ -275,7 +275,7 @@ def test_ctrl_c_then_resume_continues_from_the_checkpoint(tmp_path: Path, tiny_c
 
 # --- time to target and cost formulas ---------------------------------------------------------------------------------
 def test_time_to_target_first_crossing_or_never():
-    from harness.costs import time_to_target
+    from harness.core.costs import time_to_target
     from harness.report.tables import fmt_target
 
     evals = [{"step": 0, "val_loss": 4.0, "time_s": 0.5}, {"step": 2, "val_loss": 2.9, "time_s": 0.5},
@@ -299,7 +299,7 @@ def test_models_do_not_import_the_layers_above_them():
     parameter shapes, the tap names) and itself; an allowlist, so a new module above it is refused too."""
     import ast
 
-    allowed = ("harness.config", "harness.weights", "harness.taps", "harness.models", "harness.errors")
+    allowed = ("harness.config.fields", "harness.core.weights", "harness.core.taps", "harness.models", "harness.errors")
     root = Path(__file__).resolve().parent.parent / "harness" / "models"
     for path in root.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -368,7 +368,7 @@ def test_parallel_cells_are_marked_contended(tmp_path: Path, tiny_config):
     assert "2 at a time on this machine (timings contended)" in proc.stderr
     doc = _manifest(out)
     assert [c["status"] for c in doc["cells"]] == ["completed"] * 2 and all(c["contended"] for c in doc["cells"])
-    from harness.results import load_runs
+    from harness.report.results import load_runs
 
     assert load_runs(out)["contended"].all()
     assert "timings are contended" in (out / f"sweep-{doc['sweep_id']}.html").read_text()

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import launch, records
 from harness.errors import UsageError
+from harness.run import plan as run_plan
+from harness.run import records
 from tests.conftest import (
     children,
     data_path,
@@ -143,10 +144,10 @@ def test_1_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path):
 CHILD = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))  # the old code built 2**40 seeds: 23 GB
-from harness import cli
+from harness.cli.main import main
 t = time.perf_counter()
 try:
-    code = cli.main(sys.argv[1:])
+    code = main(sys.argv[1:])
 except MemoryError:
     code = "MemoryError"
 print(f"code={code} seconds={time.perf_counter() - t:.3f}")
@@ -190,7 +191,7 @@ try:
     cmd = open("/proc/self/cmdline", "rb").read()
 except OSError:
     cmd = b""
-if b"harness.worker" in cmd:  # a worker that is slow to start: the sweep dies before the worker's own prctl
+if b"harness.run.worker" in cmd:  # a worker that is slow to start: the sweep dies before the worker's own prctl
     time.sleep(20)
 """
 
@@ -235,11 +236,11 @@ def _state(pid: int) -> str | None:
 
 
 def test_6_memory_preflight_counts_every_concurrent_worker(tmp_path, capsys, monkeypatch, config_file, corpus):
-    from harness.configure import load_config
+    from harness.config.load import load_config
 
-    plan = launch.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
-    one = launch.memory_need(plan)[0]
-    monkeypatch.setattr(launch, "machine_memory", lambda: (4 * one, int(1.5 * one)))  # one worker fits, two do not
+    plan = run_plan.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
+    one = run_plan.memory_need(plan)[0]
+    monkeypatch.setattr(run_plan, "machine_memory", lambda: (4 * one, int(1.5 * one)))  # one worker fits, two do not
     args = ["sweep", "--configs", config_file, "--backends", "numpy", "--seeds", "2", "--steps", "2", "--no-text",
             "--no-report", "--quiet", "--out", tmp_path / "out"]
     code, err = harness(capsys, *args, "--jobs", "2")
@@ -252,11 +253,11 @@ def test_6_memory_preflight_counts_the_paired_timing_s_contenders(tmp_path, caps
                                                                    corpus):
     """A paired timing holds both backends of a block at once: their memory together must fit, before anything
     is written; without paired timing the same sweep runs."""
-    from harness.configure import load_config
+    from harness.config.load import load_config
 
-    plan = launch.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
-    one = launch.memory_need(plan)[0]
-    monkeypatch.setattr(launch, "machine_memory", lambda: (4 * one, int(1.5 * one)))  # one worker fits, two do not
+    plan = run_plan.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
+    one = run_plan.memory_need(plan)[0]
+    monkeypatch.setattr(run_plan, "machine_memory", lambda: (4 * one, int(1.5 * one)))  # one worker fits, two do not
     args = ["sweep", "--configs", config_file, "--backends", "numpy,torch", "--dtype", "float64", "--seeds", "1",
             "--steps", "2", "--no-text", "--no-report", "--quiet", "--out", tmp_path / "out"]
     code, err = harness(capsys, *args)
@@ -317,7 +318,7 @@ PAIRED_DAMAGE = {
 @pytest.mark.parametrize("case", list(PAIRED_DAMAGE))
 def test_8_damaged_paired_entry_is_one_line(tmp_path, capsys, done_sweep, case):
     """A stored paired entry whose members are not one block's distinct cells is refused on load (it reached
-    harness.paired.new_doc, whose ValueError was a traceback on --resume)."""
+    harness.run.paired_timing.new_doc, whose ValueError was a traceback on --resume)."""
     damage, fragment = PAIRED_DAMAGE[case]
     out, path = copy_sweep(done_sweep, tmp_path)
     edit(path, with_a_paired_entry)
@@ -378,8 +379,8 @@ def test_a_silent_squeue_never_makes_a_queued_job_look_gone(tmp_path, capsys, mo
     code, err = harness(capsys, "sweep", "--resume", path.parent.name, "--out", out)
     one_line_error(code, err, "squeue did not answer", "retry")
     assert submitted == [] and tree(tmp_path) == before
+    from harness.cli.sweep import print_status
     from harness.sweep import manifest as mf
-    from harness.sweep.command import print_status
 
     m = mf.Manifest.load(out, path.parent.name)
     assert print_status(m) == {"queued": 2}  # not "pending": cell 0 has no record yet, its job may run

@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from harness.backends.torch_backend import TorchBackend  # noqa: E402
-from harness.configure import load_config  # noqa: E402
-from harness.data import BatchStream  # noqa: E402
-from harness.weights import init_weights  # noqa: E402
+from harness.config.load import load_config  # noqa: E402
+from harness.core.data import BatchStream  # noqa: E402
+from harness.core.weights import init_weights  # noqa: E402
 
 
 def make(config, vocab=65, seed=0, dtype="float32"):

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from conftest import data_path, run_cli
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -457,7 +457,7 @@ def test_no_verdict_is_written_when_the_page_fails(kit: Path, good: Path, tmp_pa
 
 KILL_ON_SECOND_WRITE = """
 import os, signal, sys
-from harness import records
+from harness.run import records
 calls = []
 real = records.atomic_write_bytes
 def write(path, blob, before_rename=None):
@@ -466,7 +466,7 @@ def write(path, blob, before_rename=None):
         os.kill(os.getpid(), signal.SIGKILL)  # killed with one kit file written
     return real(path, blob, before_rename)
 records.atomic_write_bytes = write
-from harness.cli import main
+from harness.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -492,7 +492,7 @@ needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare
 def test_export_on_a_full_disk_leaves_nothing_behind(tmp_path: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()
-    py = f"{sys.executable} -m harness.cli kit export --data {data_path()} --steps 1 --out {full}/kit"
+    py = f"{sys.executable} -m harness.cli.main kit export --data {data_path()} --steps 1 --out {full}/kit"
     script = (f"mount -t tmpfs -o size=400k tmpfs {full}; {py}; echo rc=$?; ls -A {full}/kit 2>&1; {py}; "
               f"echo rc=$?; mount -o remount,size=8m {full}; {py}; echo rc=$?; ls -A {full}/kit")
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300,
@@ -534,7 +534,7 @@ def test_parity_exit_status_of_a_crashed_backend(tmp_path: Path) -> None:
 
 
 def test_parity_help_lists_every_exit_status(capsys: pytest.CaptureFixture) -> None:
-    from harness.parity import EXIT_CRASH, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+    from harness.parity.compare import EXIT_CRASH, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
     assert len({EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_CRASH}) == 4
     with pytest.raises(SystemExit):
@@ -581,7 +581,7 @@ def test_a_hostile_nanogpt_py_is_one_line(text: str, tmp_path: Path, capsys: pyt
 
 
 def _small_named(name: str) -> str:
-    from harness.config import preset_path
+    from harness.config.presets import preset_path
 
     return preset_path("small").read_text().replace('name = "small"', f"name = '{name}'")
 
@@ -630,7 +630,7 @@ def test_kit_export_of_a_model_too_big_for_memory_is_refused_before_computing(tm
                                                                              capsys: pytest.CaptureFixture) -> None:
     """n_embd = 100000 on small: over 1e11 parameters, a terabyte in float64 (more than any test machine has): the
     memory preflight of `harness run` refuses it in one line before the oracle allocates anything."""
-    from harness.launch import machine_memory
+    from harness.run.plan import machine_memory
 
     out = tmp_path / "kit"
     assert 100_000 ** 2 * 12 * 8 > machine_memory()[1]  # the parameters alone, before AdamW and activations

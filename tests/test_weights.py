@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from harness.configure import load_config
-from harness.weights import count_parameters, decays, fingerprint, init_weights, param_shapes
+from harness.config.load import load_config
+from harness.core.weights import count_parameters, decays, fingerprint, init_weights, param_shapes
 
 
 def test_shapes_and_count_small():

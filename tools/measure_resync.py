@@ -2,9 +2,9 @@
 """Measure what correct backends deviate by at the re-synchronised depths, to set their default tolerances.
 
 For each size, seed and dropout: the NumPy oracle (float64, and float32 for the float32/float32 pair) trains as the
-reference, torch (float32 and float64) re-synchronises every optimizer step from it, exactly as `harness parity`
-does (harness.probe.run is the worker's code, one thread), and harness.parity.compare grades them. One JSON line per
-run on stdout: the worst tap, optimizer-step and step-loss deviations and where they are. docs/parity.md has the
+reference, torch (float32 and float64) re-synchronises every optimizer step from it, exactly as `harness parity` does
+(harness.run.probe.run is the worker's code, one thread), and harness.parity.compare.compare grades them. One JSON line
+per run on stdout: the worst tap, optimizer-step and step-loss deviations and where they are. docs/parity.md has the
 results and the rule that turns them into tolerances.
 
     python tools/measure_resync.py --sizes small,medium --seeds 1337,1,2 --steps 50 [--dropout 0,0.2]
@@ -32,11 +32,12 @@ def main() -> int:
 
     import torch
 
-    from harness import parity, probe
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
-    from harness.configure import load_config
-    from harness.data import load_corpus
+    from harness.config.load import load_config
+    from harness.core.data import load_corpus
+    from harness.parity import compare
+    from harness.run import probe
 
     torch.set_num_threads(1)
     corpus = load_corpus(args.data)
@@ -52,8 +53,8 @@ def main() -> int:
                     ref, ref_losses = refs[numpy_dtype]
                     other, losses = probe.run(TorchBackend(dtype=torch_dtype, parity=True), config, corpus, seed,
                                               reference=ref, reference_name="numpy")
-                    pair = parity.precision_pair(torch_dtype, numpy_dtype)
-                    r = parity.compare(other, ref, losses, ref_losses, parity.default_tolerances(pair, size),
+                    pair = compare.precision_pair(torch_dtype, numpy_dtype)
+                    r = compare.compare(other, ref, losses, ref_losses, compare.default_tolerances(pair, size),
                                        backends=("torch", "numpy"), config=config)  # as the command
                     dev = r.step_loss_abs_dev
                     print(json.dumps({

@@ -4,8 +4,8 @@
 Three kinds of plant, all from the repository:
 
 - in the NumPy oracle (tests/plants.py, `where` numpy): the planted oracle trains as the reference and torch
-  re-synchronises every step from it, exactly as `harness parity --backends torch,numpy` (harness.probe.run is the
-  worker's code, harness.parity.compare the command's comparison);
+  re-synchronises every step from it, exactly as `harness parity --backends torch,numpy` (harness.run.probe.run is the
+  worker's code, harness.parity.compare.compare the command's comparison);
 - in the torch model or optimizer (tests/plants.py, `where` torch): the same, the oracle unplanted;
 - in the outside torch port (examples/kit_torch_port.py --plant, `where` port): a kit is exported, the port run as a
   separate program, and its results graded as `harness kit check` grades them.
@@ -55,7 +55,7 @@ PORT_PLANTS = {
 
 def caught(result: object) -> tuple[str, str]:
     """Where a parity result first breaks (depth and what it names) and the likely cause printed there."""
-    from harness.parity import WRONG_STEP_INPUTS
+    from harness.parity.compare import WRONG_STEP_INPUTS
 
     r = result
     if r.first_tap:
@@ -88,10 +88,11 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object,
     """The rows of the numpy and torch plants (`only`: those named), each run as `harness parity` runs it."""
     import plants
 
-    from harness import parity, probe
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
-    from harness.configure import load_config
+    from harness.config.load import load_config
+    from harness.parity import compare
+    from harness.run import probe
 
     rows, references = [], {}
     for size in sizes:
@@ -114,9 +115,9 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object,
                     with plants.planted(name):
                         other = probe.run(TorchBackend(dtype=dtype, parity=True), config, corpus, 1337,
                                           reference=ref[0], reference_name="numpy")
-                tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), size)
+                tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), size)
                 # config=, as the command passes it: the option and schedule diagnoses need the config
-                r = parity.compare(other[0], ref[0], other[1], ref[1], tol, backends=("torch", "numpy"),
+                r = compare.compare(other[0], ref[0], other[1], ref[1], tol, backends=("torch", "numpy"),
                                    config=config)
                 depth, cause = caught(r)
                 rows.append([what, where, size, f"{dtype}/float64", depth, short(cause)])
@@ -194,7 +195,7 @@ def main() -> int:
 
     import torch
 
-    from harness.data import load_corpus
+    from harness.core.data import load_corpus
 
     torch.set_num_threads(1)
     corpus = load_corpus(args.data)

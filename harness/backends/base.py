@@ -1,6 +1,6 @@
 """The protocol every backend implements (docs/design.md, "Backend"). The runner never imports a framework.
 
-Arrays crossing this boundary are NumPy, in canonical names and PyTorch layouts (see harness.weights):
+Arrays crossing this boundary are NumPy, in canonical names and PyTorch layouts (see harness.core.weights):
 token batches are int64 (B, T), 0-based; logits are float (B, T, V); gradients and parameters are
 {canonical name: ndarray of the canonical shape}.
 """
@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from harness.config import Config
+from harness.config.fields import Config
 
 
 @runtime_checkable
@@ -31,7 +31,7 @@ class Backend(Protocol):
                    masks: dict[str, np.ndarray] | None = None) -> Any:
         """One forward, backward, clip and AdamW update with dropout active; returns the loss.
 
-        `masks` (parity mode with dropout, harness.masks.dropout_masks): a bool keep-mask (B, T, C) per dropout
+        `masks` (parity mode with dropout, harness.core.masks.dropout_masks): a bool keep-mask (B, T, C) per dropout
         site ("emb", "h.{i}.attn", "h.{i}.mlp") that the backend applies as x * mask / (1 - p) instead of drawing
         its own; None: the backend's own dropout.
 

@@ -37,8 +37,8 @@ from harness.backends.flux_layout import (
     to_flux,
     tokens_to_flux,
 )
-from harness.config import Config
-from harness.weights import decays
+from harness.config.fields import Config
+from harness.core.weights import decays
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -453,7 +453,7 @@ class FluxBackend:
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
                    masks: dict[str, np.ndarray] | None = None) -> float:
-        """One step; `masks` (harness.masks, bool (B, T, C)) replace the model's own dropout when given."""
+        """One step; `masks` (harness.core.masks, bool (B, T, C)) replace the model's own dropout when given."""
         return float(self._mod.train_step_b(self._state, tokens_to_flux(x), tokens_to_flux(y), float(lr),
                                             *self._masks(masks)))
 

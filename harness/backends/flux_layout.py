@@ -8,9 +8,9 @@ The Flux layout is what the Julia package NanoGPTFlux stores:
 - vectors (biases, LayerNorm weights) are unchanged;
 - token ids: canonical (B, T) 0-based -> (T, B) 1-based;
 - logits: Flux (V, T, B) -> canonical (B, T, V);
-- dropout keep-masks (harness.masks): canonical bool (B, T, C) -> Flux bool (C, T, B), the layout of the
+- dropout keep-masks (harness.core.masks): canonical bool (B, T, C) -> Flux bool (C, T, B), the layout of the
   activations they multiply in the Flux model;
-- activation taps (harness.taps, NanoGPTFlux `taps`): every tap's axes reversed ((C, T, B) -> (B, T, C), the
+- activation taps (harness.core.taps, NanoGPTFlux `taps`): every tap's axes reversed ((C, T, B) -> (B, T, C), the
   attention probabilities NNlib's (T_key, T_query, H, B) -> (B, H, T_query, T_key)), except q, k and v, which
   NNlib splits as (D, H, T, B) -> canonical (B, H, T, D).
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from harness.taps import HEAD_TAPS, kind
+from harness.core.taps import HEAD_TAPS, kind
 
 # The dropout sites of the shared-mask contract (harness/masks.py): after the embedding sum, after block i's
 # attention output projection and after its MLP output projection.
@@ -126,7 +126,7 @@ def _tap_axes(name: str, ndim: int) -> tuple[int, ...]:
 
 
 def taps_from_flux(taps: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """NanoGPTFlux's activation taps {name: Flux-layout array} -> canonical layout (harness.taps), C-ordered copies
+    """NanoGPTFlux's activation taps {name: Flux-layout array} -> canonical layout (harness.core.taps), C-ordered copies
     in their own dtype."""
     out: dict[str, np.ndarray] = {}
     for name, arr in taps.items():

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
-from harness.config import Config
+from harness.config.fields import Config
+from harness.core.weights import param_shapes
 from harness.errors import UsageError
 from harness.models import numpy_gpt
-from harness.weights import param_shapes
 
 DTYPES = ("float64", "float32")
 CUPY_FIX = ("install the CuPy wheel for your CUDA with its CUDA components (pip install 'cupy-cuda12x[ctk]', "

@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from harness.backends.base import BackendUnavailable
-from harness.config import Config
+from harness.config.fields import Config
+from harness.core.weights import decays
 from harness.environment import cpu_model, peak_rss_bytes
 from harness.errors import UsageError
 from harness.models.torch_gpt import GPT
-from harness.weights import decays
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -47,7 +47,7 @@ def build_model(config: Config, weights: dict[str, np.ndarray], vocab_size: int)
 
 
 def adamw_groups(model: torch.nn.Module, config: Config) -> list[dict]:
-    """AdamW's two groups, as nanoGPT's configure_optimizers: decayed parameters (harness.weights.decays with the
+    """AdamW's two groups, as nanoGPT's configure_optimizers: decayed parameters (harness.core.weights.decays with the
     config's convention) and the rest, each in named_parameters() order (a tied matrix once)."""
     named = list(model.named_parameters())
     return [{"params": [p for n, p in named if decays(n, tuple(p.shape), config.decay)],

@@ -1,38 +1,40 @@
-"""`harness kit check KIT RESULTS`: grade a port's results against a kit with harness.parity's comparison.
+"""`harness kit check KIT RESULTS`: grade a port's results against a kit with harness.parity.compare's comparison.
 
 The results file is one NPZ holding any subset of the four depths (logits; grad/<name>; opt/<k>/...; loss), each
 complete. It is validated first (unknown or missing names, shapes, dtypes, NaN: one line, exit 2), the kit's files
-against the sha256s of its manifest, then `harness.parity.compare` grades it against the oracle's float64 answers
-with `harness.parity.default_tolerances` of the port's precision (the same code and numbers as `harness parity`).
-A depth the results do not hold is handed to the comparison as the oracle's own values and reported "not given".
+against the sha256s of its manifest, then `harness.parity.compare.compare` grades it against the oracle's float64
+answers with `harness.parity.compare.default_tolerances` of the port's precision (the same code and numbers as `harness
+parity`). A depth the results do not hold is handed to the comparison as the oracle's own values and reported "not
+given".
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import html
 import math
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.diagnose import DROPOUT_CAUSE
+from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.errors import UsageError
-from harness.files import kind_of, open_regular
+from harness.files import open_regular
 from harness.kit.export import KINDS, MANIFEST, opt_key
 from harness.kit.npz import describe_dtype, read_npz, read_npz_file
 from harness.kit.schema import FIX, kit_file, load_manifest
-from harness.taps import PREFIX as TAP_PREFIX
+from harness.parity.diagnose import DROPOUT_CAUSE
 
 DEPTHS = ("taps", "logits", "gradients", "dropout_gradients", "optimizer", "learning_rate", "loss")
+
+
 ORACLE, PORT = "oracle", "port"
+
+
 OPT_NAME = re.compile(r"^opt/(\d+)/(param|adam_m|adam_v)/(.+)$")
 
 
@@ -197,14 +199,15 @@ def validate(results: dict[str, np.ndarray], expected: dict[str, np.ndarray], pa
 # --- grading ------------------------------------------------------------------------------------------------------
 def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
           dtype: str, opt_k: int) -> tuple[Any, Any]:
-    """harness.parity.compare of the oracle against the port, with harness.parity.default_tolerances of the port's
-    precision. A depth not given is the oracle's own values on both sides (reported "not given"); the taps are
+    """harness.parity.compare.compare of the oracle against the port, with harness.parity.compare.default_tolerances of
+    the port's precision. A depth not given is the oracle's own values on both sides (reported "not given"); the taps
+    are
     compared where the port gave them."""
-    from harness import parity
+    from harness.parity import compare
 
     expected, weights = kit["expected.npz"], kit["weights.npz"]
     params = list(manifest["parameters"])
-    tol = parity.default_tolerances(parity.precision_pair(dtype, "float64"), manifest.get("size"))
+    tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), manifest.get("size"))
     k_max = opt_k or int(manifest["steps"])
     oracle = {key: value for key, value in expected.items() if key not in ("loss", "logits_loss")
               and not (OPT_NAME.match(key) and int(OPT_NAME.match(key).group(1)) > k_max)}  # type: ignore[union-attr]
@@ -223,14 +226,14 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
             probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
-    result = parity.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
+    result = compare.compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
                             config=config, hyper=manifest.get("config"))
     return result, tol
 
 
 def _rate(probe: dict[str, np.ndarray], k: int, params: list[str], config: Any) -> float:
-    """The learning rate optimizer step k took in `probe` (harness.schedule.effective_rate)."""
-    from harness.schedule import effective_rate
+    """The learning rate optimizer step k took in `probe` (harness.core.schedule.effective_rate)."""
+    from harness.core.schedule import effective_rate
 
     def state(step: int, kind: str) -> dict[str, np.ndarray]:
         return {n: probe[opt_key(step, kind, n)] for n in params}
@@ -241,7 +244,7 @@ def _rate(probe: dict[str, np.ndarray], k: int, params: list[str], config: Any) 
 
 def _config(manifest: dict[str, Any]) -> Any:
     """The kit's harness Config (for the option and schedule diagnoses), or None when the manifest's is not one."""
-    from harness.config import config_from_dict
+    from harness.config.fields import config_from_dict
 
     try:
         return config_from_dict(manifest.get("config"), MANIFEST)
@@ -269,7 +272,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The same table as `harness parity` prints (pandas), with "not given" for the depths left out."""
     import pandas as pd
 
-    from harness.parity import _fmt
+    from harness.parity.compare import _fmt
 
     df = pd.DataFrame(rows).set_index("check")
     df["value"] = [("-" if r["result"] in ("not given",) else _fmt(r["value"])) for r in rows]
@@ -299,7 +302,7 @@ def diagnose(result: Any, rows: list[dict[str, Any]], params: list[str]) -> dict
     there (and the worst, when it is another) and the likely cause. The learning rate a step took comes before the
     optimizer depth when it broke at an earlier step (the port's free-running states then differ from that step on
     because of it); at the same step, the optimizer's own diagnosis."""
-    from harness.parity import WRONG_STEP_INPUTS, _fmt
+    from harness.parity.compare import WRONG_STEP_INPUTS, _fmt
 
     failed = {r["depth"] for r in rows if r["result"] == "FAIL"}
     if result.opt_first_bad is not None:
@@ -414,127 +417,14 @@ def float32_hint(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]]
                  dtype: str, opt_k: int) -> str | None:
     """For float64 results that fail: the hint to pass --dtype float32 when every check passes at the float32
     tolerances (the deviations are at float32 rounding level), stronger when every value is a float32 number."""
-    from harness import diagnose as causes
+    from harness.parity import diagnose as parity_diagnose
 
     if dtype != "float64":
         return None
     again, _ = grade(manifest, kit, results, "float32", opt_k)
     if not again.passed:
         return None
-    exact = " and every value is a float32 number stored as float64" if causes.float32_stored_as_float64(results) \
-        else ""
+    exact = (" and every value is a float32 number stored as float64"
+             if parity_diagnose.float32_stored_as_float64(results) else "")
     return (f"float32 computed, float64 written: every deviation is at float32 rounding level (all checks pass at "
             f"the float32 tolerances){exact}; check again with --dtype float32")
-
-
-def command(args: argparse.Namespace) -> int:
-    """`harness kit check`: 0 pass, 1 fail, 2 malformed kit or results (one line, nothing written)."""
-    from harness import diagnose as causes
-    from harness import records
-
-    manifest, kit = load_kit(args.kit)
-    expected = kit["expected.npz"]
-    params = list(manifest["parameters"])
-    steps = int(manifest["steps"])
-    results = load_results(args.results, manifest, kit)
-    given, dtype, opt_steps = validate(results, expected, params, args.dtype)
-    folder = args.out if getattr(args, "out", None) is not None else args.results.parent
-    html_path = args.html or folder / args.results.with_suffix(".check.html").name
-    json_path = args.json or folder / args.results.with_suffix(".check.json").name
-    if getattr(args, "out", None) is not None:
-        records.check_writable(args.out)  # created below, once the inputs are known to be good
-    inputs = (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST)))
-    for option, p, default in (("--html", html_path, ".check.html"), ("--json", json_path, ".check.json")):
-        if os.path.lexists(p) and not os.path.isfile(p):
-            what = kind_of(os.stat(p).st_mode) if os.path.exists(p) else "a dangling symlink"
-            raise UsageError(f"{option} {str(p)!r} is {what}, not a file; pass the path of the file to write, e.g. "
-                             f"{option} {str(p / args.results.with_suffix(default).name)!r}")
-        if p.parent != folder and not p.resolve().parent.is_dir():
-            raise UsageError(f"cannot write {str(p)!r}: its directory does not exist; create it or pass another path")
-        if p.resolve() in inputs:
-            raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
-    if html_path.resolve() == json_path.resolve():
-        raise UsageError(f"--html and --json are the same file {str(html_path)!r}; pass two paths")
-
-    result, tol = grade(manifest, kit, results, dtype, opt_steps)
-    rows = table_rows(result, given)
-    table = format_table(rows)
-    diagnosis = diagnose(result, rows, params)
-    hint = None if result.passed else float32_hint(manifest, kit, results, dtype, opt_steps)
-    if hint and diagnosis:
-        diagnosis["cause"] = hint
-    offered = [d for d in DEPTHS if d != "learning_rate"  # read from the optimizer states, not an array a port gives
-               and (d != "dropout_gradients" or any(k.startswith("dropout_grad/") for k in expected))]
-    missing = [d for d in offered if d not in given]
-    passed = result.passed
-    where = ""
-    if diagnosis:
-        where = f", first at {diagnosis['depth']}" + (f" ({diagnosis['tap']})" if diagnosis.get("tap") else
-                                                      f" ({diagnosis['parameter']})" if diagnosis.get("parameter")
-                                                      else "")
-    summary = (f"the port agrees with the oracle at {', '.join(given)}" if passed
-               else f"the port differs from the oracle{where}")
-    first_line = _first_broken_line(result, diagnosis)
-    cfg = manifest["config"]
-    verdict: dict[str, Any] = {
-        "schema": "nanogpt-parity/kit-check", "schema_version": 1,
-        "verdict": "pass" if passed else "fail", "summary": summary,
-        "kit": str(args.kit), "results_file": str(args.results), "config_name": cfg.get("name"),
-        "size": manifest.get("size"), "steps": steps, "seed": manifest.get("seed"), "dropout": cfg.get("dropout"),
-        "dtype": dtype, "precision_pair": f"{dtype}/float64" if dtype == "float32" else "float64/float64",
-        "tolerances": asdict(tol), "depths_given": given, "depths_not_given": missing,
-        "optimizer_steps_given": opt_steps, "loss_steps_given": len(results["loss"]) if "loss" in results else 0,
-        "failures": list(result.failures), "other_failures": [f for f in result.failures if f != first_line],
-        "diagnosis": diagnosis, "hint": hint, "notes": list(result.notes),
-        "blind_spots": {d: causes.BLIND_SPOTS[d] for d in given if d in causes.BLIND_SPOTS},
-        "results": result.to_dict(),
-    }
-    for depth, key in (("taps", "taps"), ("logits", "logits"), ("gradients", "gradients"),
-                       ("dropout_gradients", "dropout_gradients"), ("optimizer", "optimizer"), ("loss", "loss")):
-        if depth not in given and key in verdict["results"]:
-            verdict["results"][key] = None  # the oracle compared with itself: nothing measured
-    recorded = (manifest.get("tolerances") or {}).get(dtype)
-    if recorded is not None and recorded != asdict(tol):
-        print(f"note: this harness's measured tolerances for {dtype} differ from those recorded in the kit; "
-              "this harness's apply (export the kit again to record them)", file=sys.stderr)
-    folder.mkdir(parents=True, exist_ok=True)
-    page = render_html(verdict, rows, table).encode()
-    records.atomic_write_all([(html_path, page), (json_path, records.json_bytes(verdict))])  # both written first
-
-    print(table)
-    if getattr(args, "per_parameter", False):
-        from harness.parity import format_gradients, format_optimizer
-
-        if "gradients" in given:
-            print()
-            print(format_gradients(result))
-        if "optimizer" in given:
-            print()
-            print(format_optimizer(result))
-    for line in result.failures:
-        print(line)
-    for line in result.notes:
-        print(line)
-    if diagnosis:
-        named = (f", tap {diagnosis['tap']}" if diagnosis.get("tap") else
-                 f", parameter {diagnosis['parameter']}" if diagnosis.get("parameter") else "")
-        print(f"first broken: {diagnosis['depth']}{named}" + (f" ({diagnosis['detail']})" if diagnosis.get("detail")
-                                                               else ""))
-        print(f"likely cause: {diagnosis['cause']}")
-    if missing:
-        print(f"not given: {', '.join(missing)} (not checked); what the depths given cannot see:")
-        for d in given:
-            print(f"  {d}: {causes.BLIND_SPOTS[d]}")
-    print(f"{'PASS' if passed else 'FAIL'}: {summary} ({dtype} results vs the float64 oracle)")
-    print(f"check page: {html_path}\ncheck verdict: {json_path}")
-    return 0 if passed else 1
-
-
-def _first_broken_line(result: Any, diagnosis: dict[str, Any] | None) -> str | None:
-    """The FAIL line that states the first broken depth (shown once on the page, as "First broken")."""
-    if not diagnosis:
-        return None
-    prefix = {"taps": "FAIL: forward:", "logits": "FAIL: logits", "gradients": "FAIL: gradient ",
-              "dropout_gradients": "FAIL: gradient with dropout", "optimizer": "FAIL: optimizer step",
-              "loss": "FAIL: training loss"}.get(diagnosis["depth"], "")
-    return next((f for f in result.failures if prefix and f.startswith(prefix)), None)

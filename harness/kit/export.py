@@ -7,12 +7,9 @@ harness's dropout masks, backward, global-norm clipping, AdamW), with the backen
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import io
-import json
-import math
 import sys
 import time
 from dataclasses import asdict
@@ -24,10 +21,20 @@ import numpy as np
 from harness.errors import UsageError
 
 SCHEMA = "nanogpt-parity/kit"
+
+
 SCHEMA_VERSION = 1
+
+
 MANIFEST = "manifest.json"
+
+
 FILES = ("weights.npz", "batches.npz", "masks.npz", "expected.npz")
+
+
 MAX_STEPS = 1000
+
+
 KINDS = ("param", "adam_m", "adam_v")
 
 
@@ -87,7 +94,7 @@ def _check_out(out: Path) -> None:
 def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     """Write the kit files, then manifest.json last. A failure (a full disk, Ctrl-C) removes what was written, and
     the marker file left by a kill lets the next export into the same --out start again."""
-    from harness import records
+    from harness.run import records
 
     created = not out.exists()
     out.mkdir(exist_ok=True)
@@ -113,11 +120,11 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
             ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """The kit's arrays by file ({file: {key: array}}) and facts for the manifest; the oracle in float64."""
     from harness.backends.numpy_backend import NumpyBackend
-    from harness.data import BatchStream
-    from harness.masks import dropout_masks
-    from harness.schedule import learning_rates
-    from harness.taps import PREFIX, tap_rows
-    from harness.weights import init_weights, param_shapes
+    from harness.core.data import BatchStream
+    from harness.core.masks import dropout_masks
+    from harness.core.schedule import learning_rates
+    from harness.core.taps import PREFIX, tap_rows
+    from harness.core.weights import init_weights, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
     weights = init_weights(config, corpus.vocab_size, seed)
@@ -177,12 +184,13 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
 def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps: int,
                    files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
     """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
-    from harness import __version__, schedule
-    from harness.config import MODEL_OPTIONS
+    from harness import __version__
+    from harness.config.fields import MODEL_OPTIONS
+    from harness.core import schedule
+    from harness.core.taps import MEANING, PREFIX, kind, tap_names, tap_rows
+    from harness.core.weights import decays, param_shapes
     from harness.kit.layout import describe
-    from harness.parity import default_tolerances
-    from harness.taps import MEANING, PREFIX, kind, tap_names, tap_rows
-    from harness.weights import decays, param_shapes
+    from harness.parity.compare import default_tolerances
 
     shapes = param_shapes(config, corpus.vocab_size)
     gelu = {"tanh": "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
@@ -268,42 +276,3 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                                     for k, v in arrays.items()}}
                   for name, arrays in files.items()},
     }
-
-
-def command(args: argparse.Namespace) -> int:
-    """`harness kit export`: validate, compute with the oracle, write the files, then manifest.json last."""
-    from harness import launch
-    from harness.data import check_fits, load_corpus
-    from harness.options import configure, pick_sizes
-
-    dropout = args.dropout
-    if not isinstance(dropout, float) or not math.isfinite(dropout) or not 0 <= dropout < 1:
-        raise UsageError(f"--dropout must be in [0, 1), got {dropout!r}")
-    if args.steps > MAX_STEPS:
-        raise UsageError(f"--steps {args.steps} is more than {MAX_STEPS}; a kit checks the first few steps "
-                         "(5 is plenty), pass fewer")
-    _check_out(args.out)
-    args.size = pick_sizes(args.size, one=True)[0]
-    config = configure(args, args.size, changes={"dropout": dropout, "steps": args.steps})
-    size = None if args.config or getattr(args, "set", None) else args.size  # measured tolerances: the preset's
-    corpus = load_corpus(args.data)
-    check_fits(corpus, config.block_size, config.batch_size)
-    # the memory preflight of `harness run` and `harness parity`, before anything is computed: the oracle is one
-    # float64 NumPy worker, and the parameters and AdamW moments after each of the --steps steps are kept (in the
-    # arrays and again in their NPZ bytes), as a parity probe keeps them for its optimizer steps
-    launch.check_memory(launch.Plan(config=config, corpus=corpus, backends=["numpy"], seed=args.seed, out=args.out,
-                                    backend_options={"numpy": {"dtype": "float64"}},
-                                    parity={"opt_steps": args.steps}, probe_fix="export fewer steps (--steps N)",
-                                    allow_large=getattr(args, "allow_large", False)))
-    print(f"kit: {config.name}, {args.steps} steps, dropout {dropout:g}, seed {args.seed} -> {args.out}",
-          file=sys.stderr)
-    files, _ = compute(config, corpus, args.seed, args.steps, progress=not getattr(args, "quiet", False))
-    blobs = {name: npz_bytes(arrays) for name, arrays in files.items()}
-    manifest = build_manifest(config, size, corpus, args.seed, args.steps, files, blobs)
-    write_kit(args.out, blobs, (json.dumps(manifest, indent=1) + "\n").encode())
-    total = sum(len(b) for b in blobs.values()) + (args.out / MANIFEST).stat().st_size
-    for name, blob in blobs.items():
-        print(f"  {name}: {len(blob) / 1e6:.2f} MB", file=sys.stderr)
-    print(f"kit written: {args.out} ({total / 1e6:.2f} MB); check a port's results with "
-          f"`harness kit check {args.out} RESULTS.npz`")
-    return 0

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from harness.backends import flux_layout
-from harness.taps import HEAD_TAPS, kind, tap_axes
-from harness.taps import PREFIX as TAP_PREFIX
+from harness.core.taps import HEAD_TAPS, kind, tap_axes
+from harness.core.taps import PREFIX as TAP_PREFIX
 
 
 def param_axes(name: str, ndim: int) -> list[str]:

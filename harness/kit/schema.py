@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.config import GELUS, PRESETS, short
+from harness.config.fields import GELUS, short
+from harness.config.presets import PRESETS
 from harness.errors import UsageError
 from harness.kit.export import FILES, MANIFEST, MAX_STEPS, SCHEMA, SCHEMA_VERSION
 

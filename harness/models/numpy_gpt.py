@@ -10,7 +10,7 @@ where `dout` is the gradient of the loss with respect to `out` and the backward 
 respect to the forward's inputs and parameters, in that order.
 
 Shapes: B batch, T time (sequence position), C = n_embd, H heads, D = C / H head size, F = d_hidden,
-V vocabulary. Parameters live in a dict keyed by the canonical names of harness.weights, in the canonical
+V vocabulary. Parameters live in a dict keyed by the canonical names of harness.core.weights, in the canonical
 (PyTorch) shapes: a Linear weight is (out, in), so a Linear computes y = x @ W.T + b.
 
 The array module `xp` is NumPy, or CuPy after `use_device("cuda")`. Dropout masks are always drawn on the host
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.config import Config
-from harness.weights import decays
+from harness.config.fields import Config
+from harness.core.weights import decays
 
 Array = Any  # an ndarray of the current array module `xp` (numpy.ndarray or cupy.ndarray)
 Cache = Any  # whatever a forward keeps for its backward
@@ -388,7 +388,7 @@ def gpt_forward(params: dict[str, Array], idx: Array, config: Config,
                 taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
     """Logits (B, T, V) for token ids idx (B, T). Dropout is active iff `rng` is given (training).
 
-    `masks` (harness.masks.dropout_masks, keys "emb", "h.{i}.attn", "h.{i}.mlp"): dropout with exactly these
+    `masks` (harness.core.masks.dropout_masks, keys "emb", "h.{i}.attn", "h.{i}.mlp"): dropout with exactly these
     keep-masks instead of drawing from `rng`. `taps` (parity's depth 0): filled with the named intermediate
     activations of harness/taps.py ("emb", "h.{i}.ln_1", ..., "ln_f", "logits").
     """
@@ -469,7 +469,7 @@ class AdamW:
     """AdamW with torch.optim.AdamW's semantics and order of operations (single-tensor path, amsgrad off).
 
     Per parameter p with gradient g, at step t (starting at 1):
-        p *= 1 - lr * weight_decay                     only where harness.weights.decays(name, shape, decay)
+        p *= 1 - lr * weight_decay                     only where harness.core.weights.decays(name, shape, decay)
         m  = m + (1 - beta1) (g - m)                   = beta1 m + (1 - beta1) g, written as torch's lerp
         v  = beta2 v + (1 - beta2) g^2
         p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)

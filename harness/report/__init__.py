@@ -22,12 +22,13 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 import harness
-from harness import contention, records
 from harness.errors import UsageError
 from harness.report import analysis, tables
 from harness.report.analysis import ERROR, NEUTRAL, OK, WARN, RunView
-from harness.results import costs, step_median_interval
-from harness.runner import FIGURES_ALL
+from harness.report.results import costs, step_median_interval
+from harness.run import records
+from harness.timing import contention
+from harness.timing.steady import FIGURES_ALL
 
 SAMPLE_CONTINUATIONS = 3  # prompted continuations shown in full per run (all are in the records)
 
@@ -75,7 +76,7 @@ def speed_verdict(c: analysis.PairComparison) -> dict[str, Any]:
     """The speed verdict of one pair: level, short label, sentence (with its interval) from the paired timing, by
     `paired.judge`'s rule (one run is one seed: stated with its interval, never green).
     Without paired timing there is no speed verdict (training step times of separate runs are not compared)."""
-    from harness import paired
+    from harness.timing import paired
 
     s = c.paired
     if s is None and c.paired_failure:
@@ -98,7 +99,7 @@ def _contention_sentence(view: RunView) -> str:
     """One line: how disturbed each backend's training was, and the paired timing's rounds."""
     parts = [contention.sentence(costs(r)["contention"], r["backend"]) for r in view.records]
     if view.paired is not None:
-        from harness import paired
+        from harness.timing import paired
 
         n, clean = len(paired.rounds_of(view.paired)), paired.clean_rounds(view.paired)
         parts.append(f"paired timing: {n - clean} of {n} rounds disturbed (left out of the ratio)")

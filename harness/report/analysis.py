@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from harness import files, records, stats
+from harness import files
 from harness.errors import UsageError
-from harness.results import costs
+from harness.report.results import costs
+from harness.run import records
+from harness.timing import stats
 
 # Loss agreement with dropout on (docs/design.md, "Parity"): the frameworks' dropout streams differ, so the final
 # validation losses can only agree statistically. Two backends "agree" when their validation losses at the last
@@ -99,7 +101,7 @@ def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
             view.parity_error = f"{parity_path.name} could not be read ({exc})"
     paired_path = records.RunPaths(Path(out), run_id).paired_timing
     if paired_path.exists():
-        from harness import paired
+        from harness.timing import paired
 
         try:
             view.paired = paired.load(paired_path)
@@ -146,7 +148,7 @@ def human_age(seconds: float | None) -> str:
 
 def fairness_problems(recs: list[dict]) -> list[str]:
     """Differences in data, config, weights or batches between backends (any one makes the comparison unfair)."""
-    from harness.launch import compare_fingerprints
+    from harness.run.records import compare_fingerprints
 
     try:
         return compare_fingerprints(recs)
@@ -191,7 +193,7 @@ def banners(view: RunView) -> list[Banner]:
 
 # --- parity.json ------------------------------------------------------------------------------------------------------
 def parity_passed(doc: dict) -> bool | None:
-    """The overall verdict of a parity.json (harness.parity): `verdict` "pass" is True, "fail" and "error" are
+    """The overall verdict of a parity.json (harness.parity.compare): `verdict` "pass" is True, "fail" and "error" are
     False; failing that, a boolean `passed` (top level or in `results`); None when it says nothing."""
     verdict = doc.get("verdict")
     if isinstance(verdict, str) and verdict.lower() in ("pass", "passed", "fail", "failed", "error"):
@@ -212,7 +214,7 @@ def _num(x: Any) -> float:
 def parity_checks(doc: dict) -> list[dict]:
     """One row per check of a parity.json: check, value, tolerance, "first broken", "worst", result ("ok" / "FAIL").
 
-    parity.json holds its rows (`checks`, harness.parity.ParityResult.rows) since the learning-rate check; for a
+    parity.json holds its rows (`checks`, harness.parity.compare.ParityResult.rows) since the learning-rate check; for a
     record from before, they are read from its `results` (the step-0 activation taps, logits and gradients, the
     re-synchronised optimizer steps and their losses, the training-loss curve, the final validation loss); "first
     broken" is where a check
@@ -408,7 +410,7 @@ def pairs(view: RunView) -> list[PairComparison]:
     """Every pair of backends of a run, in the spec's order, with the paired timing's ratio where there is one."""
     out = [compare_pair(a, b) for a, b in combinations(view.records, 2)]
     if view.paired is not None:
-        from harness import paired
+        from harness.timing import paired
 
         names = {c["name"] for c in view.paired.get("contenders") or []}
         for c in out:

@@ -1,14 +1,14 @@
 """The sweep report `<out>/sweep-<id>.html` (self-contained, like the run reports) and its CSV beside it.
 
-Read from the RunRecords, through `harness.results.load_runs` (the manifest says which runs belong to the
-sweep), and the sweep's paired-timing records (harness.paired). Per group (config x backend x device x options):
-mean and 95 % t interval across seeds of the final validation loss, median step time, tokens/s, peak memory, time
-to target, chrF and BLEU (speed figures without the cells whose training was mostly disturbed). Per (config,
-device, dtype option, precision option) and pair of backends, one verdict naming the combination: the speed ratio
-from the paired timing, combined across seeds, the loss difference first − second across seeds, each with its
-interval, what the data cannot carry said in the sentence, and the contention behind it. A scaling
-figure (step time and tokens/s against FLOPs per token, log-log, fitted exponent per backend, crossover) when the
-sweep spans more than one model shape, and validation loss against wall-clock time (median seed, band over seeds).
+Read from the RunRecords, through `harness.report.results.load_runs` (the manifest says which runs belong to the sweep),
+and the sweep's paired-timing records (harness.run.paired_timing). Per group (config x backend x device x options): mean
+and 95 % t interval across seeds of the final validation loss, median step time, tokens/s, peak memory, time to target,
+chrF and BLEU (speed figures without the cells whose training was mostly disturbed). Per (config, device, dtype option,
+precision option) and pair of backends, one verdict naming the combination: the speed ratio from the paired timing,
+combined across seeds, the loss difference first − second across seeds, each with its interval, what the data cannot
+carry said in the sentence, and the contention behind it. A scaling figure (step time and tokens/s against FLOPs per
+token, log-log, fitted exponent per backend, crossover) when the sweep spans more than one model shape, and validation
+loss against wall-clock time (median seed, band over seeds).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 import harness
-from harness import contention, records, stats
 from harness.report import tables
 from harness.report.analysis import CONVENTION, NEUTRAL, WARN
+from harness.run import records
 from harness.sweep import manifest as mf
+from harness.timing import contention, stats
 
 GROUP = ["label", "backend", "device", "dtype", "precision"]
 METRICS = [  # column, heading, formatter
@@ -70,7 +71,8 @@ def group_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per group: n seeds completed, then 'mean [lo, hi]' of every metric (95 % t interval over seeds).
 
     Speed figures (median step, tokens/s, time to target) leave out cells whose training was mostly disturbed
-    (harness.contention); the last column says how many cells were disturbed and how many of them were left out."""
+    (harness.timing.contention); the last column says how many cells were disturbed and how many of them were left
+    out."""
     rows = []
     done = df[df["status"] == "completed"]
     for key, g in done.groupby(GROUP, dropna=False, sort=False):
@@ -132,10 +134,10 @@ def comparisons(df: pd.DataFrame, paired_docs: list[dict] | None = None) -> list
     """Paired backend comparisons, one per (label, device, dtype option, precision option) and pair of backends,
     matched by seed. A backend without a precision axis (numpy) enters every precision's comparison.
 
-    Speed comes from the paired timing (`paired_docs`, harness.paired: one record per block and seed, its
+    Speed comes from the paired timing (`paired_docs`, harness.run.paired_timing: one record per block and seed, its
     usable sessions combined across seeds); without one there is no speed verdict, and the ratio of the separate
     training runs' median step times (mostly disturbed cells left out) is shown as information only."""
-    from harness import paired as pt
+    from harness.timing import paired
 
     index = _paired_index(paired_docs or [])
     out = []
@@ -171,10 +173,10 @@ def comparisons(df: pd.DataFrame, paired_docs: list[dict] | None = None) -> list
                     ka, kb = (ga.loc[s, "run_id"], a), (gb.loc[s, "run_id"], b)
                     if ka in index and kb in index and index[ka][0] is index[kb][0]:
                         doc = index[ka][0]
-                        summary = pt.pair_summary(doc, index[ka][1], index[kb][1])
+                        summary = paired.pair_summary(doc, index[ka][1], index[kb][1])
                         if summary["rounds"]:
                             per_seed.append(dict(summary, seed=s))
-                speed = pt.combine(per_seed) if per_seed else None
+                speed = paired.combine(per_seed) if per_seed else None
                 if speed is not None:
                     speed.update(a=a, b=b)
                 disturbed = [(x, s, float(gx.loc[s, "contended_fraction"]), _truthy(gx.loc[s, "mostly_disturbed"]))
@@ -196,7 +198,7 @@ def _truthy(x: Any) -> bool:
 def verdict(c: dict[str, Any]) -> dict[str, Any]:
     """The sentence, level and pills of one comparison: speed from the paired timing (green only when its interval
     excludes 1 with 3 or more seeds and a CV of the paired ratios of at most 10 %), loss difference a − b."""
-    from harness import paired as pt
+    from harness.timing import paired
 
     a, b, s = c["a"], c["b"], c["speed"]
     parts, notes = [], []
@@ -205,7 +207,7 @@ def verdict(c: dict[str, Any]) -> dict[str, Any]:
         parts.append(f"speed not compared: no paired timing of {a} and {b} (--paired-rounds 0, or a sweep from "
                      "before it existed); the separate training runs' step times are in the table, not a verdict")
     else:
-        j = pt.judge(s)
+        j = paired.judge(s)
         speed_level, speed_label, notes = j["level"], j["label"], j["notes"]
         parts.append(f"{j['claim']} (paired timing, interval {j['over']})")
     loss, loss_label, loss_level = c["loss"], None, NEUTRAL
@@ -374,14 +376,14 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
 
 def paired_records(out: Path, m: mf.Manifest) -> list[tuple[dict, dict | str]]:
     """Each paired entry of the sweep with its record, or why it has none ("not run yet", the one-line error)."""
-    from harness import paired as pt
     from harness.errors import UsageError
+    from harness.timing import paired
 
     found: list[tuple[dict, dict | str]] = []
     for entry in m.doc.get("paired") or []:
         path = Path(out) / entry["path"]
         try:
-            found.append((entry, pt.load(path) if path.exists() else "not run yet"))
+            found.append((entry, paired.load(path) if path.exists() else "not run yet"))
         except UsageError as exc:
             found.append((entry, str(exc)))
     return found
@@ -394,7 +396,7 @@ def paired_docs(out: Path, m: mf.Manifest) -> list[dict]:
 
 def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
     """For the index: the sweep's comparisons in short (level and label each), read from the records now."""
-    from harness.results import load_runs
+    from harness.report.results import load_runs
 
     m = mf.Manifest.load(out, sweep_id)
     df = load_runs(out, sweep_id=sweep_id).sort_values("cell", kind="stable")
@@ -407,9 +409,9 @@ def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
 
 def write_sweep_report(out: Path, sweep_id: str) -> Path:
     """Write `<out>/sweep-<id>.html` and `<out>/sweep-<id>.csv` (the tidy table of its runs); returns the HTML path."""
-    from harness import paired as pt
     from harness.report import _env
-    from harness.results import load_runs
+    from harness.report.results import load_runs
+    from harness.timing import paired
 
     out = Path(out)
     m = mf.Manifest.load(out, sweep_id)
@@ -446,7 +448,7 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         comparisons=comps, pairs=tables.html_table(pair_table(comps), "pairs", index=False) if comps else None,
         convention=CONVENTION, rule=contention.RULE_SENTENCE,
         paired=[{"key": e["key"], "status": e.get("status"),
-                 "line": pt.headline(doc) if isinstance(doc, dict) else doc} for e, doc in found],
+                 "line": paired.headline(doc) if isinstance(doc, dict) else doc} for e, doc in found],
         scaling=None if sc is None else {"fig": scaling_figure(sc), "crossings": sc["crossings"],
                                          "table": tables.html_table(sc["table"], "scaling", index=False)},
         wallclock=wallclock_figures(out, df), csv_name=f"sweep-{sweep_id}.csv",

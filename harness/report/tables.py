@@ -8,7 +8,6 @@ from typing import Any
 import pandas as pd
 from markupsafe import Markup
 
-from harness import contention
 from harness.report.analysis import (
     PairComparison,
     RunView,
@@ -19,7 +18,8 @@ from harness.report.analysis import (
     status_of,
     text_agreement,
 )
-from harness.runner import FIGURES_ALL
+from harness.timing import contention
+from harness.timing.steady import FIGURES_ALL
 
 DASH = "—"
 
@@ -138,7 +138,7 @@ def fmt_faster(a: str, b: str, time_ratio: float | None, lo: float | None = None
     """A time ratio a / b as 'FASTER N× faster [lo, hi]', the faster one named (N ≥ 1)."""
     if not _ok(time_ratio) or not time_ratio:
         return DASH
-    from harness.paired import speed_words
+    from harness.timing.paired import speed_words
 
     w = speed_words({"a": a, "b": b, "ratio": time_ratio, "lo": lo, "hi": hi})
     interval = f" [{w['lo']:.3g}, {w['hi']:.3g}]" if w["lo"] is not None and w["hi"] is not None else ""
@@ -323,7 +323,7 @@ def cost_table(view: RunView) -> Markup:
 
 def fmt_target(rec: dict) -> str:
     """'12.3 s (step 200; target 2.55)', 'not reached (target 2.55)', or a dash when the config sets no target."""
-    from harness.costs import time_to_target
+    from harness.core.costs import time_to_target
 
     ttt = rec.get("time_to_target")
     target = (rec.get("config") or {}).get("target_val_loss")

@@ -1,20 +1,20 @@
 """Where a cell's worker runs: one small seam, two executors.
 
-An executor gets cells whose run directory (spec.json) exists and runs `python -m harness.worker RUN_DIR BACKEND
+An executor gets cells whose run directory (spec.json) exists and runs `python -m harness.run.worker RUN_DIR BACKEND
 [--resume]` for each: the ordinary worker, writing the ordinary RunRecord. It never aggregates anything; the
 caller reads the records.
 
 - `LocalExecutor`: on this machine. `jobs=1` (the default) runs cells one after another through
-  `harness.launch.execute`, so timings never contend; `jobs=N` runs N workers at once (loss-only studies: the
+  `harness.run.supervise.execute`, so timings never contend; `jobs=N` runs N workers at once (loss-only studies: the
   manifest marks those cells' timings as contended). Either way each worker is started by
-  `harness.launch.spawn_worker` from the main thread, so it gets the parent-death signal at spawn: a sweep killed
+  `harness.run.supervise.spawn_worker` from the main thread, so it gets the parent-death signal at spawn: a sweep killed
   at any moment leaves no worker training unsupervised.
 - `SlurmExecutor` (harness/sweep/slurm.py): the cells as SLURM job arrays through submitit.
 
-The list may also hold paired-timing entries (`kind` "paired", harness.sweep.manifest): their command is
-`python -m harness.paired run <record>` (`paired_command`), which starts every contender on the machine it runs
-on (one node), alive at once, and times them in alternating bursts. Locally they run one at a time, never beside a
-training cell: with `jobs=N` after the pool of cells.
+The list may also hold paired-timing entries (`kind` "paired", harness.sweep.manifest): their command is `python -m
+harness.run.paired_timing run <record>` (`paired_command`), which starts every contender on the machine it runs on (one
+node), alive at once, and times them in alternating bursts. Locally they run one at a time, never beside a training
+cell: with `jobs=N` after the pool of cells.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from harness import launch, records
 from harness.errors import UsageError
+from harness.run import records, supervise
 
 # (cell, or several cells at once, event) -> None; events: "started", "queued", "running", "finished". Several cells
 # in one call (a submitted job array, the jobs one poll found over) are one write of the manifest, not one each.
@@ -49,15 +49,15 @@ class Executor(Protocol):
 
 def paired_command(out: Path, entry: dict) -> list[str]:
     """The command of a paired-timing entry: a coordinator that adds one session to its record."""
-    return [sys.executable, "-m", "harness.paired", "run", str(Path(out) / entry["path"])]
+    return [sys.executable, "-m", "harness.run.paired_timing", "run", str(Path(out) / entry["path"])]
 
 
 def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
     """A paired-timing entry in this process (its record exists: harness.sweep.manifest.ensure_paired_doc)."""
-    from harness import paired
+    from harness.run import paired_timing
 
     try:
-        doc = paired.run(Path(out) / entry["path"], progress=progress)
+        doc = paired_timing.run(Path(out) / entry["path"], progress=progress)
     except KeyboardInterrupt:
         return 130
     except UsageError as exc:  # a damaged record: this entry fails, the sweep's other cells go on
@@ -73,7 +73,7 @@ def worker_command(run_dir: Path, backend: str, resume: bool) -> list[str]:
     Sweeps always pass --resume: the worker then continues from the cell's checkpoint when there is one and starts
     from step 0 when there is no record yet, so a cell is never trained twice from the start.
     """
-    return [sys.executable, "-m", "harness.worker", str(run_dir), backend, *(["--resume"] if resume else []),
+    return [sys.executable, "-m", "harness.run.worker", str(run_dir), backend, *(["--resume"] if resume else []),
             "--no-progress"]
 
 
@@ -102,7 +102,7 @@ class LocalExecutor:
                 continue
             notify(cell, "started")
             directory = records.run_dir(out, cell["run_id"])
-            codes = launch.execute(directory, [cell["backend"]], resume=True,
+            codes = supervise.execute(directory, [cell["backend"]], resume=True,
                                    progress=self.progress, threads=cell.get("threads"))
             self.worker_error = self.worker_error or codes.get(cell["backend"]) == 2
             notify(cell, "finished")
@@ -124,7 +124,7 @@ class LocalExecutor:
             code = proc.returncode
             self.worker_error = self.worker_error or code == 2
             if code < 0:  # killed by a signal: its record must not stay "running"
-                launch.mark_ended(records.run_dir(out, cell["run_id"]), cell["backend"], -code,
+                supervise.mark_ended(records.run_dir(out, cell["run_id"]), cell["backend"], -code,
                                   stopped_by=stopped_by, killed_by_us=killed)
             interrupted = interrupted or code == 130 or stopped_by is not None
             notify(cell, "finished")
@@ -134,7 +134,7 @@ class LocalExecutor:
                 while queue and len(running) < self.jobs:
                     cell = queue.pop(0)
                     notify(cell, "started")
-                    proc = launch.spawn_worker(records.run_dir(out, cell["run_id"]), cell["backend"], resume=True,
+                    proc = supervise.spawn_worker(records.run_dir(out, cell["run_id"]), cell["backend"], resume=True,
                                                progress=False, threads=cell.get("threads"))
                     running[proc] = cell
                 for proc in [p for p in running if p.poll() is not None]:
@@ -155,13 +155,13 @@ class LocalExecutor:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
                     proc.send_signal(signal.SIGCONT)  # a stopped worker must wake up to handle it
-            deadline = time.monotonic() + launch.KILL_GRACE_S
+            deadline = time.monotonic() + supervise.KILL_GRACE_S
             while running and time.monotonic() < deadline:
                 for proc in [p for p in running if p.poll() is not None]:
                     reap(proc, stopped_by="SIGINT")
                 time.sleep(0.05)
             for proc in list(running):
-                print(f"{running[proc]['backend']}: the worker did not stop {launch.KILL_GRACE_S:g} s after SIGINT; "
+                print(f"{running[proc]['backend']}: the worker did not stop {supervise.KILL_GRACE_S:g} s after SIGINT; "
                       "killing it (SIGKILL)", file=sys.stderr, flush=True)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import records
-from harness.config import SEED_MAX, config_from_dict
+from harness.config.fields import SEED_MAX, config_from_dict
 from harness.errors import UsageError
 from harness.files import read_regular
+from harness.run import records
 from harness.sweep.settings import check_executor
 
 SCHEMA = "nanogpt-parity/sweep"
@@ -305,7 +305,8 @@ def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | 
     """Write the entry's paired-timing record (no session yet) unless it exists; returns its path. An existing record
     gets its contenders' run ids and directories from the manifest again (a cell whose run directory was removed and
     made anew on resume has a new run), keeping every session it holds."""
-    from harness import paired
+    from harness.run import paired_timing
+    from harness.timing import paired
 
     path = Path(out) / entry["path"]
     members = [cells[i] for i in entry["members"]]
@@ -313,10 +314,11 @@ def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | 
                    "run_dir": str(records.run_dir(out, c["run_id"]).resolve()), "backend": c["backend"],
                    "options": c.get("backend_options") or {}, "device": c["device"]} for c in members]
     if not path.exists():
-        records.atomic_write_json(path, paired.new_doc(contenders, entry["label"], entry["seed"], entry["rounds"],
+        records.atomic_write_json(path, paired_timing.new_doc(contenders, entry["label"], entry["seed"],
+        entry["rounds"],
                                                        threads))
         return path
-    with paired.RecordLock(path):  # a coordinator adding a session rewrites the record too
+    with paired_timing.RecordLock(path):  # a coordinator adding a session rewrites the record too
         try:
             doc = paired.load(path)
         except UsageError:
@@ -334,7 +336,7 @@ def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | 
 def paired_status(out: Path, entry: dict) -> tuple[str, dict | None]:
     """(state, record) of a paired entry from its record: pending, running, completed, incomplete (its sessions
     ended without the undisturbed rounds it wants), interrupted or failed."""
-    from harness import paired
+    from harness.timing import paired
 
     path = Path(out) / entry["path"]
     if not path.exists():

@@ -5,7 +5,7 @@ All the cells of one submission go to sbatch as ONE job array (`executor.batch()
 `MaxSubmitJobs`), and `--array-parallelism N` caps how many elements run at once. More cells than the cluster's
 `MaxArraySize` become several arrays; a single cell is a plain job.
 
-Each element runs the ordinary worker (`python -m harness.worker RUN_DIR BACKEND --resume`) on a node that sees the
+Each element runs the ordinary worker (`python -m harness.run.worker RUN_DIR BACKEND --resume`) on a node that sees the
 same filesystem, so the RunRecord lands under `--out` as on this machine. The callable is a
 `submitit.helpers.Checkpointable`: when SLURM signals a time limit or a preemption, submitit calls `checkpoint()`,
 which stops the worker (it saves its record) and requeues that element alone (`scontrol requeue JOBID_i`); the
@@ -45,9 +45,9 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from harness import records
 from harness.errors import UsageError
-from harness.processes import child_env
+from harness.run import records
+from harness.run.processes import child_env
 from harness.sweep.executors import Notify, paired_command, worker_command
 from harness.sweep.settings import DEFAULT_TIME_MIN, check_text, parse_sbatch
 

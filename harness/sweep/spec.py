@@ -23,13 +23,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from harness import nanogpt
-from harness.config import PRESETS, SEED_MAX, Config, short
-from harness.configure import load_config
+from harness.config import nanogpt
+from harness.config.fields import SEED_MAX, Config, short
+from harness.config.load import load_config
+from harness.config.presets import PRESETS
 from harness.errors import UsageError
-from harness.paired import ROUNDS
 from harness.sweep.manifest import SWEEP_NAME_RE
 from harness.sweep.settings import check_slurm
+from harness.timing.paired import ROUNDS
 
 DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
 MAX_CELLS_WITHOUT_YES = 300
@@ -143,7 +144,8 @@ def parse_seed_flag(text: str) -> int | list[int]:
 
 def parse_set(items: list[str]) -> dict[str, list[Any]]:
     """`--set learning_rate=0.003,0.01` (repeatable) -> {"learning_rate": [0.003, 0.01]}: a sweep axis. Each value
-    is read as `harness run --set` reads one (harness.nanogpt.parse_value: a Python literal such as False or 1e-3,
+    is read as `harness run --set` reads one (harness.config.nanogpt.parse_value: a Python literal such as False or
+    1e-3,
     else TOML's spelling, else the text)."""
     fields: dict[str, list[Any]] = {}
     for item in items:
@@ -167,7 +169,7 @@ def _positive(value: Any, what: str, allow_none: bool = True) -> int | None:
 
 def load_toml(path: Path) -> tuple[dict, Path]:
     """The TOML document of a sweep file (checked for unknown keys) and the directory its paths are relative to."""
-    from harness.config import MAX_TOML_BYTES
+    from harness.config.presets import MAX_TOML_BYTES
     from harness.files import read_regular
 
     blob = read_regular(path, "sweep file", "pass the path of a TOML file", MAX_TOML_BYTES)
@@ -241,7 +243,7 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     spec.threads = _positive(doc.get("threads"), "threads")
     if doc.get("paired_rounds") is not None:
         value = doc["paired_rounds"]
-        from harness.paired import MAX_ROUNDS
+        from harness.timing.paired import MAX_ROUNDS
 
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ROUNDS:
             raise UsageError(f"sweep paired_rounds must be a whole number from 0 to {MAX_ROUNDS}, got {value!r}")

@@ -30,10 +30,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from harness.backends.flux_layout import logits_to_flux, masks_to_flux, to_flux, tokens_to_flux  # noqa: E402
-from harness.configure import load_config  # noqa: E402
+from harness.config.load import load_config  # noqa: E402
+from harness.core.schedule import learning_rates  # noqa: E402
+from harness.core.weights import decays, init_weights  # noqa: E402
 from harness.models import numpy_gpt  # noqa: E402
-from harness.schedule import learning_rates  # noqa: E402
-from harness.weights import decays, init_weights  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixture.txt"
 VOCAB, T, B = 5, 6, 2

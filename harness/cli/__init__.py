@@ -1,0 +1,1 @@
+"""The command line: the parser, the shared options, and one module per verb."""

@@ -1,0 +1,229 @@
+"""`harness run`: plan, train each backend in its own worker, time them side by side, report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.cli.options import (
+    backend_options,
+    configure,
+    pick_backends,
+    pick_sizes,
+)
+from harness.config.load import load_config
+from harness.errors import UsageError
+from harness.run.processes import compile_cache_env
+
+
+# --- run ---------------------------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.core.data import load_corpus
+    from harness.run import plan as run_plan
+    from harness.run import records, supervise
+
+    if args.resume is not None:  # an empty id (an unset shell variable) is refused, never a new run
+        return resume_run(args)
+    args.seed = 1337 if args.seed is None else args.seed
+    args.device = args.device or "cpu"
+    backends = pick_backends(args.backend, default=(), device=args.device, repeats=True)
+    if args.both:
+        backends += [b for b in ("torch", "flux") if b not in backends]
+    backends = list(dict.fromkeys(backends)) or ["torch"]  # --backend torch --both: torch once
+    sizes = pick_sizes(args.size)
+    if len(sizes) > 1 and args.config:
+        raise UsageError(f"--size {','.join(sizes)} and --config exclude each other; pass one")
+    check_option_targets(args, backends)
+    records.check_writable(args.out)
+    corpus = load_corpus(args.data, keep_line_endings=args.keep_line_endings)
+    plans = [run_plan.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=args.device,
+                         seed=args.seed, out=args.out, backend_options=backend_options(args, backends),
+                         checkpoint_every=args.checkpoint_every or 0, text=not args.no_text,
+                         progress=not args.quiet, threads=args.threads, allow_large=args.allow_large,
+                         paired_rounds=paired_rounds(args))
+             for size in sizes]
+    for plan in plans:
+        run_plan.preflight(plan)
+    worst = 0
+    run_ids = []
+    for plan in plans:
+        run_id = run_plan.write_spec(plan)
+        run_ids.append(run_id)
+        directory = records.run_dir(plan.out, run_id)
+        print(f"run {run_id}: {plan.config.name} on {plan.device}, backends {', '.join(backends)}", file=sys.stderr)
+        print(f"  {corpus.summary()}", file=sys.stderr)
+        if args.compile and "torch" in backends:
+            where = compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
+            print(f"  torch.compile caches go to {where}", file=sys.stderr)
+        codes = supervise.execute(directory, backends, progress=plan.progress, threads=plan.threads,
+                               paired_rounds=plan.paired_rounds)
+        worst = max(worst, finish(plan.out, run_id, codes))
+        if 130 in codes.values():
+            worst = 130
+            break
+    if not args.no_report:
+        write_reports(args.out, run_ids, quiet_disk_error=worst == 2)
+    return worst
+
+
+def paired_rounds(args: argparse.Namespace, spec: dict | None = None) -> int:
+    """--paired-rounds, else the run's stored value (on --resume), else the default."""
+    from harness.timing.paired import ROUNDS
+
+    if args.paired_rounds is not None:
+        return args.paired_rounds
+    stored = (spec or {}).get("paired_rounds")
+    return ROUNDS if stored is None else stored
+
+
+def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
+    """Options that apply to some backends only must apply to one of this run's backends, not be ignored."""
+    if args.compile and "torch" not in backends:
+        raise UsageError(f"--compile applies to the torch backend only, and this run has {', '.join(backends)}; "
+                         "drop --compile or add --backend torch")
+    if args.precision and not {"torch", "flux"} & set(backends):
+        raise UsageError(f"--precision applies to torch and flux only, and this run has {', '.join(backends)}; "
+                         "drop --precision")
+
+
+def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
+    """Print where the records are, check the backends saw identical inputs; returns the exit status."""
+    from harness.run import records
+
+    _, recs = records.load_run(out, run_id)
+    directory = records.run_dir(out, run_id)
+    for rec in recs:
+        last = rec["evals"][-1] if rec["evals"] else None
+        val = f", val loss {last['val_loss']:.4f} at step {last['step']}" if last else ""
+        tps = rec["timings"].get("tokens_per_s")
+        speed = f", {tps:,.0f} tokens/s" if tps else ""
+        resumed = rec.get("resumed_from_step")
+        since = f", resumed from step {', then '.join(map(str, resumed))}" if resumed else ""
+        print(f"  {rec['backend']}: {rec['status']}{val}{speed}{since} -> {directory / (rec['backend'] + '.json')}",
+              file=sys.stderr)
+    paired_path = records.RunPaths(Path(out), run_id).paired_timing
+    if paired_path.exists():
+        from harness.timing import paired
+
+        try:
+            print(f"  {paired.headline(paired.load(paired_path))} -> {paired_path}", file=sys.stderr)
+        except UsageError as exc:
+            print(f"  warning: {exc}", file=sys.stderr)
+    problems = records.compare_fingerprints(recs)
+    for problem in problems:
+        print(f"  warning: {problem}: the comparison is not fair", file=sys.stderr)
+    if any(c == 2 for c in codes.values()):
+        return 2
+    if problems or any(c not in (0, 130) for c in codes.values()):
+        return 1
+    return 130 if 130 in codes.values() else 0
+
+
+def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False) -> None:
+    """The run report and the index; with `quiet_disk_error` (a worker has already printed the error line of a full
+    or unwritable disk) a report that cannot be written is a note, not a second error line."""
+    from harness.report import write_index, write_report
+    from harness.run.records import os_error_message
+
+    if not run_ids:
+        return
+    try:
+        path = write_report(out, run_ids)
+        write_index(out)
+    except OSError as exc:
+        if not quiet_disk_error:
+            raise
+        print(f"  no report: {os_error_message(exc, 'it cannot be written either')}", file=sys.stderr)
+        return
+    print(f"report: {path}", file=sys.stderr)
+
+
+# options of `harness run` that define what a run computes: on --resume they must match the stored spec
+_RESUME_FIXED = ("size", "config", "set", "data", "device", "seed", "dtype", "steps", "epochs", "eval_interval",
+                 "dropout", "scheme", "backend", "both", "checkpoint_every", "compile", "precision",
+                 "keep_line_endings", "no_text", "allow_large")
+
+
+def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
+    """The options given with --resume that differ from what the run was started with (one phrase each)."""
+    config = spec["config"]
+    opts = {b: o or {} for b, o in spec["backend_options"].items()}
+    stored_backends = list(spec["backends"])
+    given = {k: getattr(args, k, None) for k in _RESUME_FIXED}
+    problems = []
+
+    def differ(option: str, stored: object) -> None:
+        problems.append(f"{option} (the run has {stored})")
+
+    if given["size"] is not None and pick_sizes(given["size"]) != [spec.get("label")]:
+        differ("--size", f"config {spec.get('label')!r}")
+    if given["config"] is not None or given["set"]:
+        from harness.config.fields import config_from_dict
+        from harness.config.nanogpt import apply_overrides, parse_sets
+
+        stored = config_from_dict(config, "spec.json")  # a spec from before the options holds their defaults
+        sets = parse_sets(given["set"])
+        mine = load_config(path=given["config"], overrides=sets) if given["config"] else apply_overrides(stored, sets)
+        if any(v != getattr(stored, k) for k, v in mine.to_dict().items() if k != "steps"):
+            differ("--config" if given["config"] else "--set", f"config {spec.get('label')!r} as stored in its "
+                   "spec.json")
+    if given["data"] is not None:
+        from harness.core.data import load_corpus
+
+        if load_corpus(given["data"]).sha256 != spec["data"]["sha256"]:
+            differ("--data", f"{spec['data']['path']!r}, sha256 {spec['data']['sha256'][:12]}...")
+    for option, key in (("--device", "device"), ("--seed", "seed")):
+        if given[key] is not None and given[key] != spec[key]:
+            differ(option, spec[key])
+    for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
+        if given[key] is not None and given[key] != config.get(key):
+            differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {config.get(key)}")
+    # read as a new run reads them: `all` is every backend available on the run's device
+    wanted = (pick_backends(given["backend"], default=(), device=spec.get("device", "cpu"), repeats=True)
+              if given["backend"] else []) + (["torch", "flux"] if given["both"] else [])
+    if wanted and set(wanted) != set(stored_backends):
+        differ("--backend", ", ".join(stored_backends))
+    if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.get("checkpoint_every"):
+        differ("--checkpoint-every", spec.get("checkpoint_every") or "no checkpoints")
+    if given["dtype"] is not None and any(o.get("dtype", given["dtype"]) != given["dtype"] for o in opts.values()):
+        differ("--dtype", {b: o.get("dtype", "default") for b, o in opts.items()})
+    if given["compile"] and not any(o.get("compile") for o in opts.values()):
+        differ("--compile", "no --compile")
+    if given["precision"] is not None and any(o.get("precision", "fp32") != given["precision"]
+                                              for b, o in opts.items() if b in ("torch", "flux")):
+        differ("--precision", {b: o.get("precision", "fp32") for b, o in opts.items()})
+    if given["keep_line_endings"] and spec["data"].get("line_endings", "normalised") != "kept":
+        differ("--keep-line-endings", "line endings normalised")
+    if given["no_text"] and spec.get("text", True):
+        differ("--no-text", "text metrics on")
+    return problems
+
+
+def resume_run(args: argparse.Namespace) -> int:
+    from harness.run import plan as run_plan
+    from harness.run import records, supervise
+
+    spec = run_plan.load_spec(args.out, args.resume)
+    records.load_run(args.out, args.resume)  # every stored record is checked here, before a worker starts
+    directory = records.run_dir(args.out, args.resume)
+    conflicts = resume_conflicts(args, spec)
+    if conflicts:
+        raise UsageError(f"--resume {args.resume} continues the run as it was started, but these options differ: "
+                         f"{'; '.join(conflicts)}; drop them, or start a new run")
+    records.check_writable(directory)
+    threads = spec.get("threads")
+    if args.threads is not None and args.threads != threads:
+        print(f"resume: using --threads {args.threads} (the run started with {threads or 'the default'})",
+              file=sys.stderr)
+        threads = args.threads
+    data = spec["data"]
+    vocab = f", vocabulary of {data['vocab_size']} symbols" if "vocab_size" in data else ""
+    print(f"resuming run {args.resume}: data {data['path']}{vocab}", file=sys.stderr)
+    codes = supervise.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads,
+                           paired_rounds=paired_rounds(args, spec))
+    code = finish(args.out, args.resume, codes)
+    if not args.no_report:
+        write_reports(args.out, [args.resume], quiet_disk_error=code == 2)
+    return code

@@ -1,0 +1,1 @@
+"""Configs: the Config type, the size presets and nanoGPT's recipes, and the one front door that reads them."""

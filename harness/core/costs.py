@@ -1,0 +1,45 @@
+"""Cost formulas of the model, beside its shapes (harness/weights.py): what a token of training costs.
+
+Kept apart from the worker and the report so that both (and sweeps) read one definition, as nanoGPT keeps
+`estimate_mfu` with the model.
+"""
+
+from __future__ import annotations
+
+from harness.config.fields import Config
+from harness.core.weights import count_parameters, param_shapes
+
+
+def flops_per_token(config: Config, vocab_size: int) -> int:
+    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x d x n_ctx (attention), as Kaplan/PaLM.
+
+    The 6 counts a multiply-add (2) in the forward pass and twice that in the backward pass; the attention term is
+    the QK^T and AV products, which have no parameters. With tied embeddings the token table is also the output
+    layer's matrix, so it counts (as nanoGPT's estimate_mfu: get_num_params() leaves out only wpe); without biases
+    there are fewer parameters to count (harness.core.weights.param_shapes follows the options).
+    """
+    n = count_parameters(param_shapes(config, vocab_size), embeddings=False)
+    return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size
+
+
+def time_to_target(target: float | None, evals: list[dict], steps: list[int], times: list[float]) -> dict | None:
+    """When the evaluated validation loss first reached `target` (the MLPerf training metric), or that it never did.
+
+    `evals` are the record's evaluation points ({"step", "val_loss", "time_s", ...}; the evaluation at step k sees
+    the model after k updates), `steps`/`times` the per-step training times. `train_s` is the training time of the
+    k updates (evaluation excluded); `train_eval_s` adds the time of the evaluations up to and including that one.
+    None when no target is set.
+    """
+    if target is None:
+        return None
+    result: dict = {"target_val_loss": float(target), "reached": False, "step": None, "val_loss": None,
+                    "train_s": None, "train_eval_s": None}
+    for point in sorted(evals, key=lambda e: e["step"]):
+        if point["val_loss"] <= target:
+            k = int(point["step"])
+            train_s = float(sum(t for s, t in zip(steps, times) if s < k))
+            eval_s = float(sum(e.get("time_s") or 0.0 for e in evals if e["step"] <= k))
+            result.update(reached=True, step=k, val_loss=float(point["val_loss"]), train_s=train_s,
+                          train_eval_s=train_s + eval_s)
+            break
+    return result
