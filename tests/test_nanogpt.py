@@ -80,7 +80,7 @@ def test_schedule_is_nanogpts_get_lr() -> None:
 
 def test_the_runner_hands_each_step_its_rate() -> None:
     from harness.core.data import BatchStream, load_corpus
-    from harness.run.loop import Curves, train
+    from harness.run.loop import Curves, LoopOptions, train
 
     class Recorder:  # the least of the Backend protocol the loop uses
         def __init__(self) -> None:
@@ -103,7 +103,7 @@ def test_the_runner_hands_each_step_its_rate() -> None:
     corpus = load_corpus(data_path())
     stream = BatchStream(corpus.train, c.block_size, c.batch_size, 1, c.scheme)
     backend = Recorder()
-    assert train(backend, c, stream, {}, Curves(), 8, progress=False).status == "completed"
+    assert train(backend, c, stream, {}, Curves(), 8, LoopOptions(progress=False)).status == "completed"
     assert backend.lrs == learning_rates(c, 8) and backend.lrs[0] == 0.01 / 3 and backend.lrs[-1] == 1e-3
 
 
@@ -338,7 +338,7 @@ STEPS = 6
 def probe_run(backend: object, config: object, plant: object = None) -> tuple[dict[str, np.ndarray], list[float]]:
     """What a parity worker measures, in process: the probe with the state after every step, and the losses."""
     from harness.core.data import BatchStream, load_corpus
-    from harness.run.loop import Curves, train
+    from harness.run.loop import Curves, LoopOptions, train
 
     corpus = load_corpus(data_path())
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, 1337, config.scheme)
@@ -361,8 +361,8 @@ def probe_run(backend: object, config: object, plant: object = None) -> tuple[di
         used.append(effective_rate(before, part["param"], part["adam_m"], part["adam_v"], done, config))
 
     curves = Curves()
-    assert train(backend, config, stream, {}, curves, STEPS, progress=False, after_step=after_step).status \
-        == "completed"
+    options = LoopOptions(progress=False, after_step=after_step)
+    assert train(backend, config, stream, {}, curves, STEPS, options).status == "completed"
     probe["lr_used"] = np.asarray(used)
     return probe, curves.loss
 

@@ -55,7 +55,7 @@ from harness.core.weights import init_weights
 from harness.environment import loadavg
 from harness.errors import UsageError
 from harness.run import loop as run_loop
-from harness.run.loop import Curves, train
+from harness.run.loop import Curves, LoopOptions, train
 from harness.timing.stats import median_ci as _median_ci
 
 SCHEMA = "nanogpt-parity/bench"
@@ -144,7 +144,7 @@ def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int,
     """
     curves = Curves()
     c0, t0 = time.process_time(), time.perf_counter()
-    outcome = train(backend, config, stream, {}, curves, start + steps, start_step=start, progress=False)
+    outcome = train(backend, config, stream, {}, curves, start + steps, LoopOptions(start_step=start, progress=False))
     wall = time.perf_counter() - t0 - outcome.eval_s - (outcome.compile_s or 0.0)
     cpu = time.process_time() - c0
     if outcome.status != "completed":

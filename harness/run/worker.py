@@ -104,7 +104,7 @@ from harness.core.masks import dropout_masks  # noqa: E402
 from harness.core.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 from harness.run import records  # noqa: E402
-from harness.run.loop import Curves, Interrupted, train  # noqa: E402
+from harness.run.loop import Curves, Interrupted, LoopOptions, train  # noqa: E402
 from harness.run.probe import Recorder  # noqa: E402
 from harness.run.records import RunLock, RunPaths, Status  # noqa: E402
 from harness.timing import contention  # noqa: E402
@@ -381,11 +381,11 @@ class Worker:
         pause_at("after-record")
         label = f"{self.name}/{self.spec['label']}"
         probe, gpu_note = contention.default_probe(self.device)
-        outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
-                        start_step=start, on_flush=self.maybe_persist,
-                        checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,
-                        progress=progress, label=label, masks=self.masks,
-                        after_step=self.save_opt_step if parity else None, sampler=contention.Sampler(probe))
+        options = LoopOptions(start_step=start, checkpoint_every=self.spec.get("checkpoint_every") or 0,
+                              progress=progress, label=label, on_flush=self.maybe_persist,
+                              on_checkpoint=self.checkpoint, masks=self.masks,
+                              after_step=self.save_opt_step if parity else None, sampler=contention.Sampler(probe))
+        outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps, options)
         cv = self.merged()  # an interrupted resume: its figures also count what an earlier attempt recorded
         if cv.time_s and start == 0:
             timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s
