@@ -191,7 +191,7 @@ try:
     cmd = open("/proc/self/cmdline", "rb").read()
 except OSError:
     cmd = b""
-if b"harness.run.worker" in cmd:  # a worker that is slow to start: the sweep dies before the worker's own prctl
+if b"--worker\x00train" in cmd:  # a worker slow to start: the sweep dies before its first line (prctl at spawn)
     time.sleep(20)
 """
 

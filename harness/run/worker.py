@@ -1,4 +1,5 @@
-"""One backend's training in its own interpreter: `python -m harness.run.worker RUN_DIR BACKEND [--resume]`.
+"""One backend's training in its own interpreter: `python -m harness --worker train RUN_DIR BACKEND [--resume]
+[--no-progress]` (harness/__main__.py dispatches here, after harness.run.child has checked the parent).
 
 docs/design.md, "One worker process per backend": juliacall must be imported before torch, CUDA.jl and PyTorch keep
 separate memory pools, a crash in one backend keeps the other's results, and neither framework's start-up pollutes
@@ -22,93 +23,40 @@ Why a resume after a hard kill at any moment works (the record and the checkpoin
 - **Signals never cut a write in half.** SIGTERM/SIGINT arriving while the record or a checkpoint is being
   written are deferred to the end of that write; after the record says "completed" a signal changes nothing.
 
-Test hook: `HARNESS_TEST_PAUSE_AT=<point>[:<action>[:<n>]]` makes the worker act at the n-th (default first) time
-it passes a named point of its life. Points: start, before-record, after-record, mid-checkpoint (temporary file
-complete, not yet renamed), after-checkpoint (checkpoint renamed, record not yet rewritten), final-persist (CSVs
-written, record not), end (everything written). Actions: stop (SIGSTOP itself), kill (SIGKILL itself), term
-(SIGTERM itself), hang (block SIGTERM/SIGINT and sleep: a wedged worker), sleep (sleep, signals still work).
+The test hook `HARNESS_TEST_PAUSE_AT` (harness.run.child.pause_at) names the points of a worker's life.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
 import time
+import traceback
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 
-def _stop_with_parent() -> None:
-    """Ask Linux to send us SIGTERM if the `harness` process dies (the parent also sets it at spawn); if the
-    parent is already gone, stop now. Done first, before the heavy imports."""
-    parent = os.environ.pop("HARNESS_PARENT_PID", None)  # set by launch.run_worker (not passed further down)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's own set-up is all there is
-        pass
-    if parent and parent.isdigit() and os.getppid() != int(parent):
-        print("harness worker: the harness process that started this worker is gone; stopping", file=sys.stderr)
-        sys.exit(130)
-
-
-_passed: dict[str, int] = {}
-
-
-def pause_at(point: str) -> None:
-    """The test hook (see the module docstring); does nothing unless HARNESS_TEST_PAUSE_AT names `point`."""
-    want = os.environ.get("HARNESS_TEST_PAUSE_AT")
-    if not want:
-        return
-    parts = want.split(":")
-    name, action, nth = parts[0], (parts[1:2] or ["stop"])[0], (parts[2:3] or ["1"])[0]
-    if name != point:
-        return
-    _passed[point] = _passed.get(point, 0) + 1
-    if _passed[point] != int(nth):
-        return
-    print(f"harness worker: test hook: {action} at {point}", file=sys.stderr, flush=True)
-    if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    elif action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "term":
-        os.kill(os.getpid(), signal.SIGTERM)
-    elif action == "hang":
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        time.sleep(3600)
-    elif action == "sleep":
-        time.sleep(float(os.environ.get("HARNESS_TEST_PAUSE_S", "3600")))
-
-
-if __name__ == "__main__":
-    _stop_with_parent()
-    pause_at("start")
-
-import contextlib  # noqa: E402  (after the parent-death set-up, which must come first)
-import json  # noqa: E402
-import traceback  # noqa: E402
-import zipfile  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from harness import environment  # noqa: E402
-from harness.backends import create_backend  # noqa: E402
-from harness.backends.base import BackendUnavailable  # noqa: E402
-from harness.config.fields import check_seed, config_from_dict  # noqa: E402
-from harness.core.costs import flops_per_token, time_to_target  # noqa: E402
-from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes  # noqa: E402
-from harness.core.masks import dropout_masks  # noqa: E402
-from harness.core.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
-from harness.errors import UsageError  # noqa: E402
-from harness.run import records  # noqa: E402
-from harness.run.loop import Curves, Interrupted, LoopOptions, train  # noqa: E402
-from harness.run.probe import Recorder  # noqa: E402
-from harness.run.records import RunLock, RunPaths, Status  # noqa: E402
-from harness.timing import contention  # noqa: E402
-from harness.timing.steady import steady_start, summarize_times, truncate_chunks  # noqa: E402
+from harness import environment
+from harness.backends import create_backend
+from harness.backends.base import BackendUnavailable
+from harness.config.fields import check_seed, config_from_dict
+from harness.core.costs import flops_per_token, time_to_target
+from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes
+from harness.core.masks import dropout_masks
+from harness.core.weights import count_parameters, fingerprint, init_weights, param_shapes
+from harness.errors import UsageError
+from harness.run import records
+from harness.run.child import pause_at
+from harness.run.loop import Curves, Interrupted, LoopOptions, train
+from harness.run.probe import Recorder
+from harness.run.records import RunLock, RunPaths, Status
+from harness.timing import contention
+from harness.timing.steady import steady_start, summarize_times, truncate_chunks
 
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
@@ -486,7 +434,7 @@ def run_backend(directory: Path, name: str, resume: bool = False, progress: bool
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
-        print("usage: python -m harness.run.worker RUN_DIR BACKEND [--resume] [--no-progress]", file=sys.stderr)
+        print("usage: python -m harness --worker train RUN_DIR BACKEND [--resume] [--no-progress]", file=sys.stderr)
         return 2
     directory, name = Path(argv[0]), argv[1]
     signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -494,7 +442,3 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.environ.get(records.LOCK_FD_ENV)
     return run_backend(directory, name, resume="--resume" in argv, progress="--no-progress" not in argv,
                        lock_fd=int(fd) if fd and fd.isdigit() else None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
