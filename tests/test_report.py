@@ -21,7 +21,7 @@ import pytest
 from conftest import data_path
 
 from harness.config.load import load_config
-from harness.core.weights import count_parameters, param_shapes
+from harness.core.weights import count_parameters
 from harness.errors import UsageError
 from harness.report import report_name, write_index, write_report
 from harness.run import records
@@ -63,7 +63,6 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
             "parity": False}
     records.atomic_write_json(directory / "spec.json", spec)
     common = np.random.default_rng(0).normal(0, 0.05, steps)
-    shapes = param_shapes(config, VOCAB)
     for b in backends:
         status = statuses.get(b, "completed")
         keep = {"interrupted": steps // 2, "running": 2 * steps // 3}.get(status, steps)
@@ -99,7 +98,8 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
                             "cpu_count": 2, "cpu_affinity": 2, "memory_bytes": 2**34, "numpy": "2.0",
                             "harness_version": "0.1.0", "git_commit": "abc", "omp_num_threads": None},
             "total_steps": steps, "batches_per_epoch": 1000, "epochs": steps / 1000, "tokens_per_step": tokens,
-            "n_params": count_parameters(shapes), "n_params_non_embedding": count_parameters(shapes, False),
+            "n_params": count_parameters(config, VOCAB),
+            "n_params_non_embedding": count_parameters(config, VOCAB, False),
             "flops_per_token": flops_per_token(config, VOCAB),
             "backend_info": {"framework": b, "version": "1.0", "device": "cpu"},
             "timings": timings, "memory": {"kind": "rss", "peak_bytes": 300 * 2**20},
@@ -224,7 +224,7 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
     assert "consistent with no systematic difference" in summary
     # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
     cfg = load_config("small")
-    n_non_emb = count_parameters(param_shapes(cfg, VOCAB), embeddings=False)
+    n_non_emb = count_parameters(cfg, VOCAB, embeddings=False)
     fpt = 6 * n_non_emb + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     costs = section(text, "Cost: time", "Text quality")
     assert "500 ms" in costs and "200 ms" in costs and f"{fpt:,}" in costs and "300 MiB" in costs

@@ -29,7 +29,16 @@ from harness.bench.overhead import (
     measure_isolated,
     misses,
 )
-from harness.cli.options import add_backend, add_data, add_quiet, add_size, out_arg, pick_backends, pick_sizes
+from harness.cli.options import (
+    DEFAULT_OUT,
+    add_backend,
+    add_data,
+    add_quiet,
+    add_size,
+    out_arg,
+    pick_backends,
+    pick_sizes,
+)
 from harness.config.fields import seed_arg
 from harness.config.load import load_config
 from harness.config.presets import PRESETS, SIZES
@@ -37,8 +46,7 @@ from harness.core.data import check_fits, load_corpus
 from harness.environment import usable_cores
 from harness.errors import UsageError
 from harness.run import records
-
-DEFAULT_OUT = Path("reports")
+from harness.units import utc_now
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,7 +163,7 @@ def command(args: argparse.Namespace) -> int:
     jobs = plan_jobs(args)
     backends = list(dict.fromkeys(j.backend for j in jobs))
     results = []
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = utc_now()
     load_start = _loadavg()
     cores = usable_cores()
     if load_start and load_start > cores and not args.quiet:
@@ -166,7 +174,7 @@ def command(args: argparse.Namespace) -> int:
     missed = misses(results)
     doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_at": started,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "finished_at": utc_now(),
         "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": args.device,
                     "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
                     "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check},

@@ -7,7 +7,6 @@ import argparse
 import inspect
 import math
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from harness.parity.compare import (
     precision_pair,
     reference_backend,
 )
+from harness.units import utc_now
 
 DEFAULT_BACKENDS = "torch,numpy"
 
@@ -224,7 +224,7 @@ def command(args: argparse.Namespace) -> int:
     codes = supervise.execute(directory, [reference, other], progress=progress, threads=threads, chained=True)
     record: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at": utc_now(),
         "config": config.to_dict(), "config_name": config.name, "steps": args.steps, "seed": args.seed,
         "dropout": dropout, "opt_steps": opt_k, "opt_reference": reference, "threads": threads,
         "device": device, "devices": devices, "backends": backends, "dtypes": dtypes, "precision_pair": pair,

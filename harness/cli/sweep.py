@@ -14,7 +14,6 @@ import errno
 import shlex
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -36,6 +35,7 @@ from harness.sweep.spec import (
     parse_seed_flag,
     parse_set,
 )
+from harness.units import utc_now
 
 ReportWriter = Callable[[Path, str], Path]  # (out, sweep id) -> the report page written
 
@@ -542,7 +542,7 @@ def command(args: argparse.Namespace) -> int:
     sweep_id = mf.new_sweep_id(args.out, spec.name)
     m = mf.Manifest(args.out, {
         "schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "spec": spec.to_dict(),
+        "created_at": utc_now(), "spec": spec.to_dict(),
         "executor": executor, "data": {"path": corpus.path, "sha256": corpus.sha256},  # type: ignore[attr-defined]
         "cells": cell_docs})
     for entry in entries:

@@ -20,8 +20,7 @@ from harness.report.analysis import (
 )
 from harness.timing import contention
 from harness.timing.steady import FIGURES_ALL
-
-DASH = "—"
+from harness.units import DASH, fmt_bytes
 
 
 # --- formats -------------------------------------------------------------------------------------------------------
@@ -44,15 +43,6 @@ def fmt_seconds(s: float | None) -> str:
     if s < 7200:
         return f"{int(s // 60)} min {int(s % 60):02d} s"
     return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
-
-
-def fmt_bytes(b: float | None) -> str:
-    """'345.6 MiB', '1.23 GiB'."""
-    if not _ok(b):
-        return DASH
-    if b >= 2**30:
-        return f"{b / 2**30:.3g} GiB"
-    return f"{b / 2**20:.4g} MiB"
 
 
 def fmt_int(n: float | None) -> str:

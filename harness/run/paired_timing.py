@@ -59,6 +59,7 @@ from harness.timing.paired import (
     load,
     round_clean,
 )
+from harness.units import utc_now
 
 BURST_S = 0.25  # a burst's target length
 
@@ -92,7 +93,7 @@ def new_doc(contenders: list[dict], label: str, seed: int, rounds: int = ROUNDS,
         raise ValueError(f"paired timing needs two or more distinct contenders, got {names}")
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "label": label, "seed": seed,
             "contenders": contenders, "threads": threads, "plan": plan(rounds), "rule": contention.RULE,
-            "sessions": [], "status": "pending", "created_at": _now()}
+            "sessions": [], "status": "pending", "created_at": utc_now()}
 
 
 def check_contenders(doc: dict, path: Path) -> None:
@@ -261,7 +262,7 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
     p = doc["plan"]
     wanted, max_rounds, gap_s = p["rounds"], p["max_rounds"], p["gap_s"]
     n_clean = clean_rounds(doc)  # judged once here, then counted round by round (the record only grows)
-    session: dict[str, Any] = {"started_at": _now(), "host": socket.gethostname(), "status": "running",
+    session: dict[str, Any] = {"started_at": utc_now(), "host": socket.gethostname(), "status": "running",
                                "ready": {}, "rounds": []}
     doc["sessions"].append(session)
     doc["status"] = "running"
@@ -318,7 +319,7 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
         print(f"paired timing: {exc}; the speed comparison has no paired timing", file=sys.stderr)
     finally:
         with _signals_deferred():
-            session["finished_at"] = _now()
+            session["finished_at"] = utc_now()
             doc["status"] = "completed" if n_clean >= wanted else session["status"]
             with contextlib.suppress(OSError):
                 records.atomic_write_json(path, doc)
@@ -327,10 +328,6 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
     _say(progress, f"{len(session['rounds'])} rounds, {n_clean} undisturbed in all; {path}")
     return doc
 
-
-def _now() -> str:
-    """The current UTC time as the records write it."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _interrupt(signum: int, frame: object) -> None:

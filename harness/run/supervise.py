@@ -29,6 +29,7 @@ from harness.errors import UsageError
 from harness.run import records
 from harness.run.processes import spawn
 from harness.run.records import RunLock, RunPaths, Status
+from harness.units import utc_now
 
 KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # SIGTERM -> SIGKILL for a wedged worker
 
@@ -149,7 +150,7 @@ def mark_ended(directory: Path, backend: str, signum: int, stopped_by: str | Non
             rec["error"] = f"the worker process was killed by {name}{why}; everything measured until its last " \
                            "save is kept"
         rec["signal"] = name
-        rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        rec["finished_at"] = utc_now()
         records.atomic_write_json(path, rec)
         print(f"{backend}: the worker was killed by {name}{why}; its record is marked {rec['status']!r}",
               file=sys.stderr)

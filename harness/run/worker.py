@@ -48,7 +48,7 @@ from harness.config.fields import check_seed, config_from_dict
 from harness.core.costs import flops_per_token, time_to_target
 from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes
 from harness.core.masks import dropout_masks
-from harness.core.weights import count_parameters, fingerprint, init_weights, param_shapes
+from harness.core.weights import count_parameters, fingerprint, init_weights
 from harness.errors import UsageError
 from harness.run import records
 from harness.run.child import pause_at
@@ -57,6 +57,7 @@ from harness.run.probe import Recorder
 from harness.run.records import RunLock, RunPaths, Status
 from harness.timing import contention
 from harness.timing.steady import steady_start, summarize_times, truncate_chunks
+from harness.units import utc_now
 
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
@@ -82,10 +83,6 @@ def critical() -> Iterator[None]:
         if not _critical["depth"] and _critical["pending"]:
             name, _critical["pending"] = _critical["pending"], None
             raise Interrupted(name)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class Worker:
@@ -139,7 +136,7 @@ class Worker:
             "schema": records.SCHEMA, "schema_version": records.SCHEMA_VERSION,
             "run_id": self.spec["run_id"], "backend": self.name,
             "backend_options": self.spec["backend_options"].get(self.name, {}),
-            "status": Status.RUNNING.value, "started_at": _now(), "finished_at": None, "error": None,
+            "status": Status.RUNNING.value, "started_at": utc_now(), "finished_at": None, "error": None,
             "config": c.to_dict(), "config_hash": c.config_hash(), "seed": self.seed,
             "device": self.device, "data": corpus.describe(),
             "fingerprints": {"weights": fingerprint(self.weights), "batches": self.stream.fingerprint(),
@@ -148,8 +145,8 @@ class Worker:
             "total_steps": self.total_steps, "batches_per_epoch": self.stream.batches_per_epoch,
             "epochs": self.total_steps / self.stream.batches_per_epoch,
             "tokens_per_step": c.batch_size * c.block_size,
-            "n_params": count_parameters(param_shapes(c, corpus.vocab_size)),
-            "n_params_non_embedding": count_parameters(param_shapes(c, corpus.vocab_size), embeddings=False),
+            "n_params": count_parameters(c, corpus.vocab_size),
+            "n_params_non_embedding": count_parameters(c, corpus.vocab_size, embeddings=False),
             "flops_per_token": flops_per_token(c, corpus.vocab_size),
             "backend_info": {}, "timings": {}, "memory": {}, "text": None, "checkpoint": None,
             "steps": {}, "evals": [],
@@ -308,7 +305,7 @@ class Worker:
         record = self.new_record(corpus)
         record["backend_info"] = self.backend.describe()
         if carry.get("started_at") or start:  # a resume of an earlier attempt: say from which step, every time
-            record.update(started_at=carry.get("started_at") or record["started_at"], resumed_at=_now(),
+            record.update(started_at=carry.get("started_at") or record["started_at"], resumed_at=utc_now(),
                           resumed_from_step=[*carry.get("resumed_from_step", []), start])
             print(f"{self.name}: resuming from step {start} of {self.total_steps}"
                   + (f" (checkpoint {self.paths.checkpoint(self.name).name})" if start else
@@ -362,7 +359,7 @@ class Worker:
         self.record["status"] = outcome.status
         if records.is_failed(outcome.status):
             self.record["failure"] = outcome.status.split(": ", 1)[-1]
-        self.record["finished_at"] = _now()
+        self.record["finished_at"] = utc_now()
         self.persist(final=True)
         pause_at("end")
         if outcome.status == "completed":
@@ -375,7 +372,7 @@ class Worker:
         """Interrupted outside the training loop: mark the record (if this attempt wrote one, and it is not done)."""
         if self.record is not None and not self.finished:
             self.record["status"] = Status.INTERRUPTED.value
-            self.record["finished_at"] = _now()
+            self.record["finished_at"] = utc_now()
             self.persist()
 
     def fail(self, exc: BaseException) -> None:
@@ -386,7 +383,7 @@ class Worker:
         self.record["status"] = Status.FAILED.text(reason)
         self.record["failure"] = reason
         self.record["error"] = traceback.format_exc()
-        self.record["finished_at"] = _now()
+        self.record["finished_at"] = utc_now()
         self.persist()
 
 

@@ -25,6 +25,7 @@ from harness.errors import UsageError
 from harness.files import read_regular
 from harness.run import records
 from harness.sweep.settings import check_executor
+from harness.units import utc_now
 
 SCHEMA = "nanogpt-parity/sweep"
 SCHEMA_VERSION = 1
@@ -135,7 +136,7 @@ class Manifest:
         return self.doc["cells"]
 
     def save(self) -> None:
-        self.doc["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.doc["updated_at"] = utc_now()
         records.atomic_write_json(self.path, self.doc)
 
     @classmethod
