@@ -255,3 +255,15 @@ def test_a_second_coordinator_of_one_record_is_refused(fake_session, capsys):
         assert "another paired timing holds" in err and len(err.strip().splitlines()) == 1, err
         assert path.read_bytes() == before and not writes
     assert paired.clean_rounds(paired_timing.run(path, progress=False)) == 5  # released: the next one runs
+
+
+def test_a_paired_record_of_an_older_harness_is_refused(tmp_path: Path) -> None:
+    """One schema-version check: a paired.json of another version is one line naming it, never read."""
+    from harness.errors import UsageError
+
+    path = tmp_path / "paired.json"
+    path.write_text(json.dumps(dict(planted([1.0] * 10), schema_version=0)))
+    with pytest.raises(UsageError, match=r"paired.json' was written by an older nanogpt-parity \(schema 0\); re-run"):
+        paired.load(path)
+    path.write_text(json.dumps(planted([1.0] * 10)))
+    assert paired.clean_rounds(paired.load(path)) == 10

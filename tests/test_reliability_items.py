@@ -403,6 +403,10 @@ CORRUPT = {
                                 "spec.json", "bogus"),
     "schema_version a string": (lambda r: _edit(r / "numpy.json", lambda d: d.update(schema_version="2")),
                                 "numpy.json", "schema_version"),
+    "an older harness's record": (lambda r: _edit(r / "numpy.json", lambda d: d.update(schema_version=2)),
+                                  "numpy.json", "older nanogpt-parity (schema 2); re-run it"),
+    "an older harness's spec": (lambda r: _edit(r / "spec.json", lambda d: d.pop("schema_version")), "spec.json",
+                                "older nanogpt-parity (schema 0); re-run it"),
     "steps a list": (lambda r: _edit(r / "numpy.json", lambda d: d.update(steps=[])), "numpy.json", "'steps'"),
     "evals malformed": (lambda r: _edit(r / "numpy.json", lambda d: d.update(evals=[{"step": "x"}])),
                         "numpy.json", "evals/0"),
@@ -536,3 +540,21 @@ def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):
     smi.write_text("#!/bin/sh\nexit 9\n")  # a broken driver: no GPU figure, no refusal on its account
     assert run_plan.gpu_memory() is None
     assert run_plan.check_memory(on_gpu) > 0
+
+
+def test_a_checkpoint_of_an_older_harness_is_refused(tmp_path):
+    """A checkpoint without the curves (written before they were kept in it) is refused with the fix, not resumed
+    from the record's curves."""
+    import numpy as np
+
+    from harness.run.worker import read_checkpoint
+
+    path = tmp_path / "numpy.ckpt.npz"
+    np.savez(path, **{"harness/step": np.array(2), "wte.weight": np.zeros((2, 2))})
+    with pytest.raises(UsageError, match=r"older nanogpt-parity \(no curves in it\); delete it"):
+        read_checkpoint(path, 10, "delete it")
+    curves = {"harness/loss": np.ones(2), "harness/time_s": np.ones(2), "harness/evals": np.zeros((0, 4)),
+              "harness/chunks": np.frombuffer(b"[]", dtype=np.uint8)}
+    np.savez(path, **{"harness/step": np.array(2), "wte.weight": np.zeros((2, 2)), **curves})
+    step, got, state = read_checkpoint(path, 10, "delete it")
+    assert step == 2 and got.loss == [1.0, 1.0] and list(state) == ["wte.weight"]

@@ -56,7 +56,8 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
         config = config.replace(dropout=dropout)
     run_id = records.new_run_id(out, config.name)
     directory = records.run_dir(out, run_id)
-    spec = {"schema": "nanogpt-parity/run-spec", "run_id": run_id, "label": config.name,
+    spec = {"schema": "nanogpt-parity/run-spec", "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
+            "label": config.name,
             "created_at": "2026-01-01T00:00:00Z", "config": config.to_dict(), "seed": 1337, "device": "cpu",
             "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32}, "backends": [*backends, *missing],
             "backend_options": {b: {} for b in backends}, "checkpoint_every": 0, "text": text,
@@ -360,7 +361,8 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
     tol = compare.default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
     result = compare.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
                             backends=backends)
-    return {"schema": compare.SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
+    return {"schema": compare.SCHEMA, "schema_version": compare.SCHEMA_VERSION, "run_id": run_dir.name,
+            "verdict": "pass" if result.passed else "fail",
             "failures": result.failures, "results": result.to_dict(), "checks": result.rows(),
             "tolerances": {"logits": tol.logits,
             "grad": tol.grad, "loss": tol.loss}, "precision_pair": "float32/float64",
@@ -388,8 +390,16 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     assert "Parity (float32/float64 pair, 120 steps, dropout 0): FAIL" in text
     assert "step-0 logits max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
     assert "<th>first broken</th>" in html and "<th>worst</th>" in html  # two labelled columns, one place each
-    records.atomic_write_json(directory / "parity.json", {"verdict": "error", "failures": ["ERROR: numpy exited 1"]})
+    from harness.parity import compare
+
+    error = {"schema": compare.SCHEMA, "schema_version": compare.SCHEMA_VERSION, "verdict": "error",
+             "failures": ["ERROR: numpy exited 1"]}
+    records.atomic_write_json(directory / "parity.json", error)
     assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())
+    # a parity.json of an older harness is refused in one line, never read in its old format
+    records.atomic_write_json(directory / "parity.json", dict(error, schema_version=0, results={"passed": False}))
+    assert "parity.json' was written by an older nanogpt-parity (schema 0); re-run it" in _first_banner(
+        write_report(tmp_path, [run_id]).read_text())
 
 
 # --- tests: several sizes, the index ----------------------------------------------------------------------------------
@@ -582,21 +592,30 @@ def test_a_mostly_disturbed_backend_is_named_and_kept_out_of_speed(tmp_path: Pat
     assert "waited for a CPU (median / worst chunk)" in costs and "40.0%" in costs
 
 
-def test_a_schema_2_record_without_evidence_still_loads_and_reports(tmp_path: Path, no_figures: None) -> None:
+def test_a_record_of_an_older_harness_is_refused_in_one_line(tmp_path: Path, no_figures: None) -> None:
+    """One schema-version check per record kind: an older run record (schema 2: no contention evidence) is refused
+    with the file and the fix, never read in its old format; so is a newer one."""
     run_id = make_run(tmp_path, backends=("torch",))
     path = records.run_dir(tmp_path, run_id) / "torch.json"
     rec = json.loads(path.read_text())
     rec["schema_version"] = 2
     rec.pop("chunks", None)
     records.atomic_write_json(path, rec)
-    assert records.load_record(path)["schema_version"] == 2
-    html = write_report(tmp_path, [run_id]).read_text()
-    text = text_of(html)
-    assert "Contention: torch: no contention evidence (recorded before it existed)" in text
-    assert ("neutral", "single backend") in _pills(html)  # nothing compared: not a success either
-    assert "95 % interval [" in text and "tokens/s (median undisturbed step" in text  # a speed figure's interval
-    assert ("neutral", "single backend") in _pills(write_index(tmp_path).read_text())
-
+    older = r"torch.json' was written by an older nanogpt-parity \(schema 2\); re-run it$"
+    with pytest.raises(UsageError, match=older):
+        records.load_record(path)
+    with pytest.raises(UsageError, match="re-run it"):
+        write_report(tmp_path, [run_id])
+    rec["schema_version"] = records.SCHEMA_VERSION + 1
+    records.atomic_write_json(path, rec)
+    with pytest.raises(UsageError, match=r"written by a newer nanogpt-parity .*upgrade nanogpt-parity"):
+        records.load_record(path)
+    spec = records.RunPaths(tmp_path, run_id).spec
+    doc = json.loads(spec.read_text())
+    del doc["schema_version"]
+    records.atomic_write_json(spec, doc)
+    with pytest.raises(UsageError, match=r"spec.json' was written by an older nanogpt-parity \(schema 0\)"):
+        records.load_spec_file(spec)
 
 def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None,),
                ratios: dict | None = None) -> str:

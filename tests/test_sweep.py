@@ -278,7 +278,7 @@ def test_time_to_target_first_crossing_or_never():
     assert time_to_target(None, evals, steps, times) is None
     assert fmt_target({"time_to_target": hit}) == "10 s (step 4; target 2.5)"
     assert fmt_target({"time_to_target": miss}) == "not reached (target 2)"
-    # a record from before the field existed: computed from its curves and the config's target
+    # a record without the field (its worker did not finish): computed from its curves and the config's target
     old = {"config": {"target_val_loss": 2.5}, "evals": evals, "steps": {"step": steps, "time_s": times}}
     assert "step 4" in fmt_target(old)
 

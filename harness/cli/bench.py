@@ -252,8 +252,8 @@ def noise_command(args: argparse.Namespace) -> int:
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
         if code != 0:
             return _leg_failed(argv, code, root)
-        # the sweep: hogs in its middle third (issue 17); the run (a few seconds, most of it start-up): hogs for the
-        # whole invocation, so that its training is disturbed
+        # the sweep: hogs in its middle third (disturbed cells among quiet ones, as on a shared machine); the run (a
+        # few seconds, most of it start-up): hogs for the whole invocation, so that its training is disturbed
         h = Hogs(hogs, quiet_s / 3, 2 * quiet_s / 3) if kind == "sweep" else Hogs(hogs, 0.0, None)
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
         if code_d != 0:

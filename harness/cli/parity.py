@@ -211,7 +211,7 @@ def command(args: argparse.Namespace) -> int:
 
     # --- run ---
     run_id = run_plan.write_spec(plan)
-    directory = records.run_dir(plan.out, run_id)
+    paths = records.RunPaths(Path(plan.out), run_id)
     drop = f"dropout {dropout:g} (shared masks)" if dropout else "dropout 0"
     other = next(n for n in backends if n != reference)
     sync = (f"optimizer steps 1..{opt_k} re-synchronised: {other} takes each from {reference}'s state"
@@ -221,7 +221,7 @@ def command(args: argparse.Namespace) -> int:
           f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}; {sync}",
           file=sys.stderr)
     # the reference first: the other backend reads its states from the reference's probe
-    codes = supervise.execute(directory, [reference, other], progress=progress, threads=threads, chained=True)
+    codes = supervise.execute(paths.dir, [reference, other], progress=progress, threads=threads, chained=True)
     record: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": utc_now(),
@@ -230,9 +230,9 @@ def command(args: argparse.Namespace) -> int:
         "device": device, "devices": devices, "backends": backends, "dtypes": dtypes, "precision_pair": pair,
         "tolerances": asdict(tolerances), "tolerance_source": tol_source,
         "data": {"path": corpus.path, "sha256": corpus.sha256}, "worker_exit_codes": codes,
-        "files": {n: {"record": f"{n}.json", "probe": f"{n}.probe.npz"} for n in backends},
+        "files": {n: {"record": paths.record(n).name, "probe": paths.probe(n).name} for n in backends},
     }
-    path = directory / "parity.json"
+    path = paths.parity
     broken = {n: c for n, c in codes.items() if c != 0}
     if broken or len(codes) != len(backends):
         reason = ", ".join(f"{n} exited {c}" for n, c in broken.items())
@@ -256,7 +256,7 @@ def command(args: argparse.Namespace) -> int:
         pair = precision_pair(*(dtypes[n] for n in backends))
         tolerances, tol_source = resolve_tolerances(args, pair)
         record.update(precision_pair=pair, tolerances=asdict(tolerances), tolerance_source=tol_source)
-    missing = [n for n in backends if not (directory / f"{n}.probe.npz").is_file()]
+    missing = [n for n in backends if not paths.probe(n).is_file()]
     if missing:
         reason = f"no step-0 probe from {', '.join(missing)}"
         record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
@@ -265,8 +265,7 @@ def command(args: argparse.Namespace) -> int:
         print(f"parity record: {path}")
         return EXIT_CRASH
     va, vb = _final_val(ra), _final_val(rb)
-    result = compare(_load_probe(directory / f"{backends[0]}.probe.npz"),
-                     _load_probe(directory / f"{backends[1]}.probe.npz"),
+    result = compare(_load_probe(paths.probe(backends[0])), _load_probe(paths.probe(backends[1])),
                      ra["steps"]["loss"], rb["steps"]["loss"], tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
                      backends=(backends[0], backends[1]), config=config)

@@ -317,7 +317,7 @@ def fmt_target(rec: dict) -> str:
 
     ttt = rec.get("time_to_target")
     target = (rec.get("config") or {}).get("target_val_loss")
-    if ttt is None and target is not None:  # a record from before time to target was recorded
+    if ttt is None and target is not None:  # a worker that did not finish (killed, running) wrote none yet
         steps = rec.get("steps") or {}
         ttt = time_to_target(target, rec.get("evals") or [], steps.get("step", []), steps.get("time_s", []))
     if not ttt:

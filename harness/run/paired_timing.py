@@ -106,7 +106,7 @@ def check_contenders(doc: dict, path: Path) -> None:
         raise UsageError(f"{str(path)!r} names fewer than two contenders; delete it to time again")
     for c in contenders:
         run_dir = Path(str(c.get("run_dir", "")))
-        if run_dir.parent.name != "runs" or not records.RUN_ID_RE.match(run_dir.name) or not run_dir.is_dir():
+        if run_dir.parent.name != records.RUNS or not records.RUN_ID_RE.match(run_dir.name) or not run_dir.is_dir():
             raise UsageError(f"{str(path)!r}: contender {c.get('name')!r} points at {str(run_dir)!r}, which is not a "
                              "run directory of the harness; delete the record to time again")
         check_names([str(c.get("backend"))])

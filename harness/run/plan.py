@@ -238,7 +238,7 @@ def load_spec(out: Path, run_id: str) -> dict:
     """The validated spec.json of run `run_id` under `out` (UsageError naming the file and field)."""
     paths = RunPaths(Path(out), records.check_run_id(run_id))
     if not paths.spec.is_file() and not paths.spec.is_dir():
-        raise UsageError(f"no run {run_id!r} under {str(Path(out) / 'runs')!r}; pass an existing run id "
+        raise UsageError(f"no run {run_id!r} under {str(RunPaths.root(out))!r}; pass an existing run id "
                          "and the --out it was written to")
     spec = records.load_spec_file(paths.spec)
     from harness.config.fields import config_from_dict

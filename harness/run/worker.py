@@ -108,12 +108,11 @@ class Worker:
     # --- inputs, identical in every backend by construction --------------------------------------------------
     def load_inputs(self) -> Corpus:
         data = self.spec["data"]
-        copy = self.paths.corpus(data["sha256"])
-        source = copy if copy.is_file() else Path(data["path"])  # runs from before the copy existed
+        source = self.paths.corpus(data["sha256"])  # the checked copy in --out (harness.run.plan.write_spec)
         try:
             blob = source.read_bytes()
         except OSError as exc:
-            raise UsageError(records.os_error_message(exc, "cannot read the run's data")) from None
+            raise UsageError(records.os_error_message(exc, "cannot read the run's copy of its data")) from None
         if sha256_bytes(blob) != data["sha256"]:
             raise UsageError(f"data file {str(source)!r} changed since the run started (sha256 differs); "
                              "restore it or start a new run")
@@ -246,42 +245,7 @@ class Worker:
         if not os.path.lexists(ckpt):
             return 0, carry  # nothing saved: start again from the initial weights (the old curves stay as a tail)
         fix = f"delete {ckpt.name} to restart {self.name} from step 0, or start a new run"
-        try:
-            with np.load(ckpt) as f:
-                state = {k: f[k] for k in f.files}
-            step = int(state.pop("harness/step"))
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-            raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
-                             f"{str(exc) or 'truncated'}); {fix}") from None
-        if not 0 < step <= self.total_steps:
-            raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{self.total_steps}; "
-                             f"{fix}")
-        chunks_blob = state.pop("harness/chunks", None)
-        try:
-            saved_chunks = json.loads(chunks_blob.tobytes().decode()) if chunks_blob is not None else None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
-        if saved_chunks is not None and not (isinstance(saved_chunks, list)
-                                             and all(isinstance(c, dict) for c in saved_chunks)):
-            raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
-        if "harness/loss" in state:
-            loss, times = state.pop("harness/loss"), state.pop("harness/time_s")
-            evals = state.pop("harness/evals")
-            if len(loss) != step or len(times) != step:
-                raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
-            self.curves = Curves(step=list(range(step)), loss=[float(v) for v in loss],
-                                 time_s=[float(t) for t in times],
-                                 evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b),
-                                         "time_s": float(t)} for s, a, b, t in evals],
-                                 chunks=(saved_chunks if saved_chunks is not None
-                                         else truncate_chunks(self.tail.chunks, step)))
-        else:  # a checkpoint from before the curves were kept in it: take them from the record
-            self.curves = Curves(step=list(self.tail.step), loss=list(self.tail.loss),
-                                 time_s=list(self.tail.time_s), evals=list(self.tail.evals))
-            self.curves.truncate(step)
-            if len(self.curves.loss) < step:
-                raise UsageError(f"run {self.spec['run_id']}: the {self.name} record holds fewer steps than its "
-                                 f"(old-format) checkpoint; {fix}")
+        step, self.curves, state = read_checkpoint(ckpt, self.total_steps, fix)
         try:
             self.backend.load_state_dict(state)
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -385,6 +349,39 @@ class Worker:
         self.record["error"] = traceback.format_exc()
         self.record["finished_at"] = utc_now()
         self.persist()
+
+
+CHECKPOINT_CURVES = ("harness/loss", "harness/time_s", "harness/evals", "harness/chunks")  # beside harness/step
+
+
+def read_checkpoint(ckpt: Path, total_steps: int, fix: str) -> tuple[int, Curves, dict[str, np.ndarray]]:
+    """A checkpoint's step, the curves up to it (losses, step times, evaluations, contention chunks) and the model's
+    and optimizer's state; UsageError (ending in `fix`) when it is unreadable, outside 1..`total_steps`, or written by
+    an older nanogpt-parity (without the curves)."""
+    try:
+        with np.load(ckpt) as f:
+            state = {k: f[k] for k in f.files}
+        step = int(state.pop("harness/step"))
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
+                         f"{str(exc) or 'truncated'}); {fix}") from None
+    if not 0 < step <= total_steps:
+        raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{total_steps}; {fix}")
+    if any(k not in state for k in CHECKPOINT_CURVES):
+        raise UsageError(f"checkpoint {str(ckpt)!r} was written by an older nanogpt-parity (no curves in it); {fix}")
+    loss, times, evals, chunks_blob = (state.pop(k) for k in CHECKPOINT_CURVES)
+    try:
+        chunks = json.loads(chunks_blob.tobytes().decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
+    if not (isinstance(chunks, list) and all(isinstance(c, dict) for c in chunks)):
+        raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
+    if len(loss) != step or len(times) != step:
+        raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
+    curves = Curves(step=list(range(step)), loss=[float(v) for v in loss], time_s=[float(t) for t in times],
+                    evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b), "time_s": float(t)}
+                           for s, a, b, t in evals], chunks=chunks)
+    return step, curves, state
 
 
 def run_backend(directory: Path, name: str, resume: bool = False, progress: bool = True,

@@ -33,6 +33,7 @@ from typing import Protocol
 from harness.errors import UsageError
 from harness.run import records, supervise
 from harness.run.processes import child_command
+from harness.sweep.manifest import paired_record
 
 # (cell, or several cells at once, event) -> None; events: "started", "queued", "running", "finished". Several cells
 # in one call (a submitted job array, the jobs one poll found over) are one write of the manifest, not one each.
@@ -51,7 +52,7 @@ class Executor(Protocol):
 
 def paired_command(out: Path, entry: dict) -> list[str]:
     """The command of a paired-timing entry: a coordinator that adds one session to its record."""
-    return child_command("paired", Path(out) / entry["path"])
+    return child_command("paired", paired_record(out, entry))
 
 
 def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
@@ -59,7 +60,7 @@ def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
     from harness.run import paired_timing
 
     try:
-        doc = paired_timing.run(Path(out) / entry["path"], progress=progress)
+        doc = paired_timing.run(paired_record(out, entry), progress=progress)
     except KeyboardInterrupt:
         return 130
     except UsageError as exc:  # a damaged record: this entry fails, the sweep's other cells go on
