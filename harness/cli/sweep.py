@@ -262,7 +262,7 @@ def _executor(m: mf.Manifest, progress: bool, wait: bool = True):
     if ex["kind"] == "slurm":
         from harness.sweep.slurm import SlurmExecutor
 
-        return SlurmExecutor.from_settings(m.dir / "slurm", ex.get("slurm", {}), wait=wait,
+        return SlurmExecutor.from_settings(m.paths.slurm, ex.get("slurm", {}), wait=wait,
                                            job_name=f"harness-{m.doc['spec'].get('name', 'sweep')}")
     from harness.sweep.executors import LocalExecutor
 
@@ -525,7 +525,7 @@ def command(args: argparse.Namespace) -> int:
         from harness.sweep.slurm import SlurmExecutor, check_cluster
 
         check_cluster(executor["slurm"].get("partition"))
-        slurm = SlurmExecutor.from_settings(Path(args.out).resolve() / "sweeps" / "ID" / "slurm", executor["slurm"],
+        slurm = SlurmExecutor.from_settings(records.SweepPaths(Path(args.out).resolve(), "ID").slurm, executor["slurm"],
                                             job_name=f"harness-{spec.name}")
     cell_docs = [_cell_doc(c, spec) for c in cells]
     entries = mf.paired_entries("ID", cell_docs, spec.paired_rounds)  # their paths name the sweep once it has an id
