@@ -213,9 +213,11 @@ def train(backend: Backend, config: Config, stream: BatchStream,
           opts: LoopOptions | None = None) -> Outcome:
     """Train from `opts.start_step` to `total_steps`, appending to `curves`; never raises for Ctrl-C or NaN.
 
-    Step k trains with the schedule's rate `harness.core.schedule.learning_rate(config, k)` (nanoGPT's get_lr(k)).
-    Evaluation happens before step 0, every `config.eval_interval` steps and after the last step. The contention
-    sampler's chunks (about every half second, and around every evaluation, never per step) go to `curves.chunks`.
+    nanoGPT's loop: evaluate when due, fetch the batch and the rate, step, flush, checkpoint. Step k trains with the
+    schedule's rate `harness.core.schedule.learning_rate(config, k)` (nanoGPT's get_lr(k)). Evaluation happens before
+    step 0, every `config.eval_interval` steps and after the last step. Per step there is the batch, the rate, one
+    timed step (`StepTimer`) and a sampler tick; the contention sampler's chunks (about every half second, and
+    around every evaluation, never per step) go to `curves.chunks`.
     """
     opts = opts or LoopOptions()
     sampler = opts.sampler or NoSampler()
@@ -224,11 +226,47 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                mininterval=0.5) if opts.progress else None
     timer = StepTimer(backend, curves, opts.start_step, bar, config.batch_size * config.block_size)
     out = Outcome(status="completed", steps_done=0, eval_s=0.0, train_s=0.0)
+    every, ckpt_every, masks, after_step, tick = (config.eval_interval, opts.checkpoint_every, opts.masks,
+                                                  opts.after_step, sampler.tick)
     try:
         if opts.start_step < total_steps:
             out.compile_s = warm_up(backend, stream, opts.start_step)
         sampler.open(opts.start_step)
-        out.status = _steps(backend, config, stream, eval_sets, curves, total_steps, opts, sampler, timer, out)
+        for step in range(opts.start_step, total_steps):
+            if step % every == 0:
+                failure = timer.flush()  # never evaluate a model that already diverged
+                if failure:
+                    out.status = failure
+                    break
+                out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label)
+            x, y = stream.batch(step)
+            lr = learning_rate(config, step)  # the schedule's rate, the same for every backend
+            step_masks = masks(step) if masks else None  # drawn outside the timed region
+            loss = timer.step(x, y, lr, _NO_KW if step_masks is None else {"masks": step_masks})
+            curves.step.append(step)
+            if bar is not None:
+                bar.update(1)
+            done = step + 1
+            tick(done)  # a clock read and one comparison, unless a chunk is due
+            if after_step:
+                after_step(done)
+            checkpoint = ckpt_every and done % ckpt_every == 0
+            # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
+            if isinstance(loss, float) or len(timer.losses) >= FLUSH_EVERY or done == total_steps or checkpoint:
+                failure = timer.flush()
+                if failure:
+                    out.status = failure
+                    break
+                if opts.on_flush:
+                    opts.on_flush(done)
+                if checkpoint and opts.on_checkpoint and done < total_steps:
+                    sampler.close(done)  # the checkpoint carries the evidence of every step before it
+                    opts.on_checkpoint(done)
+                    sampler.open(done)
+        else:
+            sampler.close(total_steps)
+            if not curves.evals or curves.evals[-1]["step"] != total_steps:
+                out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
     except (KeyboardInterrupt, Interrupted):
         out.status = timer.flush() or "interrupted"  # keep what was measured
         del curves.time_s[len(curves.loss):], curves.step[len(curves.loss):]
@@ -239,48 +277,6 @@ def train(backend: Backend, config: Config, stream: BatchStream,
         curves.chunks[:] = truncate_chunks(curves.chunks, len(curves.loss))
     out.steps_done, out.train_s = len(curves.loss), timer.train_s
     return out
-
-
-def _steps(backend: Backend, config: Config, stream: BatchStream, eval_sets: dict, curves: Curves,
-           total_steps: int, opts: LoopOptions, sampler: Sampler | NoSampler, timer: StepTimer,
-           out: Outcome) -> str:
-    """The loop itself, nanoGPT's shape: evaluate when due, fetch the batch and the rate, step, flush, checkpoint;
-    returns the status. Per step: the batch, the rate, one timed step and a sampler tick; nothing else waits."""
-    every, ckpt_every, masks, after_step = config.eval_interval, opts.checkpoint_every, opts.masks, opts.after_step
-    tick, bar = sampler.tick, timer.bar
-    for step in range(opts.start_step, total_steps):
-        if step % every == 0:
-            failure = timer.flush()  # never evaluate a model that already diverged
-            if failure:
-                return failure
-            out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label)
-        x, y = stream.batch(step)
-        lr = learning_rate(config, step)  # the schedule's rate, the same for every backend
-        step_masks = masks(step) if masks else None  # drawn outside the timed region
-        loss = timer.step(x, y, lr, _NO_KW if step_masks is None else {"masks": step_masks})
-        curves.step.append(step)
-        if bar is not None:
-            bar.update(1)
-        done = step + 1
-        tick(done)  # a clock read and one comparison, unless a chunk is due
-        if after_step:
-            after_step(done)
-        checkpoint = ckpt_every and done % ckpt_every == 0
-        # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
-        if isinstance(loss, float) or len(timer.losses) >= FLUSH_EVERY or done == total_steps or checkpoint:
-            failure = timer.flush()
-            if failure:
-                return failure
-            if opts.on_flush:
-                opts.on_flush(done)
-            if checkpoint and opts.on_checkpoint and done < total_steps:
-                sampler.close(done)  # the checkpoint carries the evidence of every step before it
-                opts.on_checkpoint(done)
-                sampler.open(done)
-    sampler.close(total_steps)
-    if not curves.evals or curves.evals[-1]["step"] != total_steps:
-        out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
-    return "completed"
 
 
 _NO_KW: dict = {}  # the keyword arguments of a step without dropout masks (never changed)
