@@ -5,13 +5,13 @@ difference is the step's own. `diagnose_optimizer` tests one hypothesis after th
 (docs/parity.md, "Diagnoses"): the step counter, a scaled gradient (clipping, beta1), the first moment (coupled weight
 decay, beta1), the second moment (beta2), which parameters are decayed, then the updates alone (weight decay on 1-D
 parameters, one common factor: the step counter, bias correction or the learning rate; the decoupled decay; eps).
-The helpers below them (`decay_cause`, `step_counter_cause`, `aliased_quantities`) serve the comparison too.
+The pattern readers before it (`decay_cause`, `step_counter_cause`, `aliased_quantities`) serve the comparison too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,7 +234,8 @@ class _Step:
             return q["adam_v"][n]
         return (q["adam_v"][n] - self.beta2 * self.v_before[n]) / (1 - self.beta2)
 
-    def joined(self, q: Mapping[str, np.ndarray], what: Any, names: Sequence[str]) -> np.ndarray:
+    def joined(self, q: Mapping[str, np.ndarray], what: Callable[[Mapping[str, np.ndarray], str], np.ndarray],
+               names: Sequence[str]) -> np.ndarray:
         """`what(q, n)` of every parameter of `names`, joined (`fed` or `fed_square`)."""
         return concat({n: what(q, n) for n in names}, names)
 

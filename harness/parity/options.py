@@ -55,7 +55,7 @@ def schedule_hypotheses(config: Any) -> list[tuple[str, Callable[[int], float]]]
     old lr * it / warmup), the warm-up missing, the cosine decaying to 0 instead of min_lr, the schedule ignored (a
     constant learning_rate)."""
     lr, w = config.learning_rate, config.warmup_steps
-    hypotheses: list[tuple[str, Any]] = [
+    hypotheses: list[tuple[str, Callable[[int], float]]] = [
         ("the warm-up is off by one step: it used the rate of the next step (nanoGPT's get_lr(it) is "
          "lr * (it + 1) / (warmup + 1))", lambda it: learning_rate(config, it + 1)),
         ("the warm-up is off by one step: it used the rate of the step before (0 at the first step; nanoGPT's "
