@@ -262,3 +262,18 @@ def test_torch_backend_trains_with_its_own_attention_dropout() -> None:
 
     assert losses(config) == losses(config)
     assert losses(config) != losses(config.replace(attn_dropout=False))
+
+
+def test_memory_estimate_counts_the_dropped_probabilities() -> None:
+    """The preflight's activations: 2 B*H*T*T more per layer with attention dropout (the dropped probabilities and
+    their mask), nothing more at dropout 0."""
+    from harness.core.data import load_corpus
+    from harness.run.plan import estimate_memory
+    from tests.conftest import data_path
+
+    corpus = load_corpus(data_path())
+    c = load_config("medium")
+    base = estimate_memory(c, corpus)["activations"]
+    B, H, T, L = c.batch_size, c.n_head, c.block_size, c.n_layer
+    assert estimate_memory(c.replace(attn_dropout=True), corpus)["activations"] == base + 4 * L * 2 * B * H * T * T
+    assert estimate_memory(c.replace(attn_dropout=True, dropout=0.0), corpus)["activations"] == base
