@@ -200,9 +200,11 @@ def test_presets_are_listed_and_the_recipes_are_nanogpts(capsys: pytest.CaptureF
     assert main(["sizes"]) == 0
     table = capsys.readouterr().out
     assert all(name in table for name in PRESETS) and "cosine to 0.0001" in table
+    row = next(line for line in table.splitlines() if line.startswith("attention dropout"))
+    assert row.split()[2:] == ["no", "no", "no", "yes", "yes"]  # nanoGPT's recipes drop attention probabilities
     cpu, gpu = load_config("nanogpt-cpu"), load_config("nanogpt-shakespeare-char")
     for c in (cpu, gpu):
-        assert c.options() == {**NANOGPT, "lr_schedule": "cosine", "warmup_steps": 100,
+        assert c.options() == {**NANOGPT, "attn_dropout": True, "lr_schedule": "cosine", "warmup_steps": 100,
                                "decay_steps": c.steps, "min_lr": 1e-4}
         assert (c.learning_rate, c.beta2, c.weight_decay, c.grad_clip, c.scheme) == (1e-3, 0.99, 0.1, 1.0, "random")
         assert c.d_hidden == 4 * c.n_embd and c.eval_interval == 250
@@ -509,7 +511,7 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
 
     manifest = json.loads((nanogpt_kit / "manifest.json").read_text())
     c = config_from_dict(manifest["config"], "manifest")
-    assert manifest["model_options"] == {**NANOGPT, "mlp_hidden": 64}
+    assert manifest["model_options"] == {**NANOGPT, "attn_dropout": False, "mlp_hidden": 64}
     # nanoGPT's get_lr(it) written out for KIT_SETS on small (learning_rate 0.01): warm-up lr * (it + 1) / (2 + 1),
     # then min_lr + 0.5 (1 + cos(pi (it - 2) / (5 - 2))) (lr - min_lr), min_lr at it = lr_decay_iters = 5
     get_lr = [0.01 / 3, 0.02 / 3, 0.01, 0.001 + 0.75 * 0.009, 0.001 + 0.25 * 0.009, 0.001]

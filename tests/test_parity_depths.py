@@ -166,7 +166,8 @@ def test_opt_depth_names_a_missing_parameter_and_skips_old_probes() -> None:
 
 
 def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
-                                       mask: torch.Tensor | None = None, taps: dict | None = None) -> torch.Tensor:
+                                       mask: torch.Tensor | None = None, taps: dict | None = None,
+                                       probs_mask: torch.Tensor | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with a planted bug: dropout on the attention probabilities (own RNG), none
     on the output projection."""
     B, T, C = x.shape
@@ -178,7 +179,8 @@ def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
 
 
 def attention_mask_before_projection(self: torch.nn.Module, x: torch.Tensor,
-                                     mask: torch.Tensor | None = None, taps: dict | None = None) -> torch.Tensor:
+                                     mask: torch.Tensor | None = None, taps: dict | None = None,
+                                     probs_mask: torch.Tensor | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with a planted bug: the dropout mask before the output projection."""
     B, T, C = x.shape
     q, k, v = self.c_attn(x).split(C, dim=2)

@@ -182,6 +182,20 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     return files, facts
 
 
+def _dropout_text(config: Any) -> str:
+    """The manifest's training.dropout: where the masks of masks.npz act, and how."""
+    from harness.core.masks import attention_sites
+
+    if config.dropout == 0:
+        return "none (dropout 0)"
+    text = ("inverted: x * mask / (1 - p) with masks[k] at step k; on the embedding sum (emb), after each block's "
+            "attention output projection (h.i.attn) and MLP output projection (h.i.mlp), before the residual add")
+    if attention_sites(config):
+        text += ("; and on each block's attention probabilities (h.i.attn.probs, mask (B, H, T_query, T_key)): "
+                 "att = softmax(masked scores); att = att * mask / (1 - p); y = att @ v, as nanoGPT's attn_dropout")
+    return text
+
+
 def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps: int,
                    files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
     """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
@@ -218,8 +232,10 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                  "prefix": PREFIX},
         "model": ("token + learned position embedding, dropout, n_layer pre-LayerNorm blocks x + drop(attn(ln_1(x))),"
                   " x + drop(mlp(ln_2(x))); causal attention with one fused qkv Linear (rows q, k, v; head h owns "
-                  "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), no dropout on the attention probabilities;"
-                  f" MLP Linear -> {gelu} -> Linear; final LayerNorm (eps 1e-5, biased variance); {head}; "
+                  "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), "
+                  + ("dropout on the attention probabilities (after the softmax, before the product with v; "
+                     "nanoGPT's attn_dropout)" if config.attn_dropout else "no dropout on the attention probabilities")
+                  + f"; MLP Linear -> {gelu} -> Linear; final LayerNorm (eps 1e-5, biased variance); {head}; "
                   + ("biases in every Linear and LayerNorm of the blocks and ln_f" if config.bias else
                      "no biases in the blocks' Linears and LayerNorms nor in ln_f (nanoGPT's bias = False)")
                   + "; loss = mean cross-entropy over all B*T positions"),
@@ -238,9 +254,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                      + "); m = beta1 m + (1-beta1) g; v = beta2 v + (1-beta2) g^2; "
                      "p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps), t = 1, 2, ...; lr = "
                      "learning_rates[k] (batches.npz lr[k]) at step k",
-            "dropout": "inverted: x * mask / (1 - p) with masks[k] at step k; on the embedding sum (emb), after each "
-                       "block's attention output projection (h.i.attn) and MLP output projection (h.i.mlp), before "
-                       "the residual add" if config.dropout > 0 else "none (dropout 0)",
+            "dropout": _dropout_text(config),
         },
         "definitions": _definitions(config),
         "results": _results(config),
