@@ -348,7 +348,9 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
 
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
     """A parity.json as `harness parity` writes it, from harness.parity.compare.compare on the run's records."""
-    from harness.parity import compare
+    from harness.parity.compare import compare
+    from harness.parity.record import SCHEMA, SCHEMA_VERSION
+    from harness.parity.tolerances import default_tolerances
 
     recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
     rng = np.random.default_rng(0)
@@ -358,10 +360,10 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
     probe_a = {"logits": logits, **grads, **rates}
     probe_b = {"logits": logits + logits_shift, **grads, **rates}
     a, b = backends
-    tol = compare.default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
-    result = compare.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
-                            backends=backends)
-    return {"schema": compare.SCHEMA, "schema_version": compare.SCHEMA_VERSION, "run_id": run_dir.name,
+    tol = default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
+    result = compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
+                     backends=backends)
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_dir.name,
             "verdict": "pass" if result.passed else "fail",
             "failures": result.failures, "results": result.to_dict(), "checks": result.rows(),
             "tolerances": {"logits": tol.logits,
@@ -390,9 +392,9 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     assert "Parity (float32/float64 pair, 120 steps, dropout 0): FAIL" in text
     assert "step-0 logits max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
     assert "<th>first broken</th>" in html and "<th>worst</th>" in html  # two labelled columns, one place each
-    from harness.parity import compare
+    from harness.parity import record
 
-    error = {"schema": compare.SCHEMA, "schema_version": compare.SCHEMA_VERSION, "verdict": "error",
+    error = {"schema": record.SCHEMA, "schema_version": record.SCHEMA_VERSION, "verdict": "error",
              "failures": ["ERROR: numpy exited 1"]}
     records.atomic_write_json(directory / "parity.json", error)
     assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())

@@ -108,9 +108,9 @@ def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
 
 
 def load_parity(path: Path) -> dict:
-    """A parity.json (harness.parity.compare.SCHEMA, written by `harness parity`): UsageError when it is not one or
+    """A parity.json (harness.parity.record.SCHEMA, written by `harness parity`): UsageError when it is not one or
     of another schema version; ValueError when it is not JSON."""
-    from harness.parity.compare import SCHEMA, SCHEMA_VERSION
+    from harness.parity.record import SCHEMA, SCHEMA_VERSION
 
     doc = json.loads(files.read_regular(path, "parity record", "run `harness parity` again"))
     if not isinstance(doc, dict):
@@ -203,7 +203,7 @@ def banners(view: RunView) -> list[Banner]:
 
 # --- parity.json ------------------------------------------------------------------------------------------------------
 def parity_passed(doc: dict) -> bool | None:
-    """The overall verdict of a parity.json (harness.parity.compare): `verdict` "pass" is True, "fail" and "error" are
+    """The overall verdict of a parity.json (harness.parity.record): `verdict` "pass" is True, "fail" and "error" are
     False; None when it says nothing."""
     verdict = doc.get("verdict")
     if isinstance(verdict, str) and verdict.lower() in ("pass", "passed", "fail", "failed", "error"):
@@ -212,7 +212,7 @@ def parity_passed(doc: dict) -> bool | None:
 
 
 def parity_checks(doc: dict) -> list[dict]:
-    """One row per check of a parity.json, as it holds them (`checks`, harness.parity.compare.ParityResult.rows):
+    """One row per check of a parity.json, as it holds them (`checks`, harness.parity.result.ParityResult.rows):
     check, value, tolerance, "first broken" (where a check first fails: the first divergent tap, the first step),
     "worst" (where it is largest), result ("ok" / "FAIL"); the likely causes are in the FAIL lines, not repeated
     here. A parity.json that compared nothing (verdict "error") has none."""

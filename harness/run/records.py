@@ -130,7 +130,7 @@ class RunPaths:
 
     @property
     def parity(self) -> Path:
-        """The parity record of `harness parity` (harness.parity.compare.SCHEMA)."""
+        """The parity record of `harness parity` (harness.parity.record.SCHEMA)."""
         return self.dir / "parity.json"
 
     @property
