@@ -103,11 +103,11 @@ def copy_run(run: Path, tmp_path: Path) -> tuple[Path, Path]:
 def test_1_sigterm_early_in_resume_keeps_the_record(tmp_path, killed_run):
     out, run = copy_run(killed_run, tmp_path)
     files = {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")}
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report",
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report",
                      env={"HARNESS_TEST_PAUSE_AT": "before-record:term"})
     assert result.returncode == 130, result.stderr
     assert {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")} == files
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert record_of(run)["status"] == "completed" and len(record_of(run)["steps"]["loss"]) == 60
 
@@ -118,7 +118,7 @@ def test_2_bad_checkpoint_is_one_line_and_changes_nothing(tmp_path, killed_run, 
     ckpt = run / "numpy.ckpt.npz"
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2] if damage == "truncated" else b"")
     files = {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")}
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "numpy.ckpt.npz" in result.stderr and "unreadable" in result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line]
@@ -133,7 +133,7 @@ def test_3_record_behind_checkpoint_resumes(tmp_path, config_file):
                      "--out", str(out), *NUMPY, env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill:2"})
     run = only_run(out)
     assert result.returncode == 1 and len(record_of(run)["steps"]["loss"]) == 10  # the checkpoint is at 20
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert record_of(run)["steps"]["step"] == list(range(30))
 
@@ -157,7 +157,7 @@ def test_4_a_running_run_is_locked(tmp_path, config_file):
     try:
         wait_for(lambda: (out / "runs").is_dir() and any((out / "runs").glob("*/numpy.json")))
         run = only_run(out)
-        result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+        result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
         assert result.returncode == 2 and "being written by another process" in result.stderr, result.stderr
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130
@@ -356,7 +356,7 @@ def test_13_resume_refuses_conflicting_options(tmp_path, capsys, done_run, optio
 
 
 def test_13_resume_applies_threads_and_says_so(capsys, done_run):
-    code, err = harness(capsys, "run", "--resume", done_run.name, "--out", done_run.parent.parent, "--threads", "1",
+    code, err = harness(capsys, "resume", done_run.name, "--out", done_run.parent.parent, "--threads", "1",
                         "--no-report", "--quiet")
     assert code == 0 and "using --threads 1" in err
 
@@ -421,7 +421,7 @@ def test_15_corrupt_records_are_one_line(tmp_path, capsys, done_run, case):
     out, run = copy_run(done_run, tmp_path)
     damage(run)
     before = tree(out)
-    for args in (["report", run.name, "--out", out], ["run", "--resume", run.name, "--out", out, "--quiet"]):
+    for args in (["report", run.name, "--out", out], ["resume", run.name, "--out", out, "--quiet"]):
         code, err = harness(capsys, *args)
         if case == "spec unknown config key" and args[0] == "report":
             assert code == 0  # the report does not need the config to be runnable
@@ -479,13 +479,13 @@ def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, confi
     assert record_of(run)["data"]["vocab"] == spec["data"]["vocab"]
     src.unlink()  # the user's file is gone: the run still resumes from its checked copy in --out
     (run / ".numpy.json.abcd.tmp").write_text("left by a kill")
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert not (run / ".numpy.json.abcd.tmp").exists()
     copy = records.corpus_copy(out, spec["data"]["sha256"])
     copy.write_bytes(copy.read_bytes() + b"x")  # a changed copy is refused, not trained on
     _edit(run / "numpy.json", lambda d: d.update(status="interrupted"))
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 2 and "changed since the run started" in result.stderr
 
 
