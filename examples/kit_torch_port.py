@@ -7,7 +7,7 @@ conventions where the manifest's config asks for them: tied embeddings (one tens
 gradients), exact GELU, no biases, and the learning rate of each step computed by nanoGPT's own get_lr formula from
 warmup_steps, decay_steps and min_lr (not read from the kit: the check then tests the port's schedule too).
 
-    harness kit export --size small --steps 5 --out kit/
+    harness kit export kit/ --size small --steps 5
     python examples/kit_torch_port.py kit/ kit-results.npz --dtype float32
     harness kit check kit/ kit-results.npz
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -143,10 +144,48 @@ def test_run_id_is_a_name_never_a_path(tmp_path, capsys, done_run):
     out = tmp_path / "out"
     before = tree(tmp_path)
     for args in (["report", str(done_run), "--out", out], ["report", f"../../x/runs/{done_run.name}", "--out", out],
-                 ["run", "--resume", str(done_run), "--out", out], ["report", "a/../b", "--out", out]):
+                 ["run", "--resume", str(done_run), "--out", out], ["report", "a/../b", "--out", out],
+                 ["resume", str(done_run), "--out", out], ["status", "../x", "--out", out]):
         code, err = harness(capsys, *args)
         one_line_error(code, err, "is not a run id")
     assert tree(tmp_path) == before
+
+
+# --- harness status|report|resume ID: a run id or a sweep id ---------------------------------------------------------
+def test_an_id_names_a_run_or_a_sweep_and_never_both(tmp_path, capsys, done_run):
+    out, run = copy_run(done_run, tmp_path)
+    for verb in ("status", "report", "resume"):
+        code, err = harness(capsys, verb, "20990101-000000-nope-0000", "--out", out)
+        one_line_error(code, err, "no run or sweep '20990101-000000-nope-0000'", "--out")
+    (out / "sweeps" / run.name).mkdir(parents=True)
+    before = tree(out)
+    for verb in ("status", "report", "resume"):
+        code, err = harness(capsys, verb, run.name, "--out", out)
+        one_line_error(code, err, f"'{run.name}' names both a run", "rename one")
+    assert tree(out) == before
+    (out / "sweeps" / run.name).rmdir()
+    code, err = harness(capsys, "resume", run.name, "--out", out, "--jobs", "2")
+    one_line_error(code, err, "--jobs applies to a sweep")
+
+
+def test_status_of_a_run_says_each_backend_s_state_and_step(tmp_path, capsys, done_run, killed_run):
+    from harness.cli.main import main
+
+    def status(run: Path) -> str:
+        assert main(["status", run.name, "--out", str(run.parent.parent)]) == 0
+        return capsys.readouterr().out
+
+    text = status(done_run)
+    assert f"run {done_run.name}" in text and "numpy" in text and "completed" in text and "20/20" in text
+    assert "harness resume" not in text
+    out, run = copy_run(killed_run, tmp_path)
+    assert "failed: killed by SIGKILL" in status(run)
+    record = json.loads((run / "numpy.json").read_text())
+    (run / "numpy.json").write_text(json.dumps(dict(record, status="running")))  # its process died unannounced
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    text = status(run)
+    assert "interrupted (its process is gone)" in text and f"harness resume {run.name}" in text, text
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # it reads only
 
 
 # --- 4-8: concurrency and liveness --------------------------------------------------------------------------------
@@ -159,6 +198,9 @@ def test_4_a_running_run_is_locked(tmp_path, config_file):
         run = only_run(out)
         result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
         assert result.returncode == 2 and "being written by another process" in result.stderr, result.stderr
+        result = run_cli("status", run.name, "--out", str(out))  # the lock is held: the run is running
+        assert result.returncode == 0 and "being written now" in result.stdout, result.stdout
+        assert re.search(r"numpy\s+running", result.stdout), result.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130
     finally:

@@ -252,6 +252,10 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
     assert status.returncode == 0 and "4 completed" in status.stdout
     again = run_cli("resume", doc["sweep_id"], "--out", str(out), "--no-report")
     assert again.returncode == 0 and "0 of 4 cells to run" in again.stderr  # nothing runs twice
+    report = run_cli("report", doc["sweep_id"], "--out", str(out))
+    assert report.returncode == 0 and f"sweep-{doc['sweep_id']}.html" in report.stdout, report.stderr
+    both = run_cli("report", doc["sweep_id"], doc["cells"][0]["run_id"], "--out", str(out))
+    assert both.returncode == 2 and "its report stands alone" in both.stderr, both.stderr
 
 
 def _wait_for(predicate, timeout: float = 120, what: str = "") -> None:

@@ -88,8 +88,8 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="measure every backend and size in a fresh child process (flux always is)")
     p.add_argument("--check", action="store_true",
-                   help=shared(CHECK_HELP, "overhead > 3%% on CPU for medium/large, > 5%% on CUDA; batch stream "
-                                           "< 50x faster than a step"))
+                   help=shared(CHECK_HELP, "a target missed: overhead > 3%% on CPU for medium/large, > 5%% on "
+                                           "CUDA, or a batch stream < 50x faster than a step"))
     add_quiet(p)
     exit_statuses(p, OVERHEAD_EXIT)
 
@@ -111,7 +111,7 @@ def add_noise_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-steps", type=_count(1), default=300, metavar="N",
                    help="training steps of the single-backend run leg (300; formerly --noise-run-steps)")
     alias(p, "--noise-run-steps", dest="run_steps", type=_count(1), metavar="N")
-    p.add_argument("--check", action="store_true", help=shared(CHECK_HELP, "the checks of docs/benchmarks.md"))
+    p.add_argument("--check", action="store_true", help=shared(CHECK_HELP, "a check of docs/benchmarks.md failed"))
     add_quiet(p)
     exit_statuses(p, NOISE_EXIT)
 

@@ -86,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quiet(e)
     e.add_argument("--allow-large", action="store_true", help=ALLOW_LARGE_HELP)
     exit_statuses(e, {0: "the kit is written"})
+    e.usage = e.format_usage().removeprefix("usage: ").replace("[KIT_DIR]", "KIT_DIR")  # needed, or its --out
     e.set_defaults(kit_func="export")
 
     c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed",

@@ -128,7 +128,7 @@ def add_stored_verbs(sub: argparse._SubParsersAction) -> None:
     add_out(p)
     add_threads(p, "a run: instead of the run's own (default: the run's)", default=None)
     add_paired(p, None)
-    p.add_argument("--jobs", type=positive_int, metavar="N", help=shared(JOBS_HELP, "a sweep"))
+    p.add_argument("--jobs", type=positive_int, metavar="N", help=shared(JOBS_HELP, "a sweep only"))
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     p.add_argument("--no-report", action="store_true", help=NO_REPORT_HELP)
     add_quiet(p)

@@ -117,7 +117,8 @@ DATA_HELP = ("UTF-8 text to train on (default: $HARNESS_DATA, else Tiny Shakespe
 DEVICE_HELP = ("cpu or cuda for every backend, or NAME=DEVICE for one backend (repeatable), e.g. --device torch=cuda: "
                "torch on the GPU, the others on the CPU")
 SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**32-1"
-DTYPE_HELP = "floating type where the backend supports a choice (torch: float32, numpy: float64)"
+DTYPE_HELP = "floating type: float32 or float64"
+DTYPE_DETAIL = "where the backend supports a choice (default: torch float32, numpy float64)"
 PRECISION_HELP = "matmul precision on a CUDA GPU of compute capability 8.0+"
 COMPILE_HELP = "torch: torch.compile the model (compiled before step 0, recorded as compile_s)"
 THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
@@ -132,9 +133,9 @@ DROPOUT_HELP = "dropout probability"
 PER_PARAMETER_HELP = "also print every parameter's gradient and optimizer-step error"
 CHECKPOINT_HELP = "save model and optimizer state every N steps"
 EVAL_HELP = "evaluate every N steps"
-JOBS_HELP = "the local executor: N cells at once (their timings then contend)"
+JOBS_HELP = "N cells at once on this machine (the local executor; their timings then contend)"
 NO_WAIT_HELP = "slurm: submit and return; follow with `harness status SWEEP_ID`"
-CHECK_HELP = "exit 1 when a target is missed"
+CHECK_HELP = "exit 1 on a miss"
 SEEDS_HELP = "a count N: the N seeds from 1337"
 
 
@@ -203,7 +204,7 @@ def add_seed(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str =
     p.add_argument("--seed", type=seed_arg, metavar="S", help=shared(SEED_HELP, detail), **kwargs)  # type: ignore[arg-type]
 
 
-def add_dtype(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None,
+def add_dtype(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str = DTYPE_DETAIL,
               **kwargs: object) -> None:
     kwargs.setdefault("choices", ("float32", "float64"))
     p.add_argument("--dtype", help=shared(DTYPE_HELP, detail), **kwargs)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.cli.options import (
     CHECKPOINT_HELP,
     CONFIG_HELP,
+    DTYPE_DETAIL,
     DTYPE_HELP,
     JOBS_HELP,
     NO_REPORT_HELP,
@@ -74,8 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device(g, "every cell of that backend (default cpu; an axis: --axis device=cpu,cuda)")
     g.add_argument("--precision", metavar="{fp32,tf32,bf16}", help=shared(PRECISION_HELP, "torch and flux "
                    "(default fp32; an axis: --axis precision=fp32,tf32)"))
-    g.add_argument("--dtype", metavar="{float32,float64}", help=shared(DTYPE_HELP, "an axis: --axis "
-                   "dtype=float32,float64"))
+    g.add_argument("--dtype", metavar="{float32,float64}", help=shared(DTYPE_HELP, f"{DTYPE_DETAIL}; an axis: "
+                   "--axis dtype=float32,float64"))
     add_schedule(g)
     g.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help=shared(CHECKPOINT_HELP, "an interrupted or requeued cell resumes there"))
