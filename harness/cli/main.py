@@ -151,12 +151,20 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     add_run(sub)
 
-    p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth")
+    p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth",
+                       description="Train two backends in parity mode (identical weights, batches and dropout "
+                       "masks) and compare them depth by depth: the step-0 activation taps, logits and gradients, "
+                       "every optimizer step re-synchronised, the loss curve; against measured tolerances "
+                       "(docs/parity.md). The first place they differ is named, with its likely cause.")
     add_common(p, "one: parity checks one size at a time (default small)", one_size=True)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)
 
-    p = sub.add_parser("sweep", help="many runs over sizes, backends, seeds and fields, locally or on SLURM")
+    p = sub.add_parser("sweep", help="many runs over sizes, backends, seeds and fields, locally or on SLURM",
+                       description="Many ordinary runs (cells): the cross product of the axes, each cell validated "
+                       "before anything is written, run one at a time here or as a SLURM job array; a report with "
+                       "95 % intervals across seeds (docs/sweeps.md). `harness status|resume|report SWEEP_ID` "
+                       "follow it.")
     sweep.add_arguments(p)
     p.set_defaults(func=sweep.command, write_report=write_sweep_report)
 

@@ -440,8 +440,8 @@ def parse_devices(values: Sequence[str] | str | None, backends: Sequence[str]) -
             common = device
             continue
         if name not in backends:
-            raise UsageError(f"--device {value!r}: {name!r} is not one of the backends compared "
-                             f"({', '.join(backends)})")
+            raise UsageError(f"--device {value!r}: {name!r} is not one of the backends this command runs "
+                             f"({', '.join(backends)}); add it to --backend or drop it")
         if name in named and named[name] != device:
             raise UsageError(f"--device names {name} twice ({named[name]}, {device}); name each backend once")
         named[name] = device

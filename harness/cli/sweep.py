@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "precision or dtype, e.g. --axis device=cpu,cuda (formerly --set FIELD=V1,V2)")
     g = p.add_argument_group("every cell")
     add_set(g)
-    add_device(g, "every cell of that backend (default cpu; an axis: --axis device=cpu,cuda)")
+    add_device(g, "default cpu; a device axis: --axis device=cpu,cuda")
     g.add_argument("--precision", metavar="{fp32,tf32,bf16}", help=shared(PRECISION_HELP, "torch and flux "
                    "(default fp32; an axis: --axis precision=fp32,tf32)"))
     g.add_argument("--dtype", metavar="{float32,float64}", help=shared(DTYPE_HELP, f"{DTYPE_DETAIL}; an axis: "

@@ -32,10 +32,10 @@ def lock_held(paths: records.RunPaths) -> bool | None:
 
 
 def backend_row(backend: str, rec: dict | None, held: bool | None) -> dict[str, str]:
-    """One backend's row of the status table: its state now, the step reached of the total, the last val loss."""
-    if rec is None:
-        return {"backend": backend, "status": "running" if held else "not started", "steps": "", "val_loss": "",
-                "device": ""}
+    """One backend's row of the status table: its state now (`held`: whether a process holds the run's lock), the
+    step reached of the total, the last val loss."""
+    if rec is None:  # the backends of a run train one after another: a later one waits without a record
+        return {"backend": backend, "status": "not started", "steps": "", "val_loss": "", "device": ""}
     status = str(rec.get("status", ""))
     if status == records.Status.RUNNING.value and held is False:
         status = "interrupted (its process is gone)"
