@@ -302,7 +302,7 @@ def test_interrupted_record_renders_with_banner_on_top(tmp_path: Path, no_figure
     run_id = make_run(tmp_path, statuses={"numpy": "interrupted"})
     html = write_report(tmp_path, [run_id]).read_text()
     banner = _first_banner(html)
-    assert "numpy interrupted after 60 of 120 steps" in banner and f"--resume {run_id}" in banner
+    assert "numpy interrupted after 60 of 120 steps" in banner and f"harness resume {run_id}" in banner
     text = text_of(html)
     # compared where both got: last common evaluation step is 40 (numpy has evals 0, 40 after 60 steps)
     assert "at step 40" in text and "incomplete" in text

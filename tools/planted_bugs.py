@@ -134,8 +134,8 @@ def port_rows(sizes: list[str], dtypes: list[str], data: str) -> list[list[str]]
             for name, (dropout, depths) in PORT_PLANTS.items():
                 if dropout not in kits:
                     kits[dropout] = Path(tmp) / f"kit-{size}-{dropout}"
-                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", "--size", size, "--steps",
-                                    "5", "--dropout", str(dropout), "--data", data, "--out", str(kits[dropout])],
+                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", str(kits[dropout]), "--size",
+                                    size, "--steps", "5", "--dropout", str(dropout), "--data", data],
                                    check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
                 kit = kits[dropout]
                 plant = name.split(" ")[0]

@@ -585,8 +585,10 @@ def misses(results: list[dict]) -> list[str]:
 # --- child processes ---------------------------------------------------------------------------------------------
 def measure_isolated(job: Job) -> dict:
     """Run `measure(job)` in a fresh interpreter (`python -m harness --worker bench JOB_JSON`, started as every child
-    of the harness is: harness.run.processes.spawn); its progress goes to our stderr."""
-    proc = spawn("bench", [json.dumps(asdict(job))], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    of the harness is: harness.run.processes.spawn), its CPU threads capped to `job.threads` as every backend
+    process's are (harness.run.processes.thread_env); its progress goes to our stderr."""
+    proc = spawn("bench", [json.dumps(asdict(job))], job.threads, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                 text=True)
     try:
         stdout, _ = proc.communicate()
     except BaseException:  # Ctrl-C: the child goes with us

@@ -22,39 +22,67 @@ DEFAULT_STEPS = 5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `export` and `check` subcommands of `harness kit`."""
-    from harness.cli.options import Parser, add_config, add_data, add_quiet, add_set, add_size, out_arg, positive_int
-    from harness.config.fields import seed_arg
-    from harness.config.presets import PRESETS
+    from harness.cli.options import (
+        ALLOW_LARGE_HELP,
+        DROPOUT_HELP,
+        PER_PARAMETER_HELP,
+        STEPS_HELP,
+        Once,
+        Parser,
+        add_config,
+        add_data,
+        add_dtype,
+        add_out,
+        add_quiet,
+        add_seed,
+        add_set,
+        add_size,
+        alias,
+        exit_statuses,
+        out_arg,
+        positive_int,
+        shared,
+    )
 
+    exit_statuses(p, {0: "export: the kit is written; check: pass", 1: "check: FAIL, the port differs from the "
+                      "oracle (the table and the FAIL lines say where)"})
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
-    e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json")
-    add_size(e, f"the size preset: one of {', '.join(PRESETS)} (default small; a kit is one size)", one=True)
+    e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json",
+                       description="Write a conformance kit into KIT_DIR: the inputs (weights, batches, masks), the "
+                       "float64 oracle's answers at every depth and manifest.json (written last).")
+    e.add_argument("out", nargs="?", type=out_arg, action=Once, metavar="KIT_DIR",
+                   help="the kit's directory: new or empty (formerly --out DIR)")
+    alias(e, "--out", dest="out", type=out_arg, action=Once, metavar="KIT_DIR")
+    e.needs = {"out": "the kit's directory is missing; pass it: harness kit export KIT_DIR"}  # type: ignore[attr-defined]
+    add_size(e, "one: a kit is one size (default small)", one=True)
     add_config(e)
     add_set(e)
     add_data(e)
-    e.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and masks, 0 to "
-                   "2**32-1 (1337)")
+    add_seed(e)
     e.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS, metavar="N",
-                   help=f"training steps whose losses, parameters and AdamW moments are exported ({DEFAULT_STEPS})")
+                   help=shared(STEPS_HELP, f"each step's losses, parameters and AdamW moments are exported "
+                                           f"({DEFAULT_STEPS})"))
     e.add_argument("--dropout", type=float, default=0.0, metavar="P",
-                   help="dropout probability; > 0 exports the harness's dropout masks for every step (default 0)")
-    e.add_argument("--out", type=out_arg, required=True, metavar="DIR",
-                   help="output directory: a new or empty directory for the kit (required)")
+                   help=shared(DROPOUT_HELP, "> 0 exports the harness's dropout masks for every step (default 0)"))
     add_quiet(e)
-    e.add_argument("--allow-large", action="store_true", help="export even when the memory estimate exceeds the "
-                   "machine's available memory (as `harness run --allow-large`)")
+    e.add_argument("--allow-large", action="store_true", help=ALLOW_LARGE_HELP)
+    exit_statuses(e, {0: "the kit is written"})
+    e.usage = e.format_usage().removeprefix("usage: ").replace("[KIT_DIR]", "KIT_DIR")  # needed, or its --out
     e.set_defaults(kit_func="export")
 
-    c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed")
+    c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed",
+                       description="Grade a port's results against a kit, depth by depth; print the table, write "
+                       "an HTML page and a JSON verdict.")
     c.add_argument("kit", type=Path, metavar="KIT", help="the kit directory (holds manifest.json)")
     c.add_argument("results", type=Path, metavar="RESULTS", help="the port's results .npz")
-    c.add_argument("--dtype", choices=("float32", "float64"),
-                   help="the precision the port computed in (default: the dtype of the results' arrays)")
-    c.add_argument("--out", type=out_arg, metavar="DIR",
-                   help="output directory for RESULTS-name.check.html and .check.json (default: RESULTS' folder)")
+    add_dtype(c, "the precision the port computed in (default: the dtype of the results' arrays)")
+    add_out(c, "default: RESULTS' folder; RESULTS-name.check.html and .check.json are written there", default=None)
     c.add_argument("--html", type=Path, metavar="PATH", help="the HTML page's exact path (overrides --out)")
     c.add_argument("--json", type=Path, metavar="PATH", help="the JSON verdict's exact path (overrides --out)")
-    c.add_argument("--per-parameter", action="store_true", help="also print every parameter's gradient error")
+    c.add_argument("--per-parameter", action="store_true", help=PER_PARAMETER_HELP)
+    exit_statuses(c, {0: "pass: the port agrees with the oracle at every depth it gives", 1: "FAIL: the port "
+                      "differs (the first broken depth and its likely cause are printed)", 2: "bad input: a "
+                      "malformed kit or results file (one line on stderr, nothing written)"})
     c.set_defaults(kit_func="check")
 
 

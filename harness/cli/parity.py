@@ -10,7 +10,18 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.cli.options import THREADS_HELP, add_backend, add_quiet, configure, pick_sizes
+from harness.cli.options import (
+    DROPOUT_HELP,
+    PER_PARAMETER_HELP,
+    STEPS_HELP,
+    add_backend,
+    add_quiet,
+    add_threads,
+    configure,
+    exit_statuses,
+    pick_sizes,
+    shared,
+)
 from harness.errors import UsageError
 from harness.parity import record as parity_record
 from harness.parity.format import format_gradients, format_optimizer, format_table
@@ -37,12 +48,13 @@ from harness.parity.tolerances import (
 DEFAULT_BACKENDS = "torch,numpy"
 
 
-EXIT_STATUSES = f"""exit status:
-  {EXIT_PASS}    pass: every check within its tolerance
-  {EXIT_FAIL}    FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say where)
-  {EXIT_USAGE}    bad input: one line on stderr, nothing run (or a backend refused its input)
-  {EXIT_CRASH}    a backend crashed or left no result: nothing was compared (parity.json: verdict "error")
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C or SIGTERM)"""
+PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
+               EXIT_FAIL: "FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say "
+                          "where)",
+               EXIT_USAGE: "bad input: one line on stderr, nothing run (or a backend refused its input)",
+               EXIT_CRASH: "a backend crashed or left no result: nothing was compared (parity.json: verdict "
+                           "\"error\")",
+               EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)"}
 
 
 def _float(text: str) -> float:
@@ -54,14 +66,13 @@ def _float(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of `harness parity` (the common --size/--config/--data/--device/--seed/--out/--dtype are added
+    """Options of `harness parity` (the common --size/--config/--set/--data/--device/--seed/--out/--dtype are added
     by the CLI), and the exit statuses in its --help."""
-    p.epilog = EXIT_STATUSES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_backend(p, f"the two backends to compare (torch, numpy, flux), in the order the report names them: "
-                f"--backend torch --backend numpy or --backend torch,numpy ({DEFAULT_BACKENDS})")
+    exit_statuses(p, PARITY_EXIT)
+    add_backend(p, f"exactly two, in the order the report names them, e.g. --backend torch --backend numpy "
+                f"(default {DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
-                   help=f"training steps, all of whose losses are compared ({DEFAULT_STEPS})")
+                   help=shared(STEPS_HELP, f"every step's loss is compared ({DEFAULT_STEPS})"))
     p.add_argument("--tol-logits", type=_float, metavar="X",
                    help="max abs difference of the step-0 logits (default: measured per precision pair and size, "
                         "see docs/parity.md)")
@@ -83,13 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training steps whose optimizer step is re-synchronised and compared: the first K (default: "
                         "every step); each costs the non-reference backend one more training step")
     p.add_argument("--dropout", type=_float, default=0.0, metavar="P",
-                   help="dropout probability; with P > 0 the harness draws every mask and hands the same masks to "
-                        "both backends (0)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help=f"{THREADS_HELP}; default 1, unlike run and sweep: one thread fixes every reduction's "
-                        "order, so a rerun gives bit-identical numbers (parity times nothing)")
-    p.add_argument("--per-parameter", action="store_true",
-                   help="also print every parameter's gradient and optimizer-step error")
+                   help=shared(DROPOUT_HELP, "with P > 0 the harness draws every mask and hands the same masks to "
+                                             "both backends (default 0)"))
+    add_threads(p, "default 1, unlike run and sweep: one thread fixes every reduction's order, so a rerun gives "
+                "bit-identical numbers (parity times nothing)", type=int, default=1)
+    p.add_argument("--per-parameter", action="store_true", help=PER_PARAMETER_HELP)
     add_quiet(p)
 
 

@@ -55,11 +55,11 @@ def sha256(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-UNFINISHED = ".export-unfinished"  # in --out from before the first file is written until the manifest is in place
+UNFINISHED = ".export-unfinished"  # in KIT_DIR from before the first file is written until the manifest is in place
 
 
 def _ours(name: str) -> bool:
-    """A file `harness kit export` writes into --out (a kit file, the manifest, their temporary files, the marker)."""
+    """A file `harness kit export` writes into KIT_DIR (a kit file, the manifest, their temporary files, the marker)."""
     names = (*FILES, MANIFEST)
     return name == UNFINISHED or name in names or any(
         name.startswith(f".{n}.") and name.endswith(".tmp") for n in names)
@@ -73,28 +73,29 @@ def _remove_unfinished(out: Path) -> None:
 
 
 def check_out(out: Path) -> None:
-    """--out must be a new or empty directory, or one an interrupted export left (then its files are removed)."""
+    """KIT_DIR must be a new or empty directory, or one an interrupted export left (then its files are removed)."""
     if out.exists() and not out.is_dir():
         from harness.files import kind_of
 
-        raise UsageError(f"--out {str(out)!r} is {kind_of(out.stat().st_mode)}; pass a new or empty directory for "
-                         "the kit")
+        raise UsageError(f"the kit directory {str(out)!r} is {kind_of(out.stat().st_mode)}; pass a new or empty "
+                         "directory for the kit")
     if out.is_dir():
         names = [p.name for p in out.iterdir()]
         if UNFINISHED in names and all(_ours(n) for n in names):
             print(f"kit: removing the unfinished kit an interrupted export left in {str(out)!r}", file=sys.stderr)
             _remove_unfinished(out)
         elif names:
-            raise UsageError(f"--out {str(out)!r} is not empty; pass a new directory (a kit is never written over "
-                             "another)")
+            raise UsageError(f"the kit directory {str(out)!r} is not empty; pass a new directory (a kit is never "
+                             "written over another)")
     parent = out.resolve().parent
     if not parent.is_dir():
-        raise UsageError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
+        raise UsageError(f"the kit directory {str(out)!r}: its parent {str(parent)!r} does not exist; create it "
+                         "first")
 
 
 def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     """Write the kit files, then manifest.json last. A failure (a full disk, Ctrl-C) removes what was written, and
-    the marker file left by a kill lets the next export into the same --out start again."""
+    the marker file left by a kill lets the next export into the same KIT_DIR start again."""
     from harness.run import records
 
     created = not out.exists()

@@ -176,7 +176,7 @@ def banners(view: RunView) -> list[Banner]:
     for rec in view.records:
         level, text = status_of(rec, view.age_s.get(rec["backend"]))
         if level != OK:
-            resume = (f" Resume with `harness run --resume {view.run_id} --out {view.out}`."
+            resume = (f" Resume with `harness resume {view.run_id} --out {view.out}`."
                       if rec.get("status") in ("interrupted", "running") else "")
             out.append(Banner(level, f"{run}: {rec['backend']} {text}.{resume}"))
     for name in view.missing:
