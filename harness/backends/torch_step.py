@@ -98,7 +98,7 @@ class StaticStep:
     `model` in train mode, `optimizer` built with `lr=self.lr` (`make_lr`), `params` the clipped parameters,
     `context()` the autocast / SDPA-kernel context of a forward. Call it with a batch, a learning rate and optional
     keep-masks; it returns a token (the step's number) whose loss `read` fetches later. With `capture` the body is
-    recorded at the first call (again if the set of masks changes) and replayed after."""
+    recorded at the first call (again if the masks' layout changes) and replayed after."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
                  lr: torch.Tensor, grad_clip: float, batch_shape: tuple[int, int], device: torch.device,
@@ -111,7 +111,7 @@ class StaticStep:
         self.slot = torch.zeros((), dtype=torch.int64, device=device)
         self.masks: dict[str, torch.Tensor] = {}
         self.graph: Replay | None = None
-        self.graph_masks: frozenset[str] | None = None  # the mask names the graph was recorded with
+        self.graph_masks: frozenset | None = None  # the mask layout the graph was recorded with (mask_layout)
         self.captures = 0
         self.count = 0  # steps run; step n's loss is at losses[n % ring] until step n + ring overwrites it
 
@@ -152,7 +152,7 @@ class StaticStep:
         if self.capture is None:
             self.body()
         else:
-            names = frozenset(self.masks)
+            names = self.mask_layout()
             if self.graph is None or names != self.graph_masks:
                 self.graph, self.graph_masks = self.capture.record(self), names
                 self.captures += 1
@@ -160,12 +160,17 @@ class StaticStep:
         self.count += 1
         return self.count - 1
 
+    def mask_layout(self) -> frozenset[tuple[str, tuple[int, ...]]]:
+        """The names and shapes of the mask buffers: a graph reads the buffers it was recorded with, so another
+        layout (a mask more or less, or one reallocated for another shape) needs a new recording."""
+        return frozenset((name, tuple(buf.shape)) for name, buf in self.masks.items())
+
     def prepare(self, x: np.ndarray, y: np.ndarray, lr: float) -> None:
         """Record the step now, on batch (x, y), without running a step (the runner's warm-up before step 0, so
         that the capture is not inside step 0's time); nothing without a capture."""
         if self.capture is not None and self.graph is None:
             self.load(x, y, lr, None)
-            self.graph, self.graph_masks = self.capture.record(self), frozenset()
+            self.graph, self.graph_masks = self.capture.record(self), self.mask_layout()
             self.captures += 1
 
     def _check(self, tokens: list[int]) -> None:
