@@ -53,7 +53,7 @@ def test_the_dry_run_runs_every_step_on_the_cpu_and_writes_one_summary(tmp_path:
     assert rc == 0 and not failed and doc["dry_run"] is True
     names = {c["name"] for c in doc["checks"]}
     assert {"doctor", "bench-fp32", "bench-cuda-graphs", "run-small-fp32", "run-small-cuda-graphs",
-            "parity-small-float64", "paired-torch-numpy", "recipe-300-eager", "profile-eager",
+            "parity-small-float64-cpu-oracle", "paired-torch-numpy", "recipe-300-eager", "profile-eager",
             "nanogpt-compile-false", "recipe-5000"} <= names
     table = (out / "summary.md").read_text()
     assert "| bench-fp32 | PASS |" in table and "| recipe-5000 | PASS |" in table

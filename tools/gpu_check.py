@@ -116,7 +116,8 @@ def judge_paired(need_verdict: bool) -> Callable[[Check, Outcome], tuple[bool, s
     """A two-backend run: the run passes, and its paired timing line exists and (on a GPU) gives a verdict."""
     def judge(check: Check, o: Outcome) -> tuple[bool, str, dict]:
         ok, _, figs = judge_run(check, o)
-        line = next((ln.strip() for ln in o.stdout.splitlines() if ln.strip().startswith("paired timing:")), "")
+        line = next((ln.strip() for ln in (o.stdout + "\n" + o.stderr).splitlines()
+                     if ln.strip().startswith("paired timing:")), "")  # a progress line: on stderr
         verdict = bool(line) and "no verdict" not in line
         figs["paired"] = line
         return ok and bool(line) and (verdict or not need_verdict), line or "no paired timing line", figs
@@ -176,6 +177,19 @@ def judge_nanogpt(check: Check, o: Outcome) -> tuple[bool, str, dict]:
     median = statistics.median(times) if times else None
     return (o.rc == 0 and median is not None, f"nanoGPT: median {median} ms/iter over {len(times)} iterations",
             {"ms_per_iter": median, "last_loss": iters[-1][1] if iters else None})
+
+
+def judge_parity(check: Check, o: Outcome) -> tuple[bool, str, dict]:
+    """harness parity: exit 0 and its verdict line "PASS: ..."; the figures are its table (value, tolerance per
+    check), which is how the GPU check reports whether the CUDA tolerances hold."""
+    lines = [ln.rstrip() for ln in o.stdout.splitlines() if ln.strip()]
+    verdict = next((ln.strip() for ln in lines if ln.startswith(("PASS:", "FAIL:"))), last_line(o))
+    rows = {}
+    for ln in lines:
+        m = re.match(r"(.+?)\s{2,}(\S+)\s+(\S+)\s+(ok|FAIL\S*)\b", ln)
+        if m:
+            rows[m[1].strip()] = {"value": m[2], "tolerance": m[3], "result": m[4]}
+    return o.rc == 0 and verdict.startswith("PASS:"), verdict, {"table": rows}
 
 
 def last_line(o: Outcome) -> str:
@@ -249,15 +263,15 @@ def parity_checks(s: Scale) -> list[Check]:
     """Parity float32 and float64 against the oracle on the CPU (`--device torch=cuda`) and on CuPy (`--device
     cuda`, large with 20 steps as gpu.md ran it)."""
     if s.dry:
-        return [Check(f"parity-small-{dt}", harness("parity", "--size", "small", "--device", "cpu", "--dtype", dt,
-                                                    *s.parity_steps, "--quiet"), 300, judge_exit)
-                for dt in ("float32", "float64")]
-    plan_ = [("small", "float32", "torch=cuda", []), ("small", "float64", "torch=cuda", []),
-             ("medium", "float32", "torch=cuda", []), ("medium", "float64", "cuda", []),
-             ("large", "float32", "cuda", ["--steps", "20"])]
+        plan_ = [("small", "float32", "cpu", s.parity_steps), ("small", "float64", "cpu", s.parity_steps)]
+    else:
+        plan_ = [("small", "float32", "torch=cuda", []), ("small", "float64", "torch=cuda", []),
+                 ("medium", "float32", "torch=cuda", []), ("medium", "float64", "cuda", []),
+                 ("large", "float32", "cuda", ["--steps", "20"])]
+    # float32: torch float32 against the float64 oracle, parity's default pair (no --dtype, which would set both)
     return [Check(f"parity-{size}-{dt}-{'cupy' if dev == 'cuda' else 'cpu-oracle'}",
-                  harness("parity", "--size", size, "--device", dev, "--dtype", dt, *extra, "--quiet"), 300,
-                  judge_exit) for size, dt, dev, extra in plan_]
+                  harness("parity", "--size", size, "--device", dev, *(["--dtype", dt] if dt == "float64" else []),
+                          *extra, "--quiet"), 300, judge_parity) for size, dt, dev, extra in plan_]
 
 
 def recipe_checks(args: argparse.Namespace, s: Scale, out: list[str]) -> list[Check]:
@@ -373,21 +387,47 @@ def execute(check: Check, where: Path, env: dict[str, str]) -> Outcome:
     if argv[1:3] == ["-m", "harness"] and argv[3] != "doctor":
         argv += ["--out", str(where)]
     t0 = time.perf_counter()
-    try:
-        if check.prepare is not None:
-            check.prepare(where)
-        done = subprocess.run(argv, cwd=where / check.cwd if check.cwd else ROOT, env=env, capture_output=True,
-                              text=True, timeout=check.timeout_s)
-        rc, stdout, stderr = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, stdout, stderr = None, _text(exc.stdout), _text(exc.stderr) + f"\ntimed out after {check.timeout_s} s"
-    except (OSError, subprocess.SubprocessError) as exc:
-        rc, stdout, stderr = None, "", f"could not run: {exc}"
+    if check.refuse:  # a dry run's refusal: the same argv through harness's main() here (no GPU, no context)
+        rc, stdout, stderr = in_process(argv[3:])
+    else:
+        rc, stdout, stderr = subprocess_run(check, argv, where, env)
     wall = time.perf_counter() - t0
     (where / "stdout.txt").write_text(stdout)
     (where / "stderr.txt").write_text(stderr)
     (where / "command.txt").write_text(" ".join(argv) + "\n")
     return Outcome(rc, wall, where, stdout, stderr)
+
+
+def subprocess_run(check: Check, argv: list[str], where: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
+    """(exit status or None, stdout, stderr) of the check's command in a process of its own."""
+    try:
+        if check.prepare is not None:
+            check.prepare(where)
+        done = subprocess.run(argv, cwd=where / check.cwd if check.cwd else ROOT, env=env, capture_output=True,
+                              text=True, timeout=check.timeout_s)
+        return done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        return None, _text(exc.stdout), _text(exc.stderr) + f"\ntimed out after {check.timeout_s} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, "", f"could not run: {exc}"
+
+
+def in_process(args: list[str]) -> tuple[int | None, str, str]:
+    """`harness ARGS` through harness.cli.main.main in this process, its output captured: what a dry run does for
+    a command that must be refused before it starts (saves a process start and a torch import per refusal)."""
+    import contextlib
+    import io
+
+    sys.path.insert(0, str(ROOT))
+    from harness.cli.main import main as harness_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = harness_main(args)
+        except SystemExit as exc:  # argparse's own errors
+            rc = exc.code if isinstance(exc.code, int) else 2
+    return rc, out.getvalue(), err.getvalue()
 
 
 def _text(data: bytes | str | None) -> str:
