@@ -254,7 +254,10 @@ class TorchBackend:
         stack = contextlib.ExitStack()
         stack.enter_context(self._attention())
         if self.precision == "bf16":
-            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16))
+            # a captured step keeps no autocast weight cache across its capture (torch.cuda.graphs asks the same of
+            # make_graphed_callables); each weight is cast once per forward anyway, so nothing is cast twice
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                                               cache_enabled=not self.cuda_graphs))
         return stack
 
     def device_clock(self) -> CudaEventClock | None:

@@ -240,7 +240,8 @@ class BareTorch:
 
     def _autocast(self):
         torch = self.torch
-        return (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16) if self.bf16
+        return (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                               cache_enabled=self.step is None) if self.bf16  # as the backend's (no cache if captured)
                 else contextlib.nullcontext())
 
     def _eager_step(self, x: np.ndarray, y: np.ndarray) -> Any:
