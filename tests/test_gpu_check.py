@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -95,3 +96,32 @@ def test_a_missing_corpus_or_nanogpt_is_one_line_exit_2(tmp_path: Path, capsys: 
                            str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "HARNESS_DATA" in err[0] and "train.py" in err[1] and not (tmp_path / "o").exists()
+
+
+def test_every_command_of_the_gpu_plan_parses(tmp_path: Path) -> None:
+    """The GPU plan cannot run here, but its command lines can be checked: each harness command parses with the
+    harness's own parser (a misspelt option would otherwise first fail on the GPU machine), and the plan covers
+    every preset in every mode, parity on both oracles, the paired verdict, nanoGPT both ways and the long recipe."""
+    from harness.cli.main import build_parser
+
+    args = SimpleNamespace(dry_run=False, nanogpt=tmp_path, data=tmp_path / "d.txt", recipe_mode="--cuda-graphs",
+                           recipe_margin=0.03)
+    checks = gpu_check.plan(args)
+    parser = build_parser()
+    for check in checks:
+        if check.argv[1:3] == ["-m", "harness"]:
+            parsed = parser.parse_args([*check.argv[3:], *([] if check.argv[3] == "doctor" else ["--out", "o"])])
+            assert callable(parsed.func), check.name
+    names = [c.name for c in checks]
+    for mode in ("fp32", "bf16", "cuda-graphs", "reduce-overhead"):
+        assert f"bench-{mode}" in names
+    for size in ("small", "medium", "large"):
+        assert {f"run-{size}-fp32", f"run-{size}-cuda-graphs"} <= set(names)
+    assert {"parity-small-float64-cpu-oracle", "parity-large-float32-cupy", "paired-torch-numpy",
+            "nanogpt-compile-false", "nanogpt-compile-true", "profile-cuda-graphs", "recipe-5000"} <= set(names)
+    bench = next(c for c in checks if c.name == "bench-fp32").argv
+    assert "--check" in bench and "cuda" in bench and "small,medium,large" in bench
+    assert next(c for c in checks if c.name == "recipe-5000").argv[-4:-3] == ["--cuda-graphs"]
+    paired = next(c for c in checks if c.name == "paired-torch-numpy")
+    assert paired.judge(paired, _outcome(stderr="paired timing: torch is 3x faster [2.9, 3.1]\n"))[1].startswith(
+        "paired timing")
