@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class Check:
     judge: Callable[[Check, Outcome], tuple[bool, str, dict]] | None = None
     refuse: bool = False  # a dry run of a CUDA-only mode: pass when refused in one line with exit 2
     long: bool = False
+    untimed: bool = False  # times nothing (parity): may run beside other untimed checks (--jobs)
     prepare: Callable[[Path], None] | None = None  # run before the command, given the check's directory
     cwd: str | None = None  # where the command runs, relative to the check's directory (default: the checkout)
 
@@ -240,10 +242,12 @@ def plan(args: argparse.Namespace) -> list[Check]:
     """Every check, in the order they run (cheap and most telling first, the long recipe last)."""
     s, out = scale(args.dry_run), ["--no-text", "--no-report", "--quiet"]
     dev = ["--device", s.device]
-    checks = [Check("doctor", harness("doctor"), 120, judge_exit)]
+    checks = [Check("doctor", harness("doctor"), 120, judge_exit, untimed=True)]
     for mode, flags in MODES.items():
-        checks.append(mode_check(f"bench-{mode}", mode, harness("bench", "overhead", "--size", ",".join(s.sizes),
-                                                               *dev, *s.bench, *flags, "--quiet"), s, judge_bench, 420))
+        # reduce-overhead compiles both loops' models per size (about 20 s each on the H100): small only
+        sizes = "small" if mode == "reduce-overhead" else ",".join(s.sizes)
+        checks.append(mode_check(f"bench-{mode}", mode, harness("bench", "overhead", "--size", sizes, *dev, *s.bench,
+                                                               *flags, "--quiet"), s, judge_bench, 420))
     for size in s.sizes:
         for mode in ("fp32", "cuda-graphs"):
             checks.append(mode_check(f"run-{size}-{mode}", mode, harness("run", "--size", size, *dev, *s.run,
@@ -271,7 +275,7 @@ def parity_checks(s: Scale) -> list[Check]:
     # float32: torch float32 against the float64 oracle, parity's default pair (no --dtype, which would set both)
     return [Check(f"parity-{size}-{dt}-{'cupy' if dev == 'cuda' else 'cpu-oracle'}",
                   harness("parity", "--size", size, "--device", dev, *(["--dtype", dt] if dt == "float64" else []),
-                          *extra, "--quiet"), 300, judge_parity) for size, dt, dev, extra in plan_]
+                          *extra, "--quiet"), 300, judge_parity, untimed=True) for size, dt, dev, extra in plan_]
 
 
 def recipe_checks(args: argparse.Namespace, s: Scale, out: list[str]) -> list[Check]:
@@ -463,17 +467,29 @@ def run_all(args: argparse.Namespace) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":"),
            "HARNESS_DATA": str(args.data)}
     checks = [c for c in plan(args) if not args.only or any(c.name.startswith(p) for p in args.only.split(","))]
-    started, t0, results = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter(), []
-    for i, check in enumerate(checks, 1):
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
+
+    def one(i: int, check: Check) -> dict:
         if check.long and args.skip_long:
-            results.append({"name": check.name, "result": "skipped", "summary": "--skip-long", "wall_s": 0.0})
-            continue
+            return {"name": check.name, "result": "skipped", "summary": "--skip-long", "wall_s": 0.0}
         print(f"[{i}/{len(checks)}] {check.name}: {' '.join(check.argv[1:])[:150]}", file=sys.stderr, flush=True)
         o = execute(check, out / "checks" / check.name, env)
         ok, summary, figures = (check.judge or judge_exit)(check, o)
-        results.append({"name": check.name, "result": "PASS" if ok else "FAIL", "summary": summary,
-                        "wall_s": round(o.wall_s, 1), "rc": o.rc, "command": check.argv, "figures": figures})
-        print(f"    {'PASS' if ok else 'FAIL'} in {o.wall_s:.1f} s: {summary[:200]}", file=sys.stderr, flush=True)
+        print(f"    {check.name}: {'PASS' if ok else 'FAIL'} in {o.wall_s:.1f} s: {summary[:200]}", file=sys.stderr,
+              flush=True)
+        return {"name": check.name, "result": "PASS" if ok else "FAIL", "summary": summary,
+                "wall_s": round(o.wall_s, 1), "rc": o.rc, "command": check.argv, "figures": figures}
+
+    # the untimed checks (parity) first, `--jobs` at once; then every timed check alone on the machine
+    done: dict[int, dict] = {}
+    untimed = [(i, c) for i, c in enumerate(checks, 1) if c.untimed]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for (i, _), result in zip(untimed, pool.map(lambda ic: one(*ic), untimed), strict=True):
+            done[i] = result
+    for i, check in enumerate(checks, 1):
+        if i not in done:
+            done[i] = one(i, check)
+    results = [done[i] for i in sorted(done)]
     failed = sum(r["result"] == "FAIL" for r in results)
     meta = {"started_at": started, "dry_run": args.dry_run, "device": "cpu" if args.dry_run else "cuda",
             "environment": environment(), "wall_s": time.perf_counter() - t0, "failed": failed,
@@ -493,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT to run beside the harness")
     ap.add_argument("--data", type=Path, default=os.environ.get("HARNESS_DATA"),
                     help="Tiny Shakespeare (default $HARNESS_DATA)")
+    ap.add_argument("--jobs", type=int, help="untimed checks (parity) run this many at once (default: 5 on a GPU, "
+                                             "1 in a dry run)")
     ap.add_argument("--only", help="run only the checks whose names start with one of these (comma-separated)")
     ap.add_argument("--recipe-mode", default="", help="extra options of the 5000-step recipe, e.g. --cuda-graphs")
     ap.add_argument("--recipe-margin", type=float, default=0.03,
@@ -502,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.profile:
         return profile(args.profile, args.device, args.dry_run)
+    args.jobs = args.jobs or (1 if args.dry_run else 5)
     if args.data is None or not Path(args.data).is_file():
         print("gpu_check: no corpus: set HARNESS_DATA or pass --data PATH (Tiny Shakespeare)", file=sys.stderr)
         return 2
