@@ -26,6 +26,36 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def nvidia_smi(fields: str) -> list[str] | None:
+    """`nvidia-smi --query-gpu=FIELDS` of the GPU a CUDA process would use (the first of CUDA_VISIBLE_DEVICES): its
+    comma-separated values, or None when nvidia-smi is missing or does not answer (10 s at most). The parent process
+    asks nvidia-smi, never a framework, so that it holds no CUDA context (harness.backends.numpy_backend
+    .cupy_ready_in_child says why that matters)."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    cmd = [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"] + ([f"--id={visible}"] if visible else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
+        return [v.strip() for v in out.strip().splitlines()[0].split(",")]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def gpu_capability() -> tuple[int, int] | None:
+    """The compute capability of that GPU, e.g. (9, 0), from nvidia-smi; None when it cannot tell (no nvidia-smi, or
+    a driver older than 510, whose nvidia-smi has no compute_cap)."""
+    values = nvidia_smi("compute_cap")
+    try:
+        major, minor = values[0].split(".")
+        return int(major), int(minor)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
 def git_commit() -> str | None:
     """The commit of the harness checkout (None outside a git checkout), with '+dirty' for local changes."""
     root = Path(harness.__file__).resolve().parent.parent

@@ -312,15 +312,66 @@ def test_nvml_probe_counts_other_processes_but_not_itself_or_its_siblings(monkey
     nvml = StubNvml(pids=[10, 11, 99], reasons=0x4)
     probe = contention.NvmlProbe(nvml, pid=10)
     assert nvml.inited and probe.handle == ("uuid", "GPU-1234")
-    assert probe.state() == {"sm_mhz": 1980, "reasons": 0x4, "others": 2, "own_listed": True}
+    assert probe.state() == {"sm_mhz": 1980, "reasons": 0x4, "others": 2, "own_listed": True, "listed": 3,
+                             "match": "pid"}
     probe.siblings = {11}  # paired timing: the other contender holds a context on the same GPU, idle
     assert probe.state()["others"] == 1
     hidden = contention.NvmlProbe(StubNvml(pids=[5, 6]), device=0, pid=10)  # a container hides our pid
     assert hidden.state()["others"] == 1 and hidden.state()["own_listed"] is False
+    assert hidden.state()["match"] == "count"
     old = contention.NvmlProbe(StubNvml(pids=[10], reasons=0x40, event_api=False), device="0", pid=10)
     assert old.state()["reasons"] == 0x40  # an older nvidia-ml-py: the throttle-reasons name
     refused = contention.NvmlProbe(StubNvml(pids=[10], fail={"clock", "procs"}), device=0, pid=10)
-    assert refused.state() == {"sm_mhz": None, "reasons": 0x4, "others": None, "own_listed": None}
+    assert refused.state() == {"sm_mhz": None, "reasons": 0x4, "others": None, "own_listed": None, "listed": None,
+                               "match": None}
+
+
+def _stat(proc: Path, pid: int, ppid: int, comm: str = "python") -> None:
+    """/proc/PID/stat with the fields NvmlProbe.parent reads (the command name may hold spaces and parentheses)."""
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 4194560 0 0 0 0\n")
+
+
+def _paired_probe(nvml: StubNvml, proc: Path, pid: int, partners: list[int], coordinator: int) -> contention.NvmlProbe:
+    """The probe of a paired timing's timed process as harness.run.timed sets it up from the coordinator's message."""
+    probe = contention.NvmlProbe(nvml, device=0, pid=pid, proc=proc)
+    probe.siblings, probe.tree_root = {p for p in partners if p != pid}, coordinator
+    return probe
+
+
+def test_paired_partners_on_the_gpu_are_not_contention_and_a_foreign_process_is(tmp_path: Path):
+    """A bare machine (NVML's pids are ours): a paired timing's two timed processes (500, 501, children of the
+    coordinator 400), a child of one of them holding a context of its own (502, under 501, its command name with
+    spaces and parentheses) and the coordinator itself are ours: every burst undisturbed. A training process of
+    someone else (900, under 1) disturbs. Planted bugs: matching the siblings only (the coordinator, as when its
+    preflight left a CuPy context, or a partner's child count as others: 0 undisturbed rounds of 40, as on the
+    H100), or dropping the foreign process."""
+    proc = tmp_path / "proc"
+    for pid, ppid in ((400, 300), (500, 400), (501, 400), (502, 501), (900, 1)):
+        _stat(proc, pid, ppid, "pt_main thread (x)" if pid == 502 else "python")
+    nvml = StubNvml(pids=[400, 500, 501, 502], reasons=0x4)
+    for me in (500, 501):
+        state = _paired_probe(nvml, proc, me, [500, 501], coordinator=400).state()
+        assert state["others"] == 0 and state["match"] == "pid" and state["listed"] == 4
+        assert judge({"gpu": [state, state]}) == []
+    nvml.pids.append(900)
+    state = _paired_probe(nvml, proc, 500, [500, 501], coordinator=400).state()
+    assert state["others"] == 1 and judge({"gpu": [state, state]}) == ["1 other compute process(es) on the GPU"]
+    alone = contention.NvmlProbe(StubNvml(pids=[500, 400]), device=0, pid=500, proc=proc)
+    assert alone.state()["others"] == 1  # a training worker (no tree root): a process beside it is another's
+
+
+def test_paired_partners_in_a_container_are_counted_not_matched(tmp_path: Path):
+    """A container with its own pid namespace: NVML lists the host's pids (70001, 70002), none of which we can see,
+    so our own pid is not among them: the listed processes beyond this one and its siblings are others'. Partners
+    only: undisturbed; a third process: disturbed."""
+    nvml = StubNvml(pids=[70001, 70002], reasons=0x4)
+    probe = _paired_probe(nvml, tmp_path / "proc", 17, [17, 18], coordinator=12)
+    state = probe.state()
+    assert state == {"sm_mhz": 1980, "reasons": 0x4, "others": 0, "own_listed": False, "listed": 2,
+                     "match": "count"}
+    nvml.pids.append(70003)
+    assert probe.state()["others"] == 1
 
 
 def test_nvml_is_optional_and_its_evidence_reaches_the_rule(monkeypatch: pytest.MonkeyPatch, proc: FakeProc):

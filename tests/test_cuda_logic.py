@@ -6,6 +6,8 @@ compile warm-up. Each test fails when the bug it guards against is planted (note
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import types
 from pathlib import Path
@@ -128,6 +130,63 @@ def test_non_finite_loss_keeps_curves_aligned_with_device_markers() -> None:
                          loop.LoopOptions(progress=False))
     assert outcome.status == "failed: non-finite loss at step 3"
     assert len(curves.loss) == len(curves.time_s) == len(curves.step) == 4
+
+
+class AsyncBackend(ClockBackend):
+    """A backend that also fetches its losses asynchronously (torch on CUDA): `fetch_losses` starts a copy, the
+    function it returns waits for it (the markers recorded before it are then complete)."""
+
+    def __init__(self, device: FakeDevice, step_s: list[float], nan_at: int | None = None):
+        super().__init__(device, step_s)
+        self.nan_at, self.log = nan_at, []
+
+    def train_step(self, x, y, lr):
+        loss = super().train_step(x, y, lr)
+        return np.float32("nan") if self.k - 1 == self.nan_at else loss
+
+    def fetch_losses(self, losses):
+        n, marks = len(self.log), len(self.device.marks)
+        self.log.append(f"fetch {n}")
+
+        def result():
+            self.log.append(f"wait {n}")
+            self.device.completed = max(self.device.completed, marks)
+            return [float(v) for v in losses]
+
+        return result
+
+
+def test_the_periodic_flush_never_waits_for_the_device() -> None:
+    """Every 50 steps the runner starts fetching that group and completes the one before (whose copy is long done):
+    a GPU-bound loop never drains its queue for a flush. The last step waits for everything; curves come out whole
+    and in order. Planted bug: waiting at every flush (the old runner) logs `wait 0` before `fetch 1`."""
+    config = tiny()
+    steps = 120
+    durations = [0.01 * (1 + k % 3) for k in range(steps)]
+    device = FakeDevice(durations)
+    backend = AsyncBackend(device, durations)
+    curves = loop.Curves()
+    outcome = loop.train(backend, config, stream_for(config), {}, curves, steps, loop.LoopOptions(progress=False))
+    assert outcome.status == "completed" and backend.syncs == 0
+    # at 50: start; at 100: start the next and complete the first; at the end complete the second, and fetch the
+    # last group (100..119) synchronously
+    assert backend.log == ["fetch 0", "fetch 1", "wait 0", "wait 1"] and device.fetches == 1
+    assert curves.step == list(range(steps)) and len(curves.loss) == len(curves.time_s) == steps
+    np.testing.assert_allclose(curves.time_s, durations)
+    assert outcome.train_s == pytest.approx(sum(durations))
+
+
+def test_a_non_finite_loss_found_a_flush_late_still_ends_the_curves_at_it() -> None:
+    """The loss of step 60 is NaN: the group holding it completes at the flush of step 150, the loop stops there
+    with the failure at step 60 and the curves end with it (61 steps), nothing after it."""
+    config = tiny()
+    device = FakeDevice([0.01] * 200)
+    backend = AsyncBackend(device, [0.01] * 200, nan_at=60)
+    curves = loop.Curves()
+    outcome = loop.train(backend, config, stream_for(config), {}, curves, 200, loop.LoopOptions(progress=False))
+    assert outcome.status == "failed: non-finite loss at step 60"
+    assert backend.k == 150 and len(curves.loss) == len(curves.time_s) == len(curves.step) == 61
+    assert math.isnan(curves.loss[-1]) and curves.step[-1] == 60
 
 
 def test_torch_clock_is_cuda_events_only_on_cuda() -> None:
@@ -419,9 +478,11 @@ class FailingMatmul(np.ndarray):
 @pytest.fixture
 def stub_cupy(monkeypatch: pytest.MonkeyPatch):
     """Install a stub cupy (and cupyx) module; returns a factory to choose which readiness step fails."""
+    from harness.backends import numpy_backend
     from harness.models import numpy_gpt
 
     monkeypatch.setattr(numpy_gpt, "xp", np)  # restored after the test (setup switches the module's xp)
+    monkeypatch.setattr(numpy_backend, "READY_CHECK_IN_CHILD", False)  # the stub lives in this process only
 
     def install(fail: str | None = None, devices: int = 1) -> StubCupy:
         cupy = StubCupy(fail, devices)
@@ -453,6 +514,38 @@ def test_cupy_readiness_names_the_failing_step(stub_cupy, fail: str, words: str)
     message = str(info.value)
     assert words in message and "cupy-cuda12x[ctk]" in message and "\n" not in message
     assert numpy_gpt.xp is np  # the check leaves the array module as it was
+
+
+FAKE_CUPY = """
+import types
+class _Runtime:
+    @staticmethod
+    def getDeviceCount():
+        return 1
+cuda = types.SimpleNamespace(runtime=_Runtime())
+def ElementwiseKernel(*args):
+    raise RuntimeError("nvrtc: error: failed to open libnvrtc-builtins.so.13")
+"""
+
+
+def test_the_cupy_check_runs_in_a_child_and_the_parent_never_imports_cupy(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent (`harness run`, which then coordinates the paired timing) must hold no CUDA context: CuPy makes one
+    at its first kernel, so the readiness check runs in a child process (a fake `cupy` package on the child's path
+    here, failing at the kernel) and its one-line reason comes back. Planted bug: checking in this process imports
+    cupy here (and, on a GPU, leaves a context that every paired burst counts as another process)."""
+    from harness.backends.numpy_backend import NumpyBackend
+
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(FAKE_CUPY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    with pytest.raises(BackendUnavailable) as info:
+        NumpyBackend.check_available("cuda")
+    message = str(info.value)
+    assert message.startswith("numpy backend: CuPy cannot compile and run an elementwise kernel")
+    assert "libnvrtc-builtins" in message and "\n" not in message
+    assert "cupy" not in sys.modules
 
 
 def test_cupy_not_ready_is_one_line_exit_2(stub_cupy, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -82,6 +82,19 @@ def test_juliacall_missing(no_julia: Path, monkeypatch: pytest.MonkeyPatch):
     assert "pip install juliacall" in _refusal()
 
 
+def test_a_missing_dependency_of_juliapkg_is_named(no_julia: Path, monkeypatch: pytest.MonkeyPatch):
+    """juliapkg importable but its own dependency (tomlkit) missing, as on the first GPU machine: the refusal names
+    the module and the pip command. Planted bug: the old message blamed PYTHON_JULIAPKG_PROJECT."""
+    import sys
+
+    monkeypatch.setattr(flux, "_juliapkg_state", lambda: None)  # what the real one returns when the import fails
+    for name in [m for m in sys.modules if m == "juliapkg" or m.startswith("juliapkg.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tomlkit", None)  # hidden: `import tomlkit` raises ModuleNotFoundError
+    message = _refusal()
+    assert "'tomlkit'" in message and "pip install tomlkit" in message and "PYTHON_JULIAPKG_PROJECT" not in message
+
+
 def test_exe_override_points_nowhere(no_julia: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTHON_JULIAPKG_EXE", str(no_julia / "missing-julia"))
     assert "PYTHON_JULIAPKG_EXE" in _refusal()

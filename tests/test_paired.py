@@ -267,3 +267,83 @@ def test_a_paired_record_of_an_older_harness_is_refused(tmp_path: Path) -> None:
         paired.load(path)
     path.write_text(json.dumps(planted([1.0] * 10)))
     assert paired.clean_rounds(paired.load(path)) == 10
+
+
+def test_a_timed_process_ends_each_burst_synchronised_and_takes_its_partners_as_its_own(monkeypatch, capsys):
+    """The timed process (harness.run.timed.serve) with a fake backend on a fake GPU: the coordinator's first message
+    makes the partners and the coordinator's process tree ours in the GPU evidence, and every burst ends with the
+    device synchronised before its closing reading and its reply, so the next contender never starts while this
+    one's work is still queued. Planted bugs: no synchronize (the last event of a burst is its step, or the reading),
+    or the coordinator not passed on (tree_root None)."""
+    import io
+    import sys
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import harness.backends as backends
+    import harness.run.worker as worker_module
+    from harness.config.load import load_config
+    from harness.core.data import BatchStream
+    from harness.run import timed
+    from harness.timing import contention
+
+    events: list[str] = []
+    config = load_config("small").replace(block_size=8, batch_size=2, eval_interval=10_000)
+    ids = np.random.default_rng(0).integers(0, 11, size=2000)
+
+    class FakeWorker:
+        def __init__(self, run_dir, name):
+            self.spec, self.config, self.weights, self.device, self.seed = {"backend_options": {}}, config, {}, \
+                "cuda", 1
+            self.stream = BatchStream(ids, config.block_size, config.batch_size, 1, config.scheme)
+
+        def load_inputs(self):
+            return SimpleNamespace(vocab_size=11)
+
+    class FakeBackend:
+        name = "fake"
+
+        def setup(self, *args):
+            pass
+
+        def train_step(self, x, y, lr):
+            events.append("step")
+            return 1.0
+
+        def losses_to_floats(self, losses):
+            return [float(v) for v in losses]
+
+        def synchronize(self):
+            events.append("sync")
+
+        def describe(self):
+            return {}
+
+        def device_clock(self):  # an asynchronous device: no sync per step, markers read at the flush
+            return SimpleNamespace(mark=lambda: len(events), elapsed_s=lambda a, b: 0.001)
+
+    class FakeGpu:
+        def __init__(self):
+            self.siblings, self.tree_root = set(), None
+
+        def state(self):
+            events.append("reading")
+            return {"others": 0}
+
+    gpu = FakeGpu()
+    probe = contention.Probe(gpu=gpu)
+    monkeypatch.setattr(worker_module, "Worker", FakeWorker)
+    monkeypatch.setattr(backends, "create_backend", lambda name, **options: FakeBackend())
+    monkeypatch.setattr(contention, "default_probe", lambda device: (probe, ""))
+    monkeypatch.setattr(timed, "WARMUP_STEPS", 5)
+    lines = [{"siblings": [71], "coordinator": 70}, {"burst": 4, "start": 5}, {"burst": 3, "start": 9}, {"quit": True}]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(m) + "\n" for m in lines)))
+    assert timed.serve(Path("unused"), "fake", warmup_s=0.0) == 0
+    assert gpu.siblings == {71} and gpu.tree_root == 70
+    bursts = "".join("s" if e == "step" else "y" if e == "sync" else "r" for e in events).split("r")
+    # after the warm-up: reading, 4 steps, sync, reading; reading, 3 steps, sync, reading
+    assert [b for b in bursts if "s" in b][-2:] == ["ssssy", "sssy"], events
+    replies = [json.loads(line.split(timed.MARK, 1)[1]) for line in capsys.readouterr().out.splitlines()
+               if timed.MARK in line]
+    assert [r.get("start") for r in replies[1:]] == [5, 9]

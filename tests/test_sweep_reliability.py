@@ -131,10 +131,17 @@ def test_1_stored_sweep_name_with_a_newline_is_refused(tmp_path, capsys, monkeyp
     assert tree(tmp_path) == before and not (tmp_path / "PWNED").exists()
 
 
-def test_1_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path):
-    """Defence in depth: the SLURM executor itself refuses a job name that is not one line of plain text."""
+def test_1_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path, monkeypatch):
+    """Defence in depth: the SLURM executor itself refuses a job name that is not one line of plain text. No cluster
+    needed: submitit's SlurmExecutor (which writes the script) only looks for `srun` on PATH, so a stub stands in
+    for it, as in test 9."""
     from harness.sweep.slurm import SlurmExecutor
 
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(UsageError, match="control character"):
         SlurmExecutor(tmp_path / "slurm", partition="debug", job_name="harness-x\ntouch PWNED\n#")
     assert "--job-name=harness-ok" in SlurmExecutor(tmp_path / "slurm", job_name="harness-ok").script(1)

@@ -14,7 +14,12 @@ REGISTRY: dict[str, str] = {
     "flux": "harness.backends.flux:FluxBackend",
 }
 
-__all__ = ["REGISTRY", "Backend", "BackendUnavailable", "backend_class", "check_names", "create_backend"]
+# torch.compile's modes, as `--compile MODE` takes them (here, not in torch_backend: the CLI reads them without
+# importing torch)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+__all__ = ["COMPILE_MODES", "REGISTRY", "Backend", "BackendUnavailable", "backend_class", "check_names",
+           "create_backend"]
 
 
 def check_names(names: list[str]) -> None:

@@ -93,8 +93,27 @@ def _juliapkg_state() -> dict | None:
         from juliapkg.state import STATE
 
         return dict(STATE)
-    except Exception:  # e.g. PYTHON_JULIAPKG_PROJECT not absolute: reported as missing
+    except Exception:  # e.g. PYTHON_JULIAPKG_PROJECT not absolute, or a dependency missing: see juliapkg_problem
         return None
+
+
+def juliapkg_problem() -> str | None:
+    """Why juliapkg's settings cannot be read, in words that name the fix; None when they can (or juliapkg is not
+    installed at all, which `unavailable_reason` says first). A module juliapkg imports that is missing (its own
+    dependencies tomlkit and semver, when a package manager installed juliapkg alone) is named; anything else is
+    juliapkg refusing its PYTHON_JULIAPKG_* variables."""
+    if importlib.util.find_spec("juliapkg") is None:
+        return None
+    try:
+        from juliapkg.state import STATE  # noqa: F401 (imported to see whether it can be)
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+        return (f"juliapkg cannot be imported: the module {missing!r} it needs is missing; run `pip install "
+                f"{missing}` (or `pip install juliacall`, which installs juliapkg with its dependencies)")
+    except Exception as exc:
+        return (f"juliapkg cannot read its settings ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}; is "
+                "PYTHON_JULIAPKG_PROJECT an absolute path?); fix the PYTHON_JULIAPKG_* variables")
+    return None
 
 
 def _julia_version(exe: str) -> str | None:
@@ -278,8 +297,7 @@ def unavailable_reason(device: str = "cpu") -> str | None:
                 "(juliacall refuses one alone); set both or neither")
     state = _juliapkg_state()
     if state is None and not os.environ.get("PYTHON_JULIACALL_EXE"):
-        return ("flux backend: juliapkg cannot read its settings (is PYTHON_JULIAPKG_PROJECT an absolute path?); "
-                "fix the PYTHON_JULIAPKG_* variables")
+        return f"flux backend: {juliapkg_problem() or 'juliapkg cannot read its settings'}"
     exe, source = find_julia()
     if exe is None and source is not None:  # an override that points nowhere
         return f"flux backend: {source}; point it at a Julia 1.10+ executable or unset it"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import resource
+import subprocess
 import sys
 from typing import Any
 
@@ -64,6 +65,41 @@ def cupy_ready(cupy: Any) -> None:
         if not ok:
             raise BackendUnavailable(f"numpy backend: CuPy can {what.split(' (')[0][4:]} but got a wrong result; "
                                      f"{CUPY_FIX}")
+
+
+READY_CHECK_IN_CHILD = True  # False only in tests that put a stub `cupy` into this process
+READY_EXIT = 3  # the child's exit status for "not ready" (its reason is the last line of its stderr)
+
+
+def cupy_ready_here() -> int:
+    """The readiness check as a child process runs it (`cupy_ready_in_child`): 0 ready, READY_EXIT with the reason
+    on stderr otherwise."""
+    try:
+        cupy_ready(_use_device("cuda"))
+    except BackendUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return READY_EXIT
+    return 0
+
+
+def cupy_ready_in_child(timeout_s: float = 300.0) -> None:
+    """`cupy_ready` in a fresh interpreter, so that the CUDA context it creates (CuPy makes one at its first kernel)
+    ends with it. The process that asks (`harness run`, `parity`, `sweep`, `doctor`) never holds a context of its
+    own: `harness run` then coordinates the paired timing, and a context there would be one more compute process on
+    the GPU in every burst's evidence, judged as another's (harness.timing.contention.NvmlProbe). The first kernel
+    compile can take a few seconds: `timeout_s` is generous."""
+    code = "import sys; from harness.backends import numpy_backend as m; sys.exit(m.cupy_ready_here())"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BackendUnavailable(f"numpy backend: the CuPy readiness check did not finish within {timeout_s:.0f} s; "
+                                 f"{CUPY_FIX}") from None
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    if done.returncode == READY_EXIT and lines:
+        raise BackendUnavailable(lines[-1])
+    if done.returncode != 0:
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        raise BackendUnavailable(f"numpy backend: the CuPy readiness check crashed ({why[:200]}); {CUPY_FIX}")
 
 
 class DeviceDropoutRNG:
@@ -127,12 +163,16 @@ class NumpyBackend:
 
     @classmethod
     def check_available(cls, device: str) -> None:
-        """Raise BackendUnavailable unless `device` can run here ("cpu" always; "cuda" needs CuPy and a GPU)."""
+        """Raise BackendUnavailable unless `device` can run here ("cpu" always; "cuda" needs CuPy and a GPU, checked
+        in a child process: `cupy_ready_in_child`)."""
         if device == "cpu":
             return
         if device != "cuda":
             raise BackendUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu "
                                      "(or cuda with CuPy)")
+        if READY_CHECK_IN_CHILD:
+            cupy_ready_in_child()
+            return
         previous = numpy_gpt.xp
         try:
             cupy_ready(_use_device("cuda"))

@@ -1,23 +1,44 @@
-"""The PyTorch backend: harness.models.torch_gpt.GPT driven through the Backend protocol."""
+"""The PyTorch backend: harness.models.torch_gpt.GPT driven through the Backend protocol.
+
+Three ways to run a training step: eager (the default: one kernel launch per operation, as nanoGPT), `--compile
+[MODE]` (torch.compile of the model, MODE default, reduce-overhead or max-autotune, compiled before step 0) and, on
+CUDA, `--cuda-graphs`: the whole step (forward, backward, clipping, AdamW) captured once as a CUDA graph and
+replayed with one launch (harness.backends.torch_step; docs/benchmarks.md says why this and not reduce-overhead).
+"""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from harness.backends import COMPILE_MODES
 from harness.backends.base import BackendUnavailable
+from harness.backends.torch_step import CudaGraphCapture, PinnedBatches, StaticStep
 from harness.config.fields import Config
 from harness.core.weights import decays
-from harness.environment import cpu_model, peak_rss_bytes
+from harness.environment import cpu_model, gpu_capability, peak_rss_bytes
 from harness.errors import UsageError
 from harness.models.torch_gpt import GPT
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 PRECISIONS = ("fp32", "tf32", "bf16")
 MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
+
+
+def compile_mode(value: object) -> str | None:
+    """The torch.compile mode of the `compile` option: None (eager) for False/None; "default" for True (`--compile`
+    alone, and records written before modes existed); else one of COMPILE_MODES (UsageError otherwise)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "default"
+    if value not in COMPILE_MODES:
+        raise UsageError(f"torch backend: --compile {value!r}: choose one of {', '.join(COMPILE_MODES)}")
+    return str(value)
 
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -55,13 +76,16 @@ def adamw_groups(model: torch.nn.Module, config: Config) -> list[dict]:
             {"params": [p for n, p in named if not decays(n, tuple(p.shape), config.decay)], "weight_decay": 0.0}]
 
 
-def adamw_flags(device_type: str, parity: bool) -> dict[str, bool]:
+def adamw_flags(device_type: str, parity: bool, graphs: bool = False) -> dict[str, bool]:
     """AdamW implementation flags: fused on CUDA for speed; in parity mode the single-tensor loop on every device
     (the fused kernel computes the bias corrections in float32 and orders the operations differently from the
-    reference it is compared with)."""
-    if parity:
-        return {"fused": False, "foreach": False}
-    return {"fused": True} if device_type == "cuda" else {}
+    reference it is compared with). With `graphs` (a captured step) on CUDA also `capturable=True`: the step count
+    and the bias corrections stay on the device (no host value baked into the graph), and AdamW refuses a capture
+    without it."""
+    flags = {"fused": False, "foreach": False} if parity else ({"fused": True} if device_type == "cuda" else {})
+    if graphs and device_type == "cuda":
+        flags["capturable"] = True
+    return flags
 
 
 def attention_kernels(device_type: str, parity: bool) -> list | None:
@@ -83,15 +107,17 @@ def reset_device_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def check_precision(precision: str, device: str) -> None:
-    """UsageError unless `precision` can run on `device`: tf32/bf16 need a CUDA GPU of compute capability 8.0+."""
+def check_precision(precision: str, device: str, capability: tuple[int, int] | None = None) -> None:
+    """UsageError unless `precision` can run on `device`: tf32/bf16 need a CUDA GPU of compute capability 8.0+.
+    `capability`: the GPU's, when the caller knows it (else torch is asked: in a worker, which holds a CUDA context
+    anyway)."""
     need = MIN_CAPABILITY.get(precision)
     if need is None:
         return
     if device != "cuda":
         raise UsageError(f"torch backend: --precision {precision} needs a CUDA GPU (Ampere or newer); on the "
                          f"{device} use --precision fp32")
-    cap = tuple(torch.cuda.get_device_capability(0))
+    cap = tuple(capability or torch.cuda.get_device_capability(0))
     if cap < need:
         raise UsageError(f"torch backend: --precision {precision} needs compute capability "
                          f"{need[0]}.{need[1]}+ (Ampere or newer), this GPU has {cap[0]}.{cap[1]}; "
@@ -118,20 +144,49 @@ class TorchBackend:
     name = "torch"
     PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.devices.parity_options)
 
-    def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool = False,
-                 parity: bool = False):
+    def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool | str = False,
+                 parity: bool = False, cuda_graphs: bool = False):
         if dtype not in DTYPES:
             raise UsageError(f"torch backend: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if precision not in PRECISIONS:
             raise UsageError(f"torch backend: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if precision != "fp32" and dtype != "float32":
             raise UsageError("torch backend: --precision tf32/bf16 needs --dtype float32")
-        self.dtype, self.precision, self.compile = DTYPES[dtype], precision, compile
+        self.dtype, self.precision, self.compile = DTYPES[dtype], precision, compile_mode(compile)
+        if cuda_graphs and self.compile:
+            raise UsageError(f"torch backend: --cuda-graphs captures the eager step and does not combine with "
+                             f"--compile {self.compile} (torch.compile's own CUDA graphs are --compile "
+                             "reduce-overhead); choose one")
+        self.cuda_graphs = bool(cuda_graphs)
         self.parity = parity  # `harness parity`: single-tensor AdamW, math attention on CUDA
-        self.needs_warm_up = compile  # torch.compile's graphs are built by warm_up(), once (harness.runner.warm_up)
+        # built once before step 0 by warm_up() (harness.run.loop.warm_up): torch.compile's graphs, or the captured
+        # step (in parity mode the capture waits for the first step, which may bring dropout masks)
+        self.needs_warm_up = bool(self.compile) or (self.cuda_graphs and not parity)
+        self.step: StaticStep | None = None  # the captured step (--cuda-graphs)
+        self.batches: PinnedBatches | None = None  # the eager step's batch staging on CUDA
+
+    def check_modes(self, device: str) -> None:
+        """UsageError when the step's mode cannot run on `device`: CUDA graphs replay GPU work only, and
+        reduce-overhead is torch.compile's CUDA graphs."""
+        if self.cuda_graphs and device != "cuda":
+            raise UsageError(f"torch backend: --cuda-graphs needs --device cuda (a CUDA graph replays GPU work); "
+                             f"on the {device} drop --cuda-graphs")
+        if self.compile == "reduce-overhead" and device != "cuda":
+            raise UsageError(f"torch backend: --compile reduce-overhead is torch.compile with CUDA graphs and needs "
+                             f"--device cuda; on the {device} use --compile or --compile max-autotune")
 
     def check_device(self, device: str) -> None:
-        """UsageError when this configuration cannot run on `device` (tf32/bf16 on the CPU or before Ampere)."""
+        """UsageError when this configuration cannot run on `device` (tf32/bf16 on the CPU or before Ampere, CUDA
+        graphs off CUDA). Called by the parent before anything is written: the GPU's compute capability comes from
+        nvidia-smi, never from torch, so that the parent creates no CUDA context (it may coordinate a paired timing
+        next; harness.backends.numpy_backend.cupy_ready_in_child says why that matters); where nvidia-smi cannot
+        tell, the worker checks it with torch."""
+        self.check_modes(device)
+        if device == "cuda" and self.precision in MIN_CAPABILITY:
+            capability = gpu_capability()
+            if capability is not None:
+                check_precision(self.precision, device, capability)
+            return
         check_precision(self.precision, device)
 
     @classmethod
@@ -146,6 +201,7 @@ class TorchBackend:
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
               seed: int) -> None:
         self.check_available(device)
+        self.check_modes(device)
         check_precision(self.precision, device)
         self.config, self.device = config, torch.device(device)
         torch.manual_seed(seed)  # the dropout stream
@@ -155,17 +211,34 @@ class TorchBackend:
         model = build_model(config, weights, vocab_size)
         self.model = model.to(device=self.device, dtype=self.dtype)
         named = list(self.model.named_parameters())
-        self.optimizer = torch.optim.AdamW(adamw_groups(self.model, config), lr=config.learning_rate,
+        graphs = self.cuda_graphs
+        # with a captured step the rate is a device tensor the graph reads, refilled before each replay
+        lr = StaticStep.make_lr(config.learning_rate, self.dtype, self.device) if graphs else config.learning_rate
+        self.optimizer = torch.optim.AdamW(adamw_groups(self.model, config), lr=lr,
                                            betas=(config.beta1, config.beta2),
-                                           eps=config.eps, **adamw_flags(self.device.type, self.parity))
+                                           eps=config.eps, **adamw_flags(self.device.type, self.parity, graphs))
         self._kernels = attention_kernels(self.device.type, self.parity)
-        self.forward = torch.compile(self.model) if self.compile else self.model
+        self.forward = torch.compile(self.model, mode=self.compile) if self.compile else self.model
         self._params = [p for _, p in named]  # for clipping: walking the module tree each step costs ~0.1 ms
         self._cuda = self.device.type == "cuda"
+        shape = (config.batch_size, config.block_size)
+        if graphs:
+            self.step = StaticStep(self.model, self.optimizer, self._params, lr, config.grad_clip, shape,
+                                   self.device, self._autocast, capture=CudaGraphCapture())
+        elif self._cuda:
+            self.batches = PinnedBatches(shape, self.device)
         reset_device_memory(self.device)
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return to_device(a, self.device)
+
+    def _batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch on the device: through the pinned ring on CUDA (one asynchronous copy of both), as is
+        on the CPU. A batch of another shape than the config's (none in the harness) takes the plain copy."""
+        if self.batches is not None and tuple(np.shape(x)) == self.batches.shape:
+            both = self.batches(x, y)
+            return both[0], both[1]
+        return self._tensor(x), self._tensor(y)
 
     def _attention(self) -> contextlib.AbstractContextManager:
         """The SDPA kernel restriction of parity mode on CUDA (math only); nothing otherwise."""
@@ -181,7 +254,10 @@ class TorchBackend:
         stack = contextlib.ExitStack()
         stack.enter_context(self._attention())
         if self.precision == "bf16":
-            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16))
+            # a captured step keeps no autocast weight cache across its capture (torch.cuda.graphs asks the same of
+            # make_graphed_callables); each weight is cast once per forward anyway, so nothing is cast twice
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                                               cache_enabled=not self.cuda_graphs))
         return stack
 
     def device_clock(self) -> CudaEventClock | None:
@@ -190,10 +266,18 @@ class TorchBackend:
 
     def warm_up(self, x: np.ndarray, y: np.ndarray) -> bool:
         """With --compile, build the compiled evaluation and training graphs once, before step 0: a no-grad forward
-        in eval mode and a forward + backward in train mode on (x, y). No parameter, optimizer or RNG state changes
-        (gradients are dropped, the dropout generators restored). Returns False when there is nothing to do."""
+        in eval mode and a forward + backward in train mode on (x, y). With --cuda-graphs, capture the step
+        (StaticStep.prepare: warm-up steps undone in place, then the capture). No parameter, optimizer or RNG state
+        changes (gradients are dropped, the dropout generators restored). Returns False when there is nothing to
+        do."""
         if not self.needs_warm_up:
             return False
+        if self.step is not None:
+            self.model.train()
+            self.step.prepare(x, y, self.config.learning_rate)
+            self.synchronize()
+            self.needs_warm_up = False
+            return True
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.device) if self._cuda else None
         tx, ty = self._tensor(x), self._tensor(y)
@@ -220,26 +304,59 @@ class TorchBackend:
         return {k: torch.from_numpy(np.asarray(m)).to(device=self.device, dtype=self.dtype) for k, m in masks.items()}
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
-                   masks: dict[str, np.ndarray] | None = None) -> torch.Tensor | float:
+                   masks: dict[str, np.ndarray] | None = None) -> torch.Tensor | float | int:
+        """One step. On CUDA the loss stays on the device (no sync per step): a tensor, or with --cuda-graphs the
+        step's token (its slot in the captured step's loss ring); on the CPU a float (reading it is free)."""
         if not self.model.training:  # Module.train() walks every submodule: only when eval/logits/gradients left it
             self.model.train()
+        if self.step is not None:
+            return self.step(x, y, lr, masks)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the previous one's graph outputs may go
+        tx, ty = self._batch(x, y)
         with self._autocast():
-            _, loss = self.forward(self._tensor(x), self._tensor(y), self._masks(masks))
+            _, loss = self.forward(tx, ty, self._masks(masks))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self._params, self.config.grad_clip)
         self.optimizer.step()
-        # on CUDA the loss stays on the device (no sync per step); on the CPU reading it is free
         loss = loss.detach()
+        if self.compile == "reduce-overhead":
+            loss = loss.clone()  # a CUDA-graph output is overwritten by the next replay
         return loss if self._cuda else float(loss)
 
     def losses_to_floats(self, losses: list[Any]) -> list[float]:
-        if not losses or not isinstance(losses[0], torch.Tensor):
+        if not losses:
+            return []
+        if self.step is not None and isinstance(losses[0], int):
+            return self.step.read(losses)
+        if not isinstance(losses[0], torch.Tensor):
             return [float(v) for v in losses]
         return [float(v) for v in torch.stack(losses).double().cpu().tolist()]
+
+    def fetch_losses(self, losses: list[Any]) -> Callable[[], list[float]]:
+        """Start fetching `losses` (what train_step returned) without waiting for the device; the function returned
+        waits and gives them as floats. The runner calls it a flush later (harness.run.loop.StepTimer), so by then
+        the copy has long completed and the GPU never drains its queue for a flush."""
+        if self.step is not None and losses and isinstance(losses[0], int):
+            return self.step.fetch(losses)
+        if not losses or not isinstance(losses[0], torch.Tensor) or not losses[0].is_cuda:
+            values = self.losses_to_floats(losses)
+            return lambda: values
+        device_values = torch.stack(losses)
+        host = torch.empty(device_values.shape, dtype=device_values.dtype, pin_memory=True)
+        host.copy_(device_values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def result() -> list[float]:
+            done.synchronize()
+            return [float(v) for v in host.tolist()]
+
+        return result
 
     def synchronize(self) -> None:
         if self._cuda:
@@ -298,11 +415,15 @@ class TorchBackend:
     def describe(self) -> dict[str, Any]:
         info = {"framework": "pytorch", "version": torch.__version__, "device": self.device.type,
                 "dtype": str(self.dtype).replace("torch.", ""), "precision": self.precision,
-                "compile": self.compile, "threads": torch.get_num_threads(),
+                "compile": self.compile or False, "cuda_graphs": self.cuda_graphs,
+                "step": ("one CUDA graph per step (forward, backward, clipping, AdamW)" if self.cuda_graphs else
+                         f"torch.compile, mode {self.compile}" if self.compile else "eager"),
+                "threads": torch.get_num_threads(),
                 "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
                 "parity_mode": self.parity,
                 "adamw": "fused" if self.optimizer.defaults.get("fused") else
                 ("foreach" if self.optimizer.defaults.get("foreach") else "single-tensor"),
+                "adamw_capturable": bool(self.optimizer.defaults.get("capturable")),
                 "sdpa_kernels": [k.name for k in self._kernels] if self._kernels else "torch's choice",
                 "step_timing": "cuda events" if self._cuda else "host clock"}
         if self._cuda:
@@ -334,16 +455,25 @@ class TorchBackend:
         """Restore what `state_dict` returned; also a state without RNG (another backend's, harness parity's
         re-synchronised optimizer depth), and at adam_t 0 the optimizer state before any step (no moments)."""
         step = int(state["adam_t"])
+        on_device = self.optimizer.defaults.get("fused") or self.optimizer.defaults.get("capturable")
         with torch.no_grad():
             for n, p in self.model.named_parameters():
                 p.copy_(torch.from_numpy(np.asarray(state[f"param/{n}"])))
-                if step == 0:
-                    self.optimizer.state.pop(p, None)
-                else:
-                    # torch keeps `step` on the CPU (or the device when fused)
+                st = self.optimizer.state.get(p)
+                if st:
+                    # in place: a captured step (--cuda-graphs) keeps the addresses of these tensors; at adam_t 0
+                    # zeros, which is what AdamW's lazy initialisation creates before its first step
+                    st["step"].fill_(float(step))
+                    for key, part in (("exp_avg", "adam_m/"), ("exp_avg_sq", "adam_v/")):
+                        if step == 0:
+                            st[key].zero_()
+                        else:
+                            st[key].copy_(torch.from_numpy(np.asarray(state[part + n])))
+                elif step > 0:
+                    # torch keeps `step` on the CPU (or the device when fused or capturable)
                     self.optimizer.state[p] = {
                         "step": torch.tensor(float(step), dtype=torch.float32,
-                                             device=self.device if self.optimizer.defaults.get("fused") else "cpu"),
+                                             device=self.device if on_device else "cpu"),
                         # copies: a float64 array of the same dtype would otherwise be shared, and updated in place
                         "exp_avg": torch.from_numpy(np.asarray(state[f"adam_m/{n}"])).to(p, copy=True),
                         "exp_avg_sq": torch.from_numpy(np.asarray(state[f"adam_v/{n}"])).to(p, copy=True),

@@ -32,6 +32,7 @@ every backend (then the peak RSS figure is that configuration's own, not this pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
@@ -68,6 +69,12 @@ SCHEMA_VERSION = 1
 ISOLATED = ("flux",)  # always measured in a child process (juliacall before torch)
 
 
+# timed steps per repeat by default: on the CPU short rounds pair the two loops closely in time; on CUDA a repeat is
+# one flush interval of the runner (harness.run.loop.FLUSH_EVERY), so its flushes count at the rate a run has them
+# and the fixed cost of starting a loop is spread as in a run, not over 5 steps
+TIMED_STEPS = {"cpu": 5, "cuda": run_loop.FLUSH_EVERY}
+
+
 MIN_STREAM_BATCHES = 200  # batches timed per round for (c) and steps for (d), at least
 
 
@@ -77,7 +84,7 @@ PROGRESS_EVERY_S = 2.0  # at most one progress line per this many seconds (and o
 TARGETS = {
     # harness overhead: runner / bare - 1 (process CPU time on cpu, wall time on cuda), at most this, these sizes
     "overhead": {"cpu": {"max": 0.03, "sizes": ("medium", "large")},
-                 "cuda": {"max": 0.05, "sizes": SIZES}},
+                 "cuda": {"max": 0.01, "sizes": SIZES}},
     # the batch stream must produce a batch at least this many times faster than a training step, every size
     "stream_x_step_min": 50.0,
 }
@@ -185,17 +192,29 @@ class BareTorch:
 
     harness.models.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
     tensors of 2 or more dimensions) with the same implementation flags, global-norm clipping. Each step copies its
-    batch to the device exactly as the torch backend's step does (`torch_backend.to_device`: pinned host memory,
-    non-blocking copy on CUDA), and steps are timed as the runner times them (CUDA events, no per-step sync, on
-    CUDA). Numerics flags (TF32) are process-global and were set by the torch backend's setup, so both loops share
-    them.
+    batch to the device exactly as the torch backend's step does (on CUDA through a ring of pinned buffers,
+    `torch_backend.PinnedBatches`; on the CPU `torch_backend.to_device`), and steps are timed as the runner times
+    them (CUDA events, no per-step sync, on CUDA). With `cuda_graphs` the step is the backend's own captured step
+    (`torch_step.StaticStep` with `CudaGraphCapture`) called directly, so that the runner's and the floor's steps
+    are the same replay and the difference is the harness's loop. Numerics flags (TF32) are process-global and were
+    set by the torch backend's setup, so both loops share them.
     """
 
     def __init__(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str, seed: int,
-                 dtype: str = "float32", precision: str = "fp32", compile: bool = False, parity: bool = False):
+                 dtype: str = "float32", precision: str = "fp32", compile: bool | str = False, parity: bool = False,
+                 cuda_graphs: bool = False):
         import torch
 
-        from harness.backends.torch_backend import CudaEventClock, adamw_flags, adamw_groups, build_model, to_device
+        from harness.backends.torch_backend import (
+            CudaEventClock,
+            PinnedBatches,
+            adamw_flags,
+            adamw_groups,
+            build_model,
+            compile_mode,
+            to_device,
+        )
+        from harness.backends.torch_step import CudaGraphCapture, StaticStep
 
         self.torch, self.to_device = torch, to_device
         self.device = torch.device(device)
@@ -204,48 +223,75 @@ class BareTorch:
         model = build_model(config, weights, vocab_size)  # the config's model options, as the backend's
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype))
         self.params = list(self.model.parameters())
+        self.lr = config.learning_rate
+        lr = StaticStep.make_lr(self.lr, getattr(torch, dtype), self.device) if cuda_graphs else self.lr
         groups = adamw_groups(self.model, config)
-        self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2),
-                                           eps=config.eps, **adamw_flags(self.device.type, parity))
+        self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=(config.beta1, config.beta2), eps=config.eps,
+                                           **adamw_flags(self.device.type, parity, cuda_graphs))
         self.clip = config.grad_clip
-        self.forward = torch.compile(self.model) if compile else self.model
+        mode = compile_mode(compile)
+        self.forward = torch.compile(self.model, mode=mode) if mode else self.model
+        self.clone = mode == "reduce-overhead"  # a CUDA-graph output is overwritten by the next replay
         self.bf16 = precision == "bf16"
+        shape = (config.batch_size, config.block_size)
+        self.batches = PinnedBatches(shape, self.device) if self.device.type == "cuda" else None
+        self.step = (StaticStep(self.model, self.optimizer, self.params, lr, self.clip, shape, self.device,
+                                self._autocast, capture=CudaGraphCapture()) if cuda_graphs else None)
+
+    def _autocast(self):
+        torch = self.torch
+        return (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                               cache_enabled=self.step is None) if self.bf16  # as the backend's (no cache if captured)
+                else contextlib.nullcontext())
+
+    def _eager_step(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """Copy, forward, backward, clip, AdamW; the loss stays on the device."""
+        torch = self.torch
+        if self.batches is not None:
+            both = self.batches(x, y)
+            tx, ty = both[0], both[1]
+        else:
+            tx, ty = self.to_device(x, self.device), self.to_device(y, self.device)
+        if self.clone:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self._autocast():
+            _, loss = self.forward(tx, ty)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.optimizer.step()
+        return loss.detach().clone() if self.clone else loss.detach()
 
     def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
-        """Copy, forward, backward, clip and AdamW step over `batches`; losses stay on the device until the end.
-
-        On CUDA steps are timed with events (no per-step sync) unless `sync_each_step`, which synchronises after
-        every step and times on the host (what the per-step sync costs)."""
-        torch, to_device, device = self.torch, self.to_device, self.device
+        """The step over `batches`; losses stay on the device until the end (a captured step's ring is read every
+        half ring). On CUDA steps are timed with events (no per-step sync) unless `sync_each_step`, which
+        synchronises after every step and times on the host (what the per-step sync costs)."""
+        torch, device, step = self.torch, self.device, self.step
         cuda = device.type == "cuda"
         clock = None if sync_each_step else self.clock
-        model, forward, optimizer, params, clip = self.model, self.forward, self.optimizer, self.params, self.clip
-        model.train()
-        losses = []
+        self.model.train()
+        losses: list = []
+        values: list[float] = []
         times: list[Any] = []
         c_start, t_start = time.process_time(), time.perf_counter()
         for x, y in batches:
             start = clock.mark() if clock is not None else None
             t0 = time.perf_counter()
-            tx, ty = to_device(x, device), to_device(y, device)
-            if self.bf16:
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-                    _, loss = forward(tx, ty)
-            else:
-                _, loss = forward(tx, ty)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, clip)
-            optimizer.step()
-            losses.append(loss.detach())
+            losses.append(step(x, y, self.lr) if step is not None else self._eager_step(x, y))
             if clock is not None:
                 times.append((start, clock.mark()))
-                continue
-            if cuda:
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        values = [float(v) for v in torch.stack(losses).double().cpu().tolist()] if losses else []
+            else:
+                if cuda:
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+            if step is not None and len(losses) >= step.ring // 2:
+                values += step.read(losses)
+                losses = []
+        if step is not None:
+            values += step.read(losses)
+        elif losses:
+            values += [float(v) for v in torch.stack(losses).double().cpu().tolist()]
         wall = time.perf_counter() - t_start
         step_s = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in times]
         return Timed(wall, step_s, values, time.process_time() - c_start)
@@ -400,10 +446,11 @@ def _bare_loop(job: Job, r: _Runner) -> Callable[..., Timed]:
     opts = job.options
     bare = BareTorch(r.config, r.weights, r.corpus.vocab_size, job.device, job.seed,
                      dtype=opts.get("dtype", "float32"), precision=opts.get("precision", "fp32"),
-                     compile=bool(opts.get("compile")), parity=bool(opts.get("parity")))
+                     compile=opts.get("compile") or False, parity=bool(opts.get("parity")),
+                     cuda_graphs=bool(opts.get("cuda_graphs")))
     warm_batches = [r.stream.batch(k) for k in range(job.warmup)]
-    if opts.get("compile") and not warm_batches:
-        warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile
+    if (opts.get("compile") or opts.get("cuda_graphs")) and not warm_batches:
+        warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile or capture
     if warm_batches:
         bare.repeat(warm_batches)
     return lambda sync_each_step=False: bare.repeat(batches, sync_each_step)

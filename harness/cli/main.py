@@ -18,7 +18,6 @@ from harness.cli.doctor import cmd_doctor, cmd_setup
 from harness.cli.options import (
     ALLOW_LARGE_HELP,
     CHECKPOINT_HELP,
-    COMPILE_HELP,
     DROPOUT_HELP,
     JOBS_HELP,
     NO_REPORT_HELP,
@@ -27,6 +26,7 @@ from harness.cli.options import (
     Parser,
     add_backend,
     add_common,
+    add_compile,
     add_out,
     add_paired,
     add_precision,
@@ -82,7 +82,7 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     add_schedule(p)
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help=CHECKPOINT_HELP)
     alias(p, "--resume", dest="resume", metavar="RUN_ID")  # `harness resume RUN_ID`
-    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    add_compile(p)
     add_precision(p, "torch and flux (default fp32)")
     add_threads(p)
     p.add_argument("--no-text", action="store_true", help=NO_TEXT_HELP)

@@ -120,7 +120,10 @@ SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**3
 DTYPE_HELP = "floating type: float32 or float64"
 DTYPE_DETAIL = "where the backend supports a choice (default: torch float32, numpy float64)"
 PRECISION_HELP = "matmul precision on a CUDA GPU of compute capability 8.0+"
-COMPILE_HELP = "torch: torch.compile the model (compiled before step 0, recorded as compile_s)"
+COMPILE_HELP = ("torch: torch.compile the model with mode MODE: default (`--compile` alone), reduce-overhead (its "
+                "CUDA graphs, CUDA only) or max-autotune (compiled before step 0, recorded as compile_s)")
+CUDA_GRAPHS_HELP = ("torch on CUDA: capture the whole training step (forward, backward, clipping, AdamW) once as a "
+                    "CUDA graph and replay it, one launch per step (captured before step 0, recorded as compile_s)")
 THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
 STEPS_HELP = "train exactly N steps"
 EPOCHS_HELP = "train N epochs (preset: 20)"
@@ -213,6 +216,20 @@ def add_dtype(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str 
 def add_precision(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str, **kwargs: object) -> None:
     kwargs.setdefault("choices", ("fp32", "tf32", "bf16"))
     p.add_argument("--precision", help=shared(PRECISION_HELP, detail), **kwargs)  # type: ignore[arg-type]
+
+
+def add_compile(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None) -> None:
+    """--compile [MODE] and --cuda-graphs (run, bench overhead): the torch step's launch-free modes; `--compile`
+    alone is mode default, as before modes existed."""
+    from harness.backends import COMPILE_MODES
+
+    p.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+                   help=shared(COMPILE_HELP, detail))
+    add_cuda_graphs(p, detail)
+
+
+def add_cuda_graphs(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None) -> None:
+    p.add_argument("--cuda-graphs", action="store_true", help=shared(CUDA_GRAPHS_HELP, detail))
 
 
 def add_threads(p: argparse.ArgumentParser | argparse._ArgumentGroup,
@@ -389,8 +406,10 @@ def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, 
         o: dict = {}
         if args.dtype:
             o["dtype"] = args.dtype
-        if name == "torch" and getattr(args, "compile", False):
-            o["compile"] = True
+        if name == "torch" and getattr(args, "compile", None):
+            o["compile"] = args.compile  # the mode: default, reduce-overhead or max-autotune
+        if name == "torch" and getattr(args, "cuda_graphs", False):
+            o["cuda_graphs"] = True
         if name in ("torch", "flux") and getattr(args, "precision", None):
             o["precision"] = args.precision
         opts[name] = o

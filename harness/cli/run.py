@@ -85,9 +85,10 @@ def paired_rounds(args: argparse.Namespace, spec: dict | None = None) -> int:
 
 def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
     """Options that apply to some backends only must apply to one of this run's backends, not be ignored."""
-    if args.compile and "torch" not in backends:
-        raise UsageError(f"--compile applies to the torch backend only, and this run has {', '.join(backends)}; "
-                         "drop --compile or add --backend torch")
+    for option, given in (("--compile", args.compile), ("--cuda-graphs", getattr(args, "cuda_graphs", False))):
+        if given and "torch" not in backends:
+            raise UsageError(f"{option} applies to the torch backend only, and this run has {', '.join(backends)}; "
+                             f"drop {option} or add --backend torch")
     if args.precision and not {"torch", "flux"} & set(backends):
         raise UsageError(f"--precision applies to torch and flux only, and this run has {', '.join(backends)}; "
                          "drop --precision")
@@ -147,7 +148,7 @@ def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False)
 
 # options of `harness run` that define what a run computes: on --resume they must match the stored spec
 _RESUME_FIXED = ("size", "config", "set", "data", "device", "seed", "dtype", "steps", "epochs", "eval_interval",
-                 "dropout", "scheme", "backend", "both", "checkpoint_every", "compile", "precision",
+                 "dropout", "scheme", "backend", "both", "checkpoint_every", "compile", "cuda_graphs", "precision",
                  "keep_line_endings", "no_text", "allow_large")
 
 
@@ -198,8 +199,13 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
         differ("--checkpoint-every", spec.get("checkpoint_every") or "no checkpoints")
     if given["dtype"] is not None and any(o.get("dtype", given["dtype"]) != given["dtype"] for o in opts.values()):
         differ("--dtype", {b: o.get("dtype", "default") for b, o in opts.items()})
-    if given["compile"] and not any(o.get("compile") for o in opts.values()):
-        differ("--compile", "no --compile")
+    if given["compile"]:
+        stored_mode = next((o.get("compile") for o in opts.values() if o.get("compile")), None)
+        stored_mode = "default" if stored_mode is True else stored_mode  # a run stored before --compile MODE
+        if stored_mode != given["compile"]:
+            differ(f"--compile {given['compile']}", f"--compile {stored_mode}" if stored_mode else "no --compile")
+    if given["cuda_graphs"] and not any(o.get("cuda_graphs") for o in opts.values()):
+        differ("--cuda-graphs", "no --cuda-graphs")
     if given["precision"] is not None and any(o.get("precision", "fp32") != given["precision"]
                                               for b, o in opts.items() if b in ("torch", "flux")):
         differ("--precision", {b: o.get("precision", "fp32") for b, o in opts.items()})

@@ -13,6 +13,12 @@ What a step time is:
   device is the bottleneck that is the device's time for the step's kernels; when the host is (small models), it
   is the time from queueing the step's first kernel to the end of its last, so host launch overhead counts and the
   harness's own work between steps does not (as on the CPU, where the batch fetch is outside the step).
+
+The flush every FLUSH_EVERY steps does not wait for the device either, where the backend can fetch its losses
+asynchronously (`fetch_losses`, torch on CUDA): it starts the copy of this group's losses and completes the group
+before it, whose copy finished long ago, so a GPU-bound loop never drains its queue for a flush. The losses (and
+a non-finite one) are known one flush later; every other flush (an evaluation, a checkpoint, the end, Ctrl-C)
+completes everything, so a diverged model is never evaluated or checkpointed.
 """
 
 from __future__ import annotations
@@ -141,17 +147,41 @@ class NoSampler:
         """Nothing to read."""
 
 
+@dataclass
+class _Group:
+    """Steps whose losses are on their way to the host: the first step, the step times (or device markers) and
+    the function that waits for the losses (`fetch_losses`), or the losses themselves."""
+
+    first: int
+    times: list
+    result: Callable[[], list[float]]
+
+
+def _fetched(losses_to_floats: Callable[[list], list[float]]) -> Callable[[list], Callable[[], list[float]]]:
+    """A synchronous fetch in the shape of `fetch_losses`: the floats now (one sync), handed out later."""
+    def fetch(losses: list) -> Callable[[], list[float]]:
+        values = losses_to_floats(losses)
+        return lambda: values
+
+    return fetch
+
+
 class StepTimer:
-    """Times every training step (see the module docstring) and keeps its loss until `flush` fetches them all with
-    one synchronisation, at most FLUSH_EVERY steps apart (host floats: at once). `train_s` sums the flushed steps'
-    times."""
+    """Times every training step (see the module docstring) and keeps its loss until a flush fetches them, at most
+    FLUSH_EVERY steps apart (host floats: at once): `flush()` completes every step (one synchronisation),
+    `flush(wait=False)` starts fetching the pending steps and completes the group fetched before. The curves
+    (step, loss, time) grow by whole completed groups, in order. `train_s` sums the completed steps' times."""
 
     def __init__(self, backend: Backend, curves: Curves, first_step: int, bar: tqdm | None, tokens_per_step: int):
         self.backend, self.curves, self.bar, self.tokens_per_step = backend, curves, bar, tokens_per_step
         self.clock = device_clock(backend)
+        fetch = getattr(backend, "fetch_losses", None)
+        self.fetch = fetch if callable(fetch) and self.clock is not None else None
         self.losses: list = []  # losses still on the device
         self.times: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
         self.first = first_step  # the step of losses[0]
+        self.flying: list[_Group] = []  # fetched, not yet completed (at most one after a flush)
+        self.failed: str | None = None
         self.train_s = 0.0
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float, kw: dict) -> Any:
@@ -169,28 +199,40 @@ class StepTimer:
         self.losses.append(loss)
         return loss
 
-    def flush(self) -> str | None:
-        """Fetch the pending losses (and device step times) into the curves; a failure status at the first
-        non-finite loss (the steps before it and the bad one itself are kept for the record)."""
-        if not self.losses:
-            return None
+    def flush(self, wait: bool = True) -> str | None:
+        """Move the pending steps into the curves; a failure status at the first non-finite loss (the steps before
+        it and the bad one itself are kept for the record; nothing after it). `wait=False` (the periodic flush):
+        where the backend fetches asynchronously, start fetching the pending steps and complete only the groups
+        fetched before (their copies are done); else, and with `wait`, complete everything."""
+        if self.losses:
+            fetch = self.fetch if self.fetch is not None and not wait else _fetched(self.backend.losses_to_floats)
+            self.flying.append(_Group(self.first, self.times, fetch(self.losses)))
+            self.first += len(self.losses)
+            self.losses, self.times = [], []
+        keep = 0 if wait or self.fetch is None else 1  # the group just started stays in flight
+        while len(self.flying) > keep and self.failed is None:
+            self._complete(self.flying.pop(0))
+        if self.failed is not None:
+            self.flying.clear()
+        return self.failed
+
+    def _complete(self, group: _Group) -> None:
+        """Append a fetched group to the curves, up to and including a first non-finite loss."""
         curves = self.curves
-        values = self.backend.losses_to_floats(self.losses)  # one synchronisation: every marker is complete
-        times = [t if isinstance(t, float) else self.clock.elapsed_s(*t) for t in self.times[:len(values)]]
-        n_ok, failure = len(values), None
+        values = group.result()  # the copy is complete, and with it every marker recorded before it
+        times = [t if isinstance(t, float) else self.clock.elapsed_s(*t) for t in group.times[:len(values)]]
+        n_ok = len(values)
         for k, v in enumerate(values):
             if not math.isfinite(v):
-                n_ok, failure = k + 1, f"failed: non-finite loss at step {self.first + k}"
+                n_ok, self.failed = k + 1, f"failed: non-finite loss at step {group.first + k}"
                 break
+        curves.step.extend(range(group.first, group.first + n_ok))
         curves.loss.extend(values[:n_ok])
         curves.time_s.extend(times[:n_ok])
         self.train_s += sum(times[:n_ok])
-        del curves.step[len(curves.loss):]
-        self.losses, self.times, self.first = [], [], self.first + len(values)
-        if failure is None and self.bar is not None:  # None: no progress shown, no postfix to format
+        if self.failed is None and self.bar is not None and times:  # None: no progress shown, no postfix to format
             self.bar.set_postfix(loss=f"{values[-1]:.4f}",
                                  tok_s=f"{self.tokens_per_step * len(times) / sum(times):,.0f}", refresh=False)
-        return failure
 
 
 def _evaluate_at(step: int, backend: Backend, eval_sets: dict, curves: Curves, sampler: Sampler | NoSampler,
@@ -217,7 +259,8 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     schedule's rate `harness.core.schedule.learning_rate(config, k)` (nanoGPT's get_lr(k)). Evaluation happens before
     step 0, every `config.eval_interval` steps and after the last step. Per step there is the batch, the rate, one
     timed step (`StepTimer`) and a sampler tick; the contention sampler's chunks (about every half second, and
-    around every evaluation, never per step) go to `curves.chunks`.
+    around every evaluation, never per step) go to `curves.chunks`. The curves grow at flushes (see the module
+    docstring); `opts.on_flush(k)` is called after each, k the steps run so far (the curves may hold fewer).
     """
     opts = opts or LoopOptions()
     sampler = opts.sampler or NoSampler()
@@ -243,7 +286,6 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             lr = learning_rate(config, step)  # the schedule's rate, the same for every backend
             step_masks = masks(step) if masks else None  # drawn outside the timed region
             loss = timer.step(x, y, lr, _NO_KW if step_masks is None else {"masks": step_masks})
-            curves.step.append(step)
             if bar is not None:
                 bar.update(1)
             done = step + 1
@@ -251,9 +293,10 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             if after_step:
                 after_step(done)
             checkpoint = ckpt_every and done % ckpt_every == 0
-            # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
+            # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step, and
+            # the periodic flush does not wait for the device (only the last step and a checkpoint do)
             if isinstance(loss, float) or len(timer.losses) >= FLUSH_EVERY or done == total_steps or checkpoint:
-                failure = timer.flush()
+                failure = timer.flush(wait=isinstance(loss, float) or done == total_steps or bool(checkpoint))
                 if failure:
                     out.status = failure
                     break
@@ -269,7 +312,6 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                 out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
     except (KeyboardInterrupt, Interrupted):
         out.status = timer.flush() or "interrupted"  # keep what was measured
-        del curves.time_s[len(curves.loss):], curves.step[len(curves.loss):]
     finally:
         if bar is not None:
             bar.close()

@@ -278,7 +278,7 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
             session["ready"][child.name] = child.receive(REPLY_TIMEOUT_S * 3)
         pids = [c.proc.pid for c in children]
         for child in children:
-            child.send({"siblings": [p for p in pids if p != child.proc.pid]})
+            child.send({"siblings": [p for p in pids if p != child.proc.pid], "coordinator": os.getpid()})
         steps = {c.name: int(session["ready"][c.name]["next_step"]) for c in children}
         burst = _burst_sizes(p, {c.name: session["ready"][c.name]["step_s"] for c in children})
         session["burst_steps"] = burst

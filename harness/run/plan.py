@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from harness.backends import BackendUnavailable, backend_class, check_names
 from harness.config.fields import Config, check_seed
 from harness.core.data import Corpus, check_fits
 from harness.core.weights import count_parameters
+from harness.environment import nvidia_smi
 from harness.errors import UsageError
 from harness.run import records
 from harness.run.records import RunLock, RunPaths
@@ -94,16 +93,10 @@ def machine_memory() -> tuple[int, int]:
 def gpu_memory() -> tuple[int, int] | None:
     """(total, free) bytes of the GPU a CUDA worker would use (the first visible one), from `nvidia-smi`; None when
     it cannot tell. Asked of nvidia-smi, not of a framework, so that the parent never creates a CUDA context."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    cmd = [smi, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]
-    cmd += [f"--id={visible}"] if visible else []
+    values = nvidia_smi("memory.total,memory.free")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
-        total_mib, free_mib = (int(v) for v in out.strip().splitlines()[0].split(","))
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        total_mib, free_mib = (int(v) for v in values or ())
+    except ValueError:
         return None
     return total_mib * 2**20, free_mib * 2**20
 

@@ -2,10 +2,14 @@
 in the bursts its coordinator (harness.run.paired_timing) asks for: `python -m harness --worker timed RUN_DIR BACKEND
 WARMUP_S`.
 
-The protocol is JSON lines on stdin (from the coordinator: `{"siblings": [pid, ...]}`, `{"burst": n, "start": k}`,
-`{"quit": true}`) and on stdout, prefixed with MARK (to the coordinator: `ready` once warmed up, then per burst its
-step times and its contention chunk); anything else the backend prints on stdout is passed on. Steps are timed
-exactly as `harness run` times them (harness.run.loop.train) on the run's own batches, continuing after the warm-up.
+The protocol is JSON lines on stdin (from the coordinator: `{"siblings": [pid, ...], "coordinator": pid}`,
+`{"burst": n, "start": k}`, `{"quit": true}`) and on stdout, prefixed with MARK (to the coordinator: `ready` once
+warmed up, then per burst its step times and its contention chunk); anything else the backend prints on stdout is
+passed on. Steps are timed exactly as `harness run` times them (harness.run.loop.train) on the run's own batches,
+continuing after the warm-up. A burst ends with the device synchronised (`backend.synchronize()`) before its
+closing reading and its reply, so no work of it is still queued on a GPU when the coordinator starts the next
+contender: two contenders never run on the device at once, and the siblings and the coordinator are not contention
+in the GPU evidence (harness.timing.contention.NvmlProbe).
 """
 
 from __future__ import annotations
@@ -64,11 +68,13 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
         if "siblings" in msg:
             if probe.gpu is not None:
                 probe.gpu.siblings = set(msg["siblings"])
+                probe.gpu.tree_root = msg.get("coordinator")
             continue
         start, n = int(msg["start"]), int(msg["burst"])
         cv = Curves()
         a = probe.snapshot()
         outcome = train(backend, config, stream, {}, cv, start + n, LoopOptions(start_step=start, progress=False))
+        backend.synchronize()  # nothing of this burst left on the device when the next contender starts
         b = probe.snapshot()
         if outcome.status != "completed":
             raise RuntimeError(f"{backend_name}: a timing burst did not complete: {outcome.status}")

@@ -180,11 +180,23 @@ class NvmlProbe:
     """The state of one GPU through NVML (`pynvml`, from the `nvidia-ml-py` package): SM clock, clock-event
     reasons, other compute processes. `nvml` is the module (a stub in tests); `device` an index or a "GPU-..."
     UUID (default: the first of CUDA_VISIBLE_DEVICES, else 0; NVML numbers GPUs in PCI bus order, so set
-    CUDA_DEVICE_ORDER=PCI_BUS_ID for CUDA to number them alike)."""
+    CUDA_DEVICE_ORDER=PCI_BUS_ID for CUDA to number them alike); `proc` the /proc to read (a fake tree in tests).
 
-    def __init__(self, nvml: Any, device: str | int | None = None, pid: int | None = None):
+    Which listed processes are ours (never contention): this process; in a paired timing its `siblings` (the other
+    contenders, which never run at the same time as this one) and every process descended from `tree_root` (the
+    coordinator: the contenders' own children and the coordinator itself, were it to hold a context). NVML lists
+    processes by their pid in the *host's* pid namespace: where that is this process's namespace (a bare machine, a
+    container sharing the host's pids), each listed pid is judged as above ("pid" matching); where it is not (a
+    container with a pid namespace of its own: our own pid is then not in the list), pids cannot be matched and
+    are counted instead: every listed process beyond this one and its siblings is another's ("count" matching; a
+    contender's own child holding a context would then count as another's: none does in this harness)."""
+
+    def __init__(self, nvml: Any, device: str | int | None = None, pid: int | None = None,
+                 proc: str | Path = "/proc"):
         self.nvml, self.pid = nvml, os.getpid() if pid is None else pid
         self.siblings: set[int] = set()  # paired timing: the other contenders' processes (idle, not disturbing)
+        self.tree_root: int | None = None  # paired timing: the coordinator; its descendants are ours
+        self.proc = Path(proc)
         nvml.nvmlInit()
         if device is None:
             device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
@@ -204,10 +216,37 @@ class NvmlProbe:
                 continue
         return None
 
+    def parent(self, pid: int) -> int | None:
+        """The parent of `pid` from /proc/PID/stat (None: gone, or not visible here). The command name (field 2)
+        may hold spaces and parentheses, so the fields are read after its last ')'."""
+        text = _read(self.proc / str(pid) / "stat")
+        if not text or ")" not in text:
+            return None
+        fields = text[text.rindex(")") + 1:].split()
+        try:
+            return int(fields[1])
+        except (IndexError, ValueError):
+            return None
+
+    def ours(self, pid: int) -> bool:
+        """Whether listed process `pid` (in our pid namespace) is this process, a sibling or a descendant of
+        `tree_root` (ancestors followed through /proc, at most 64 generations)."""
+        if pid == self.pid or pid in self.siblings or pid == self.tree_root:
+            return True
+        if self.tree_root is None:
+            return False
+        for _ in range(64):
+            up = self.parent(pid)
+            if up is None or up <= 1:
+                return False
+            if up == self.tree_root or up in self.siblings:
+                return True
+            pid = up
+        return False
+
     def state(self) -> dict:
-        """{"sm_mhz", "reasons" (bit mask), "others" (other compute processes), "own_listed"}; None per item that
-        NVML refuses. `others` counts processes other than this one and its `siblings`; when this process is not in
-        the list (a container's pid namespace hides it), every process but one and the siblings."""
+        """{"sm_mhz", "reasons" (bit mask), "others" (other compute processes), "own_listed", "listed" (every
+        compute process NVML lists), "match" ("pid" or "count", see the class)}; None per item that NVML refuses."""
         nvml, out = self.nvml, {}
         try:
             out["sm_mhz"] = int(nvml.nvmlDeviceGetClockInfo(self.handle, self.sm))
@@ -216,12 +255,13 @@ class NvmlProbe:
         out["reasons"] = self._reasons()
         try:
             pids = [int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)]
-            own = self.pid in pids
-            out["others"] = (len([p for p in pids if p != self.pid and p not in self.siblings]) if own
-                             else max(0, len(pids) - 1 - len(self.siblings)))
-            out["own_listed"] = own
         except Exception:
-            out["others"], out["own_listed"] = None, None
+            out.update(others=None, own_listed=None, listed=None, match=None)
+            return out
+        own = self.pid in pids
+        out["others"] = (sum(1 for p in pids if not self.ours(p)) if own
+                         else max(0, len(pids) - 1 - len(self.siblings)))
+        out.update(own_listed=own, listed=len(pids), match="pid" if own else "count")
         return out
 
 
