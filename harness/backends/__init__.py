@@ -12,6 +12,7 @@ REGISTRY: dict[str, str] = {
     "torch": "harness.backends.torch_backend:TorchBackend",
     "numpy": "harness.backends.numpy_backend:NumpyBackend",
     "flux": "harness.backends.flux:FluxBackend",
+    "jax": "harness.backends.jax_backend:JaxBackend",
 }
 
 __all__ = ["REGISTRY", "Backend", "BackendUnavailable", "backend_class", "check_names", "create_backend"]
