@@ -33,7 +33,7 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-def build(c: dict, plant: str | None):  # noqa: ANN201 (returns jitted functions of jax types)
+def build(c: dict, plant: str | None) -> tuple:
     """The model, its gradients and its AdamW step, as pure functions over a dict of arrays."""
     import jax
     import jax.numpy as jnp
