@@ -191,6 +191,54 @@ def test_a_run_records_compile_s_apart_from_the_first_step(tmp_path: Path) -> No
     assert rec["memory"]["kind"] == "rss" and rec["memory"]["peak_bytes"] > 0
 
 
+# ------------------------------------------------------------------------------------------ CUDA, with stubs
+
+
+def test_cuda_without_the_plugin_or_a_gpu_is_one_line(corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.backends import jax_backend
+    from harness.backends.base import BackendUnavailable
+
+    monkeypatch.setattr(jax_backend, "installed", lambda module: module == "jax")
+    with pytest.raises(BackendUnavailable, match=r"^jax backend: --device cuda needs JAX's CUDA plugin; pip install"):
+        jax_backend.JaxBackend.check_available("cuda")
+    monkeypatch.setattr(jax_backend, "installed", lambda module: True)  # a plugin, but (here) no GPU
+    config = load_config("small")
+    with pytest.raises(BackendUnavailable, match=r"^jax backend: --device cuda but JAX finds no such device \("):
+        jax_backend.JaxBackend().setup(config, init_weights(config, corpus.vocab_size, SEED), corpus.vocab_size,
+                                       "cuda", SEED)
+
+
+def test_cuda_memory_and_description_from_the_device_stats(corpus) -> None:
+    """On CUDA the peak is XLA's allocator peak (a stub device here: no GPU in CI)."""
+    _, jb, _ = setup_pair(corpus, load_config("small").replace(dropout=0.0), dtype="float32")
+
+    class Gpu:
+        platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+        def memory_stats(self) -> dict:
+            return {"peak_bytes_in_use": 123456, "bytes_in_use": 1000, "bytes_limit": 80 * 2**30}
+
+    jb.device, jb.device_type = Gpu(), "cuda"
+    memory = jb.memory()
+    assert memory["kind"] == "device" and memory["peak_bytes"] == 123456 and memory["bytes_limit"] == 80 * 2**30
+    assert memory["rss_peak_bytes"] > 0
+    info = jb.describe()
+    assert info["device"] == "cuda" and info["device_name"] == "NVIDIA H100 80GB HBM3" and info["threads"] is None
+    assert info["matmul_precision"] == "highest"  # full float32 matmuls: no TF32 on the GPU
+
+
+@pytest.mark.parametrize("device, variable, value", [("cpu", "JAX_PLATFORMS", "cpu"),
+                                                     ("cuda", "XLA_PYTHON_CLIENT_PREALLOCATE", "false")])
+def test_the_worker_environment_is_set_before_jax_starts(device: str, variable: str, value: str) -> None:
+    code = (f"import os, sys; from harness.backends.jax_backend import import_jax; jax = import_jax({device!r}, "
+            "'float64'); print(os.environ.get(" + repr(variable) + "), jax.config.jax_enable_x64, "
+            "jax.config.jax_default_matmul_precision)")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [value, "True", "highest"]
+
+
 # ------------------------------------------------------------------------------------------ parity
 
 

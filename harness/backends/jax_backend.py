@@ -243,7 +243,7 @@ class JaxBackend:
         import jaxlib
 
         info = {"framework": "jax", "version": jax.__version__, "jaxlib": jaxlib.__version__,
-                "device": self.device_type, "platform": self.device.platform, "dtype": self.dtype,
+                "device": self.device_type, "platform": self.device.platform, "dtype": self.dtype, "precision": "fp32",
                 "x64": bool(jax.config.jax_enable_x64), "matmul_precision": jax.config.jax_default_matmul_precision,
                 "parity_mode": self.parity, "jit": "one jitted training step, state donated",
                 "adamw": "written out, torch.optim.AdamW semantics (scalars in float64 on the host)",

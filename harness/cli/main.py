@@ -39,7 +39,7 @@ def build_parser() -> Parser:
     add_common(p, f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}; one run each); repeat or "
                "comma-separate (default small)")
     add_schedule(p)
-    add_backend(p, "torch, numpy, flux, or all (every backend that can run here); repeat or comma-separate, "
+    add_backend(p, "torch, numpy, jax, flux, or all (every backend that can run here); repeat or comma-separate, "
                 "e.g. --backend torch,numpy (default torch)")
     p.add_argument("--both", action="store_true", help="same as --backend torch,flux (flux needs Julia: "
                    "`harness setup julia`)")

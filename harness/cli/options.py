@@ -103,7 +103,7 @@ def add_common(p: argparse.ArgumentParser, size_help: str | None = None, per_bac
                    "0 to 2**32-1 (1337)")
     p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
     p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
+                   help="floating type where the backend supports a choice (torch, jax: float32; numpy: float64)")
 
 
 # --- the options every command spells the same way ---------------------------------------------------------------

@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     by the CLI), and the exit statuses in its --help."""
     p.epilog = EXIT_STATUSES
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_backend(p, f"the two backends to compare (torch, numpy, flux), in the order the report names them: "
+    add_backend(p, f"the two backends to compare (torch, numpy, jax, flux), in the order the report names them: "
                 f"--backend torch --backend numpy or --backend torch,numpy ({DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                    help=f"training steps, all of whose losses are compared ({DEFAULT_STEPS})")

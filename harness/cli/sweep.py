@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              "(default small)")
     g.add_argument("--config", "--configs", dest="config", action="append", metavar="FILE[,FILE...]",
                    help="TOML config files as axis values (beside or instead of --size); repeat or comma-separate")
-    add_backend(g, "torch, numpy, flux, or all (every backend that can run here); repeat or comma-separate "
+    add_backend(g, "torch, numpy, jax, flux, or all (every backend that can run here); repeat or comma-separate "
                 "(default torch)")
     g.add_argument("--seed", action="append", type=seed_arg, metavar="S",
                    help="a seed of the seed axis (repeatable); or use --seeds")
