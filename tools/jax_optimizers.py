@@ -47,14 +47,19 @@ def use_optax(backend: Any) -> None:
     def step(state: Any, x: Any, y: Any, scalars: Any, dropout: Any) -> Any:
         p, m, v = state
         lr, t = scalars[0], scalars[1].astype(jnp.int32)  # see `scalars` below: (lr, t, 0)
-        opt = optax.tree_utils.tree_set(tx.init(p), mu=m, nu=v, count=t - 1)
-        opt = optax.tree_utils.tree_set(opt, learning_rate=lr)
+        # the chain's state: (clip's, inject_hyperparams' (count, hyperparams, ..., inner_state = (adam's, decay's,
+        # lr's))); the backend's moments and step count go into adam's, the step's rate into the hyperparameters
+        clip, inject = tx.init(p)
+        adam = inject.inner_state[0]._replace(count=t - 1, mu=m, nu=v)
+        opt = (clip, inject._replace(count=t - 1, hyperparams={**inject.hyperparams, "learning_rate": lr},
+                                     inner_state=(adam, *inject.inner_state[1:])))
         masks = dropout if isinstance(dropout, dict) else jax_gpt.draw_masks(jax.random.fold_in(*dropout), config,
                                                                              *x.shape)
         value, grads = jax.value_and_grad(jax_gpt.loss)(p, x, y, config, masks)
         updates, opt = tx.update(grads, opt, p)
         p = optax.apply_updates(p, updates)
-        return (p, optax.tree_utils.tree_get(opt, "mu"), optax.tree_utils.tree_get(opt, "nu")), value
+        adam = opt[1].inner_state[0]
+        return (p, adam.mu, adam.nu), value
 
     backend._step = jax.jit(step, donate_argnums=0)
     backend._scalars = lambda lr, t: np.asarray([lr, t, 0.0], dtype=backend.dtype)
