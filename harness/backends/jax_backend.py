@@ -113,6 +113,9 @@ class JaxBackend:
         if set(weights) != set(expected):
             raise ValueError(f"jax backend: weights do not match the config: missing "
                              f"{sorted(set(expected) - set(weights))}, extra {sorted(set(weights) - set(expected))}")
+        for name, shape in expected.items():
+            if tuple(np.shape(weights[name])) != shape:
+                raise ValueError(f"jax backend: {name} has shape {tuple(np.shape(weights[name]))}, expected {shape}")
         self.names = list(expected)
         params = {n: self._put(np.asarray(weights[n], dtype=self.dtype)) for n in self.names}
         self.state = (params, jax_gpt.zeros_like(params), jax_gpt.zeros_like(params))
