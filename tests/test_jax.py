@@ -239,6 +239,13 @@ def test_the_worker_environment_is_set_before_jax_starts(device: str, variable: 
     assert proc.stdout.split() == [value, "True", "highest"]
 
 
+def test_doctor_shows_the_jax_version_and_its_devices() -> None:
+    from harness.cli import doctor
+
+    name, status, _ = doctor._jax_row()
+    assert name == "jax" and status.startswith(f"{jax.__version__} (jaxlib ") and "devices: cpu 0" in status, status
+
+
 # ------------------------------------------------------------------------------------------ parity
 
 

@@ -61,3 +61,16 @@ def test_importing_the_harness_never_imports_jax() -> None:
             "sys.exit(f'imported {bad}') if bad else None")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_doctor_row_without_jax_or_with_a_broken_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.backends import jax_backend
+    from harness.cli import doctor
+
+    monkeypatch.setattr(jax_backend, "installed", lambda module: False)
+    assert doctor._jax_row() == ("jax", "not installed",
+                                 "only needed for --backend jax: pip install -e '.[jax]' (or pip install jax)")
+    monkeypatch.setattr(jax_backend, "installed", lambda module: True)
+    monkeypatch.setattr(doctor, "JAX_PROBE", "import sys; sys.exit('RuntimeError: no backend could be initialised')")
+    _, status, fix = doctor._jax_row()
+    assert status == "broken (RuntimeError: no backend could be initialised)" and fix.startswith("reinstall jax")
