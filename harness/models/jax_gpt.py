@@ -100,9 +100,8 @@ def attention(x: jax.Array, p: Params, prefix: str, config: Config, masks: Masks
     """Causal multi-head self-attention of block `prefix`: one fused qkv Linear (rows [q; k; v]), heads, c_proj."""
     qkv = linear(x, p[prefix + "attn.c_attn.weight"], p.get(prefix + "attn.c_attn.bias"))
     q, k, v = (split_heads(t, config.n_head) for t in jnp.split(qkv, 3, axis=-1))
-    att = causal_attention(q, k)
-    probs = att
-    att = dropout(att, masks.get(prefix + "attn.probs"), config.dropout)  # attn_dropout only: the mask exists
+    probs = causal_attention(q, k)
+    att = dropout(probs, masks.get(prefix + "attn.probs"), config.dropout)  # with attn_dropout: the mask exists
     y = merge_heads(att @ v)
     out = linear(y, p[prefix + "attn.c_proj.weight"], p.get(prefix + "attn.c_proj.bias"))
     if taps is not None:  # attn.probs before the probabilities' dropout, attn.y after it
