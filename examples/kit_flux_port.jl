@@ -1,6 +1,6 @@
 # A Flux.jl nanoGPT checked from outside with the conformance kit (docs/kit.md).
 #
-#     harness kit export --size small --steps 5 --out kit/
+#     harness kit export kit/ --size small --steps 5
 #     julia --project=@kit -e 'using Pkg; Pkg.develop(path="julia/NanoGPTFlux"); Pkg.add(["NPZ", "JSON"])'
 #     julia --project=@kit examples/kit_flux_port.jl kit/ kit-results.npz
 #     harness kit check kit/ kit-results.npz
@@ -21,8 +21,12 @@ relayout(name, a) = name in TRANSPOSED ? permutedims(a, (2, 1)) : a
 # Step k's (B, T) 0-based token ids as Flux takes them: (T, B), 1-based.
 tokens(x, k) = permutedims(x[k, :, :], (2, 1)) .+ 1
 
-# Step k's (B, T, C) keep-mask as Flux takes it: (C, T, B).
-flux_mask(m, k) = permutedims(m[k, :, :, :], (3, 2, 1))
+# Step k's keep-mask as Flux takes it, its axes reversed: (B, T, C) -> (C, T, B) and, at the attention
+# probabilities (attn_dropout), (B, H, T_query, T_key) -> NNlib's (T_key, T_query, H, B).
+function flux_mask(m, k)
+    a = selectdim(m, 1, k)
+    return permutedims(a, ndims(a):-1:1)
+end
 
 # An activation tap from NanoGPTFlux.taps in the canonical layout: q, k and v come as NNlib splits the heads,
 # (D, H, T, B) -> (B, H, T, D); every other tap has its axes reversed ((C, T, B) -> (B, T, C), the attention
@@ -33,7 +37,8 @@ canonical_tap(name, a) = any(endswith(name, t) for t in HEAD_TAPS) ?
     permutedims(a, ndims(a):-1:1)
 
 # The manifest's config entries NanoGPTFlux.build reads (besides vocab_size, seed, device and decay),
-# the model options (tied embeddings, GELU form, biases) included.
+# the model options (tied embeddings, GELU form, biases, attention dropout) included; a kit from before
+# an option existed lacks it, and NanoGPTFlux's default is the original model.
 const CONFIG_KEYS = [
     "n_embd",
     "n_head",
@@ -51,6 +56,7 @@ const CONFIG_KEYS = [
     "gelu",
     "bias",
     "lm_head_bias",
+    "attn_dropout",
 ]
 
 """
@@ -66,7 +72,7 @@ function run_kit(kit::AbstractString, out::AbstractString)
     dropout = c["dropout"] > 0
     masks = dropout ? npzread(joinpath(kit, "masks.npz")) : nothing
     masks_at(k) = Dict(key => flux_mask(m, k) for (key, m) in masks)
-    cfg = Dict{String, Any}(key => c[key] for key in CONFIG_KEYS)
+    cfg = Dict{String, Any}(key => c[key] for key in CONFIG_KEYS if haskey(c, key))
     cfg["vocab_size"] = manifest["vocab_size"]
     cfg["seed"] = manifest["seed"]
     cfg["device"] = "cpu"

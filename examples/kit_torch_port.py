@@ -5,9 +5,10 @@ This script is written as a stranger to the harness would write it: it imports o
 the harness or its models) and learns everything from the kit's manifest.json and NPZ files. It follows nanoGPT's
 conventions where the manifest's config asks for them: tied embeddings (one tensor used twice; autograd sums both
 gradients), exact GELU, no biases, and the learning rate of each step computed by nanoGPT's own get_lr formula from
-warmup_steps, decay_steps and min_lr (not read from the kit: the check then tests the port's schedule too).
+warmup_steps, decay_steps and min_lr (not read from the kit: the check then tests the port's schedule too), and
+dropout on the attention probabilities when the kit has their masks (attn_dropout).
 
-    harness kit export --size small --steps 5 --out kit/
+    harness kit export kit/ --size small --steps 5
     python examples/kit_torch_port.py kit/ kit-results.npz --dtype float32
     harness kit check kit/ kit-results.npz
 
@@ -121,6 +122,8 @@ class Port:
         future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=2 if self.plant == "mask-wide" else 1)
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
         taps.update({f"h.{i}.attn.q": q, f"h.{i}.attn.k": k, f"h.{i}.attn.v": v, f"h.{i}.attn.probs": probs})
+        # nanoGPT's attn_dropout (the config's attn_dropout): the kit then has a (B, H, T, T) mask per block
+        probs = self.drop(probs, None if masks is None else masks.get(f"h.{i}.attn.probs"))
         mask = None if masks is None else masks[f"h.{i}.attn"]
         if self.plant == "dropout-on-attn-probs" and mask is not None:
             g = torch.Generator().manual_seed(step)

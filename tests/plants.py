@@ -40,26 +40,30 @@ def _ln_eps() -> Undo:
 def _mask_wide() -> Undo:
     from harness.models import numpy_gpt as g
 
-    def causal_attention_forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    def causal_attention_forward(q: Any, k: Any, v: Any, p: float = 0.0, rng: Any = None,
+                                 keep: Any = None) -> tuple[Any, Any]:
         T, D = q.shape[-2], q.shape[-1]
         scale = 1.0 / math.sqrt(D)
         scores = (q @ k.swapaxes(-1, -2)) * scale
         future = g.xp.triu(g.xp.ones((T, T), dtype=bool), k=2)  # the bug: key t + 1 stays visible
         probs, cache = g.softmax_forward(g.xp.where(future, -g.xp.inf, scores))
-        return probs @ v, (q, k, v, probs, cache, scale)
+        dropped, drop_cache = g.dropout_forward(probs, p, rng, keep)
+        return dropped @ v, (q, k, v, probs, cache, dropped, drop_cache, scale)
     return _patch(g, "causal_attention_forward", causal_attention_forward)
 
 
 def _scale_1_over_d() -> Undo:
     from harness.models import numpy_gpt as g
 
-    def causal_attention_forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    def causal_attention_forward(q: Any, k: Any, v: Any, p: float = 0.0, rng: Any = None,
+                                 keep: Any = None) -> tuple[Any, Any]:
         T, D = q.shape[-2], q.shape[-1]
         scale = 1.0 / D  # the bug: 1/D instead of 1/sqrt(D)
         scores = (q @ k.swapaxes(-1, -2)) * scale
         future = g.xp.triu(g.xp.ones((T, T), dtype=bool), k=1)
         probs, cache = g.softmax_forward(g.xp.where(future, -g.xp.inf, scores))
-        return probs @ v, (q, k, v, probs, cache, scale)
+        dropped, drop_cache = g.dropout_forward(probs, p, rng, keep)
+        return dropped @ v, (q, k, v, probs, cache, dropped, drop_cache, scale)
     return _patch(g, "causal_attention_forward", causal_attention_forward)
 
 

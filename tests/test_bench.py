@@ -82,9 +82,8 @@ def check_result(result: dict, backend: str) -> None:
 
 def test_bench_writes_every_field(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
-    code, stdout, stderr = run_bench(capsys, "--sizes", "small", "--steps", "3", "--warmup", "1", "--repeats", "2",
-                                     "--data", str(text_file), "--out", str(out), "--seed", str(SEED),
-                                     "--threads", "1")
+    code, stdout, stderr = run_bench(capsys, "--sizes", "small", "--timed-steps", "3", "--warmup", "1", "--repeats",
+                                     "2", "--data", str(text_file), "--out", str(out), "--seed", str(SEED))
     assert code == 0, stderr
     doc = only_json(out)
     assert doc["schema"] == bench_overhead.SCHEMA and doc["schema_version"] == bench_overhead.SCHEMA_VERSION
@@ -117,6 +116,31 @@ def test_bench_isolated_and_numpy(tmp_path: Path, text_file: Path, capsys: pytes
         check_result(result, result["backend"])
         assert result["isolated"] is True and result["warmup"] == 0 and result["first_step_s"] > 0
         assert result["memory"]["scope"] == "this configuration's process"
+
+
+def test_threads_caps_each_measured_process(tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """--threads means what it means in `harness run`: the CPU threads of each backend process, capped through its
+    environment (harness.run.processes.thread_env), so every measurement then runs in a process of its own."""
+    from harness.cli import bench
+    from harness.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "--backend", "torch,numpy", "--size", "small", "--threads", "2",
+                                      "--data", str(text_file), "--out", str(tmp_path / "out")])
+    jobs = bench.plan_jobs(args)
+    assert [j.isolated for j in jobs] == [True, True] and {j.threads for j in jobs} == {2}
+    seen = {}
+
+    def fake_run(cmd: list[str], **kwargs: object) -> object:
+        seen.update(kwargs["env"])  # type: ignore[arg-type]
+        return type("Done", (), {"returncode": 1, "stdout": ""})()
+
+    monkeypatch.setattr(bench_overhead.subprocess, "run", fake_run)
+    bench_overhead.measure_isolated(jobs[0])
+    assert {seen[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"2"}
+    unset = build_parser().parse_args(["bench", "--size", "small", "--data", str(text_file), "--out",
+                                       str(tmp_path / "out")])
+    assert [j.isolated for j in bench.plan_jobs(unset)] == [False]  # without it: in this process, as before
 
 
 def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
@@ -168,8 +192,8 @@ BAD = [
     (["--sizes", "small,small"], "twice"),
     (["--backends", "tensorflow"], "unknown backend"),
     (["--backends", "numpy", "--compile"], "torch backend only"),
-    (["--steps", "0"], "--steps"),
-    (["--steps", "many"], "--steps"),
+    (["--timed-steps", "0"], "--timed-steps"),
+    (["--steps", "many"], "--steps"),  # its old spelling
     (["--repeats", "-2"], "--repeats"),
     (["--warmup", "1.5"], "--warmup"),
     (["--device", "tpu"], "--device"),
@@ -363,9 +387,9 @@ def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch,
     for argv, words in ((["--data", str(tmp_path / "nope.txt")], "does not exist"),
                         (["--backend", "torch"], "two backends at one size"),
                         (["--data", str(short)], "too short")):
-        args = ["bench", "--noise", "--backend", "torch,numpy", "--size", "small", "--out", str(out), *argv]
+        args = ["bench", "noise", "--backend", "torch,numpy", "--size", "small", "--out", str(out), *argv]
         if "--backend" in argv:
-            args = ["bench", "--noise", "--size", "small", "--out", str(out), *argv]
+            args = ["bench", "--noise", "--size", "small", "--out", str(out), *argv]  # its old spelling
         assert main(args) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err

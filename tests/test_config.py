@@ -110,17 +110,18 @@ def test_option_defaults_are_the_original_model_and_every_option_reads_from_toml
     from harness.config.presets import preset_path, read_toml
 
     assert OPTION_DEFAULTS == {"tie_embeddings": False, "gelu": "tanh", "bias": True, "lm_head_bias": True,
-                               "decay": "nanogpt", "lr_schedule": "constant", "warmup_steps": 0,
+                               "attn_dropout": False, "decay": "nanogpt", "lr_schedule": "constant", "warmup_steps": 0,
                                "decay_steps": None, "min_lr": 0.0}
     text = preset_path("small").read_text()
     path = tmp_path / "c.toml"
     path.write_text(text.replace("[model]", "[model]\ntie_embeddings = true\ngelu = \"exact\"\nbias = false\n"
-                                 "lm_head_bias = false").replace("[train]", "[train]\ndecay = \"mingpt\"\n"
-                                 "lr_schedule = \"cosine\"\nwarmup_steps = 1\ndecay_steps = 9\nmin_lr = 0.001"))
+                                 "lm_head_bias = false\nattn_dropout = true")
+                    .replace("[train]", "[train]\ndecay = \"mingpt\"\n"
+                             "lr_schedule = \"cosine\"\nwarmup_steps = 1\ndecay_steps = 9\nmin_lr = 0.001"))
     c = read_toml(path)
     assert c.options() == {"tie_embeddings": True, "gelu": "exact", "bias": False, "lm_head_bias": False,
-                           "decay": "mingpt", "lr_schedule": "cosine", "warmup_steps": 1, "decay_steps": 9,
-                           "min_lr": 0.001}
+                           "attn_dropout": True, "decay": "mingpt", "lr_schedule": "cosine", "warmup_steps": 1,
+                           "decay_steps": 9, "min_lr": 0.001}
     path.write_text(text.replace("[model]", "[model]\nsteps = 5"))
     with pytest.raises(UsageError, match=r"unknown key\(s\) steps in \[model\]"):
         read_toml(path)

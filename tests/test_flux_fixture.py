@@ -56,7 +56,7 @@ def test_committed_fixture_is_what_the_generator_writes(fresh: str):
     committed = (TEST_DIR / "fixture.txt").read_text(encoding="utf-8")
     assert not _differences(committed, fresh), (
         "julia/NanoGPTFlux/test/fixture.txt is stale: run `python julia/NanoGPTFlux/test/make_fixture.py`")
-    assert len(committed.encode()) < 120_000  # with the options case (nanoGPT's options): 110 kB
+    assert len(committed.encode()) < 140_000  # with the options and attention-dropout cases: 130 kB
 
 
 def test_stale_fixture_is_caught(fresh: str):
@@ -113,3 +113,38 @@ def test_fixture_options_case(fresh: str):
     np.testing.assert_allclose(rates, learning_rates(config, 2), rtol=1e-12)
     assert scalars["options/lr_1"] != scalars["options/lr_2"]  # a warm-up step, then the peak
     assert not [k for k in arrays if k.startswith("options/") and "lm_head.weight" in k]
+
+
+def test_fixture_attention_dropout_case(fresh: str):
+    """The attention-dropout case: a one-layer model with attn_dropout, its attention keep-mask in NNlib's layout
+    (key, query, head, batch) = the harness's (B, H, T_query, T_key) reversed, which changes the gradients; the
+    oracle's gradients under the masks, and its parameters after two steps with them."""
+    cfg, scalars, arrays = make_fixture.parse(fresh)
+    config = make_fixture.attention_config()
+    assert cfg["attn.attn_dropout"] == "true" and int(cfg["attn.n_layer"]) == config.n_layer == 1
+    T, B, H = make_fixture.T, make_fixture.B, config.n_head
+    mask = arrays["attn/mask/h.0.attn.probs"]
+    assert mask.shape == (T, T, H, B) and set(np.unique(mask)) == {0.0, 1.0}
+    assert not [k for k in arrays if k.startswith("mask/") and k.endswith(".probs")]  # the main case has none
+    weights = make_fixture.tiny_weights(config)
+    for name, a in to_flux(weights).items():
+        np.testing.assert_array_equal(arrays[f"attn/param/{name}"].astype(np.float32), a)
+        for prefix in ("attn/grad_masked", "attn/step1/param", "attn/step2/param"):
+            assert arrays[f"{prefix}/{name}"].shape == a.shape, (prefix, name)
+    # replayed in the oracle from the fixture's own arrays: the recorded gradients need the attention mask
+    from harness.backends.flux_layout import masks_from_flux, tokens_from_flux
+    from harness.models import numpy_gpt
+
+    three = {k[len("mask/"):]: a for k, a in arrays.items() if k.startswith("mask/") and k[5:] in
+             ("emb", "h.0.attn", "h.0.mlp")}
+    masks = masks_from_flux({**three, "h.0.attn.probs": mask})
+    assert masks["h.0.attn.probs"].shape == (B, H, T, T)
+    x, y = tokens_from_flux(arrays["x"]), tokens_from_flux(arrays["y"])
+    params = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+    loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, masks=masks)
+    assert np.isclose(float(loss), scalars["attn/loss_masked"], rtol=1e-11)
+    np.testing.assert_allclose(grads["h.0.attn.c_attn.weight"], arrays["attn/grad_masked/h.0.attn.c_attn.weight"],
+                               rtol=1e-10)
+    without = numpy_gpt.loss_and_gradients(params, x, y, config.replace(attn_dropout=False), masks=masks)[1]
+    assert not np.allclose(without["h.0.attn.c_attn.weight"], arrays["attn/grad_masked/h.0.attn.c_attn.weight"])
+    assert scalars["attn/loss_step_1"] == scalars["attn/loss_masked"]

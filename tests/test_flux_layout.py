@@ -52,9 +52,10 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> tuple[np.ndarray, np.ndarray]:
-    """NNlib.dot_product_attention(q, k, v; mask=causal, nheads) on (d, T, B) arrays: (y, the scores α after the
-    softmax, (kv_len, q_len, nheads, batch))."""
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int, fdrop=None) -> tuple[np.ndarray, np.ndarray]:
+    """NNlib.dot_product_attention(q, k, v; mask=causal, nheads, fdrop) on (d, T, B) arrays: (y, the scores α after
+    the softmax, before `fdrop`, (kv_len, q_len, nheads, batch)); `fdrop` (None: identity) acts on α before the
+    product with v, as NNlib's dot_product_attention_scores applies it."""
     d, T, B = q.shape
     hs = d // nheads
     split = [a.reshape(hs, nheads, T, B, order="F") for a in (q, k, v)]  # split_heads
@@ -67,8 +68,9 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, nheads: int) -> tupl
     scores = scores - scores.max(axis=0, keepdims=True)
     alpha = np.exp(scores)
     alpha /= alpha.sum(axis=0, keepdims=True)
+    dropped = alpha if fdrop is None else fdrop(alpha)
     # x[d, h, i, b] = sum_j alpha[j, i, h, b] * v[d, h, j, b]; join_heads = reshape(x, d, T, B)
-    y = np.einsum("jihb,dhjb->dhib", alpha, vh)
+    y = np.einsum("jihb,dhjb->dhib", dropped, vh)
     return y.reshape(d, T, B, order="F"), alpha
 
 
@@ -77,7 +79,9 @@ def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_
                  taps: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """NanoGPTFlux's GPT(idx, mask[, keeps]) in NumPy (float64): Flux-layout weights, (T, B) 1-based ids -> (V, T, B).
 
-    `keeps`: Flux-layout (C, T, B) keep-masks by site, applied as `apply_dropout` does: x .* keep ./ (1 - p_drop).
+    `keeps`: Flux-layout (C, T, B) keep-masks by site, applied as `apply_dropout` does: x .* keep ./ (1 - p_drop);
+    with "h.{i}.attn.probs" ((T_key, T_query, H, B), NNlib's layout) also on the attention probabilities, as
+    NanoGPTFlux's CausalSelfAttention hands them to dot_product_attention's `fdrop`.
     `taps`: filled as NanoGPTFlux's `taps` fills its Dict (src/taps.jl), in the Flux layout: q, k, v as NNlib splits
     the heads, reshape(a, hs, nh, T, B); the probabilities as NNlib returns α; the rest (features, T, B).
     """
@@ -85,7 +89,7 @@ def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_
     f = {k: np.asarray(v, dtype=np.float64) for k, v in fw.items()}
 
     def drop(x: np.ndarray, site: str) -> np.ndarray:
-        return x if keeps is None else x * keeps[site] / (1 - p_drop)
+        return x if keeps is None or site not in keeps else x * keeps[site] / (1 - p_drop)
 
     T, B = ids_tb.shape
     x = f["wte.weight"][:, ids_tb - 1]  # Embedding: gather columns of the (d, V) table, 1-based ids
@@ -99,7 +103,8 @@ def flux_forward(fw: dict[str, np.ndarray], ids_tb: np.ndarray, n_layer: int, n_
         q, k, v = qkv[:d], qkv[d:2 * d], qkv[2 * d:]  # qkv[1:d], qkv[d+1:2d], qkv[2d+1:3d]
         for name, a in (("q", q), ("k", k), ("v", v)):
             taps[p + "attn." + name] = a.reshape(d // n_head, n_head, T, B, order="F")
-        taps[p + "attn.y"], taps[p + "attn.probs"] = y, _ = _attention(q, k, v, n_head)
+        taps[p + "attn.y"], taps[p + "attn.probs"] = y, _ = _attention(
+            q, k, v, n_head, lambda alpha, site=p + "attn.probs": drop(alpha, site))
         taps[p + "attn.proj"] = a = _dense(f[p + "attn.c_proj.weight"], f[p + "attn.c_proj.bias"], y)
         taps[p + "res1"] = x = x + drop(a, p + "attn")
         taps[p + "ln_2"] = h = _layernorm(f[p + "ln_2.weight"], f[p + "ln_2.bias"], x)
@@ -234,13 +239,50 @@ def test_masks_to_flux_layout():
         masks_to_flux({"emb": masks["emb"], "h.0.mlp": masks["h.0.mlp"][:, :3]})
 
 
-def _masked_case(T: int = 9, B: int = 2):
+def test_masks_to_flux_layout_of_the_attention_probabilities():
+    """The 4-D masks (B, H, T_query, T_key) -> NNlib's (T_key, T_query, H, B): entry [s, t, h, b] is the harness's
+    [b, h, t, s]; back again exactly; the wrong rank or mixed shapes are refused."""
+    from harness.core.masks import dropout_masks
+
+    config = _weights()[0].replace(dropout=0.3, attn_dropout=True, batch_size=3, block_size=7, n_layer=2)
+    masks = dropout_masks(config, 4, 1)
+    fm = masks_to_flux(masks)
+    assert list(fm) == list(masks)
+    H = config.n_head
+    for name in ("h.0.attn.probs", "h.1.attn.probs"):
+        m = fm[name]
+        assert m.shape == (7, 7, H, 3) and m.dtype == np.bool_ and m.flags.f_contiguous, name
+        for s_, t, h, b in ((0, 6, 1, 2), (5, 2, 0, 1), (3, 3, 1, 0)):
+            assert m[s_, t, h, b] == masks[name][b, h, t, s_]
+        np.testing.assert_array_equal(m, masks[name].transpose(3, 2, 1, 0))
+        assert not np.array_equal(m, masks[name].transpose(2, 3, 1, 0))  # query and key are not interchangeable
+    assert fm["emb"].shape == (config.n_embd, 7, 3)  # the activation sites as before
+    back = masks_from_flux(fm)
+    for name, m in masks.items():
+        np.testing.assert_array_equal(back[name], m)
+        assert back[name].flags.c_contiguous
+    with pytest.raises(ValueError, match=r"bool \(B, H, T, T\)"):
+        masks_to_flux({"h.0.attn.probs": masks["emb"]})
+    with pytest.raises(ValueError, match=r"bool \(B, T, C\)"):
+        masks_to_flux({"h.0.attn": masks["h.0.attn.probs"]})
+    with pytest.raises(ValueError, match="shape"):
+        masks_to_flux({"h.0.attn.probs": masks["h.0.attn.probs"], "h.1.attn.probs": masks["h.1.attn.probs"][:2]})
+    with pytest.raises(ValueError, match="unknown dropout mask"):
+        masks_to_flux({"h.0.attn.prob": masks["h.0.attn.probs"]})
+
+
+def _masked_case(T: int = 9, B: int = 2, attn_dropout: bool = False):
     config, w = _weights(n_layer=2)
-    config = config.replace(dropout=0.25)
+    config = config.replace(dropout=0.25, attn_dropout=attn_dropout)
     w = _noisy(w)
     rng = np.random.default_rng(4)
     x = rng.integers(0, VOCAB, size=(B, T))
     masks = _harness_masks(config, B, T)
+    if attn_dropout:  # the attention masks, drawn as the harness draws them (at this T and B)
+        from harness.core.masks import dropout_masks
+
+        drawn = dropout_masks(config.replace(block_size=T, batch_size=B), 6, 0)
+        masks.update({k: m for k, m in drawn.items() if k.endswith(".probs")})
     params = {k: np.asarray(v, dtype=np.float64) for k, v in w.items()}
     expected, _ = numpy_gpt.gpt_forward(params, x, config, masks=masks)
     return config, w, x, masks, expected
@@ -256,10 +298,25 @@ def test_flux_layout_forward_with_masks_matches_oracle():
     assert not np.allclose(got, plain, atol=1e-3)  # the masks matter at this size
 
 
-@pytest.mark.parametrize("wrong", ["reshape", "time_reversed", "sites_swapped", "scaled_by_p"])
+def test_flux_layout_forward_with_attention_masks_matches_oracle():
+    """With attention dropout: the 4-D masks converted by masks_to_flux and applied to NNlib's probabilities (fdrop)
+    give the oracle's logits under the same masks; without them the logits differ."""
+    config, w, x, masks, expected = _masked_case(attn_dropout=True)
+    assert masks["h.1.attn.probs"].shape == (2, config.n_head, 9, 9)
+    got = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head,
+                                        masks_to_flux(masks), config.dropout))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    three = {k: m for k, m in masks.items() if not k.endswith(".probs")}
+    without = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head,
+                                            masks_to_flux(three), config.dropout))
+    assert not np.allclose(without, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("wrong", ["reshape", "time_reversed", "sites_swapped", "scaled_by_p", "query_key_swapped",
+                                   "probs_reshaped"])
 def test_flux_layout_forward_with_wrong_masks_fails(wrong):
-    """A wrong conversion (or wrong scaling) of the same masks is caught by the check above."""
-    config, w, x, masks, expected = _masked_case()
+    """A wrong conversion (or wrong scaling) of the same masks is caught by the checks above."""
+    config, w, x, masks, expected = _masked_case(attn_dropout=wrong in ("query_key_swapped", "probs_reshaped"))
     fm = masks_to_flux(masks)
     p_drop = config.dropout
     if wrong == "reshape":  # the same bits in the Flux shape, without the transpose
@@ -270,6 +327,10 @@ def test_flux_layout_forward_with_wrong_masks_fails(wrong):
         fm = {**fm, "h.0.attn": fm["h.0.mlp"], "h.0.mlp": fm["h.0.attn"]}
     elif wrong == "scaled_by_p":
         p_drop = 1 - config.dropout  # x * keep / p instead of / (1 - p)
+    elif wrong == "query_key_swapped":  # (T_query, T_key, H, B): the key and query axes exchanged
+        fm = {**fm, **{k: np.asfortranarray(m.transpose(2, 3, 1, 0)) for k, m in masks.items() if k.endswith("probs")}}
+    elif wrong == "probs_reshaped":  # the same bits in NNlib's shape, without the permutation
+        fm = {**fm, **{k: np.asfortranarray(m.reshape(fm[k].shape)) for k, m in masks.items() if k.endswith("probs")}}
     got = logits_from_flux(flux_forward(to_flux(w), tokens_to_flux(x), config.n_layer, config.n_head, fm, p_drop))
     assert not np.allclose(got, expected, rtol=0, atol=1e-6)
 

@@ -115,6 +115,20 @@ BRIDGE_SCRIPT = textwrap.dedent("""
     for k in w:
         assert np.abs(gm[k] - ref[k]).max() <= 1e-4 * np.abs(ref[k]).max() + 1e-8, k
     assert bd.train_step(x, y, 1e-2, masks) > 0 and int(bd.state_dict()["adam_t"]) == 1
+
+    # attention dropout: the harness's masks with the attention probabilities' (B, H, T, T) through masks_to_flux
+    from harness.core.masks import dropout_masks
+    cfg_a = cfg_d.replace(attn_dropout=True, batch_size=4)
+    masks_a = dropout_masks(cfg_a, 5, 0)
+    assert masks_a["h.1.attn.probs"].shape == (4, cfg_a.n_head, 64, 64)
+    _, ref = numpy_gpt.loss_and_gradients({k: v.astype(np.float64) for k, v in w.items()}, x, y, cfg_a,
+                                          masks=masks_a)
+    ba = FluxBackend()
+    ba.setup(cfg_a, w, V, "cpu", 0)
+    ga = ba.gradients(x, y, masks_a)
+    for k in w:
+        assert np.abs(ga[k] - ref[k]).max() <= 1e-4 * np.abs(ref[k]).max() + 1e-8, k
+    assert ba.train_step(x, y, 1e-2) > 0  # its own dropout, on the probabilities too
     print("bridge ok", losses[0], losses[-1], info["compile_time_s"])
 """)
 

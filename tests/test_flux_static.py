@@ -124,8 +124,24 @@ def test_bridge_hands_masks_to_julia():
         m = re.search(rf"^function {re.escape(name)}\((.*?)\n\)", src, re.S | re.M)
         assert m, name
         assert m.group(1).rstrip().rstrip(",").endswith("masks::Union{Nothing, AbstractDict} = nothing"), name
-    # the Julia model's mask sites are the harness's: "emb", "h.{i}.attn", "h.{i}.mlp" (i from 0)
-    assert '"emb"' in src and '"h.$(i - 1).$(site)"' in src and 'site in ("attn", "mlp")' in src
+    # the Julia model's mask sites are the harness's: "emb", "h.{i}.attn", "h.{i}.mlp" (i from 0), and with
+    # attention dropout "h.{i}.attn.probs" in NNlib's (key, query, head, batch) layout
+    assert '"emb"' in src and '"h.$(i - 1).$(site)"' in src
+    assert 'sites = probs ? ("attn.probs", "attn", "mlp") : ("attn", "mlp")' in src
+    assert 'keep("h.$(i - 1).attn.probs", (T, T, c.n_head, B))' in src
+
+
+def test_julia_attention_dropout_is_nnlibs_fdrop():
+    """The attention dropout sits where NNlib's dot_product_attention applies `fdrop` (after the softmax, before the
+    product with v): the model hands it the layer's own dropout or the harness's keep-mask, with p = 0 when the
+    option is off; the bridge passes the option."""
+    src = _julia_source()
+    assert "fdrop = α -> apply_dropout(a.attn_drop, α, keep_probs)" in src
+    assert "drop(c.attn_dropout ? c.dropout : 0.0)" in src
+    assert 'cfg_value(cfg, "attn_dropout", Bool, false)' in src
+    assert "b.attn.attn_drop.active = active" in src  # set_dropout! switches it with the others
+    bridge = (ROOT / "harness" / "backends" / "flux.py").read_text(encoding="utf-8")
+    assert '"attn_dropout": bool(config.attn_dropout)' in bridge
 
 
 def test_julia_uses_its_own_adamw_and_the_native_cuda_rng():

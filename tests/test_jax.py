@@ -5,7 +5,6 @@ The refusal without JAX: tests/test_jax_missing.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +20,8 @@ from harness.config.load import load_config
 from harness.core.masks import dropout_masks
 from harness.core.weights import init_weights
 from harness.parity import compare
+from harness.parity.result import ParityResult
+from harness.parity.tolerances import default_tolerances
 
 jax = pytest.importorskip("jax")
 
@@ -69,6 +70,7 @@ OPTIONS = {  # option: (config changes, n_layer)
     "default": ({}, 2),
     "nanogpt": ({"tie_embeddings": True, "gelu": "exact", "bias": False, "lm_head_bias": False}, 1),
     "mingpt-decay": ({"decay": "mingpt", "lm_head_bias": False}, 1),
+    "attn-dropout": ({"attn_dropout": True}, 1),  # masks on the attention probabilities too
 }
 
 
@@ -120,31 +122,25 @@ def test_the_float32_backend_computes_in_float32_and_generation_pads_the_context
     assert all(v.dtype == np.float32 for k, v in state.items() if k.startswith(("param/", "adam_m/", "adam_v/")))
 
 
-@dataclasses.dataclass(frozen=True)
-class WithAttnDropout(Config):
-    """A config with attention-probability dropout (the field `attn_dropout`, whether or not Config has it yet)."""
-
-    attn_dropout: bool = True
-
-
 def test_attention_probability_dropout_is_applied_as_att_times_keep_over_1_minus_p(corpus) -> None:
+    """att = softmax(scores); att = att * keep / (1 - p); y = att @ v: the probabilities tapped before the dropout,
+    y after it; JAX's own dropout draws a mask at the harness's sites, the attention probabilities' included."""
+    from harness.core.masks import mask_shapes
     from harness.models import jax_gpt
 
-    base = load_config("small").replace(dropout=0.25)
-    config = WithAttnDropout(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
-                                "attn_dropout": True})
+    config = load_config("small").replace(dropout=0.25, attn_dropout=True, batch_size=2)
     B, T, H = 2, config.block_size, config.n_head
-    sites = jax_gpt.dropout_sites(config, B, T)
-    assert list(sites) == ["emb", "h.0.attn.probs", "h.0.attn", "h.0.mlp"] and sites["h.0.attn.probs"] == (B, H, T, T)
-    assert "h.0.attn.probs" not in jax_gpt.dropout_sites(base, B, T)  # only with attn_dropout
-    assert set(jax_gpt.draw_masks(jax.random.PRNGKey(0), config, B, T)) == set(sites)  # JAX's own dropout, too
+    sites = mask_shapes(config)
+    assert sites["h.0.attn.probs"] == (B, H, T, T)
+    drawn = jax_gpt.draw_masks(jax.random.PRNGKey(0), sites, config.dropout)
+    assert {k: v.shape for k, v in drawn.items()} == sites
     p = {n: jax.numpy.asarray(w, dtype="float64") for n, w in init_weights(config, corpus.vocab_size, SEED).items()}
     x = jax.numpy.asarray(np.arange(B * T).reshape(B, T) % corpus.vocab_size)
     keep = np.random.default_rng(1).random((B, H, T, T)) >= 0.25
     taps: dict = {}
     jax_gpt.forward(p, x, config, {"h.0.attn.probs": jax.numpy.asarray(keep)}, taps)
     probs, v = np.asarray(taps["h.0.attn.probs"]), np.asarray(taps["h.0.attn.v"])
-    y = (probs * keep / 0.75) @ v  # the probabilities before dropout, y after it
+    y = (probs * keep / 0.75) @ v
     np.testing.assert_allclose(np.asarray(taps["h.0.attn.y"]), y.transpose(0, 2, 1, 3).reshape(B, T, -1),
                                rtol=1e-12, atol=1e-15)
     untouched: dict = {}
@@ -271,7 +267,7 @@ def test_parity_torch_jax_passes_end_to_end(tmp_path: Path) -> None:
 _REFERENCE: dict = {}
 
 
-def planted(corpus, monkeypatch: pytest.MonkeyPatch, steps: int, **replace: object) -> compare.ParityResult:
+def planted(corpus, monkeypatch: pytest.MonkeyPatch, steps: int, **replace: object) -> ParityResult:
     """`harness parity --backend jax,numpy` in process (harness.run.probe, the worker's code), small, float32, with
     harness.models.jax_gpt's functions replaced as given: `steps` optimizer steps re-synchronised, or with steps 0
     the step-0 checks alone (taps, logits, gradients: nothing is trained)."""
@@ -284,7 +280,7 @@ def planted(corpus, monkeypatch: pytest.MonkeyPatch, steps: int, **replace: obje
     config = load_config("small").replace(dropout=0.0, steps=max(steps, 1))
     for name, value in replace.items():
         monkeypatch.setattr(jax_gpt, name, value)
-    tol = compare.default_tolerances("float32/float64", "small")
+    tol = default_tolerances("float32/float64", "small")
     if not steps:
         stream = BatchStream(corpus.train, config.block_size, config.batch_size, SEED, config.scheme)
         probes = []
@@ -343,8 +339,8 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from harness.cli.main import main
 
     out = tmp_path_factory.mktemp("kit") / "kit"
-    assert main(["kit", "export", "--data", str(data_path()), "--out", str(out), "--size", "small", "--steps", "3",
-                 "--dropout", "0.2"]) == 0
+    assert main(["kit", "export", str(out), "--data", str(data_path()), "--size", "small", "--steps", "3",
+                 "--dropout", "0.2", "--set", "attn_dropout=true"]) == 0
     return out
 
 

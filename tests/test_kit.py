@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 
 
 def export(out: Path, *args: str) -> Path:
-    code = main(["kit", "export", "--data", str(data_path()), "--out", str(out), *args])
+    code = main(["kit", "export", str(out), "--data", str(data_path()), *args])
     assert code == 0
     return out
 
@@ -41,6 +41,13 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def kit_drop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export(tmp_path_factory.mktemp("kit") / "kit-drop", "--size", "small", "--steps", "3", "--dropout", "0.2")
+
+
+@pytest.fixture(scope="module")
+def kit_attn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kit with nanoGPT's fourth dropout site: masks for the attention probabilities too."""
+    return export(tmp_path_factory.mktemp("kit") / "kit-attn", "--size", "small", "--steps", "3", "--dropout", "0.2",
+                  "--set", "attn_dropout=true")
 
 
 def run_port(kit: Path, out: Path, *args: str) -> Path:
@@ -118,6 +125,54 @@ def test_dropout_kit_holds_the_harness_masks(kit_drop: Path) -> None:
     assert manifest["files"]["masks.npz"]["arrays"]["emb"]["flux_per_step_shape"] == [16, 64, 16]
     with np.load(kit_drop / "expected.npz") as f:
         assert "dropout_grad/lm_head.weight" in f.files
+
+
+def test_attention_dropout_kit_holds_the_attention_masks(kit_attn: Path) -> None:
+    """attn_dropout: masks.npz also holds h.i.attn.probs, (steps, B, H, T, T), the parity engine's masks; the
+    manifest names them, their shape, axes and NNlib layout, and says where they act."""
+    from harness.config.load import load_config
+    from harness.core.masks import dropout_masks
+    from harness.kit.schema import validate_manifest
+
+    manifest = json.loads((kit_attn / "manifest.json").read_text())
+    validate_manifest(manifest, kit_attn / "manifest.json")
+    assert manifest["config"]["attn_dropout"] is True and manifest["model_options"]["attn_dropout"] is True
+    config = load_config("small").replace(dropout=0.2, steps=3, attn_dropout=True)
+    with np.load(kit_attn / "masks.npz") as f:
+        assert sorted(f.files) == ["emb", "h.0.attn", "h.0.attn.probs", "h.0.mlp"]
+        assert f["h.0.attn.probs"].shape == (3, 16, 2, 64, 64) and f["h.0.attn.probs"].dtype == np.bool_
+        assert f["emb"].shape == (3, 16, 64, 16)
+        for k in range(3):
+            for key, mask in dropout_masks(config, 1337, k).items():
+                assert np.array_equal(f[key][k], mask)
+    arrays = manifest["files"]["masks.npz"]["arrays"]
+    probs = arrays["h.0.attn.probs"]
+    assert probs["shape"] == [3, 16, 2, 64, 64] and probs["dtype"] == "bool"
+    assert probs["axes"] == ["step", "batch", "head", "query", "key"]
+    assert probs["flux_per_step_shape"] == [64, 64, 2, 16] and "T_key, T_query, H, B" in probs["flux"]
+    assert arrays["emb"]["axes"] == ["step", "batch", "time", "embd"]  # the other sites as before
+    assert "h.i.attn.probs" in manifest["training"]["dropout"]
+    assert "dropout on the attention probabilities (after the softmax" in manifest["model"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_outside_port_is_green_with_attention_dropout(dtype: str, kit_attn: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """examples/kit_torch_port.py applies the attention masks as nanoGPT does: `harness kit check` passes."""
+    results = run_port(kit_attn, tmp_path / "results.npz", "--dtype", dtype)
+    code, out, _ = check(capsys, kit_attn, results)
+    assert code == 0, out
+    assert out.count(" ok ") == 7 and "PASS: the port agrees with the oracle" in out
+
+
+def test_a_port_without_attention_dropout_fails_an_attention_kit(kit_attn: Path, kit_drop: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """The three-site kit's results (the same weights, batches and other masks) do not pass the attention kit: the
+    attention masks change the dropout gradients and the training."""
+    results = run_port(kit_drop, tmp_path / "results.npz", "--dtype", "float64")
+    code, out, _ = check(capsys, kit_attn, results)
+    assert code == 1 and "FAIL" in out, out
+    assert "dropout masks" in out
 
 
 @pytest.mark.parametrize("args, message", [

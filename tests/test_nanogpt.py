@@ -23,7 +23,9 @@ from harness.config.presets import PRESETS
 from harness.core.schedule import effective_rate, learning_rate, learning_rates
 from harness.core.weights import count_parameters, decays, init_weights, param_shapes
 from harness.errors import UsageError
-from harness.parity import compare
+from harness.parity.compare import compare
+from harness.parity.options import diagnose_schedule, diagnose_tying
+from harness.parity.tolerances import default_tolerances, precision_pair
 
 torch = pytest.importorskip("torch")
 
@@ -198,9 +200,11 @@ def test_presets_are_listed_and_the_recipes_are_nanogpts(capsys: pytest.CaptureF
     assert main(["sizes"]) == 0
     table = capsys.readouterr().out
     assert all(name in table for name in PRESETS) and "cosine to 0.0001" in table
+    row = next(line for line in table.splitlines() if line.startswith("attention dropout"))
+    assert row.split()[2:] == ["no", "no", "no", "yes", "yes"]  # nanoGPT's recipes drop attention probabilities
     cpu, gpu = load_config("nanogpt-cpu"), load_config("nanogpt-shakespeare-char")
     for c in (cpu, gpu):
-        assert c.options() == {**NANOGPT, "lr_schedule": "cosine", "warmup_steps": 100,
+        assert c.options() == {**NANOGPT, "attn_dropout": True, "lr_schedule": "cosine", "warmup_steps": 100,
                                "decay_steps": c.steps, "min_lr": 1e-4}
         assert (c.learning_rate, c.beta2, c.weight_decay, c.grad_clip, c.scheme) == (1e-3, 0.99, 0.1, 1.0, "random")
         assert c.d_hidden == 4 * c.n_embd and c.eval_interval == 250
@@ -418,16 +422,16 @@ def test_planted_bug_fails_parity_naming_the_cause(bug: str, monkeypatch: pytest
 
     how, dtype, line, cause = PLANTS[bug]
     c = load_config("small").replace(dropout=0.0, steps=STEPS, **NANOGPT, **COSINE)
-    tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), None)
+    tol = default_tolerances(precision_pair(dtype, "float64"), None)
     if dtype not in _CORRECT:
         _CORRECT[dtype] = probe_run(TorchBackend(dtype=dtype, parity=True), c), probe_run(NumpyBackend(), c)
     (probe_t, loss_t), (probe_n, loss_n) = _CORRECT[dtype]
-    assert compare.compare(probe_t, probe_n, loss_t, loss_n, tol, config=c).passed  # correct backends agree
+    assert compare(probe_t, probe_n, loss_t, loss_n, tol, config=c).passed  # correct backends agree
     if how == "tie":
         no_tied_sum(monkeypatch)
     plant = {"tie": None, "gelu": tanh_gelu}[how] if isinstance(how, str) else wrong_rate(how)
     probe_n, loss_n = probe_run(NumpyBackend(), c, plant)
-    result = compare.compare(probe_t, probe_n, loss_t, loss_n, tol, backends=("torch", "numpy"), config=c)
+    result = compare(probe_t, probe_n, loss_t, loss_n, tol, backends=("torch", "numpy"), config=c)
     assert not result.passed
     (first,) = [f for f in result.failures if f.startswith(line)]
     assert cause in first, first
@@ -445,27 +449,27 @@ def test_option_diagnoses_on_synthetic_quantities() -> None:
     c = load_config("small").replace(steps=8, **COSINE)
     lr = {k: learning_rate(c, k - 1) for k in range(1, 8)}  # optimizer step k used get_lr(k - 1)
     ahead = {k: (learning_rate(c, k) / lr[k], lr[k] / learning_rate(c, k)) for k in range(1, 4)}
-    text = compare.diagnose_schedule(ahead, c, ("torch", "numpy"))
+    text = diagnose_schedule(ahead, c, ("torch", "numpy"))
     assert "warm-up is off by one step: it used the rate of the next step" in text
     assert "from optimizer step 1 on numpy stepped with other rates than the schedule (step 1: 0.006667, not " \
            "0.003333" in text
     zero = c.replace(min_lr=0.0)  # now the first backend decays to 0
     to_zero = {k: (lr[k] / learning_rate(zero, k - 1), learning_rate(zero, k - 1) / lr[k]) for k in range(1, 7)}
     assert "the cosine decays to 0 instead of min_lr = 0.001; from optimizer step 4 on torch stepped" in \
-        compare.diagnose_schedule(to_zero, c, ("torch", "numpy"))
-    assert compare.diagnose_schedule({k: (1.0, 1.0) for k in range(1, 8)}, c) is None  # both follow the schedule
-    assert compare.diagnose_schedule({1: (2.0, 0.5)}, load_config("small")) is None  # a plain factor: not a schedule
+        diagnose_schedule(to_zero, c, ("torch", "numpy"))
+    assert diagnose_schedule({k: (1.0, 1.0) for k in range(1, 8)}, c) is None  # both follow the schedule
+    assert diagnose_schedule({1: (2.0, 0.5)}, load_config("small")) is None  # a plain factor: not a schedule
     rng = np.random.default_rng(0)
     x = np.array([[0, 1, 2]])
     ga = {"wte.weight": rng.standard_normal((5, 3)), "h.0.ln_1.weight": rng.standard_normal(3)}
     head_only = dict(ga, **{"wte.weight": ga["wte.weight"] + np.pad(np.ones((3, 3)), ((0, 2), (0, 0)))})
-    assert "the embedding lookup's part is missing" in compare.diagnose_tying(ga, head_only, x, 1e-6)
-    assert "the output layer's part is missing" in compare.diagnose_tying(ga, dict(ga, **{"wte.weight": 0 * ga[
+    assert "the embedding lookup's part is missing" in diagnose_tying(ga, head_only, x, 1e-6)
+    assert "the output layer's part is missing" in diagnose_tying(ga, dict(ga, **{"wte.weight": 0 * ga[
         "wte.weight"]}), x, 1e-6)
     untied = dict(ga, **{"lm_head.weight": np.zeros((5, 3))})
-    assert compare.diagnose_tying(untied, dict(untied, **{"wte.weight": 0 * ga["wte.weight"]}), x, 1e-6) is None
+    assert diagnose_tying(untied, dict(untied, **{"wte.weight": 0 * ga["wte.weight"]}), x, 1e-6) is None
     both = dict(head_only, **{"h.0.ln_1.weight": 2 * ga["h.0.ln_1.weight"]})
-    assert compare.diagnose_tying(ga, both, x, 1e-6) is None  # not only the shared matrix: another cause
+    assert diagnose_tying(ga, both, x, 1e-6) is None  # not only the shared matrix: another cause
 
 
 # ------------------------------------------------------------------------------------------ the conformance kit
@@ -507,7 +511,7 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
 
     manifest = json.loads((nanogpt_kit / "manifest.json").read_text())
     c = config_from_dict(manifest["config"], "manifest")
-    assert manifest["model_options"] == {**NANOGPT, "mlp_hidden": 64}
+    assert manifest["model_options"] == {**NANOGPT, "attn_dropout": False, "mlp_hidden": 64}
     # nanoGPT's get_lr(it) written out for KIT_SETS on small (learning_rate 0.01): warm-up lr * (it + 1) / (2 + 1),
     # then min_lr + 0.5 (1 + cos(pi (it - 2) / (5 - 2))) (lr - min_lr), min_lr at it = lr_decay_iters = 5
     get_lr = [0.01 / 3, 0.02 / 3, 0.01, 0.001 + 0.75 * 0.009, 0.001 + 0.25 * 0.009, 0.001]

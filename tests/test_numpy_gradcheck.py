@@ -71,9 +71,11 @@ def _cpu() -> None:
 # ------------------------------------------------------------------------------------------ whole model
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_model_gradients_match_finite_differences(dropout: float) -> None:
-    config = tiny_config(dropout)
+def check_model_gradients(config: Config, rng_seed: int | None = None,
+                          masks: dict[str, np.ndarray] | None = None) -> float:
+    """The whole model's gradients against central differences of its loss, every entry of every parameter; the
+    dropout masks fixed: drawn from a fresh generator seeded `rng_seed` at every evaluation, or `masks` given.
+    Returns the worst per-parameter relative error (each must be <= 1e-6)."""
     params = tiny_params(config)
     data = np.random.default_rng(0)
     x = data.integers(0, VOCAB, (2, 6))
@@ -81,13 +83,13 @@ def test_model_gradients_match_finite_differences(dropout: float) -> None:
 
     def rng() -> np.random.Generator | None:
         # a fresh generator with one seed per evaluation: the same dropout masks every time
-        return np.random.default_rng(7) if dropout else None
+        return None if rng_seed is None else np.random.default_rng(rng_seed)
 
-    _, grads = ng.loss_and_gradients(params, x, y, config, rng())
+    _, grads = ng.loss_and_gradients(params, x, y, config, rng(), masks)
     assert set(grads) == set(params)
 
     def loss() -> float:
-        return float(ng.loss_only(params, x, y, config, rng()))
+        return float(ng.loss_only(params, x, y, config, rng(), masks))
 
     worst = 0.0
     for name, p in params.items():
@@ -102,7 +104,45 @@ def test_model_gradients_match_finite_differences(dropout: float) -> None:
         err = rel_err(grads[name], num)
         worst = max(worst, err)
         assert err <= 1e-6, f"{name}: relative error {err:.2e}"
+    return worst
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_model_gradients_match_finite_differences(dropout: float) -> None:
+    worst = check_model_gradients(tiny_config(dropout), 7 if dropout else None)
     print(f"dropout={dropout}: worst per-parameter relative error {worst:.2e}")
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["harness-masks", "own-rng"])
+def test_model_gradients_with_attention_dropout_match_finite_differences(given: bool) -> None:
+    """nanoGPT's fourth dropout site, on the attention probabilities: the backward through it (d probs = d dropped
+    * keep / (1 - p), then the softmax backward) matches finite differences, with the harness's masks (parity) and
+    with the oracle's own generator."""
+    from harness.core.masks import dropout_masks
+
+    config = tiny_config(0.3).replace(attn_dropout=True)
+    masks = dropout_masks(config, 5, 0) if given else None
+    if given:
+        assert masks["h.1.attn.probs"].shape == (2, 2, 6, 6) and not masks["h.1.attn.probs"].all()
+    worst = check_model_gradients(config, None if given else 7, masks)
+    print(f"attention dropout ({'masks given' if given else 'own rng'}): worst relative error {worst:.2e}")
+
+
+def test_attention_dropout_changes_the_gradient() -> None:
+    """The attention-probability masks do enter the loss and the gradient (the test above is not vacuous), and
+    without attn_dropout they are not applied."""
+    from harness.core.masks import dropout_masks
+
+    config = tiny_config(0.3).replace(attn_dropout=True)
+    params = tiny_params(config)
+    x = np.random.default_rng(0).integers(0, VOCAB, (2, 6))
+    masks = dropout_masks(config, 5, 0)
+    three = {k: m for k, m in masks.items() if not k.endswith(".probs")}
+    g_all = ng.loss_and_gradients(params, x, x, config, masks=masks)[1]
+    g_three = ng.loss_and_gradients(params, x, x, config.replace(attn_dropout=False), masks=three)[1]
+    assert rel_err(g_all["h.0.attn.c_attn.weight"], g_three["h.0.attn.c_attn.weight"]) > 1e-3
+    g_off = ng.loss_and_gradients(params, x, x, config.replace(attn_dropout=False), masks=masks)[1]
+    assert all(np.array_equal(g_off[k], g_three[k]) for k in g_off)  # option off: the probs masks are not read
 
 
 def test_dropout_changes_the_gradient() -> None:
@@ -163,6 +203,24 @@ def test_causal_attention_core_backward() -> None:
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((2, 2, 5, 3)) for _ in range(3))
     check_layer(ng.causal_attention_forward, ng.causal_attention_backward, [q, k, v])
+
+
+def test_causal_attention_core_backward_with_dropout_on_the_probabilities() -> None:
+    """The core with a given keep-mask on the probabilities (deterministic), and with p = 0 the plain core."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 2, 5, 3)) for _ in range(3))
+    keep = rng.random((2, 2, 5, 5)) >= 0.3
+
+    def forward(q, k, v):
+        return ng.causal_attention_forward(q, k, v, 0.3, None, keep)
+
+    check_layer(forward, ng.causal_attention_backward, [q, k, v])
+    out, cache = forward(q, k, v)
+    probs, dropped = cache[3], cache[5]
+    np.testing.assert_allclose(dropped, probs * keep / 0.7, rtol=1e-15)  # probs * keep / (1 - p)
+    np.testing.assert_allclose(out, dropped @ v, rtol=1e-15)
+    plain, _ = ng.causal_attention_forward(q, k, v)
+    np.testing.assert_array_equal(ng.causal_attention_forward(q, k, v, 0.3, None)[0], plain)  # no rng, no mask
 
 
 def test_attention_layer_backward() -> None:

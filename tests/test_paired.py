@@ -118,7 +118,7 @@ def test_a_run_of_two_backends_times_them_side_by_side_and_resume_adds_a_session
     assert "paired timing:" in result.stderr and "faster than" in result.stderr
     before = len(rounds)
     # resume: a record that holds its rounds gets no new session; one that lacks them gets one, appended
-    res = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report", "--paired-rounds", "3")
+    res = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report", "--paired-rounds", "3")
     assert res.returncode == 0, res.stderr
     again = json.loads((run / "paired.json").read_text())
     assert len(again["sessions"]) == 2 and again["sessions"][0]["rounds"] == rounds  # never replaced by less

@@ -17,16 +17,13 @@ from conftest import data_path
 from harness.cli import parity
 from harness.cli.main import main
 from harness.core.taps import tap_names
-from harness.parity import compare as parity_compare
-from harness.parity.compare import (
-    DEFAULT_TOLERANCES,
-    Tolerances,
-    compare,
-    default_tolerances,
-    loss_deviation,
-    max_abs_diff,
-    relative_error,
-)
+from harness.errors import UsageError
+from harness.parity.compare import compare
+from harness.parity.numeric import loss_deviation, max_abs_diff, relative_error
+from harness.parity.record import EXIT_CRASH
+from harness.parity.result import ParityResult
+from harness.parity.states import opt_state
+from harness.parity.tolerances import DEFAULT_TOLERANCES, TOL_KEYS, Tolerances, default_tolerances, precision_pair
 from tests import plants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +85,7 @@ def test_loss_deviation_peak_and_curve() -> None:
 
 
 def test_step_loss_row_value_and_worst_name_the_same_step() -> None:
-    r = parity_compare.ParityResult(backends=("a", "b"), tolerances=LOOSE, step_loss_abs_dev=[1e-6, math.nan, 0.5, 0.1])
+    r = ParityResult(backends=("a", "b"), tolerances=LOOSE, step_loss_abs_dev=[1e-6, math.nan, 0.5, 0.1])
     (row,) = [x for x in r.rows() if x["depth"] == "step_loss"]
     assert math.isnan(row["value"]) and row["worst"] == "step 2 of 4"  # the NaN, not the largest finite (step 3)
     r.step_loss_abs_dev = [1e-6, 0.5, 0.1]
@@ -109,7 +106,7 @@ def test_state_at_reads_a_probe_state_as_a_state_dict() -> None:
     assert sorted(s1) == ["adam_m/w", "adam_t", "adam_v/w", "param/w"] and int(s1["adam_t"]) == 1
     assert s1["param/w"] is w1 and s1["adam_m/w"] is m1 and s1["adam_v/w"] is v1
     assert state_at({**p, "opt/1/adam_t": np.array(7)}, 1)["adam_t"] == 7 and state_at(p, 2) == {}
-    assert parity_compare.opt_state(p, 1)["adam_m"]["w"].dtype == np.float64
+    assert opt_state(p, 1)["adam_m"]["w"].dtype == np.float64
 
 
 def test_compare_identical_passes_with_zero_tolerance() -> None:
@@ -167,16 +164,16 @@ def test_compare_structural_problems_fail() -> None:
 
 
 def test_tolerance_defaults_and_validation() -> None:
-    assert parity_compare.precision_pair("float64", "float64") == "float64/float64"
-    assert parity_compare.precision_pair("float64", "float32") == "float32/float64"
-    assert parity_compare.precision_pair("float32", "float64") == "float32/float64"
-    assert parity_compare.precision_pair("float32", "float32") == "float32/float32"
+    assert precision_pair("float64", "float64") == "float64/float64"
+    assert precision_pair("float64", "float32") == "float32/float64"
+    assert precision_pair("float32", "float64") == "float32/float64"
+    assert precision_pair("float32", "float32") == "float32/float32"
     assert set(DEFAULT_TOLERANCES) == {"float64/float64", "float32/float64", "float32/float32"}
     for table in DEFAULT_TOLERANCES.values():
         assert set(table) == {"small", "medium", "large"}
         for tol in table.values():
             tol.validate()
-    keys = parity_compare.TOL_KEYS
+    keys = TOL_KEYS
     pairs = ("float64/float64", "float32/float64", "float32/float32")
     for size in ("small", "medium", "large"):  # more float32 never means tighter tolerances
         t64, mixed, t32 = (default_tolerances(p, size) for p in pairs)
@@ -188,7 +185,7 @@ def test_tolerance_defaults_and_validation() -> None:
         assert getattr(own, key) == max(getattr(t, key) for t in DEFAULT_TOLERANCES["float32/float64"].values())
     assert default_tolerances("bfloat16/float32", "small") == DEFAULT_TOLERANCES["float32/float32"]["small"]
     for bad in (-1e-3, float("nan"), float("inf")):
-        with pytest.raises(parity_compare.UsageError):
+        with pytest.raises(UsageError):
             Tolerances(logits=1e-3, grad=bad, loss=1e-3, opt=1e-3).validate()
 
 
@@ -208,8 +205,43 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
     assert tol.loss == default_tolerances("float32/float64", None).loss
     assert source["loss"] == "default (float32/float64 pair, loosest over the presets)"
     args.tol_loss = -1.0
-    with pytest.raises(parity_compare.UsageError, match="--tol-loss must be a finite number >= 0"):
+    with pytest.raises(UsageError, match="--tol-loss must be a finite number >= 0"):
         parity.resolve_tolerances(args, "float32/float64")
+
+
+# ------------------------------------------------------------------------------------------ the modules' layers
+# harness/parity/ from the bottom up: the command's run and record over the comparison and its tables, over the
+# result, over the diagnoses, over reading a probe, over the numbers and the tolerances (docs/design.md, "Parity")
+PARITY_LAYERS = {"numeric": 0, "tolerances": 0, "states": 1, "forward": 2, "optimizer": 2, "options": 2, "result": 3,
+                 "compare": 4, "format": 4, "record": 5}
+
+
+def parity_imports(root: Path) -> dict[str, set[str]]:
+    """{module of harness/parity/: the modules of harness/parity/ it imports, lazy imports included}."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "harness.parity":
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness.parity."):
+                names.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                names |= {a.name.split(".")[2] for a in node.names if a.name.startswith("harness.parity.")}
+        found[path.stem] = names
+    return found
+
+
+def test_parity_modules_point_one_way() -> None:
+    """Each module of harness/parity/ imports only modules of a lower layer (so no circle, and the diagnoses never
+    reach up to the comparison); a new module gets its place in PARITY_LAYERS."""
+    found = parity_imports(REPO / "harness" / "parity")
+    assert set(found) - {"__init__"} == set(PARITY_LAYERS), "place every harness/parity module in PARITY_LAYERS"
+    upward = [f"{me} imports {other}" for me, names in found.items() if me != "__init__" for other in sorted(names)
+              if PARITY_LAYERS[other] >= PARITY_LAYERS[me]]
+    assert not upward, upward
 
 
 # ------------------------------------------------------------------------------------------ a planted bug
@@ -253,7 +285,7 @@ def test_correct_torch_passes_in_process(dtype: str, small_setup: tuple, numpy_r
     from harness.backends.torch_backend import TorchBackend
 
     probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
-    tol = default_tolerances(parity_compare.precision_pair(dtype, "float64"), "small")
+    tol = default_tolerances(precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert result.passed, result.failures
 
@@ -264,7 +296,7 @@ def test_planted_attention_bug_is_caught(dtype: str, small_setup: tuple, numpy_r
 
     with plants.planted("torch-unscaled"):  # the 1/sqrt(head size) scale dropped in the SDPA call
         probe, losses = probe_and_losses(TorchBackend(dtype=dtype), small_setup, 10)
-    tol = default_tolerances(parity_compare.precision_pair(dtype, "float64"), "small")
+    tol = default_tolerances(precision_pair(dtype, "float64"), "small")
     result = compare(probe, numpy_reference[0], losses, numpy_reference[1], tol, backends=("torch", "numpy"))
     assert not result.passed
     text = "\n".join(result.failures)
@@ -339,7 +371,7 @@ def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: py
 
     monkeypatch.setattr(supervise, "execute", lambda directory, backends, **kw: {"torch": 0, "numpy": 1})
     code, out, err = run_cli(["parity", "--data", DATA, "--out", str(tmp_path), "--quiet"], capsys)
-    assert code == parity_compare.EXIT_CRASH == 3  # not 1: a crashed backend is no numerical FAIL
+    assert code == EXIT_CRASH == 3  # not 1: a crashed backend is no numerical FAIL
     assert "parity record:" in out
     assert "ERROR: numpy exited 1; nothing compared" in err
     (path,) = tmp_path.glob("runs/*/parity.json")

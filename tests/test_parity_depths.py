@@ -23,7 +23,10 @@ from conftest import data_path
 
 from harness.config.load import load_config
 from harness.core.masks import dropout_masks, fingerprint, mask_keys
-from harness.parity import compare
+from harness.parity.compare import compare
+from harness.parity.optimizer import diagnose_optimizer
+from harness.parity.result import ParityResult
+from harness.parity.tolerances import Tolerances, default_tolerances, precision_pair
 from tests.plants import plant_optimizer_bug
 
 torch = pytest.importorskip("torch")
@@ -95,14 +98,14 @@ def reference(size: str, dropout: float) -> tuple[dict[str, np.ndarray], list[fl
 
 
 def torch_vs_numpy(size: str, dropout: float, dtype: str = "float32",
-                   plant: Callable[[object], None] | None = None) -> compare.ParityResult:
+                   plant: Callable[[object], None] | None = None) -> ParityResult:
     from harness.backends.torch_backend import TorchBackend
 
     ref_probe, ref_losses = reference(size, dropout)
     probe, losses = parity_run(TorchBackend(dtype=dtype, parity=True), size, dropout, plant, ref=ref_probe)
-    tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), size)
+    tol = default_tolerances(precision_pair(dtype, "float64"), size)
     config = load_config(size).replace(dropout=dropout, steps=OPT_STEPS)  # the runs' own, as the command passes it
-    return compare.compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
+    return compare(probe, ref_probe, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
 
 
 @pytest.mark.parametrize("size", ["small", "medium"])
@@ -149,21 +152,22 @@ def test_opt_depth_names_a_missing_parameter_and_skips_old_probes() -> None:
     for k in (1, 2):
         p.update({f"opt/{k}/param/w": rng.standard_normal(3), f"opt/{k}/adam_m/w": rng.standard_normal(3),
                   f"opt/{k}/adam_v/w": rng.random(3)})
-    tol = compare.Tolerances(0.0, 0.0, 0.0, 0.0)
-    same = compare.compare(p, dict(p), [1.0], [1.0], tol)
+    tol = Tolerances(0.0, 0.0, 0.0, 0.0)
+    same = compare(p, dict(p), [1.0], [1.0], tol)
     assert same.passed and same.worst_opt_rel_err == 0.0 and sorted(same.opt_rel_err) == [1, 2]
     q = {k: v for k, v in p.items() if k != "opt/2/adam_v/w"}
-    assert "FAIL: optimizer step 2 adam_v of w missing from the b probe" in compare.compare(p, q, [1.0], [1.0],
+    assert "FAIL: optimizer step 2 adam_v of w missing from the b probe" in compare(p, q, [1.0], [1.0],
                                                                                           tol).failures
     old = {k: v for k, v in p.items() if not k.startswith("opt/")}
-    assert compare.compare(old, dict(old), [1.0], [1.0], tol).opt_rel_err == {}  # a probe without depth 3
+    assert compare(old, dict(old), [1.0], [1.0], tol).opt_rel_err == {}  # a probe without depth 3
 
 
 # ------------------------------------------------------------------------------------------ planted dropout bugs
 
 
 def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
-                                       mask: torch.Tensor | None = None, taps: dict | None = None) -> torch.Tensor:
+                                       mask: torch.Tensor | None = None, taps: dict | None = None,
+                                       probs_mask: torch.Tensor | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with a planted bug: dropout on the attention probabilities (own RNG), none
     on the output projection."""
     B, T, C = x.shape
@@ -175,7 +179,8 @@ def attention_dropout_on_probabilities(self: torch.nn.Module, x: torch.Tensor,
 
 
 def attention_mask_before_projection(self: torch.nn.Module, x: torch.Tensor,
-                                     mask: torch.Tensor | None = None, taps: dict | None = None) -> torch.Tensor:
+                                     mask: torch.Tensor | None = None, taps: dict | None = None,
+                                     probs_mask: torch.Tensor | None = None) -> torch.Tensor:
     """CausalSelfAttention.forward with a planted bug: the dropout mask before the output projection."""
     B, T, C = x.shape
     q, k, v = self.c_attn(x).split(C, dim=2)
@@ -318,14 +323,14 @@ def test_diagnosis_of_synthetic_patterns() -> None:
     for n, f in (("w", 0.5), ("b", 0.8)):
         clip[f"opt/1/adam_m/{n}"] = f * b[f"opt/1/adam_m/{n}"]
         clip[f"opt/1/adam_v/{n}"] = f * f * b[f"opt/1/adam_v/{n}"]
-    assert compare.diagnose_optimizer(clip, b, 1, 1e-6).startswith("gradient clipping per parameter")
+    assert diagnose_optimizer(clip, b, 1, 1e-6).startswith("gradient clipping per parameter")
     lr = dict(b)  # every update twice as large, at every step
     for t in (1, 2):
         for n in ("w", "b"):
             step = b[f"opt/{t}/param/{n}"] - b[f"opt/{t - 1}/param/{n}"]
             lr[f"opt/{t}/param/{n}"] = lr[f"opt/{t - 1}/param/{n}"] + 2 * step
-    assert compare.diagnose_optimizer(lr, b, 1, 1e-6).startswith("the step size")
+    assert diagnose_optimizer(lr, b, 1, 1e-6).startswith("the step size")
     decay = dict(b)  # the matrix decays by an extra 0.05 lr-scaled step
     decay["opt/1/param/w"] = b["opt/1/param/w"] - 0.01 * 0.05 * b["opt/0/param/w"]
-    assert compare.diagnose_optimizer(decay, b, 1, 1e-6).startswith("decoupled weight decay on the matrices")
-    assert compare.diagnose_optimizer(b, b, 1, 1e-6, gradients_agree=False).startswith("the gradients already")
+    assert diagnose_optimizer(decay, b, 1, 1e-6).startswith("decoupled weight decay on the matrices")
+    assert diagnose_optimizer(b, b, 1, 1e-6, gradients_agree=False).startswith("the gradients already")

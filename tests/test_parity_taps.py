@@ -24,7 +24,19 @@ from conftest import data_path
 
 from harness.config.load import load_config
 from harness.core.taps import in_forward_order, tap_names, tap_rows, tap_shapes
-from harness.parity import compare, diagnose
+from harness.parity.compare import compare
+from harness.parity.forward import (
+    activation_cause,
+    layernorm_cause,
+    linear_cause,
+    output_cause,
+    qkv_cause,
+    residual_cause,
+)
+from harness.parity.numeric import float32_stored_as_float64, update_error
+from harness.parity.optimizer import aliased_quantities, decay_cause, decay_ratios, step_counter_cause
+from harness.parity.result import ParityResult
+from harness.parity.tolerances import Tolerances, default_tolerances, precision_pair
 from harness.run import probe
 from tests import plants
 
@@ -80,7 +92,7 @@ def test_every_backend_fills_every_tap_in_its_canonical_shape(n_layer: int) -> N
 _STEP0: dict[tuple, dict] = {}
 
 
-def step0(size: str, torch_dtype: str, plant: str | None) -> compare.ParityResult:
+def step0(size: str, torch_dtype: str, plant: str | None) -> ParityResult:
     """The step-0 probes of torch and of the NumPy oracle with `plant` planted in the side tests/plants.py names
     (harness.run.probe.Recorder.start, what a parity worker records first; on medium the taps and logits only, to keep
     the test fast), compared as `harness parity` compares them. The unplanted torch probe is computed once per size
@@ -112,8 +124,8 @@ def step0(size: str, torch_dtype: str, plant: str | None) -> compare.ParityResul
         other = _STEP0[size, torch_dtype]
     with plants.planted(plant) if plant and not in_torch else contextlib.nullcontext():
         oracle = record(NumpyBackend())
-    tol = compare.default_tolerances(compare.precision_pair(torch_dtype, "float64"), size)
-    result = compare.compare(other, oracle, [1.0], [1.0], tol, backends=("torch", "numpy"), config=config)
+    tol = default_tolerances(precision_pair(torch_dtype, "float64"), size)
+    result = compare(other, oracle, [1.0], [1.0], tol, backends=("torch", "numpy"), config=config)
     result.inputs = (other, oracle)  # for a look at the taps themselves
     return result
 
@@ -179,31 +191,31 @@ def test_pattern_causes_of_other_forward_bugs() -> None:
     x = rng.standard_normal((2, 5, 8))
     xc = x - x.mean(-1, keepdims=True)
     biased, unbiased = (xc / np.sqrt((xc ** 2).sum(-1, keepdims=True) / n + 1e-5) for n in (8, 7))
-    assert diagnose.layernorm_cause(unbiased, biased, x, None, None, ("a", "b")).startswith(
+    assert layernorm_cause(unbiased, biased, x, None, None, ("a", "b")).startswith(
         "LayerNorm variance: a divides by C - 1")
     q, k, v = (rng.standard_normal((2, 2, 5, 4)) for _ in range(3))
     ta, tb = {"h.0.attn.q": k}, {"h.0.attn.q": q, "h.0.attn.k": k, "h.0.attn.v": v}
-    assert "a's q is b's k" in diagnose.qkv_cause("h.0.attn.q", ta, tb, ("a", "b"))
+    assert "a's q is b's k" in qkv_cause("h.0.attn.q", ta, tb, ("a", "b"))
     swapped = q.transpose(0, 2, 1, 3).reshape(2, 5, 8)[..., ::-1].reshape(2, 5, 2, 4).transpose(0, 2, 1, 3)
-    assert diagnose.qkv_cause("h.0.attn.q", {"h.0.attn.q": swapped}, tb, ("a", "b")).startswith("the head split")
+    assert qkv_cause("h.0.attn.q", {"h.0.attn.q": swapped}, tb, ("a", "b")).startswith("the head split")
     w = rng.standard_normal((8, 8))
-    assert "transposed" in diagnose.linear_cause("c_proj", x @ w, x, w, None, ("a", "b"))
+    assert "transposed" in linear_cause("c_proj", x @ w, x, w, None, ("a", "b"))
     fc = rng.standard_normal((2, 5, 16))
     tanh = 0.5 * fc * (1 + np.tanh(math.sqrt(2 / math.pi) * (fc + 0.044715 * fc ** 3)))
-    assert "a computes the ReLU" in diagnose.activation_cause(np.maximum(fc, 0), tanh, fc, ("a", "b"))
+    assert "a computes the ReLU" in activation_cause(np.maximum(fc, 0), tanh, fc, ("a", "b"))
     emb, ln, proj = (rng.standard_normal((2, 5, 8)) for _ in range(3))
     tb = {"emb": emb, "h.0.ln_1": ln, "h.0.attn.proj": proj, "h.0.res1": emb + proj}
-    assert "post-LayerNorm" in diagnose.residual_cause("h.0.res1", {"h.0.res1": ln + proj}, tb, ("a", "b"))
+    assert "post-LayerNorm" in residual_cause("h.0.res1", {"h.0.res1": ln + proj}, tb, ("a", "b"))
     wte, lm = rng.standard_normal((11, 8)), rng.standard_normal((11, 8))
     params = {"wte.weight": wte, "lm_head.weight": lm, "lm_head.bias": np.zeros(11)}
-    assert "a ties lm_head" in diagnose.output_cause(ln @ wte.T, ln @ lm.T, ln, params, ("a", "b"))
+    assert "a ties lm_head" in output_cause(ln @ wte.T, ln @ lm.T, ln, params, ("a", "b"))
 
 
 # ------------------------------------------------------------------------------------------ the optimizer, re-synced
 
 
 def resynced(size: str, steps: int, plant: str | None, torch_dtype: str = "float32",
-             dropout: float = 0.0) -> compare.ParityResult:
+             dropout: float = 0.0) -> ParityResult:
     """`harness parity` in process: the (planted) NumPy oracle trains as the reference, torch re-synchronises
     every step from it (harness.run.probe.run: the worker's code)."""
     from harness.backends.numpy_backend import NumpyBackend
@@ -215,8 +227,8 @@ def resynced(size: str, steps: int, plant: str | None, torch_dtype: str = "float
         ref, ref_losses = probe.run(NumpyBackend(), config, corpus, SEED)
     other, losses = probe.run(TorchBackend(dtype=torch_dtype, parity=True), config, corpus, SEED, reference=ref,
                               reference_name="numpy")
-    tol = compare.default_tolerances(compare.precision_pair(torch_dtype, "float64"), size)
-    result = compare.compare(other, ref, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
+    tol = default_tolerances(precision_pair(torch_dtype, "float64"), size)
+    result = compare(other, ref, losses, ref_losses, tol, backends=("torch", "numpy"), config=config)
     result.inputs = (other, ref, losses, ref_losses)  # for a second look with other tolerances
     return result
 
@@ -235,7 +247,7 @@ def test_step_counter_that_stops_is_named_at_step_4(size: str, dtype: str) -> No
     other, ref, losses, ref_losses = (
         {k: v for k, v in p.items() if not k.endswith("/adam_t")} if isinstance(p, dict) else p for p in result.inputs)
     assert not [k for k in (*other, *ref) if k.endswith("adam_t")]
-    blind = compare.compare(other, ref, losses, ref_losses, result.tolerances, backends=("torch", "numpy"),
+    blind = compare(other, ref, losses, ref_losses, result.tolerances, backends=("torch", "numpy"),
                            config=load_config(size).replace(dropout=0.0, steps=4))
     (line,) = [f for f in blind.failures if f.startswith("FAIL: optimizer step")]
     assert line.startswith("FAIL: optimizer step 4: ") and ", exactly what the bias correction gives when numpy uses " \
@@ -269,7 +281,7 @@ def test_embeddings_not_decayed_fail_even_within_tolerance() -> None:
     assert "wte.weight -1.000, wpe.weight -1.000" in line
     # the difference (2e-3 of the update) is 10x below the free-run tolerance of before: the pattern still fails it
     loose = dataclasses.replace(result.tolerances, opt=1e-2)
-    again = compare.compare(*result.inputs, loose, backends=("torch", "numpy"), hyper=load_config("small").to_dict())
+    again = compare(*result.inputs, loose, backends=("torch", "numpy"), hyper=load_config("small").to_dict())
     (line,) = [f for f in again.failures if f.startswith("FAIL: optimizer step")]
     assert "within tol 0.01 but exactly the pattern below" in line and "embeddings" in line, line
 
@@ -286,11 +298,11 @@ def test_update_error_leaves_out_rounding_level_entries_only() -> None:
     noisy = u.copy()
     noisy[3] = -5e-3  # an entry with a rounding-level gradient: Adam moves it by ~lr, differently
     v = np.array([1e-4, 4e-4, 9e-4, 1e-30, 0.0])
-    assert compare.update_error(noisy, u, v, v) == 0.0
-    assert compare.update_error(noisy, u, None, None) > 0.1
+    assert update_error(noisy, u, v, v) == 0.0
+    assert update_error(noisy, u, None, None) > 0.1
     decayed = u.copy()
     decayed[4] += 1e-3  # v exactly 0 (an unused token's row: decay only) is kept
-    assert compare.update_error(decayed, u, v, v) > 0.01
+    assert update_error(decayed, u, v, v) > 0.01
 
 
 # ------------------------------------------------------------------------------------------ the other diagnoses
@@ -301,30 +313,30 @@ def test_optimizer_pattern_helpers() -> None:
     p = {"wte.weight": rng.standard_normal((5, 4)), "h.0.w": rng.standard_normal((4, 4)), "b": np.ones(4)}
     ub = {n: rng.standard_normal(a.shape) * 1e-2 for n, a in p.items()}
     ua = {n: (u + 1e-3 * p[n] if n == "wte.weight" else u + 1e-9 * rng.standard_normal(u.shape)) for n, u in ub.items()}
-    ratios = diagnose.decay_ratios(ua, ub, p, 1e-3)
-    hit, cause = diagnose.decay_cause(ratios, {n: a.shape for n, a in p.items()}, ("port", "oracle"))
+    ratios = decay_ratios(ua, ub, p, 1e-3)
+    hit, cause = decay_cause(ratios, {n: a.shape for n, a in p.items()}, ("port", "oracle"))
     assert hit == ["wte.weight"] and "port does not decay the embeddings" in cause
-    assert diagnose.decay_cause(diagnose.decay_ratios(ub, ub, p, 1e-3), {}, ("a", "b")) is None
+    assert decay_cause(decay_ratios(ub, ub, p, 1e-3), {}, ("a", "b")) is None
     # a's update at step 4 with t = 4 against b's with t = 3: lr m / (1 - b1^t) / (sqrt(v) / sqrt(1 - b2^t)), so
     # a / b = (1 - b1^3) / (1 - b1^4) x sqrt((1 - b2^4) / (1 - b2^3)) = 0.271 / 0.3439 x sqrt(3.994e-3 / 2.997e-3)
     f = (1 - 0.9 ** 3) / (1 - 0.9 ** 4) * math.sqrt((1 - 0.999 ** 4) / (1 - 0.999 ** 3))
     assert abs(f - 0.90969) < 1e-5
     assert "off by 0.9097, exactly what the bias correction gives when b uses t = 3 at step 4" in \
-        diagnose.step_counter_cause(f, 4, 0.9, 0.999, ("a", "b"))
-    assert "a uses t = 3 at step 4" in diagnose.step_counter_cause(1 / f, 4, 0.9, 0.999, ("a", "b"))
-    assert diagnose.step_counter_cause(1.3, 4, 0.9, 0.999) is None
+        step_counter_cause(f, 4, 0.9, 0.999, ("a", "b"))
+    assert "a uses t = 3 at step 4" in step_counter_cause(1 / f, 4, 0.9, 0.999, ("a", "b"))
+    assert step_counter_cause(1.3, 4, 0.9, 0.999) is None
     live = {f"opt/{k}/{q}/w": np.full(3, float(k)) for k in (1, 2) for q in ("param", "adam_m", "adam_v")}
     same = {f"opt/{k}/{q}/w": np.zeros(3) for k in (1, 2) for q in ("param", "adam_m", "adam_v")}
-    assert diagnose.aliased_quantities(live, [1, 2]) == []
-    assert diagnose.aliased_quantities(same, [1, 2]) == ["param", "adam_m", "adam_v"]
-    assert diagnose.float32_stored_as_float64({"a": np.float32([0.1, 3]).astype(np.float64)})
-    assert not diagnose.float32_stored_as_float64({"a": np.array([0.1, 3.0])})
+    assert aliased_quantities(live, [1, 2]) == []
+    assert aliased_quantities(same, [1, 2]) == ["param", "adam_m", "adam_v"]
+    assert float32_stored_as_float64({"a": np.float32([0.1, 3]).astype(np.float64)})
+    assert not float32_stored_as_float64({"a": np.array([0.1, 3.0])})
 
 
 def test_loss_line_names_the_first_step_over_tolerance_and_the_peak() -> None:
     p = {"logits": np.zeros((1, 1, 2)), "grad/w": np.ones(3)}
-    tol = compare.Tolerances(1.0, 1.0, 1e-3, 1.0)
-    r = compare.compare(p, dict(p), [1.0, 1.0, 1.0, 1.0], [1.0, 1.002, 1.5, 1.0], tol)
+    tol = Tolerances(1.0, 1.0, 1e-3, 1.0)
+    r = compare(p, dict(p), [1.0, 1.0, 1.0, 1.0], [1.0, 1.002, 1.5, 1.0], tol)
     assert r.loss_first_bad == 1 and r.loss_peak_step == 2
     assert "FAIL: training loss: first over tol 0.001 at step 1 (abs dev 2.0e-03), peak 5.0e-01 at step 2" \
         in r.failures
@@ -336,7 +348,7 @@ def test_taps_of_a_side_that_are_not_its_forward_pass_fail() -> None:
     logits = np.random.default_rng(0).standard_normal((2, 3, 4))
     a = {"logits": logits, "grad/w": np.ones(2), "tap/logits": logits[:1] + 1e-3}
     b = {"logits": logits, "grad/w": np.ones(2), "tap/logits": logits[:1]}
-    r = compare.compare(a, b, [1.0], [1.0], compare.Tolerances(1e-6, 1e-6, 1e-6, 1e-6, taps=1e-6))
+    r = compare(a, b, [1.0], [1.0], Tolerances(1e-6, 1e-6, 1e-6, 1e-6, taps=1e-6))
     assert any(f.startswith("FAIL: a's activation taps are not its forward pass") for f in r.failures)
 
 

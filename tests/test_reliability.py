@@ -104,7 +104,7 @@ def test_resume_is_bit_exact(tmp_path, tiny_config, dropout):
     proc.communicate(timeout=60)
     record = read_json(run / "torch.json")
     assert record["status"] == "interrupted"
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     resumed = read_json(run / "torch.json")
     assert resumed["status"] == "completed"
@@ -132,6 +132,6 @@ def test_sigkill_at_random_moments_leaves_parseable_files_and_resumes(tmp_path, 
         proc.communicate(timeout=30)
         run = only_run(out)
         check_files(run)  # every file left behind parses
-        result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+        result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
         assert result.returncode == 0, result.stderr
         assert losses(run) == reference

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -103,11 +104,11 @@ def copy_run(run: Path, tmp_path: Path) -> tuple[Path, Path]:
 def test_1_sigterm_early_in_resume_keeps_the_record(tmp_path, killed_run):
     out, run = copy_run(killed_run, tmp_path)
     files = {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")}
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report",
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report",
                      env={"HARNESS_TEST_PAUSE_AT": "before-record:term"})
     assert result.returncode == 130, result.stderr
     assert {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")} == files
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert record_of(run)["status"] == "completed" and len(record_of(run)["steps"]["loss"]) == 60
 
@@ -118,7 +119,7 @@ def test_2_bad_checkpoint_is_one_line_and_changes_nothing(tmp_path, killed_run, 
     ckpt = run / "numpy.ckpt.npz"
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2] if damage == "truncated" else b"")
     files = {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")}
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "numpy.ckpt.npz" in result.stderr and "unreadable" in result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line]
@@ -133,7 +134,7 @@ def test_3_record_behind_checkpoint_resumes(tmp_path, config_file):
                      "--out", str(out), *NUMPY, env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill:2"})
     run = only_run(out)
     assert result.returncode == 1 and len(record_of(run)["steps"]["loss"]) == 10  # the checkpoint is at 20
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert record_of(run)["steps"]["step"] == list(range(30))
 
@@ -143,10 +144,48 @@ def test_run_id_is_a_name_never_a_path(tmp_path, capsys, done_run):
     out = tmp_path / "out"
     before = tree(tmp_path)
     for args in (["report", str(done_run), "--out", out], ["report", f"../../x/runs/{done_run.name}", "--out", out],
-                 ["run", "--resume", str(done_run), "--out", out], ["report", "a/../b", "--out", out]):
+                 ["run", "--resume", str(done_run), "--out", out], ["report", "a/../b", "--out", out],
+                 ["resume", str(done_run), "--out", out], ["status", "../x", "--out", out]):
         code, err = harness(capsys, *args)
         one_line_error(code, err, "is not a run id")
     assert tree(tmp_path) == before
+
+
+# --- harness status|report|resume ID: a run id or a sweep id ---------------------------------------------------------
+def test_an_id_names_a_run_or_a_sweep_and_never_both(tmp_path, capsys, done_run):
+    out, run = copy_run(done_run, tmp_path)
+    for verb in ("status", "report", "resume"):
+        code, err = harness(capsys, verb, "20990101-000000-nope-0000", "--out", out)
+        one_line_error(code, err, "no run or sweep '20990101-000000-nope-0000'", "--out")
+    (out / "sweeps" / run.name).mkdir(parents=True)
+    before = tree(out)
+    for verb in ("status", "report", "resume"):
+        code, err = harness(capsys, verb, run.name, "--out", out)
+        one_line_error(code, err, f"'{run.name}' names both a run", "rename one")
+    assert tree(out) == before
+    (out / "sweeps" / run.name).rmdir()
+    code, err = harness(capsys, "resume", run.name, "--out", out, "--jobs", "2")
+    one_line_error(code, err, "--jobs applies to a sweep")
+
+
+def test_status_of_a_run_says_each_backend_s_state_and_step(tmp_path, capsys, done_run, killed_run):
+    from harness.cli.main import main
+
+    def status(run: Path) -> str:
+        assert main(["status", run.name, "--out", str(run.parent.parent)]) == 0
+        return capsys.readouterr().out
+
+    text = status(done_run)
+    assert f"run {done_run.name}" in text and "numpy" in text and "completed" in text and "20/20" in text
+    assert "harness resume" not in text
+    out, run = copy_run(killed_run, tmp_path)
+    assert "failed: killed by SIGKILL" in status(run)
+    record = json.loads((run / "numpy.json").read_text())
+    (run / "numpy.json").write_text(json.dumps(dict(record, status="running")))  # its process died unannounced
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    text = status(run)
+    assert "interrupted (its process is gone)" in text and f"harness resume {run.name}" in text, text
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # it reads only
 
 
 # --- 4-8: concurrency and liveness --------------------------------------------------------------------------------
@@ -157,8 +196,11 @@ def test_4_a_running_run_is_locked(tmp_path, config_file):
     try:
         wait_for(lambda: (out / "runs").is_dir() and any((out / "runs").glob("*/numpy.json")))
         run = only_run(out)
-        result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+        result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
         assert result.returncode == 2 and "being written by another process" in result.stderr, result.stderr
+        result = run_cli("status", run.name, "--out", str(out))  # the lock is held: the run is running
+        assert result.returncode == 0 and "being written now" in result.stdout, result.stdout
+        assert re.search(r"numpy\s+running", result.stdout), result.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130
     finally:
@@ -356,7 +398,7 @@ def test_13_resume_refuses_conflicting_options(tmp_path, capsys, done_run, optio
 
 
 def test_13_resume_applies_threads_and_says_so(capsys, done_run):
-    code, err = harness(capsys, "run", "--resume", done_run.name, "--out", done_run.parent.parent, "--threads", "1",
+    code, err = harness(capsys, "resume", done_run.name, "--out", done_run.parent.parent, "--threads", "1",
                         "--no-report", "--quiet")
     assert code == 0 and "using --threads 1" in err
 
@@ -421,7 +463,7 @@ def test_15_corrupt_records_are_one_line(tmp_path, capsys, done_run, case):
     out, run = copy_run(done_run, tmp_path)
     damage(run)
     before = tree(out)
-    for args in (["report", run.name, "--out", out], ["run", "--resume", run.name, "--out", out, "--quiet"]):
+    for args in (["report", run.name, "--out", out], ["resume", run.name, "--out", out, "--quiet"]):
         code, err = harness(capsys, *args)
         if case == "spec unknown config key" and args[0] == "report":
             assert code == 0  # the report does not need the config to be runnable
@@ -479,13 +521,13 @@ def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, confi
     assert record_of(run)["data"]["vocab"] == spec["data"]["vocab"]
     src.unlink()  # the user's file is gone: the run still resumes from its checked copy in --out
     (run / ".numpy.json.abcd.tmp").write_text("left by a kill")
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert not (run / ".numpy.json.abcd.tmp").exists()
     copy = records.corpus_copy(out, spec["data"]["sha256"])
     copy.write_bytes(copy.read_bytes() + b"x")  # a changed copy is refused, not trained on
     _edit(run / "numpy.json", lambda d: d.update(status="interrupted"))
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 2 and "changed since the run started" in result.stderr
 
 

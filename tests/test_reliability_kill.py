@@ -49,7 +49,7 @@ def test_kill_at_every_point_then_resume_bit_exact(tmp_path, tiny_config, backen
     out = tmp_path / "out"
     run = None
     for hook, what in STAGES:
-        args = ["run", *common] if run is None else ["run", "--resume", run.name]
+        args = ["run", *common] if run is None else ["resume", run.name]
         before = (run / f"{backend}.json").read_bytes() if run and (run / f"{backend}.json").exists() else None
         result = run_cli(*args, "--out", str(out), "--quiet", "--no-report", env={"HARNESS_TEST_PAUSE_AT": hook})
         assert result.returncode != 0 and "Traceback" not in result.stderr, (what, result.stderr)
@@ -73,7 +73,7 @@ def test_kill_at_every_point_then_resume_bit_exact(tmp_path, tiny_config, backen
         if record is not None:  # whatever is on disk agrees with the uninterrupted run, as far as it goes
             n = len(record["steps"]["loss"])
             assert record["steps"]["loss"] == reference["steps"]["loss"][:n], what
-    result = run_cli("run", "--resume", run.name, "--out", str(out), "--quiet", "--no-report")
+    result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]  # stale temp files were cleaned
     final = read(run / f"{backend}.json")

@@ -301,7 +301,7 @@ def test_interrupted_record_renders_with_banner_on_top(tmp_path: Path, no_figure
     run_id = make_run(tmp_path, statuses={"numpy": "interrupted"})
     html = write_report(tmp_path, [run_id]).read_text()
     banner = _first_banner(html)
-    assert "numpy interrupted after 60 of 120 steps" in banner and f"--resume {run_id}" in banner
+    assert "numpy interrupted after 60 of 120 steps" in banner and f"harness resume {run_id}" in banner
     text = text_of(html)
     # compared where both got: last common evaluation step is 40 (numpy has evals 0, 40 after 60 steps)
     assert "at step 40" in text and "incomplete" in text
@@ -347,7 +347,9 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
 
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
     """A parity.json as `harness parity` writes it, from harness.parity.compare.compare on the run's records."""
-    from harness.parity import compare
+    from harness.parity.compare import compare
+    from harness.parity.record import SCHEMA
+    from harness.parity.tolerances import default_tolerances
 
     recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
     rng = np.random.default_rng(0)
@@ -357,10 +359,10 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
     probe_a = {"logits": logits, **grads, **rates}
     probe_b = {"logits": logits + logits_shift, **grads, **rates}
     a, b = backends
-    tol = compare.default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
-    result = compare.compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
-                            backends=backends)
-    return {"schema": compare.SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
+    tol = default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
+    result = compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
+                     backends=backends)
+    return {"schema": SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
             "failures": result.failures, "results": result.to_dict(), "checks": result.rows(),
             "tolerances": {"logits": tol.logits,
             "grad": tol.grad, "loss": tol.loss}, "precision_pair": "float32/float64",

@@ -118,7 +118,11 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess, needle: str, out: Path) 
     (["--backends", "torch,mxnet"], "unknown backend 'mxnet'"),
     (["--set", "n_head=3"], "does not divide"),
     (["--set", "colour=1,2"], "unknown config field"),
-    (["--set", "learning_rate"], "FIELD=V1,V2"),
+    (["--set", "learning_rate"], "NAME=V1,V2"),
+    (["--axis", "colour=1,2"], "unknown config field"),
+    (["--axis", "learning_rate=0.1", "--set", "learning_rate=0.2"], "both given"),
+    (["--device", "flux=cuda"], "not one of the backends"),
+    (["--device", "torch=cuda", "--axis", "device=cpu,cuda"], "exclude each other"),
     (["--seeds", "x"], "--seeds"),
     (["--seeds", "301"], "--yes"),
     (["--resume", "20990101-000000-nope-0000"], "no sweep"),
@@ -130,6 +134,45 @@ def test_bad_input_is_one_line_and_writes_nothing(args: list[str], needle: str, 
     env = {"PATH": str(tmp_path)} if "slurm" in args else None  # no sbatch anywhere on PATH
     proc = run_cli("sweep", "--configs", str(tiny_config()), "--steps", "2", "--out", str(out), *args, env=env)
     _one_line_exit_2(proc, needle, out)
+
+
+def sweep_spec(*argv: str) -> tuple:
+    """The spec and the cells of `harness sweep ARGV` (parsed and expanded only)."""
+    from harness.cli.main import build_parser
+    from harness.cli.sweep import spec_from_args
+
+    spec, _ = spec_from_args(build_parser().parse_args(["sweep", *argv]))
+    return spec, expand(spec)
+
+
+def test_axis_and_the_one_value_options(tmp_path: Path):
+    """--axis NAME=V1,V2 is an axis (a config field, or device, precision, dtype); --set NAME=VALUE, --device,
+    --precision and --dtype hold one value for every cell; their comma lists are the spellings from before --axis."""
+    spec, cells = sweep_spec("--axis", "learning_rate=0.003,0.01", "--set", "n_layer=2", "--backend", "torch,numpy")
+    assert spec.fields == {"learning_rate": [0.003, 0.01], "n_layer": [2]} and len(cells) == 4
+    assert {c.config.n_layer for c in cells} == {2}
+    old_axis = sweep_spec("--set", "learning_rate=0.003,0.01")[0]  # the axis, as spelled before --axis
+    assert old_axis.fields == {"learning_rate": [0.003, 0.01]}
+    axes = sweep_spec("--axis", "device=cpu,cuda", "--axis", "precision=fp32,tf32", "--axis", "dtype=float32")[0]
+    assert (axes.devices, axes.precision, axes.dtype) == (["cpu", "cuda"], ["fp32", "tf32"], ["float32"])
+    old = sweep_spec("--device", "cpu,cuda", "--precision", "fp32,tf32", "--dtype", "float32")[0]
+    assert (old.devices, old.precision, old.dtype) == (axes.devices, axes.precision, axes.dtype)
+    one = sweep_spec("--device", "cuda", "--precision", "tf32")[0]
+    assert (one.devices, one.precision) == (["cuda"], ["tf32"])
+
+
+def test_device_name_equals_device_puts_one_backend_elsewhere():
+    """--device NAME=DEVICE, as in run, parity and bench: that backend's cells on DEVICE, the others on the plain
+    --device (cpu); such cells are never paired with the others (a paired timing holds one device)."""
+    spec, cells = sweep_spec("--backend", "torch,numpy", "--device", "torch=cuda", "--seeds", "2")
+    assert spec.devices == ["cpu"] and spec.backend_devices == {"torch": "cuda"}
+    assert {(c.backend, c.device) for c in cells} == {("torch", "cuda"), ("numpy", "cpu")}
+    from harness.sweep import manifest as mf
+    from harness.sweep.plans import cell_doc
+
+    assert mf.paired_entries("ID", [cell_doc(c, spec) for c in cells], 3) == []
+    same = sweep_spec("--backend", "torch,numpy", "--device", "cpu", "--device", "torch=cpu")[0]
+    assert same.backend_devices == {}
 
 
 def test_bad_sweep_file(tmp_path: Path):
@@ -205,10 +248,14 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
     index = (out / "index.html").read_text()
     assert f"sweep-{doc['sweep_id']}.html" in index and f"sweep {doc['sweep_id']}" in index
     assert not any(c["run_id"] in index for c in doc["cells"])  # one row for the sweep, none per cell
-    status = run_cli("sweep", "--status", doc["sweep_id"], "--out", str(out))
+    status = run_cli("status", doc["sweep_id"], "--out", str(out))
     assert status.returncode == 0 and "4 completed" in status.stdout
-    again = run_cli("sweep", "--resume", doc["sweep_id"], "--out", str(out), "--no-report")
+    again = run_cli("resume", doc["sweep_id"], "--out", str(out), "--no-report")
     assert again.returncode == 0 and "0 of 4 cells to run" in again.stderr  # nothing runs twice
+    report = run_cli("report", doc["sweep_id"], "--out", str(out))
+    assert report.returncode == 0 and f"sweep-{doc['sweep_id']}.html" in report.stdout, report.stderr
+    both = run_cli("report", doc["sweep_id"], doc["cells"][0]["run_id"], "--out", str(out))
+    assert both.returncode == 2 and "its report stands alone" in both.stderr, both.stderr
 
 
 def _wait_for(predicate, timeout: float = 120, what: str = "") -> None:
@@ -260,7 +307,7 @@ def test_ctrl_c_then_resume_continues_from_the_checkpoint(tmp_path: Path, tiny_c
     assert before["status"] == "interrupted"
     ckpt = before["checkpoint"]["step"]
     assert 0 < ckpt < 4000
-    res = run_cli("sweep", "--resume", doc["sweep_id"], "--out", str(out), "--no-report", "--quiet")
+    res = run_cli("resume", doc["sweep_id"], "--out", str(out), "--no-report", "--quiet")
     assert res.returncode == 0, res.stderr
     assert "2 of 2 cells to run" in res.stderr
     doc = _manifest(out)

@@ -105,8 +105,8 @@ def test_1_stored_sweep_json_with_injected_settings_is_refused(tmp_path, capsys,
 
     edit(path, inject)
     before = tree(tmp_path)
-    for option in ("--resume", "--status", "--report"):
-        code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
+    for verb in ("resume", "status", "report"):
+        code, err = harness(capsys, verb, path.parent.name, "--out", out)
         one_line_error(code, err, "sweep.json", "'executor'", "control character")
     assert tree(tmp_path) == before
 
@@ -125,8 +125,8 @@ def test_1_stored_sweep_name_with_a_newline_is_refused(tmp_path, capsys, monkeyp
 
     edit(path, inject)
     before = tree(tmp_path)
-    for option in ("--resume", "--status", "--report"):
-        code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
+    for verb in ("resume", "status", "report"):
+        code, err = harness(capsys, verb, path.parent.name, "--out", out)
         one_line_error(code, err, "sweep.json", "spec/name")
     assert tree(tmp_path) == before and not (tmp_path / "PWNED").exists()
 
@@ -287,7 +287,7 @@ def test_8_damaged_sweep_json_is_one_line(tmp_path, capsys, done_sweep, case):
     out, path = copy_sweep(done_sweep, tmp_path)
     edit(path, damage)
     before = tree(tmp_path)
-    for option in ("--status", "--resume", "--report"):
+    for option in ("--status", "--resume", "--report"):  # the old spellings of `harness status|resume|report ID`
         code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
         one_line_error(code, err, "sweep.json", fragment)
     assert tree(tmp_path) == before
@@ -322,11 +322,11 @@ def test_8_damaged_paired_entry_is_one_line(tmp_path, capsys, done_sweep, case):
     damage, fragment = PAIRED_DAMAGE[case]
     out, path = copy_sweep(done_sweep, tmp_path)
     edit(path, with_a_paired_entry)
-    assert harness(capsys, "sweep", "--status", path.parent.name, "--out", out)[0] == 0  # undamaged, it loads
+    assert harness(capsys, "status", path.parent.name, "--out", out)[0] == 0  # undamaged, it loads
     edit(path, lambda d: damage(d["paired"][0], d))
     before = tree(tmp_path)
-    for option in ("--status", "--resume", "--report"):
-        code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
+    for verb in ("status", "resume", "report"):
+        code, err = harness(capsys, verb, path.parent.name, "--out", out)
         one_line_error(code, err, "sweep.json", "paired/0", fragment)
     assert tree(tmp_path) == before
 
@@ -349,7 +349,7 @@ def test_8_a_named_pipe_at_sweep_json_does_not_hang_status(tmp_path, done_sweep)
     out, path = copy_sweep(done_sweep, tmp_path)
     path.unlink()
     os.mkfifo(path)
-    proc = run_cli("sweep", "--status", path.parent.name, "--out", str(out), timeout=60)
+    proc = run_cli("status", path.parent.name, "--out", str(out), timeout=60)
     one_line_error(proc.returncode, proc.stderr, "sweep.json", "named pipe")
 
 
@@ -376,11 +376,11 @@ def test_a_silent_squeue_never_makes_a_queued_job_look_gone(tmp_path, capsys, mo
     monkeypatch.setattr(slurm.SlurmExecutor, "submit", lambda self, out, cells, dependency=None: submitted.append(
         cells) or [f"9{i}" for i in range(len(cells))])
     before = tree(tmp_path)
-    code, err = harness(capsys, "sweep", "--resume", path.parent.name, "--out", out)
+    code, err = harness(capsys, "resume", path.parent.name, "--out", out)
     one_line_error(code, err, "squeue did not answer", "retry")
     assert submitted == [] and tree(tmp_path) == before
-    from harness.cli.sweep import print_status
     from harness.sweep import manifest as mf
+    from harness.sweep.state import print_status
 
     m = mf.Manifest.load(out, path.parent.name)
     assert print_status(m) == {"queued": 2}  # not "pending": cell 0 has no record yet, its job may run
@@ -440,12 +440,13 @@ def test_9_rejected_submission_is_one_line_and_leaves_no_half_made_sweep(tmp_pat
 
 # --- 10: an empty id is an error, never new work ---------------------------------------------------------------------
 @pytest.mark.parametrize("args", [["sweep", "--resume", ""], ["sweep", "--report", ""], ["sweep", "--status", ""],
-                                  ["run", "--resume", ""]])
+                                  ["run", "--resume", ""], ["resume", ""], ["status", ""], ["report", ""]])
 def test_10_empty_id_is_an_error(tmp_path, capsys, monkeypatch, config_file, args):
     monkeypatch.chdir(tmp_path)
     what = (["--configs", config_file, "--backends", "numpy"] if args[0] == "sweep" else
-            ["--config", config_file, "--backend", "numpy"])  # kept short should it start work anyway
-    code, err = harness(capsys, *args, *what, "--steps", "2", "--no-text", "--out", tmp_path / "out")
+            ["--config", config_file, "--backend", "numpy"] if args[0] == "run" else [])  # short, should work start
+    steps = ["--steps", "2", "--no-text"] if args[0] in ("run", "sweep") else []
+    code, err = harness(capsys, *args, *what, *steps, "--out", tmp_path / "out")
     one_line_error(code, err, "is empty")
     assert tree(tmp_path) == []
 
@@ -486,7 +487,7 @@ def test_13_resume_writes_no_spec_for_a_cell_it_rejects(tmp_path, capsys, done_s
 
     edit(path, add_cell)
     before = tree(tmp_path)
-    code, err = harness(capsys, "sweep", "--resume", path.parent.name, "--out", out)
+    code, err = harness(capsys, "resume", path.parent.name, "--out", out)
     one_line_error(code, err)
     assert "float16" in err or "mxnet" in err
     assert tree(tmp_path) == before  # no run directory for a cell the worker would refuse
@@ -543,9 +544,9 @@ def test_14_failed_cells_name_the_resume_command_and_resumes_record_their_step(t
     (path,) = (out / "sweeps").glob("*/sweep.json")
     sweep_id = path.parent.name
     assert first.returncode == 1, first.stderr
-    assert f"2 failed: run them again (each from its last checkpoint) with `harness sweep --resume {sweep_id} " \
+    assert f"2 failed: run them again (each from its last checkpoint) with `harness resume {sweep_id} " \
            f"--out {out}`" in first.stderr
-    again = run_cli("sweep", "--resume", sweep_id, "--out", str(out), "--no-report", "--quiet")
+    again = run_cli("resume", sweep_id, "--out", str(out), "--no-report", "--quiet")
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("numpy: resuming from step 20 of 30 (checkpoint numpy.ckpt.npz)") == 2, again.stderr
     for cell in json.loads(path.read_text())["cells"]:
@@ -560,9 +561,9 @@ def test_14_every_resume_of_a_run_is_recorded_and_old_records_still_load(tmp_pat
                     "numpy", "--no-text", *args, env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill"})
     assert first.returncode == 1, first.stderr
     (run,) = (out / "runs").iterdir()
-    second = run_cli("run", "--resume", run.name, *args, env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill"})
+    second = run_cli("resume", run.name, *args, env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill"})
     assert second.returncode == 1 and "resuming from step 20" in second.stderr, second.stderr
-    third = run_cli("run", "--resume", run.name, *args)
+    third = run_cli("resume", run.name, *args)
     assert third.returncode == 0 and "resuming from step 40" in third.stderr, third.stderr
     assert "resumed from step 20, then 40" in third.stderr
     rec = records.load_record(run / "numpy.json")

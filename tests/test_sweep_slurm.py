@@ -132,10 +132,10 @@ def test_twelve_cells_one_array_cancel_one_resume_bit_identical(partition: str, 
             subprocess.run(["scancel", array], capture_output=True)
     sweep_id = _manifest(out)["sweep_id"]
     assert proc.returncode == 1, err
-    assert "11 completed" in err and "1 interrupted" in err and f"harness sweep --resume {sweep_id}" in err, err
+    assert "11 completed" in err and "1 interrupted" in err and f"harness resume {sweep_id}" in err, err
     before = json.loads((run / "numpy.json").read_text())
     assert before["status"] == "interrupted" and before["checkpoint"]["step"] == 10, before["status"]
-    res = run_cli("sweep", "--resume", sweep_id, "--out", str(out), "--no-report", timeout=QUEUE_WAIT_S)
+    res = run_cli("resume", sweep_id, "--out", str(out), "--no-report", timeout=QUEUE_WAIT_S)
     assert res.returncode == 0, res.stderr
     assert "1 of 12 cells to run" in res.stderr and "resuming from step 10" in (
         "".join(p.read_text() for p in (out / "sweeps" / sweep_id / "slurm").glob("*_log.err")))
@@ -183,7 +183,7 @@ def test_sbatch_injection_does_not_run_on_the_cluster(partition: str, tmp_path: 
         doc["executor"] = {"kind": "slurm", "jobs": 1, "slurm": {"partition": partition, "sbatch": [PAYLOAD]}}
         doc["cells"][0].update(status="pending", run_id=None)
         path.write_text(json.dumps(doc))
-        args = ["sweep", "--resume", doc["sweep_id"], "--out", str(out)]
+        args = ["resume", doc["sweep_id"], "--out", str(out)]
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     result = run_cli(*args, cwd=tmp_path, timeout=300)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -271,7 +271,7 @@ def test_time_limit_signal_requeues_the_element_and_it_resumes(partition: str, t
     folder = out / "sweeps" / doc["sweep_id"] / "slurm"
     log = "".join(p.read_text(errors="replace") for p in folder.glob(f"{job}_*log.err"))
     assert "timed-out" in log or "preempted" in log, log[-2000:]  # submitit's handler ran and requeued the job
-    _wait(lambda: "2 completed" in run_cli("sweep", "--status", doc["sweep_id"], "--out", str(out)).stdout, 120,
+    _wait(lambda: "2 completed" in run_cli("status", doc["sweep_id"], "--out", str(out)).stdout, 120,
           "both cells to complete")
 
 

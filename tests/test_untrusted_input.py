@@ -442,14 +442,14 @@ def test_html_path_that_is_a_directory_writes_nothing(kit: Path, good: Path, tmp
 
 def test_no_verdict_is_written_when_the_page_fails(kit: Path, good: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.kit import check
+    from harness.kit import page
 
     def broken(*args: object) -> str:
         raise RuntimeError("the page cannot be rendered")
 
     results = tmp_path / "results.npz"
     shutil.copy(good, results)
-    monkeypatch.setattr(check, "render_html", broken)
+    monkeypatch.setattr(page, "render_html", broken)
     with pytest.raises(RuntimeError):
         main(["kit", "check", str(kit), str(results)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.npz"]  # neither the page nor the verdict
@@ -534,7 +534,7 @@ def test_parity_exit_status_of_a_crashed_backend(tmp_path: Path) -> None:
 
 
 def test_parity_help_lists_every_exit_status(capsys: pytest.CaptureFixture) -> None:
-    from harness.parity.compare import EXIT_CRASH, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+    from harness.parity.record import EXIT_CRASH, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
     assert len({EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_CRASH}) == 4
     with pytest.raises(SystemExit):

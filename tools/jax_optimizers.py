@@ -34,6 +34,7 @@ def use_optax(backend: Any) -> None:
     import numpy as np
     import optax
 
+    from harness.core.masks import mask_shapes
     from harness.core.weights import decays
     from harness.models import jax_gpt
 
@@ -53,8 +54,8 @@ def use_optax(backend: Any) -> None:
         adam = inject.inner_state[0]._replace(count=t - 1, mu=m, nu=v)
         opt = (clip, inject._replace(count=t - 1, hyperparams={**inject.hyperparams, "learning_rate": lr},
                                      inner_state=(adam, *inject.inner_state[1:])))
-        masks = dropout if isinstance(dropout, dict) else jax_gpt.draw_masks(jax.random.fold_in(*dropout), config,
-                                                                             *x.shape)
+        masks = dropout if isinstance(dropout, dict) else jax_gpt.draw_masks(jax.random.fold_in(*dropout),
+                                                                             mask_shapes(config), config.dropout)
         value, grads = jax.value_and_grad(jax_gpt.loss)(p, x, y, config, masks)
         updates, opt = tx.update(grads, opt, p)
         p = optax.apply_updates(p, updates)
@@ -80,6 +81,7 @@ def main() -> int:
     from harness.config.load import load_config
     from harness.core.data import load_corpus
     from harness.parity import compare
+    from harness.parity.tolerances import default_tolerances, precision_pair
     from harness.run import probe
 
     corpus = load_corpus(args.data)
@@ -97,8 +99,8 @@ def main() -> int:
                     for variant, prepare in (("hand-written", None), ("optax", use_optax)):
                         other, losses = probe.run(JaxBackend(dtype=dtype, parity=True), config, corpus, seed,
                                                   reference=ref, reference_name="numpy", prepare=prepare)
-                        pair = compare.precision_pair(dtype, "float64")
-                        r = compare.compare(other, ref, losses, ref_losses, compare.default_tolerances(pair, size),
+                        pair = precision_pair(dtype, "float64")
+                        r = compare.compare(other, ref, losses, ref_losses, default_tolerances(pair, size),
                                             backends=("jax", "numpy"), config=config)
                         print(json.dumps({"size": size, "seed": seed, "dropout": dropout, "steps": args.steps,
                                           "pair": pair, "adamw": variant, "passed": r.passed,

@@ -36,7 +36,8 @@ def main() -> int:
     from harness.backends.torch_backend import TorchBackend
     from harness.config.load import load_config
     from harness.core.data import load_corpus
-    from harness.parity import compare
+    from harness.parity.compare import compare
+    from harness.parity.tolerances import default_tolerances, precision_pair
     from harness.run import probe
 
     torch.set_num_threads(1)
@@ -53,9 +54,9 @@ def main() -> int:
                     ref, ref_losses = refs[numpy_dtype]
                     other, losses = probe.run(TorchBackend(dtype=torch_dtype, parity=True), config, corpus, seed,
                                               reference=ref, reference_name="numpy")
-                    pair = compare.precision_pair(torch_dtype, numpy_dtype)
-                    r = compare.compare(other, ref, losses, ref_losses, compare.default_tolerances(pair, size),
-                                       backends=("torch", "numpy"), config=config)  # as the command
+                    pair = precision_pair(torch_dtype, numpy_dtype)
+                    r = compare(other, ref, losses, ref_losses, default_tolerances(pair, size),
+                                backends=("torch", "numpy"), config=config)  # as the command
                     dev = r.step_loss_abs_dev
                     print(json.dumps({
                         "size": size, "seed": seed, "dropout": dropout, "steps": args.steps, "pair": pair,

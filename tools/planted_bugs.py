@@ -55,7 +55,7 @@ PORT_PLANTS = {
 
 def caught(result: object) -> tuple[str, str]:
     """Where a parity result first breaks (depth and what it names) and the likely cause printed there."""
-    from harness.parity.compare import WRONG_STEP_INPUTS
+    from harness.parity.optimizer import WRONG_STEP_INPUTS
 
     r = result
     if r.first_tap:
@@ -91,7 +91,8 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object,
     from harness.backends.numpy_backend import NumpyBackend
     from harness.backends.torch_backend import TorchBackend
     from harness.config.load import load_config
-    from harness.parity import compare
+    from harness.parity.compare import compare
+    from harness.parity.tolerances import default_tolerances, precision_pair
     from harness.run import probe
 
     rows, references = [], {}
@@ -115,10 +116,9 @@ def parity_rows(sizes: list[str], dtypes: list[str], steps: int, corpus: object,
                     with plants.planted(name):
                         other = probe.run(TorchBackend(dtype=dtype, parity=True), config, corpus, 1337,
                                           reference=ref[0], reference_name="numpy")
-                tol = compare.default_tolerances(compare.precision_pair(dtype, "float64"), size)
+                tol = default_tolerances(precision_pair(dtype, "float64"), size)
                 # config=, as the command passes it: the option and schedule diagnoses need the config
-                r = compare.compare(other[0], ref[0], other[1], ref[1], tol, backends=("torch", "numpy"),
-                                   config=config)
+                r = compare(other[0], ref[0], other[1], ref[1], tol, backends=("torch", "numpy"), config=config)
                 depth, cause = caught(r)
                 rows.append([what, where, size, f"{dtype}/float64", depth, short(cause)])
                 print(f"{name} {size} {dtype}: {depth} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
@@ -134,8 +134,8 @@ def port_rows(sizes: list[str], dtypes: list[str], data: str) -> list[list[str]]
             for name, (dropout, depths) in PORT_PLANTS.items():
                 if dropout not in kits:
                     kits[dropout] = Path(tmp) / f"kit-{size}-{dropout}"
-                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", "--size", size, "--steps",
-                                    "5", "--dropout", str(dropout), "--data", data, "--out", str(kits[dropout])],
+                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", str(kits[dropout]), "--size",
+                                    size, "--steps", "5", "--dropout", str(dropout), "--data", data],
                                    check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
                 kit = kits[dropout]
                 plant = name.split(" ")[0]

@@ -32,8 +32,9 @@ class Backend(Protocol):
         """One forward, backward, clip and AdamW update with dropout active; returns the loss.
 
         `masks` (parity mode with dropout, harness.core.masks.dropout_masks): a bool keep-mask (B, T, C) per dropout
-        site ("emb", "h.{i}.attn", "h.{i}.mlp") that the backend applies as x * mask / (1 - p) instead of drawing
-        its own; None: the backend's own dropout.
+        site ("emb", "h.{i}.attn", "h.{i}.mlp"), and with config.attn_dropout a (B, H, T, T) one per block on the
+        attention probabilities ("h.{i}.attn.probs"), that the backend applies as x * mask / (1 - p) instead of
+        drawing its own; None: the backend's own dropout.
 
         The loss may be a device scalar: `losses_to_floats` turns a list of them into floats, so the
         training loop need not synchronise with the device each step.

@@ -426,7 +426,7 @@ class FluxBackend:
             "device": device, "tf32": self.tf32, "gc_every": GC_EVERY,
             # the model options (harness.config.OPTION_DEFAULTS); which parameters exist follows from them
             "tie_embeddings": bool(config.tie_embeddings), "gelu": config.gelu, "bias": bool(config.bias),
-            "lm_head_bias": bool(config.lm_head_bias),
+            "lm_head_bias": bool(config.lm_head_bias), "attn_dropout": bool(config.attn_dropout),
             # which parameters AdamW decays: harness/weights.py decides, Julia only reads the list
             "decay": ",".join(name for name, w in weights.items()
                               if decays(name, tuple(np.shape(w)), config.decay)),
@@ -453,7 +453,8 @@ class FluxBackend:
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
                    masks: dict[str, np.ndarray] | None = None) -> float:
-        """One step; `masks` (harness.core.masks, bool (B, T, C)) replace the model's own dropout when given."""
+        """One step; `masks` (harness.core.masks: bool (B, T, C), at the attention probabilities (B, H, T, T))
+        replace the model's own dropout when given."""
         return float(self._mod.train_step_b(self._state, tokens_to_flux(x), tokens_to_flux(y), float(lr),
                                             *self._masks(masks)))
 

@@ -9,7 +9,8 @@ The Flux layout is what the Julia package NanoGPTFlux stores:
 - token ids: canonical (B, T) 0-based -> (T, B) 1-based;
 - logits: Flux (V, T, B) -> canonical (B, T, V);
 - dropout keep-masks (harness.core.masks): canonical bool (B, T, C) -> Flux bool (C, T, B), the layout of the
-  activations they multiply in the Flux model;
+  activations they multiply in the Flux model; at the attention probabilities (B, H, T_query, T_key) -> NNlib's
+  (T_key, T_query, H, B), the layout of the probabilities `dot_product_attention` hands its `fdrop`;
 - activation taps (harness.core.taps, NanoGPTFlux `taps`): every tap's axes reversed ((C, T, B) -> (B, T, C), the
   attention probabilities NNlib's (T_key, T_query, H, B) -> (B, H, T_query, T_key)), except q, k and v, which
   NNlib splits as (D, H, T, B) -> canonical (B, H, T, D).
@@ -27,9 +28,17 @@ import numpy as np
 
 from harness.core.taps import HEAD_TAPS, kind
 
-# The dropout sites of the shared-mask contract (harness/masks.py): after the embedding sum, after block i's
-# attention output projection and after its MLP output projection.
+# The dropout sites of the shared-mask contract (harness/core/masks.py): after the embedding sum, after block i's
+# attention output projection and after its MLP output projection (3-D masks), and on block i's attention
+# probabilities (4-D masks).
 MASK_KEY = re.compile(r"emb|h\.\d+\.(attn|mlp)")
+PROBS_MASK_KEY = re.compile(r"h\.\d+\.attn\.probs")
+# Each site's mask: canonical axes -> Flux axes. Activations (B, T, C) -> (C, T, B); attention probabilities
+# (B, H, T_query, T_key) -> (T_key, T_query, H, B), NNlib's (kv_len, q_len, nheads, batch). Both reverse the axes,
+# and each permutation is its own inverse.
+MASK_AXES = (2, 1, 0)
+PROBS_MASK_AXES = (3, 2, 1, 0)
+
 
 # Parameters whose Flux array is the transpose of the canonical one.
 TRANSPOSED = ("wte.weight", "wpe.weight")
@@ -91,31 +100,45 @@ def logits_to_flux(arr: np.ndarray) -> np.ndarray:
     return np.asfortranarray(np.asarray(arr, dtype=np.float32).transpose(2, 1, 0))
 
 
+def _mask_axes(name: str) -> tuple[int, ...]:
+    """The permutation of site `name`'s mask (its own inverse); ValueError for a name that is no dropout site."""
+    if MASK_KEY.fullmatch(name):
+        return MASK_AXES
+    if PROBS_MASK_KEY.fullmatch(name):
+        return PROBS_MASK_AXES
+    raise ValueError(f"unknown dropout mask {name!r}; expected 'emb', 'h.<i>.attn', 'h.<i>.mlp' or "
+                     "'h.<i>.attn.probs'")
+
+
 def masks_to_flux(masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Harness keep-masks {site: bool (B, T, C)} -> Flux layout {site: bool (C, T, B)}, Fortran-ordered (copies).
+    """Harness keep-masks {site: bool (B, T, C), or (B, H, T, T) at "h.{i}.attn.probs"} -> Flux layout
+    {site: bool (C, T, B), or (T_key, T_query, H, B)}, Fortran-ordered (copies).
 
     The Flux model's activations are (C, T, B), column-major, so entry [c, t, b] of the result is entry [b, t, c]
-    of the harness's mask. Sites are "emb", "h.{i}.attn" and "h.{i}.mlp"; anything else, a non-bool array or masks
-    of different shapes raise ValueError.
+    of the harness's mask; NNlib's attention probabilities are (key s, query t, head h, batch b), so entry
+    [s, t, h, b] is the harness's [b, h, t, s]. Sites are "emb", "h.{i}.attn", "h.{i}.mlp" and "h.{i}.attn.probs";
+    anything else, a non-bool array, a mask of the wrong rank or masks of one kind with different shapes raise
+    ValueError.
     """
     out: dict[str, np.ndarray] = {}
-    shape = None
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # the shape of each kind's masks (by its permutation)
     for name, mask in masks.items():
-        if not MASK_KEY.fullmatch(name):
-            raise ValueError(f"unknown dropout mask {name!r}; expected 'emb', 'h.<i>.attn' or 'h.<i>.mlp'")
+        axes = _mask_axes(name)
         m = np.asarray(mask)
-        if m.dtype != np.bool_ or m.ndim != 3:
-            raise ValueError(f"dropout mask {name!r} must be a bool (B, T, C) array, got {m.dtype} {m.shape}")
-        if shape is not None and m.shape != shape:
-            raise ValueError(f"dropout mask {name!r} has shape {m.shape}, the others {shape}")
-        shape = m.shape
-        out[name] = np.asfortranarray(m.transpose(2, 1, 0))
+        want = "(B, T, C)" if axes == MASK_AXES else "(B, H, T, T)"
+        if m.dtype != np.bool_ or m.ndim != len(axes):
+            raise ValueError(f"dropout mask {name!r} must be a bool {want} array, got {m.dtype} {m.shape}")
+        if shapes.setdefault(axes, m.shape) != m.shape:
+            raise ValueError(f"dropout mask {name!r} has shape {m.shape}, the others {shapes[axes]}")
+        out[name] = np.asfortranarray(m.transpose(axes))
     return out
 
 
 def masks_from_flux(masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Flux-layout keep-masks {site: (C, T, B)} -> harness layout {site: bool (B, T, C)}, C-ordered (copies)."""
-    return {name: np.ascontiguousarray(np.asarray(m, dtype=bool).transpose(2, 1, 0)) for name, m in masks.items()}
+    """Flux-layout keep-masks {site: (C, T, B) or (T_key, T_query, H, B)} -> harness layout {site: bool (B, T, C)
+    or (B, H, T, T)}, C-ordered (copies)."""
+    return {name: np.ascontiguousarray(np.asarray(m, dtype=bool).transpose(_mask_axes(name)))
+            for name, m in masks.items()}
 
 
 HEAD_AXES = (3, 1, 2, 0)  # NNlib's split heads (D, H, T, B) <-> canonical (B, H, T, D); its own inverse

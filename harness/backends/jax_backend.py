@@ -126,12 +126,15 @@ class JaxBackend:
     def _jit(self, config: Config) -> None:
         """The jitted functions. The model's functions are looked up when each is traced (its first call), so a
         test that replaces one of harness.models.jax_gpt's functions after setup reaches all of them."""
+        from harness.core.masks import mask_shapes
+
         jax, m = self.jax, self.model
+        sites = mask_shapes(config)  # the harness's dropout sites and shapes, for JAX's own masks
 
         def step(state: Any, x: Any, y: Any, scalars: Any, dropout: Any) -> Any:
             # dropout: the harness's masks (a dict), or (key, step): JAX's own masks for this step
-            masks = dropout if isinstance(dropout, dict) else m.draw_masks(jax.random.fold_in(*dropout), config,
-                                                                           *x.shape)
+            masks = dropout if isinstance(dropout, dict) else m.draw_masks(jax.random.fold_in(*dropout), sites,
+                                                                           config.dropout)
             return m.train_step(state, x, y, scalars, masks, config)
 
         def taps(p: Any, x: Any) -> dict:

@@ -38,7 +38,7 @@ def build_model(config: Config, weights: dict[str, np.ndarray], vocab_size: int)
     Tied embeddings: state_dict() lists the one shared matrix under both names, so it is loaded under both."""
     model = GPT(vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head, config.d_hidden,
                 config.dropout, bias=config.bias, lm_head_bias=config.lm_head_bias,
-                tie_embeddings=config.tie_embeddings, gelu=config.gelu)
+                tie_embeddings=config.tie_embeddings, gelu=config.gelu, attn_dropout=config.attn_dropout)
     state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
     if config.tie_embeddings and "wte.weight" in state:
         state["lm_head.weight"] = state["wte.weight"]
@@ -112,7 +112,8 @@ class CudaEventClock:
 
 
 class TorchBackend:
-    """nanoGPT in PyTorch: SDPA attention, AdamW with decay on >= 2-D weights, global-norm clipping."""
+    """nanoGPT in PyTorch: SDPA attention (its dropout_p with attention dropout), AdamW with decay on >= 2-D weights,
+    global-norm clipping."""
 
     name = "torch"
     PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.devices.parity_options)

@@ -1,4 +1,4 @@
-"""`harness bench --noise`: does a speed verdict survive other work on the machine? A benchmark, not a test.
+"""`harness bench noise`: does a speed verdict survive other work on the machine? A benchmark, not a test.
 
 It runs the same small comparison four times, as a user would, each in its own `harness` process:
 

@@ -545,8 +545,11 @@ def misses(results: list[dict]) -> list[str]:
 
 # --- child processes ---------------------------------------------------------------------------------------------
 def measure_isolated(job: Job) -> dict:
-    """Run `measure(job)` in a fresh interpreter (`python -m harness.bench.overhead`); progress goes to our stderr."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """Run `measure(job)` in a fresh interpreter (`python -m harness.bench.overhead`), its CPU threads capped to
+    `job.threads` as every backend process's are (harness.run.processes.thread_env); progress goes to our stderr."""
+    from harness.run.processes import thread_env
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(job.threads))
     proc = subprocess.run([sys.executable, "-m", "harness.bench.overhead"], input=json.dumps(asdict(job)), text=True,
                           stdout=subprocess.PIPE, env=env, check=False)
     lines = proc.stdout.strip().splitlines()

@@ -29,59 +29,114 @@ from harness.bench.overhead import (
     measure_isolated,
     misses,
 )
-from harness.cli.options import add_backend, add_data, add_quiet, add_size, out_arg, pick_backends, pick_sizes
-from harness.config.fields import seed_arg
+from harness.cli.options import (
+    CHECK_HELP,
+    COMPILE_HELP,
+    SEEDS_HELP,
+    STEPS_HELP,
+    add_backend,
+    add_data,
+    add_device,
+    add_dtype,
+    add_out,
+    add_precision,
+    add_quiet,
+    add_seed,
+    add_size,
+    add_threads,
+    alias,
+    common_device,
+    exit_statuses,
+    parse_devices,
+    pick_backends,
+    pick_sizes,
+    shared,
+)
 from harness.config.load import load_config
-from harness.config.presets import PRESETS, SIZES
 from harness.core.data import check_fits, load_corpus
 from harness.environment import usable_cores
 from harness.errors import UsageError
 from harness.run import records
 
-DEFAULT_OUT = Path("reports")
+OVERHEAD_EXIT = {0: "measured (with --check: and every target met)",
+                 1: "a measurement failed, or --check and a target was missed (named on stderr)"}
+NOISE_EXIT = {0: "every leg ran (with --check: and every check passed)",
+              1: "a leg did not complete, or --check and a check failed"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `harness bench`."""
-    add_backend(p, "torch, numpy, flux, or all (every backend that can run here); repeat or comma-separate "
-                "(default torch)")
-    add_size(p, f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}); repeat or comma-separate "
-             "(default small,medium)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    p.add_argument("--steps", type=_count(1), default=5, metavar="N",
-                   help="unlike run: the timed steps of each repeat (5: short rounds pair the two loops closely "
-                        "in time)")
+def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `harness bench overhead` (and of plain `harness bench`, its old spelling)."""
+    add_backend(p, "default torch")
+    add_size(p, "one or more, repeated or comma-separated (default small,medium)")
+    add_device(p)
+    p.add_argument("--timed-steps", type=_count(1), default=5, metavar="N",
+                   help="timed steps of each repeat (5: short rounds pair the two loops closely in time; formerly "
+                        "--steps)")
+    alias(p, "--steps", dest="timed_steps", type=_count(1), metavar="N")
     p.add_argument("--warmup", type=_count(0), default=10, metavar="N",
                    help="untimed steps before the first repeat, per loop (10)")
     p.add_argument("--repeats", type=_count(1), default=30, metavar="N",
                    help="rounds of runner, bare, stream; the figures are medians over them (30)")
     add_data(p)
-    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR",
-                   help="output directory; the JSON goes to DIR/bench/ (reports/)")
-    p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights and batches (1337)")
-    p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="floating type where the backend supports a choice (torch: float32, numpy: float64)")
-    p.add_argument("--compile", action="store_true", help="torch: torch.compile both loops' model")
-    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on CUDA: matmul precision (fp32)")
-    p.add_argument("--threads", type=_count(1), metavar="N",
-                   help="unlike run: torch's intra-op CPU threads in the measuring process (default: torch's own "
-                        "choice; numpy's BLAS keeps its own)")
+    add_out(p, "default reports/; the JSON goes to DIR/bench/")
+    add_seed(p)
+    add_dtype(p)
+    p.add_argument("--compile", action="store_true", help=shared(COMPILE_HELP, "the runner's and the bare loop's"))
+    add_precision(p, "torch (default fp32)")
+    add_threads(p, "each measurement then runs in a process of its own, so that the cap applies to it (as "
+                "--isolate); default: the frameworks' own choice", type=_count(1))
     p.add_argument("--isolate", action="store_true",
                    help="measure every backend and size in a fresh child process (flux always is)")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 when a target is missed (overhead > 3%% on CPU for medium/large, > 5%% on CUDA; "
-                        "batch stream < 50x faster than a step)")
+                   help=shared(CHECK_HELP, "a target missed: overhead > 3%% on CPU for medium/large, > 5%% on "
+                                           "CUDA, or a batch stream < 50x faster than a step"))
     add_quiet(p)
-    g = p.add_argument_group("noise benchmark (--noise: does a speed verdict survive other work on the machine?)")
-    g.add_argument("--noise", action="store_true",
-                   help="instead of the overhead measurements: a sweep and a run of --sizes (one) and --backends "
-                        "(two), each quiet and then with busy-loop hogs during its middle third; prints both speed "
-                        "ratios, the disturbed cells and the checks of docs/benchmarks.md (--check: exit 1 on a miss)")
-    g.add_argument("--hogs", type=_count(1), metavar="N", help="--noise: busy-loop processes (default: usable cores)")
-    g.add_argument("--noise-seeds", type=_count(1), default=3, metavar="N", help="--noise: sweep seeds (3)")
-    g.add_argument("--noise-steps", type=_count(1), default=200, metavar="N", help="--noise: sweep steps (200)")
-    g.add_argument("--noise-run-steps", type=_count(1), default=300, metavar="N",
-                   help="--noise: steps of the single-backend run (300)")
+    exit_statuses(p, OVERHEAD_EXIT)
+
+
+def add_noise_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `harness bench noise` (formerly `harness bench --noise`)."""
+    add_backend(p, "exactly two, e.g. torch,numpy")
+    add_size(p, "one, e.g. small", one=True)
+    add_data(p)
+    add_out(p, "default reports/; the legs and noise.json go to DIR/bench/noise-*/")
+    add_threads(p, "passed to every leg; default: the frameworks' own choice", type=_count(1))
+    p.add_argument("--hogs", type=_count(1), metavar="N", help="busy-loop processes (default: usable cores)")
+    p.add_argument("--seeds", type=_count(1), default=3, metavar="N",
+                   help=shared(SEEDS_HELP, "the sweep leg's (3; formerly --noise-seeds)"))
+    alias(p, "--noise-seeds", dest="seeds", type=_count(1), metavar="N")
+    p.add_argument("--steps", type=_count(1), default=200, metavar="N",
+                   help=shared(STEPS_HELP, "each cell of the sweep leg (200; formerly --noise-steps)"))
+    alias(p, "--noise-steps", dest="steps", type=_count(1), metavar="N")
+    p.add_argument("--run-steps", type=_count(1), default=300, metavar="N",
+                   help="training steps of the single-backend run leg (300; formerly --noise-run-steps)")
+    alias(p, "--noise-run-steps", dest="run_steps", type=_count(1), metavar="N")
+    p.add_argument("--check", action="store_true", help=shared(CHECK_HELP, "a check of docs/benchmarks.md failed"))
+    add_quiet(p)
+    exit_statuses(p, NOISE_EXIT)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The subcommands of `harness bench`: overhead (the default) and noise."""
+    from harness.cli.options import Parser
+
+    exit_statuses(p, {0: "measured (see each subcommand)", 1: "a measurement or a leg failed, or --check and a "
+                      "target or check missed"})
+    sub = p.add_subparsers(dest="bench_command", required=True, metavar="overhead|noise", parser_class=Parser)
+    o = sub.add_parser("overhead", help="harness overhead, bare-loop speed and batch-stream speed (the default: "
+                       "`harness bench ...` = `harness bench overhead ...`)",
+                       description="Is the harness part of what it measures? Times the harness's training loop, a "
+                       "bare loop doing the same work, the batch stream and the harness driving a no-op backend, "
+                       "in alternating rounds.")
+    add_overhead_arguments(o)
+    o.set_defaults(func=command)
+    n = sub.add_parser("noise", help="does a speed verdict survive other work on the machine? (formerly "
+                       "`harness bench --noise`)",
+                       description="A sweep and a run of two backends at one size, each quiet and then with busy-loop "
+                       "hogs during its middle third; prints both speed ratios, the disturbed cells and the checks of "
+                       "docs/benchmarks.md.")
+    add_noise_arguments(n)
+    n.set_defaults(func=noise_command)
 
 
 def backend_options(args: argparse.Namespace, name: str) -> dict:
@@ -99,17 +154,18 @@ def backend_options(args: argparse.Namespace, name: str) -> dict:
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
     """Validate every input (nothing is written on failure) and return the measurements to make."""
-    backends = pick_backends(args.backend, default=("torch",), device=args.device)
+    backends = pick_backends(args.backend, default=("torch",), device=common_device(args.device))
+    _, devices = parse_devices(args.device, backends)
     sizes = pick_sizes(args.size, default=("small", "medium"))
     if (args.compile or args.precision) and "torch" not in backends:
         raise UsageError("--compile and --precision apply to the torch backend only; add torch to --backend")
     for name in backends:
         cls = backend_class(name)  # importing a backend module imports no framework (flux: juliacall is lazy)
         try:
-            cls.check_available(args.device)
+            cls.check_available(devices[name])
             instance = cls(**backend_options(args, name))  # validates dtype / precision without a device
             if hasattr(instance, "check_device"):
-                instance.check_device(args.device)  # e.g. --precision bf16 on the CPU or a pre-Ampere GPU
+                instance.check_device(devices[name])  # e.g. --precision bf16 on the CPU or a pre-Ampere GPU
         except BackendUnavailable as exc:
             raise UsageError(str(exc)) from None
     corpus = load_corpus(args.data)
@@ -117,10 +173,12 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
     for config in configs.values():
         check_fits(corpus, config.block_size, config.batch_size)
     records.check_writable(args.out)
-    return [Job(backend=name, size=size, config=configs[size].to_dict(), data=corpus.path, device=args.device,
-                seed=args.seed, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
+    # --threads caps the CPU threads of a process through its environment, as for every backend process of `run`:
+    # only a fresh process can take it, so each measurement then runs in one
+    return [Job(backend=name, size=size, config=configs[size].to_dict(), data=corpus.path, device=devices[name],
+                seed=args.seed, steps=args.timed_steps, warmup=args.warmup, repeats=args.repeats,
                 options=backend_options(args, name), threads=args.threads, progress=not args.quiet,
-                isolated=args.isolate or name in ISOLATED)
+                isolated=args.isolate or name in ISOLATED or args.threads is not None)
             for name in backends for size in sizes]
 
 
@@ -147,12 +205,11 @@ def format_table(results: list[dict]) -> str:
 
 
 def command(args: argparse.Namespace) -> int:
-    """`harness bench`: validate, measure every backend and size, print the table, write the JSON."""
-    if getattr(args, "noise", False):
-        from harness.cli import bench
-
-        return bench.noise_command(args)
+    """`harness bench overhead`: validate, measure every backend and size, print the table, write the JSON."""
     jobs = plan_jobs(args)
+    devices = {j.backend: j.device for j in jobs}
+    used = set(devices.values())
+    device = next(iter(used)) if len(used) == 1 else common_device(args.device)
     backends = list(dict.fromkeys(j.backend for j in jobs))
     results = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -167,11 +224,13 @@ def command(args: argparse.Namespace) -> int:
     doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_at": started,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": args.device,
-                    "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
-                    "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check},
+        "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": device,
+                    "steps": args.timed_steps, "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+                    "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check,
+                    # per backend, only where --device NAME=DEVICE put one elsewhere
+                    **({"devices": devices} if set(devices.values()) != {device} else {})},
         "targets": TARGETS,
-        "environment": {**bench_environment(args.device, results), "loadavg_1min_start": load_start,
+        "environment": {**bench_environment(device, results), "loadavg_1min_start": load_start,
                         "loadavg_1min_end": _loadavg()},
         "results": results, "misses": missed,
     }
@@ -186,9 +245,10 @@ def command(args: argparse.Namespace) -> int:
                   f"{cp['snapshot_us']:.0f} us reading of the machine once every {cp['chunk_s']:g} s = "
                   f"{cp['pct_of_step']:.3f}% of a step (reading it at every step would cost "
                   f"{cp['per_step_snapshot_pct']:.1f}%)")
-    print(f"overhead: runner / bare - 1, median of {args.repeats} paired rounds of {args.steps} steps, "
-          f"{'process CPU time' if args.device == 'cpu' else 'wall time'}; harness us/step: the runner driving a "
-          "no-op backend; stream x step: bare step time / batch time")
+    clock = ("process CPU time" if used == {"cpu"} else "wall time" if "cpu" not in used
+             else "process CPU time on the CPU, wall time on CUDA")
+    print(f"overhead: runner / bare - 1, median of {args.repeats} paired rounds of {args.timed_steps} steps, "
+          f"{clock}; harness us/step: the runner driving a no-op backend; stream x step: bare step time / batch time")
     for line in missed:
         print(f"target missed: {line}", file=sys.stderr)
     if not missed:
@@ -213,13 +273,11 @@ def _jsonable(obj: Any) -> Any:
 
 
 def noise_command(args: argparse.Namespace) -> int:
-    """`harness bench --noise`: the four legs, the table, the JSON."""
-    from harness.cli.options import pick_backends, pick_sizes
-
-    backends = pick_backends(args.backend, default=(), device=args.device)
+    """`harness bench noise`: the four legs, the table, the JSON."""
+    backends = pick_backends(args.backend, default=())
     sizes = pick_sizes(args.size, default=())
     if len(backends) != 2 or len(sizes) != 1:
-        raise UsageError("--noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
+        raise UsageError("bench noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
     from harness.config.load import load_config
     from harness.core.data import check_fits, load_corpus
 
@@ -232,11 +290,11 @@ def noise_command(args: argparse.Namespace) -> int:
     root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
     common = [*(["--threads", str(args.threads)] if args.threads else []), "--data", corpus.path, "--no-text",
               "--quiet"]
-    sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.noise_seeds),
-             "--steps", str(args.noise_steps), *common]
-    run = ["run", "--size", sizes[0], "--steps", str(args.noise_run_steps), "--backend", backends[0], *common]
-    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends, "seeds": args.noise_seeds,
-                                          "steps": args.noise_steps, "run_steps": args.noise_run_steps,
+    sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.seeds),
+             "--steps", str(args.steps), *common]
+    run = ["run", "--size", sizes[0], "--steps", str(args.run_steps), "--backend", backends[0], *common]
+    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends, "seeds": args.seeds,
+                                          "steps": args.steps, "run_steps": args.run_steps,
                                           "hogs": hogs, "cores": usable_cores(), "threads": args.threads},
                               "started_at": stamp, "dir": str(root)}
     timing: dict[str, Any] = {}

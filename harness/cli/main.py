@@ -1,109 +1,199 @@
 """`harness`: the command line. Bad input ends with one line on stderr and exit status 2, never a traceback.
+
+One grammar (docs/usage.md): `harness VERB [ID...] [--option ...]`; the verbs that act on something stored take its
+id (`status`, `report`, `resume`: a run id or a sweep id); `bench` has the subcommands `overhead` and `noise`, `kit`
+`export` and `check`. Old spellings are hidden aliases for one release (`RootParser.parse_known_args` rewrites the
+ones that were a flag of another command).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 from harness.cli.doctor import cmd_doctor, cmd_setup
 from harness.cli.options import (
-    DEFAULT_OUT,
-    THREADS_HELP,
+    ALLOW_LARGE_HELP,
+    CHECKPOINT_HELP,
+    COMPILE_HELP,
+    DROPOUT_HELP,
+    JOBS_HELP,
+    NO_REPORT_HELP,
+    NO_TEXT_HELP,
+    NO_WAIT_HELP,
     Parser,
     add_backend,
     add_common,
+    add_out,
     add_paired,
+    add_precision,
     add_quiet,
     add_schedule,
-    out_arg,
+    add_threads,
+    alias,
+    exit_statuses,
     positive_int,
+    shared,
 )
 from harness.cli.report import cmd_report, write_sweep_report
+from harness.cli.resume import cmd_resume
 from harness.cli.run import cmd_run
 from harness.cli.sizes import cmd_sizes
-from harness.config.presets import PRESETS, SIZES
+from harness.cli.status import cmd_status
+from harness.config.presets import PRESETS
 from harness.errors import UsageError
+
+RUN_EXIT = {0: "every backend completed, with identical inputs",
+            1: "a backend failed, or the backends' inputs differ (the comparison is not fair)",
+            2: "bad input (one line on stderr, nothing written), or a worker refused its input or the disk filled up"}
+HARNESS_EXIT = {0: "done: passed, completed, measured or printed",
+                1: "the command ran and found a failure: a parity FAIL, a failed backend or cell, a missed target",
+                3: "parity: a backend crashed, nothing was compared"}
+
+
+class RootParser(Parser):
+    """The `harness` parser: also reads the spellings of earlier releases that were a flag of another command."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        return super().parse_known_args(old_spellings(list(sys.argv[1:] if args is None else args)), namespace)
+
+
+def old_spellings(argv: list[str]) -> list[str]:
+    """`harness bench ...` = `harness bench overhead ...`; `harness bench --noise ...` = `harness bench noise ...`."""
+    if argv[:1] != ["bench"] or (argv[1:2] and argv[1] in ("overhead", "noise", "-h", "--help")):
+        return argv
+    if "--noise" in argv[1:]:
+        return ["bench", "noise", *[a for a in argv[1:] if a != "--noise"]]
+    return ["bench", "overhead", *argv[1:]]
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="train one or more backends and write records and a report",
+                       description="Train one or more backends, each in its own worker process, on identical batches "
+                       "from identical weights; time them side by side; write records and a report.")
+    add_backend(p, "default torch")
+    p.add_argument("--both", action="store_true", help="same as --backend torch,flux (flux needs Julia: "
+                   "`harness setup julia`)")
+    add_common(p, "one or more, repeated or comma-separated: one run each (default small)")
+    add_schedule(p)
+    p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help=CHECKPOINT_HELP)
+    alias(p, "--resume", dest="resume", metavar="RUN_ID")  # `harness resume RUN_ID`
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    add_precision(p, "torch and flux (default fp32)")
+    add_threads(p)
+    p.add_argument("--no-text", action="store_true", help=NO_TEXT_HELP)
+    add_paired(p, None)
+    p.add_argument("--no-report", action="store_true", help=NO_REPORT_HELP)
+    add_quiet(p)
+    p.add_argument("--allow-large", action="store_true", help=ALLOW_LARGE_HELP)
+    p.add_argument("--keep-line-endings", action="store_true", help="keep CRLF/CR in the text as symbols (default: "
+                   "turn them into LF)")
+    p.add_argument("--dropout", type=float, metavar="P", help=shared(DROPOUT_HELP, "default: the preset's"))
+    p.add_argument("--scheme", choices=("epochs", "random"), help="batch scheme (preset: epochs)")
+    exit_statuses(p, RUN_EXIT)
+    # None = not given: resuming refuses options that differ from the stored run (defaults applied in cmd_run)
+    p.set_defaults(func=cmd_run, size=None, seed=None, device=None)
+
+
+def add_stored_verbs(sub: argparse._SubParsersAction) -> None:
+    """`status`, `report` and `resume`: the verbs on a stored run or sweep, named by its id."""
+    id_help = "a run id or a sweep id (a folder name under DIR/runs/ or DIR/sweeps/)"
+    p = sub.add_parser("status", help="where a run or a sweep stands: each backend's or cell's state and step",
+                       description="Print where a run or a sweep stands: a run's backends (completed, running, "
+                       "interrupted, failed, not started, with the step reached), its paired timing and parity "
+                       "verdict; a sweep's cells and paired timings (formerly `harness sweep --status ID`).")
+    p.add_argument("id", metavar="ID", help=id_help)
+    add_out(p, "default reports/; read only")
+    exit_statuses(p, {0: "printed, whatever the states"})
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="rebuild an HTML report from stored records: runs side by side, or a sweep",
+                       description="Rebuild an HTML report from stored records: one run's, several runs' in one "
+                       "comparison, or a sweep's (formerly `harness sweep --report ID`); and the index.")
+    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report")
+    add_out(p, "default reports/; the report and index.html are written there")
+    exit_statuses(p, {0: "the report is written", 2: "bad input: a run or sweep missing or damaged (one line on "
+                      "stderr, nothing written)"})
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("resume", help="continue an interrupted run, or run what a sweep has not completed",
+                       description="Continue an interrupted run from its checkpoints (formerly `harness run --resume "
+                       "ID`), or run a sweep's pending, failed and interrupted cells, each from its last checkpoint "
+                       "(formerly `harness sweep --resume ID`). Never a completed cell or one still running.")
+    p.add_argument("id", metavar="ID", help=id_help)
+    add_out(p)
+    add_threads(p, "a run: instead of the run's own (default: the run's)", default=None)
+    add_paired(p, None)
+    p.add_argument("--jobs", type=positive_int, metavar="N", help=shared(JOBS_HELP, "a sweep only"))
+    p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
+    p.add_argument("--no-report", action="store_true", help=NO_REPORT_HELP)
+    add_quiet(p)
+    exit_statuses(p, {0: "a run: every backend completed; a sweep: every cell completed (with --no-wait: submitted)",
+                      1: "a backend or cell failed or was interrupted again, or a run's inputs differ",
+                      2: "bad input (one line on stderr, nothing written), or the disk filled up"})
+    p.set_defaults(func=cmd_resume)
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="harness", description="Train the same nanoGPT in PyTorch, NumPy and Flux.jl, "
-                    "with identical data and weights, and compare them.")
+    """The parser of every command (tests/test_cli_vocabulary.py walks it)."""
     from harness import __version__
+    from harness.cli import bench, kit, parity, sweep
 
+    parser = RootParser(prog="harness", description="Train the same nanoGPT in PyTorch, NumPy and Flux.jl, "
+                        "with identical data and weights, and compare them.")
     parser.add_argument("--version", action="version", version=f"nanogpt-parity {__version__}")
+    exit_statuses(parser, {**HARNESS_EXIT, 0: "done: passed, completed, measured or printed (`harness COMMAND "
+                                              "--help` lists each command's own statuses)"})
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    add_run(sub)
 
-    p = sub.add_parser("run", help="train one or more backends and write records and a report")
-    add_common(p, f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}; one run each); repeat or "
-               "comma-separate (default small)")
-    add_schedule(p)
-    add_backend(p, "torch, numpy, jax, flux, or all (every backend that can run here); repeat or comma-separate, "
-                "e.g. --backend torch,numpy (default torch)")
-    p.add_argument("--both", action="store_true", help="same as --backend torch,flux (flux needs Julia: "
-                   "`harness setup julia`)")
-    p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help="save model+optimizer every N steps")
-    p.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run from its checkpoints")
-    p.add_argument("--compile", action="store_true", help="torch: torch.compile the model (compiled before step "
-                   "0, recorded as compile_s)")
-    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="torch on a CUDA GPU of compute capability "
-                   "8.0+: matmul precision (fp32)")
-    p.add_argument("--threads", type=positive_int, metavar="N", help=f"{THREADS_HELP}; default: the frameworks' "
-                   "own choice")
-    p.add_argument("--no-text", action="store_true", help="skip generation, BLEU and chrF")
-    add_paired(p, None)
-    p.add_argument("--no-report", action="store_true", help="write records only, no HTML report")
-    add_quiet(p)
-    p.add_argument("--allow-large", action="store_true", help="train even when the memory estimate exceeds the "
-                   "machine's available memory")
-    p.add_argument("--keep-line-endings", action="store_true", help="keep CRLF/CR in the text as symbols (default: "
-                   "turn them into LF)")
-    # None = not given: --resume refuses options that differ from the stored run (defaults applied in cmd_run)
-    p.set_defaults(func=cmd_run, size=None, seed=None, device=None)
-
-    p = sub.add_parser("sizes", help="print the size presets")
-    p.add_argument("--toml", choices=PRESETS, metavar="SIZE", help=f"print that preset's TOML file instead "
-                   f"({', '.join(PRESETS)})")
-    p.set_defaults(func=cmd_sizes)
-
-    p = sub.add_parser("report", help="rebuild an HTML report from stored run records")
-    p.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="one or more run ids (the folder names under "
-                   "DIR/runs/); several make one comparison report")
-    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
-    p.set_defaults(func=cmd_report)
-
-    from harness.cli import bench, parity
-
-    p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth")
-    add_common(p, f"the size preset: one of {', '.join(PRESETS)} (default small; parity checks one size at a time)",
-               per_backend_device=True, one_size=True)
+    p = sub.add_parser("parity", help="check that two backends compute the same thing, depth by depth",
+                       description="Train two backends in parity mode (identical weights, batches and dropout "
+                       "masks) and compare them depth by depth: the step-0 activation taps, logits and gradients, "
+                       "every optimizer step re-synchronised, the loss curve; against measured tolerances "
+                       "(docs/parity.md). The first place they differ is named, with its likely cause.")
+    add_common(p, "one: parity checks one size at a time (default small)", one_size=True)
     parity.add_arguments(p)
     p.set_defaults(func=parity.command)
 
-    p = sub.add_parser("bench", help="measure harness overhead, bare-loop speed and batch-stream speed")
-    bench.add_arguments(p)
-    p.set_defaults(func=bench.command)
-
-    from harness.cli import sweep
-
-    p = sub.add_parser("sweep", help="many runs over sizes, backends, seeds and fields, locally or on SLURM")
+    p = sub.add_parser("sweep", help="many runs over sizes, backends, seeds and fields, locally or on SLURM",
+                       description="Many ordinary runs (cells): the cross product of the axes, each cell validated "
+                       "before anything is written, run one at a time here or as a SLURM job array; a report with "
+                       "95 % intervals across seeds (docs/sweeps.md). `harness status|resume|report SWEEP_ID` "
+                       "follow it.")
     sweep.add_arguments(p)
     p.set_defaults(func=sweep.command, write_report=write_sweep_report)
 
-    from harness.cli import kit
+    add_stored_verbs(sub)
+
+    p = sub.add_parser("bench", help="benchmarks: the harness's overhead, and speed verdicts under load",
+                       description="`harness bench overhead` (the default) and `harness bench noise`.")
+    bench.add_arguments(p)
 
     p = sub.add_parser("kit", help="a conformance kit for any nanoGPT port: export inputs and the oracle's answers, "
                        "check a port's results")
     kit.add_arguments(p)
     p.set_defaults(func=kit.command)
 
+    p = sub.add_parser("sizes", help="print the size presets")
+    p.add_argument("--toml", choices=PRESETS, metavar="SIZE", help=f"print that preset's TOML file instead "
+                   f"({', '.join(PRESETS)})")
+    exit_statuses(p, {0: "printed"})
+    p.set_defaults(func=cmd_sizes)
+
     p = sub.add_parser("doctor", help="report what is installed (Python, torch, CUDA, Julia, Flux) and what to do")
+    exit_statuses(p, {0: "printed (a report, not a check: also when something is missing)"})
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("setup", help="install and precompile optional parts ahead of time")
     p.add_argument("what", choices=("julia",), help="julia: the Flux.jl environment")
     p.add_argument("--force", action="store_true", help="re-resolve and re-precompile even if it looks done")
+    exit_statuses(p, {0: "installed, precompiled and smoke-tested", 2: "it cannot be installed here (no juliacall, "
+                      "Julia or network: one line says what and how to fix it)"})
     p.set_defaults(func=cmd_setup)
     return parser
 

@@ -1,16 +1,25 @@
-"""The command line's shared vocabulary: the parser that fails in one line, argument types and the options that
-run, parity, bench, sweep and kit have in common. Below every command module, so none of them imports the CLI.
+"""The command line's shared vocabulary: the parser that fails in one line, argument types, the exit-status
+section of every --help, and the options that run, parity, bench, sweep, kit and the verbs on stored runs and sweeps
+have in common. Below every command module, so none of them imports the CLI.
 
-One spelling per concept in every command (tests/test_cli_vocabulary.py holds the table): `--backend` and `--size`
-take one or more values, repeated or as a comma list (`--backend torch,numpy` = `--backend torch --backend numpy`),
-and `all`; the plural spellings `--backends`, `--sizes`, `--configs` are aliases. A command that takes exactly one
-(parity: one size, two backends; kit export: one size) says so in one line. docs/usage.md has the whole table.
+One spelling and one meaning per concept in every command (tests/test_cli_vocabulary.py checks the parsers):
+
+- a shared option's help is its one sentence here (`*_HELP`), then "; " and what the command adds (`shared`);
+- `--backend` and `--size` take one or more values, repeated or as a comma list (`--backend torch,numpy` =
+  `--backend torch --backend numpy`), and `all`; the plural spellings `--backends`, `--sizes`, `--configs` are
+  aliases. A command that takes exactly one (parity: one size, two backends; kit export: one size) says so;
+- `--steps` is always training steps, `--threads` the CPU threads of each backend process, `--out` the output
+  directory, `--device` a plain device or NAME=DEVICE (`parse_devices`), `--set` one config value;
+- an old spelling stays one release as a hidden alias (`alias`), and the new spelling's help says "formerly".
+
+docs/usage.md has the whole table.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,16 +31,113 @@ from harness.errors import UsageError
 DEFAULT_OUT = Path("reports")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but the "exit status" section keeps one line per status (wrapped under its text)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if not text.startswith(EXIT_HEADER):
+            return super()._fill_text(text, width, indent)
+        lines = [textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent + " " * 7)
+                 for line in text.splitlines()]
+        return "\n".join(lines)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the problem and where to look), exit 2, and no abbreviations: a
     prefix (`--thread`, or `--size` where only `--sizes` exists) is an error, never silently another option."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, then the values this command needs in one of two spellings (`needs`: dest -> message)."""
+        ns, extra = super().parse_known_args(args, namespace)
+        for dest, message in getattr(self, "needs", {}).items():
+            if getattr(ns, dest, None) is None:
+                self.error(message)
+        return ns, extra
+
+
+class Once(argparse.Action):
+    """A value given in its new spelling (a positional) or its old one (an option), once: the two store to the same
+    dest, and giving both is an error (`Parser.needs` makes one of them required)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        if values is None:  # the positional left out
+            return
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{self.metavar or self.dest} is given twice (and its old spelling); pass it once")
+        setattr(namespace, self.dest, values)
+
+
+# --- exit statuses -----------------------------------------------------------------------------------------------
+# What every command may end with, whatever it does (harness.cli.main.main): bad input, an interrupt, a closed pipe.
+COMMON_EXIT = {2: "bad input: one line on stderr naming the problem and the fix, nothing written",
+               130: "interrupted (Ctrl-C or SIGTERM)",
+               141: "its output was closed early (e.g. `| head`)"}
+
+
+EXIT_HEADER = "exit status:"
+
+
+def exit_statuses(p: argparse.ArgumentParser, statuses: dict[int, str]) -> None:
+    """An "exit status" section at the end of `p`'s --help: `statuses` (the command's own), then COMMON_EXIT's."""
+    codes = {**statuses, **{k: v for k, v in COMMON_EXIT.items() if k not in statuses}}
+    p.epilog = EXIT_HEADER + "\n" + "\n".join(f"  {code:<4} {text}" for code, text in sorted(codes.items()))
+
+
+def alias(p: argparse.ArgumentParser | argparse._ArgumentGroup, *names: str, dest: str, **kwargs: object) -> None:
+    """An old spelling kept for one release: parsed to `dest` (the new spelling's), hidden from --help (whose
+    text for the new spelling says "formerly ...")."""
+    p.add_argument(*names, dest=dest, help=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
+
+
+def shared(sentence: str, detail: str | None = None) -> str:
+    """The help of an option many commands share: its one sentence (the same in every command; the vocabulary
+    test checks it), then "; " and what this command adds (its default, what it applies to)."""
+    return f"{sentence}; {detail}" if detail else sentence
+
+
+# one sentence per shared option: its meaning, the same in every command
+BACKEND_HELP = ("backends: torch, numpy, jax, flux, or all (every backend that can run here), repeated or "
+                "comma-separated")
+SIZE_HELP = f"size preset: {', '.join(PRESETS)}, or all ({', '.join(SIZES)})"
+CONFIG_HELP = ("a TOML config of your own instead of a preset (see `harness sizes --toml small`), or a nanoGPT "
+               "config .py (read, never run: docs/nanogpt.md)")
+SET_HELP = ("override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, lr_schedule=cosine, "
+            "...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
+DATA_HELP = ("UTF-8 text to train on (default: $HARNESS_DATA, else Tiny Shakespeare, downloaded once into the user "
+             "cache)")
+DEVICE_HELP = ("cpu or cuda for every backend, or NAME=DEVICE for one backend (repeatable), e.g. --device torch=cuda: "
+               "torch on the GPU, the others on the CPU")
+SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**32-1"
+DTYPE_HELP = "floating type: float32 or float64"
+DTYPE_DETAIL = "where the backend supports a choice (default: torch and jax float32, numpy float64)"
+PRECISION_HELP = "matmul precision on a CUDA GPU of compute capability 8.0+"
+COMPILE_HELP = "torch: torch.compile the model (compiled before step 0, recorded as compile_s)"
+THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
+STEPS_HELP = "train exactly N steps"
+EPOCHS_HELP = "train N epochs (preset: 20)"
+OUT_HELP = "the output directory"
+QUIET_HELP = "no progress bars or progress lines on stderr"
+NO_REPORT_HELP = "no HTML report, records only"
+NO_TEXT_HELP = "skip generation, BLEU and chrF"
+ALLOW_LARGE_HELP = "go on even when the memory estimate exceeds the machine's available memory"
+DROPOUT_HELP = "dropout probability"
+PER_PARAMETER_HELP = "also print every parameter's gradient and optimizer-step error"
+CHECKPOINT_HELP = "save model and optimizer state every N steps"
+EVAL_HELP = "evaluate every N steps"
+JOBS_HELP = "N cells at once on this machine (the local executor; their timings then contend)"
+NO_WAIT_HELP = "slurm: submit and return; follow with `harness status SWEEP_ID`"
+CHECK_HELP = "exit 1 on a miss"
+SEEDS_HELP = "a count N: the N seeds from 1337"
 
 
 def positive_int(text: str) -> int:
@@ -65,8 +171,8 @@ def rounds_arg(text: str) -> int:
     return value
 
 
-def add_paired(p: argparse.ArgumentParser, default: int | None) -> None:
-    """--paired-rounds (run, sweep): the paired timing that every speed comparison rests on
+def add_paired(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None) -> None:
+    """--paired-rounds (run, sweep, resume): the paired timing that every speed comparison rests on
     (harness.run.paired_timing)."""
     p.add_argument("--paired-rounds", type=rounds_arg, default=default, metavar="N",
                    help="with two or more backends: time them side by side after training, all alive at once, in "
@@ -81,72 +187,90 @@ def out_arg(text: str) -> Path:
     return Path(text)
 
 
-def add_common(p: argparse.ArgumentParser, size_help: str | None = None, per_backend_device: bool = False,
-               one_size: bool = False) -> None:
-    """Options shared by run and parity: what to train on what data, and where to write.
+def add_out(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str = "default reports/; nothing is "
+            "written outside it", **kwargs: object) -> None:
+    """--out DIR: the output directory (reports/ unless the command says otherwise in `detail`)."""
+    kwargs.setdefault("default", DEFAULT_OUT)
+    p.add_argument("--out", type=out_arg, metavar="DIR", help=shared(OUT_HELP, detail), **kwargs)  # type: ignore[arg-type]
 
-    With `per_backend_device` (parity), --device is repeatable and takes DEVICE or NAME=DEVICE
-    (harness.cli.options.parse_devices)."""
-    add_size(p, size_help or f"size preset(s): {', '.join(PRESETS)}, or all ({', '.join(SIZES)}); repeat or "
-             "comma-separate (default small)",
-             one=one_size)
+
+def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str = "default cpu") -> None:
+    """--device DEVICE|NAME=DEVICE (repeatable): parsed by `parse_devices` once the backends are known."""
+    p.add_argument("--device", action="append", metavar="DEVICE|NAME=DEVICE", help=shared(DEVICE_HELP, detail))
+
+
+def add_seed(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str = "default 1337",
+             **kwargs: object) -> None:
+    kwargs.setdefault("default", 1337)
+    p.add_argument("--seed", type=seed_arg, metavar="S", help=shared(SEED_HELP, detail), **kwargs)  # type: ignore[arg-type]
+
+
+def add_dtype(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str = DTYPE_DETAIL,
+              **kwargs: object) -> None:
+    kwargs.setdefault("choices", ("float32", "float64"))
+    p.add_argument("--dtype", help=shared(DTYPE_HELP, detail), **kwargs)  # type: ignore[arg-type]
+
+
+def add_precision(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str, **kwargs: object) -> None:
+    kwargs.setdefault("choices", ("fp32", "tf32", "bf16"))
+    p.add_argument("--precision", help=shared(PRECISION_HELP, detail), **kwargs)  # type: ignore[arg-type]
+
+
+def add_threads(p: argparse.ArgumentParser | argparse._ArgumentGroup,
+                detail: str = "default: the frameworks' own choice", **kwargs: object) -> None:
+    """--threads N: the CPU threads of each backend process, capped through its environment
+    (harness.run.processes.thread_env), in every command."""
+    kwargs.setdefault("type", positive_int)
+    p.add_argument("--threads", metavar="N", help=shared(THREADS_HELP, detail), **kwargs)  # type: ignore[arg-type]
+
+
+def add_common(p: argparse.ArgumentParser, size_detail: str, one_size: bool = False) -> None:
+    """Options shared by run and parity: what to train on what data, on which device, and where to write."""
+    add_size(p, size_detail, one=one_size)
     add_config(p)
     add_set(p)
     add_data(p)
-    if per_backend_device:
-        p.add_argument("--device", action="append", metavar="DEVICE|NAME=DEVICE",
-                       help="cpu (default) or cuda for every backend, or NAME=DEVICE for one (repeatable), e.g. "
-                            "--device torch=cuda: torch on the GPU, the other backend on the CPU")
-    else:
-        p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    p.add_argument("--seed", type=seed_arg, default=1337, help="seed of the weights, batches and sampling, "
-                   "0 to 2**32-1 (1337)")
-    p.add_argument("--out", type=out_arg, default=DEFAULT_OUT, metavar="DIR", help="output directory (reports/)")
-    p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="floating type where the backend supports a choice (torch, jax: float32; numpy: float64)")
+    add_device(p)
+    add_seed(p)
+    add_out(p)
+    add_dtype(p)
 
 
 # --- the options every command spells the same way ---------------------------------------------------------------
 LIST_METAVAR = "NAME[,NAME...]"
 
 
-def add_backend(p: argparse.ArgumentParser, help: str) -> None:
+def add_backend(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str) -> None:
     """--backend (alias --backends): one or more names, repeated or comma-separated; `all` = every backend that can
     run here (see available_backends). Parsed by pick_backends."""
-    p.add_argument("--backend", "--backends", dest="backend", action="append", metavar=LIST_METAVAR, help=help)
+    p.add_argument("--backend", "--backends", dest="backend", action="append", metavar=LIST_METAVAR,
+                   help=shared(BACKEND_HELP, detail))
 
 
-def add_size(p: argparse.ArgumentParser, help: str, one: bool = False) -> None:
+def add_size(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str, one: bool = False) -> None:
     """--size (alias --sizes): one or more presets, repeated or comma-separated, or `all`; a command that takes one
     (`one`) shows SIZE. Parsed by pick_sizes."""
     p.add_argument("--size", "--sizes", dest="size", action="append", metavar="SIZE" if one else "SIZE[,SIZE...]",
-                   help=help)
+                   help=shared(SIZE_HELP, detail))
 
 
-def add_config(p: argparse.ArgumentParser) -> None:
+def add_config(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--config FILE (run, parity, kit export): a config of one's own instead of a preset; read by `configure`."""
-    p.add_argument("--config", metavar="FILE", help="a TOML config of your own instead of a preset "
-                   "(see `harness sizes --toml small`), or a nanoGPT config .py (read, never run; docs/nanogpt.md)")
+    p.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
 
 
-def add_set(p: argparse.ArgumentParser) -> None:
+def add_set(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None) -> None:
     """--set NAME=VALUE (repeatable): one config value; read by `configure` (harness.config.nanogpt.parse_sets)."""
-    p.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help="override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, "
-                        "lr_schedule=cosine, ...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help=shared(SET_HELP, detail))
 
 
-def add_data(p: argparse.ArgumentParser) -> None:
+def add_data(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--data PATH: the text to train on (harness.core.data.load_corpus)."""
-    p.add_argument("--data", metavar="PATH", help="UTF-8 text to train on (default: $HARNESS_DATA, else Tiny "
-                   "Shakespeare, downloaded once into the user cache)")
+    p.add_argument("--data", metavar="PATH", help=DATA_HELP)
 
 
-def add_quiet(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quiet", action="store_true", help="no progress bars or progress lines on stderr")
-
-
-THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
+def add_quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
 def listed(values: str | list[str] | None, option: str) -> list[str]:
@@ -231,13 +355,13 @@ def pick_backends(values: str | list[str] | None, default: tuple[str, ...] = ("t
     return names if repeats else _once(names, option)
 
 
-def add_schedule(p: argparse.ArgumentParser) -> None:
+def add_schedule(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None) -> None:
+    """--steps/--epochs (one or the other), --eval-interval: the training schedule (run, sweep; `detail`: what the
+    command adds, e.g. "every cell")."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=positive_int, metavar="N", help="train exactly N steps")
-    g.add_argument("--epochs", type=positive_int, metavar="N", help="train N epochs (preset: 20)")
-    p.add_argument("--eval-interval", type=positive_int, metavar="N", help="evaluate every N steps")
-    p.add_argument("--dropout", type=float, metavar="P", help="override the preset's dropout")
-    p.add_argument("--scheme", choices=("epochs", "random"), help="batch scheme (preset: epochs)")
+    g.add_argument("--steps", type=positive_int, metavar="N", help=shared(STEPS_HELP, detail))
+    g.add_argument("--epochs", type=positive_int, metavar="N", help=shared(EPOCHS_HELP, detail))
+    p.add_argument("--eval-interval", type=positive_int, metavar="N", help=EVAL_HELP)
 
 
 def configure(args: argparse.Namespace, size: str | None = None, changes: dict[str, object] | None = None
@@ -280,6 +404,14 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_DEVICE = "cpu"
 
 
+def common_device(values: Sequence[str] | str | None) -> str:
+    """The device of every backend not named in `--device NAME=DEVICE` (the plain `--device DEVICE`, else cpu):
+    what `--backend all` is resolved on, before the backends are known. Errors are `parse_devices`'s."""
+    values = [values] if isinstance(values, str) else list(values or [])
+    plain = [d.strip() for v in values for d in str(v).split(",") if "=" not in d]  # a sweep's old `cpu,cuda` too
+    return plain[0] if plain and plain[0] in DEVICES else DEFAULT_DEVICE
+
+
 def parse_devices(values: Sequence[str] | str | None, backends: Sequence[str]) -> tuple[str, dict[str, str]]:
     """(the common device, {backend: device} for every backend) from `--device` values; UsageError when bad.
 
@@ -309,10 +441,37 @@ def parse_devices(values: Sequence[str] | str | None, backends: Sequence[str]) -
             common = device
             continue
         if name not in backends:
-            raise UsageError(f"--device {value!r}: {name!r} is not one of the backends compared "
-                             f"({', '.join(backends)})")
+            raise UsageError(f"--device {value!r}: {name!r} is not one of the backends this command runs "
+                             f"({', '.join(backends)}); add it to --backend or drop it")
         if name in named and named[name] != device:
             raise UsageError(f"--device names {name} twice ({named[name]}, {device}); name each backend once")
         named[name] = device
     base = common or DEFAULT_DEVICE
     return base, {b: named.get(b, base) for b in backends}
+
+
+# --- the id of `harness status|report|resume ID`: a run or a sweep ------------------------------------------------
+def stored_kind(out: Path, ident: str) -> str:
+    """"run" or "sweep": what `ident` names under `out` (`<out>/runs/ID` or `<out>/sweeps/ID`); a UsageError naming
+    it when it is empty, names neither, or names both."""
+    import os
+    import re
+
+    from harness.run.records import RUN_ID_RE
+    from harness.sweep.manifest import SWEEP_ID_RE
+
+    if not ident:
+        raise UsageError("the id is empty (an unset shell variable?); pass a run id or a sweep id from "
+                         f"`ls {Path(out) / 'runs'} {Path(out) / 'sweeps'}`")
+    if ".." in ident or not (RUN_ID_RE.match(ident) or re.match(SWEEP_ID_RE, ident)):
+        raise UsageError(f"{ident!r} is not a run id or a sweep id (a name from {Path(out) / 'runs'} or "
+                         f"{Path(out) / 'sweeps'}, not a path); pass the name only, and --out for where it is")
+    found = [kind for kind, folder in (("run", "runs"), ("sweep", "sweeps"))
+             if os.path.lexists(Path(out) / folder / ident)]
+    if not found:
+        raise UsageError(f"no run or sweep {ident!r} under {str(out)!r}; pass an id from "
+                         f"`ls {Path(out) / 'runs'} {Path(out) / 'sweeps'}` and the --out it was written under")
+    if len(found) == 2:
+        raise UsageError(f"{ident!r} names both a run ({Path(out) / 'runs' / ident}) and a sweep "
+                         f"({Path(out) / 'sweeps' / ident}); rename one of the two directories")
+    return found[0]

@@ -7,17 +7,25 @@ import argparse
 import inspect
 import math
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from harness.cli.options import THREADS_HELP, add_backend, add_quiet, configure, pick_sizes
+from harness.cli.options import (
+    DROPOUT_HELP,
+    PER_PARAMETER_HELP,
+    STEPS_HELP,
+    add_backend,
+    add_quiet,
+    add_threads,
+    configure,
+    exit_statuses,
+    pick_sizes,
+    shared,
+)
 from harness.errors import UsageError
-from harness.parity import diagnose
-from harness.parity.compare import (
+from harness.parity import record as parity_record
+from harness.parity.format import format_gradients, format_optimizer, format_table
+from harness.parity.record import (
     DEFAULT_OPT_STEPS,
     DEFAULT_STEPS,
     EXIT_CRASH,
@@ -25,17 +33,14 @@ from harness.parity.compare import (
     EXIT_INTERRUPTED,
     EXIT_PASS,
     EXIT_USAGE,
+    ParityPlan,
+)
+from harness.parity.result import ParityResult
+from harness.parity.tolerances import (
     FALLBACK_DTYPES,
-    PROBE_BUDGET,
-    SCHEMA,
-    SCHEMA_VERSION,
     TOL_KEYS,
     Tolerances,
-    compare,
     default_tolerances,
-    format_gradients,
-    format_optimizer,
-    format_table,
     precision_pair,
     reference_backend,
 )
@@ -43,12 +48,13 @@ from harness.parity.compare import (
 DEFAULT_BACKENDS = "torch,numpy"
 
 
-EXIT_STATUSES = f"""exit status:
-  {EXIT_PASS}    pass: every check within its tolerance
-  {EXIT_FAIL}    FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say where)
-  {EXIT_USAGE}    bad input: one line on stderr, nothing run (or a backend refused its input)
-  {EXIT_CRASH}    a backend crashed or left no result: nothing was compared (parity.json: verdict "error")
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C or SIGTERM)"""
+PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
+               EXIT_FAIL: "FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say "
+                          "where)",
+               EXIT_USAGE: "bad input: one line on stderr, nothing run (or a backend refused its input)",
+               EXIT_CRASH: "a backend crashed or left no result: nothing was compared (parity.json: verdict "
+                           "\"error\")",
+               EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)"}
 
 
 def _float(text: str) -> float:
@@ -60,14 +66,13 @@ def _float(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of `harness parity` (the common --size/--config/--data/--device/--seed/--out/--dtype are added
+    """Options of `harness parity` (the common --size/--config/--set/--data/--device/--seed/--out/--dtype are added
     by the CLI), and the exit statuses in its --help."""
-    p.epilog = EXIT_STATUSES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_backend(p, f"the two backends to compare (torch, numpy, jax, flux), in the order the report names them: "
-                f"--backend torch --backend numpy or --backend torch,numpy ({DEFAULT_BACKENDS})")
+    exit_statuses(p, PARITY_EXIT)
+    add_backend(p, f"exactly two, in the order the report names them, e.g. --backend torch --backend numpy "
+                f"(default {DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
-                   help=f"training steps, all of whose losses are compared ({DEFAULT_STEPS})")
+                   help=shared(STEPS_HELP, f"every step's loss is compared ({DEFAULT_STEPS})"))
     p.add_argument("--tol-logits", type=_float, metavar="X",
                    help="max abs difference of the step-0 logits (default: measured per precision pair and size, "
                         "see docs/parity.md)")
@@ -89,13 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training steps whose optimizer step is re-synchronised and compared: the first K (default: "
                         "every step); each costs the non-reference backend one more training step")
     p.add_argument("--dropout", type=_float, default=0.0, metavar="P",
-                   help="dropout probability; with P > 0 the harness draws every mask and hands the same masks to "
-                        "both backends (0)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help=f"{THREADS_HELP}; default 1, unlike run and sweep: one thread fixes every reduction's "
-                        "order, so a rerun gives bit-identical numbers (parity times nothing)")
-    p.add_argument("--per-parameter", action="store_true",
-                   help="also print every parameter's gradient and optimizer-step error")
+                   help=shared(DROPOUT_HELP, "with P > 0 the harness draws every mask and hands the same masks to "
+                                             "both backends (default 0)"))
+    add_threads(p, "default 1, unlike run and sweep: one thread fixes every reduction's order, so a rerun gives "
+                "bit-identical numbers (parity times nothing)", type=int, default=1)
+    p.add_argument("--per-parameter", action="store_true", help=PER_PARAMETER_HELP)
     add_quiet(p)
 
 
@@ -153,28 +156,76 @@ def resolve_tolerances(args: argparse.Namespace, pair: str) -> tuple[Tolerances,
     return tol, source
 
 
-def _load_probe(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
-
-
-def _final_val(rec: dict) -> float | None:
-    evals = rec.get("evals") or []
-    return float(evals[-1]["val_loss"]) if evals else None
-
-
 def command(args: argparse.Namespace) -> int:
-    """`harness parity`: run two backends in parity mode, compare, write parity.json; the exit status is one of
-    `EXIT_STATUSES` (0 pass, 1 numerical FAIL, 2 bad input, 3 a backend crashed, 130 interrupted)."""
-    from harness.cli.options import parse_devices
-    from harness.cli.parity import parity_options
-    from harness.core.data import load_corpus
+    """`harness parity`: plan (everything validated before anything is written), run both workers, load their
+    records and probes, compare, write parity.json, print. The exit status says how it ended (0 pass, 1 numerical
+    FAIL, 2 bad input, 3 a backend crashed, 130 interrupted; --help lists them)."""
     from harness.run import plan as run_plan
     from harness.run import records, supervise
 
-    # --- validate everything before anything is written ---
+    pp = plan_parity(args)
+    run_id = run_plan.write_spec(pp.plan)
+    directory = records.run_dir(pp.plan.out, run_id)
+    print(_headline(pp, run_id), file=sys.stderr)
+    # the reference first: the other backend reads its states from the reference's probe
+    codes = supervise.execute(directory, [pp.reference, pp.other], progress=pp.plan.progress,
+                              threads=pp.plan.threads, chained=True)
+    record = parity_record.new_record(pp, run_id, codes)
+    path = directory / "parity.json"
+    crashed = parity_record.crash(pp, codes)
+    if crashed is not None:
+        reason, status = crashed
+        return _error(path, record, reason, status, "; nothing compared (see the messages above)")
+
+    _, recs = records.load_run(pp.plan.out, run_id)
+    workers = {rec["backend"]: rec for rec in recs}
+    _adopt_dtypes(args, pp, workers, record)
+    missing = [n for n in pp.backends if not (directory / f"{n}.probe.npz").is_file()]
+    if missing:
+        return _error(path, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
+    result = parity_record.compare_workers(pp, workers, directory)
+    parity_record.finish_record(record, pp, result, workers)
+    records.atomic_write_json(path, record)
+
+    _print_result(result, pp, getattr(args, "per_parameter", False))
+    print(f"parity record: {path}")
+    return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def plan_parity(args: argparse.Namespace) -> ParityPlan:
+    """The parity run of the command line, every option checked (UsageError: one line, exit 2, nothing written) and
+    the workers' plan through the run preflight (memory, backends that load)."""
+    from harness.cli.options import parse_devices
+    from harness.core.data import load_corpus
+    from harness.run import plan as run_plan
+
     backends = parse_backends(args.backend)
     args.size = pick_sizes(args.size, one=True)[0]
+    asked, dropout, threads = _check_numbers(args)
+    dtypes, options = {}, {}
+    for name in backends:
+        dtypes[name], options[name] = backend_dtype(name, args.dtype)
+        options[name].update(parity_options(name))  # torch: single-tensor AdamW, math attention on CUDA
+    device, devices = parse_devices(args.device, backends)  # --device DEVICE or NAME=DEVICE (repeatable)
+    pair = precision_pair(*(dtypes[n] for n in backends))
+    tolerances, tol_source = resolve_tolerances(args, pair)
+    config = configure(args, args.size, changes={"dropout": dropout, "steps": args.steps})
+    corpus = load_corpus(args.data)
+    opt_k = parity_record.optimizer_steps(config, corpus.vocab_size, args.steps, asked)
+    plan = run_plan.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
+                         out=args.out, backend_options=options, text=False,
+                         parity={"opt_steps": opt_k, "reference": reference_backend(backends)},
+                         progress=not getattr(args, "quiet", False), threads=threads, devices=devices)
+    try:
+        run_plan.preflight(plan)
+    except ImportError as exc:  # a registered backend whose module or framework is not installed
+        raise UsageError(f"a backend cannot be loaded ({exc}); see `harness doctor`") from None
+    return ParityPlan(plan=plan, steps=args.steps, dropout=dropout, dtypes=dtypes, pair=pair, tolerances=tolerances,
+                      tol_source=tol_source, budgeted=asked is None)
+
+
+def _check_numbers(args: argparse.Namespace) -> tuple[int | None, float, int | None]:
+    """--steps, --opt-steps, --dropout and --threads checked; (the optimizer steps asked for, dropout, threads)."""
     if not isinstance(args.steps, int) or args.steps <= 0:
         raise UsageError(f"--steps must be a positive whole number, got {args.steps!r}")
     opt_k = getattr(args, "opt_steps", DEFAULT_OPT_STEPS)
@@ -186,99 +237,49 @@ def command(args: argparse.Namespace) -> int:
     threads = getattr(args, "threads", None)
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be a positive whole number, got {threads!r}")
-    dtypes, options = {}, {}
-    for name in backends:
-        dtypes[name], options[name] = backend_dtype(name, args.dtype)
-        options[name].update(parity_options(name))  # torch: single-tensor AdamW, math attention on CUDA
-    device, devices = parse_devices(args.device, backends)  # --device DEVICE or NAME=DEVICE (repeatable)
-    pair = precision_pair(*(dtypes[n] for n in backends))
-    tolerances, tol_source = resolve_tolerances(args, pair)
-    config = configure(args, args.size, changes={"dropout": dropout, "steps": args.steps})
-    corpus = load_corpus(args.data)
-    progress = not getattr(args, "quiet", False)
-    reference = reference_backend(backends)
-    budgeted = opt_k is None
-    opt_k = min(args.steps, opt_k if opt_k is not None else max(1, PROBE_BUDGET // run_plan.probe_bytes(
-        config, corpus.vocab_size, 1)))
-    plan = run_plan.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
-                       out=args.out, backend_options=options, text=False,
-                       parity={"opt_steps": opt_k, "reference": reference},
-                       progress=progress, threads=threads, devices=devices)
-    try:
-        run_plan.preflight(plan)
-    except ImportError as exc:  # a registered backend whose module or framework is not installed
-        raise UsageError(f"a backend cannot be loaded ({exc}); see `harness doctor`") from None
+    return opt_k, dropout, threads
 
-    # --- run ---
-    run_id = run_plan.write_spec(plan)
-    directory = records.run_dir(plan.out, run_id)
-    drop = f"dropout {dropout:g} (shared masks)" if dropout else "dropout 0"
-    other = next(n for n in backends if n != reference)
-    sync = (f"optimizer steps 1..{opt_k} re-synchronised: {other} takes each from {reference}'s state"
-            + (f" (the first {opt_k} of {args.steps}: the probe's memory budget; --opt-steps K for more)"
-               if budgeted and opt_k < args.steps else "") if opt_k else "optimizer steps not compared")
-    print(f"parity {run_id}: {config.name}, {args.steps} steps, {drop}, {backends[0]} ({dtypes[backends[0]]}) "
-          f"vs {backends[1]} ({dtypes[backends[1]]}) on {' / '.join(devices[n] for n in backends)}; {sync}",
-          file=sys.stderr)
-    # the reference first: the other backend reads its states from the reference's probe
-    codes = supervise.execute(directory, [reference, other], progress=progress, threads=threads, chained=True)
-    record: dict[str, Any] = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": config.to_dict(), "config_name": config.name, "steps": args.steps, "seed": args.seed,
-        "dropout": dropout, "opt_steps": opt_k, "opt_reference": reference, "threads": threads,
-        "device": device, "devices": devices, "backends": backends, "dtypes": dtypes, "precision_pair": pair,
-        "tolerances": asdict(tolerances), "tolerance_source": tol_source,
-        "data": {"path": corpus.path, "sha256": corpus.sha256}, "worker_exit_codes": codes,
-        "files": {n: {"record": f"{n}.json", "probe": f"{n}.probe.npz"} for n in backends},
-    }
-    path = directory / "parity.json"
-    broken = {n: c for n, c in codes.items() if c != 0}
-    if broken or len(codes) != len(backends):
-        reason = ", ".join(f"{n} exited {c}" for n, c in broken.items())
-        reason += "".join(f", {n} not started (it needs {reference}'s results)" for n in backends if n not in codes)
-        record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
-        records.atomic_write_json(path, record)
-        print(f"ERROR: {reason}; nothing compared (see the messages above)", file=sys.stderr)
-        print(f"parity record: {path}")
-        return (EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes.values() else EXIT_USAGE if EXIT_USAGE in codes.values()
-                else EXIT_CRASH)
 
-    # --- compare ---
-    _, recs = records.load_run(plan.out, run_id)
-    by_name = {rec["backend"]: rec for rec in recs}
-    ra, rb = by_name[backends[0]], by_name[backends[1]]
-    for name, rec in ((backends[0], ra), (backends[1], rb)):
-        actual = (rec.get("backend_info") or {}).get("dtype")
-        if isinstance(actual, str) and actual != dtypes[name]:
-            dtypes[name] = actual  # what the backend says it computed in wins
-    if precision_pair(*(dtypes[n] for n in backends)) != pair:
-        pair = precision_pair(*(dtypes[n] for n in backends))
-        tolerances, tol_source = resolve_tolerances(args, pair)
-        record.update(precision_pair=pair, tolerances=asdict(tolerances), tolerance_source=tol_source)
-    missing = [n for n in backends if not (directory / f"{n}.probe.npz").is_file()]
-    if missing:
-        reason = f"no step-0 probe from {', '.join(missing)}"
-        record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
-        records.atomic_write_json(path, record)
-        print(f"ERROR: {reason}; nothing compared", file=sys.stderr)
-        print(f"parity record: {path}")
-        return EXIT_CRASH
-    va, vb = _final_val(ra), _final_val(rb)
-    result = compare(_load_probe(directory / f"{backends[0]}.probe.npz"),
-                     _load_probe(directory / f"{backends[1]}.probe.npz"),
-                     ra["steps"]["loss"], rb["steps"]["loss"], tolerances,
-                     val_losses=(va, vb) if va is not None and vb is not None else None,
-                     backends=(backends[0], backends[1]), config=config)
-    for problem in records.compare_fingerprints([ra, rb]):
-        result.failures.append(f"FAIL: {problem}")
-    record.update(verdict="pass" if result.passed else "fail", failures=list(result.failures),
-                  results=result.to_dict(), checks=result.rows(), dtypes=dtypes, blind_spots=dict(diagnose.BLIND_SPOTS),
-                  backend_info={n: by_name[n].get("backend_info", {}) for n in backends})
+def _headline(pp: ParityPlan, run_id: str) -> str:
+    """The line that says what is about to run: config, steps, dropout, the two backends and what is re-synchronised."""
+    a, b = pp.backends
+    opt_k, steps = pp.opt_steps, pp.steps
+    drop = f"dropout {pp.dropout:g} (shared masks)" if pp.dropout else "dropout 0"
+    sync = (f"optimizer steps 1..{opt_k} re-synchronised: {pp.other} takes each from {pp.reference}'s state"
+            + (f" (the first {opt_k} of {steps}: the probe's memory budget; --opt-steps K for more)"
+               if pp.budgeted and opt_k < steps else "") if opt_k else "optimizer steps not compared")
+    return (f"parity {run_id}: {pp.plan.config.name}, {steps} steps, {drop}, {a} ({pp.dtypes[a]}) vs {b} "
+            f"({pp.dtypes[b]}) on {' / '.join(pp.plan.devices[n] for n in pp.backends)}; {sync}")
+
+
+def _error(path: Path, record: dict, reason: str, status: int, said: str) -> int:
+    """Nothing compared: parity.json with verdict "error", the reason on stderr (`said` after it), `status`."""
+    from harness.run import records
+
+    parity_record.mark_error(record, reason)
     records.atomic_write_json(path, record)
+    print(f"ERROR: {reason}{said}", file=sys.stderr)
+    print(f"parity record: {path}")
+    return status
 
+
+def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, dict], record: dict) -> None:
+    """What each backend says it computed in wins over what it was asked for; a precision pair that changes so
+    brings its own tolerances (command-line ones stay), into `pp` and `record`."""
+    for name in pp.backends:
+        actual = (workers[name].get("backend_info") or {}).get("dtype")
+        if isinstance(actual, str) and actual != pp.dtypes[name]:
+            pp.dtypes[name] = actual
+    if precision_pair(*(pp.dtypes[n] for n in pp.backends)) != pp.pair:
+        pp.pair = precision_pair(*(pp.dtypes[n] for n in pp.backends))
+        pp.tolerances, pp.tol_source = resolve_tolerances(args, pp.pair)
+        record.update(precision_pair=pp.pair, tolerances=asdict(pp.tolerances), tolerance_source=pp.tol_source)
+
+
+def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> None:
+    """The summary table (with `per_parameter`, every parameter's errors too), the FAIL lines and notes, PASS."""
     print(format_table(result))
-    if getattr(args, "per_parameter", False):
+    if per_parameter:
         print()
         print(format_gradients(result))
         if result.opt_rel_err:
@@ -289,10 +290,9 @@ def command(args: argparse.Namespace) -> int:
     for line in result.notes:
         print(line)
     if result.passed:
-        print(f"PASS: {backends[0]} ({dtypes[backends[0]]}) and {backends[1]} ({dtypes[backends[1]]}) agree "
-              f"within tolerance over {result.loss_steps} steps")
-    print(f"parity record: {path}")
-    return EXIT_PASS if result.passed else EXIT_FAIL
+        a, b = pp.backends
+        print(f"PASS: {a} ({pp.dtypes[a]}) and {b} ({pp.dtypes[b]}) agree within tolerance over {result.loss_steps} "
+              "steps")
 
 
 def parity_options(name: str) -> dict:

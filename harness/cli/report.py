@@ -1,4 +1,5 @@
-"""`harness report`: rebuild HTML reports from stored records.
+"""`harness report ID...`: rebuild HTML reports from stored records: one run's, several runs' side by side, or a
+sweep's.
 """
 
 from __future__ import annotations
@@ -6,25 +7,35 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.options import stored_kind
+from harness.errors import UsageError
 
-# --- report ------------------------------------------------------------------------------------------------------
+
 def cmd_report(args: argparse.Namespace) -> int:
+    """Rebuild the report of the runs `args.ids` (one comparison report) or of the one sweep among them."""
     from harness.report import write_index, write_report
     from harness.run import records
 
-    for run_id in args.run_ids:
-        records.check_run_id(run_id)
+    kinds = {ident: stored_kind(args.out, ident) for ident in args.ids}
+    sweeps = [ident for ident, kind in kinds.items() if kind == "sweep"]
+    if sweeps and len(args.ids) > 1:
+        raise UsageError(f"{sweeps[0]} is a sweep: its report stands alone; pass one sweep id, or run ids only")
+    if sweeps:
+        from harness.sweep import drive
+
+        print(f"report: {drive.report(args.out, sweeps[0], write_sweep_report)}")
+        return 0
     records.check_writable(args.out)
-    for run_id in args.run_ids:
+    for run_id in args.ids:
         records.load_run(args.out, run_id)  # a missing or corrupt record fails here, before anything is written
-    path = write_report(args.out, args.run_ids)
+    path = write_report(args.out, args.ids)
     write_index(args.out)
     print(f"report: {path}")
     return 0
 
 
 def write_sweep_report(out: Path, sweep_id: str) -> Path:
-    """A sweep's HTML report and the index of `out` (handed to `harness sweep`, which sits below the reports)."""
+    """A sweep's HTML report and the index of `out` (handed to the sweep machinery, which sits below the reports)."""
     from harness.report import write_index
     from harness.report.sweep import write_sweep_report as write
 

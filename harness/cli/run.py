@@ -9,7 +9,9 @@ from pathlib import Path
 
 from harness.cli.options import (
     backend_options,
+    common_device,
     configure,
+    parse_devices,
     pick_backends,
     pick_sizes,
 )
@@ -24,21 +26,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.run import plan as run_plan
     from harness.run import records, supervise
 
-    if args.resume is not None:  # an empty id (an unset shell variable) is refused, never a new run
-        return resume_run(args)
+    if args.resume is not None:  # `harness resume RUN_ID`, formerly spelled `harness run --resume RUN_ID`; an
+        return resume_run(args, args.resume)  # empty id (an unset shell variable) is refused, never a new run
     args.seed = 1337 if args.seed is None else args.seed
-    args.device = args.device or "cpu"
-    backends = pick_backends(args.backend, default=(), device=args.device, repeats=True)
+    backends = pick_backends(args.backend, default=(), device=common_device(args.device), repeats=True)
     if args.both:
         backends += [b for b in ("torch", "flux") if b not in backends]
     backends = list(dict.fromkeys(backends)) or ["torch"]  # --backend torch --both: torch once
+    device, devices = parse_devices(args.device, backends)
     sizes = pick_sizes(args.size)
     if len(sizes) > 1 and args.config:
         raise UsageError(f"--size {','.join(sizes)} and --config exclude each other; pass one")
     check_option_targets(args, backends)
     records.check_writable(args.out)
     corpus = load_corpus(args.data, keep_line_endings=args.keep_line_endings)
-    plans = [run_plan.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=args.device,
+    plans = [run_plan.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=device,
+                           devices=devices if set(devices.values()) != {device} else {},
                          seed=args.seed, out=args.out, backend_options=backend_options(args, backends),
                          checkpoint_every=args.checkpoint_every or 0, text=not args.no_text,
                          progress=not args.quiet, threads=args.threads, allow_large=args.allow_large,
@@ -52,7 +55,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_id = run_plan.write_spec(plan)
         run_ids.append(run_id)
         directory = records.run_dir(plan.out, run_id)
-        print(f"run {run_id}: {plan.config.name} on {plan.device}, backends {', '.join(backends)}", file=sys.stderr)
+        where = (plan.device if not plan.devices else
+                 ", ".join(f"{b} on {plan.device_of(b)}" for b in backends))
+        print(f"run {run_id}: {plan.config.name} on {where}, backends {', '.join(backends)}", file=sys.stderr)
         print(f"  {corpus.summary()}", file=sys.stderr)
         if args.compile and "torch" in backends:
             where = compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
@@ -174,9 +179,13 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
 
         if load_corpus(given["data"]).sha256 != spec["data"]["sha256"]:
             differ("--data", f"{spec['data']['path']!r}, sha256 {spec['data']['sha256'][:12]}...")
-    for option, key in (("--device", "device"), ("--seed", "seed")):
-        if given[key] is not None and given[key] != spec[key]:
-            differ(option, spec[key])
+    if given["device"] is not None:
+        stored = {b: (spec.get("devices") or {}).get(b, spec["device"]) for b in stored_backends}
+        if parse_devices(given["device"], stored_backends)[1] != stored:
+            differ("--device", spec["device"] if len(set(stored.values())) == 1 else
+                   ", ".join(f"{b}={d}" for b, d in stored.items()))
+    if given["seed"] is not None and given["seed"] != spec["seed"]:
+        differ("--seed", spec["seed"])
     for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
         if given[key] is not None and given[key] != config.get(key):
             differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {config.get(key)}")
@@ -201,16 +210,18 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
     return problems
 
 
-def resume_run(args: argparse.Namespace) -> int:
+def resume_run(args: argparse.Namespace, run_id: str) -> int:
+    """`harness resume RUN_ID`: continue run `run_id` under --out from its checkpoints, as it was started (options
+    of `harness run` given beside it must match the run's spec); --threads and --paired-rounds may change."""
     from harness.run import plan as run_plan
     from harness.run import records, supervise
 
-    spec = run_plan.load_spec(args.out, args.resume)
-    records.load_run(args.out, args.resume)  # every stored record is checked here, before a worker starts
-    directory = records.run_dir(args.out, args.resume)
+    spec = run_plan.load_spec(args.out, run_id)
+    records.load_run(args.out, run_id)  # every stored record is checked here, before a worker starts
+    directory = records.run_dir(args.out, run_id)
     conflicts = resume_conflicts(args, spec)
     if conflicts:
-        raise UsageError(f"--resume {args.resume} continues the run as it was started, but these options differ: "
+        raise UsageError(f"resuming {run_id} continues the run as it was started, but these options differ: "
                          f"{'; '.join(conflicts)}; drop them, or start a new run")
     records.check_writable(directory)
     threads = spec.get("threads")
@@ -220,10 +231,10 @@ def resume_run(args: argparse.Namespace) -> int:
         threads = args.threads
     data = spec["data"]
     vocab = f", vocabulary of {data['vocab_size']} symbols" if "vocab_size" in data else ""
-    print(f"resuming run {args.resume}: data {data['path']}{vocab}", file=sys.stderr)
+    print(f"resuming run {run_id}: data {data['path']}{vocab}", file=sys.stderr)
     codes = supervise.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads,
-                           paired_rounds=paired_rounds(args, spec))
-    code = finish(args.out, args.resume, codes)
+                              paired_rounds=paired_rounds(args, spec))
+    code = finish(args.out, run_id, codes)
     if not args.no_report:
-        write_reports(args.out, [args.resume], quiet_disk_error=code == 2)
+        write_reports(args.out, [run_id], quiet_disk_error=code == 2)
     return code

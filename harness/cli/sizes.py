@@ -25,6 +25,7 @@ def cmd_sizes(args: argparse.Namespace) -> int:
         c = load_config(size)
         rows[size] = {"embedding d": c.n_embd, "block size n": c.block_size, "batch size": c.batch_size,
                       "layers": c.n_layer, "heads": c.n_head, "MLP hidden d_h": c.d_hidden, "dropout": c.dropout,
+                      "attention dropout": yes[c.attn_dropout],
                       "tied embeddings": yes[c.tie_embeddings], "GELU": c.gelu, "biases": yes[c.bias],
                       "lm_head bias": yes[c.lm_head_bias], "learning rate": c.learning_rate,
                       "lr schedule": c.lr_schedule if c.lr_schedule == "constant" else f"cosine to {c.min_lr:g}",

@@ -31,7 +31,7 @@ LR_SCHEDULES = ("constant", "cosine")  # harness.schedule.learning_rate: nanoGPT
 
 # The fields added after records existed (their defaults, in Config, mean the original model and optimizer: see
 # OPTION_DEFAULTS below the class): the model options, read from a TOML's [model], and the optimizer's, from [train]
-MODEL_OPTIONS = ("tie_embeddings", "gelu", "bias", "lm_head_bias")
+MODEL_OPTIONS = ("tie_embeddings", "gelu", "bias", "lm_head_bias", "attn_dropout")
 
 
 TRAIN_OPTIONS = ("decay", "lr_schedule", "warmup_steps", "decay_steps", "min_lr")
@@ -112,11 +112,13 @@ class Config:
     # [eval] target_val_loss (optional): time to target is the training time until the validation loss reaches it
     target_val_loss: float | None = None
     # [model] options (optional; OPTION_DEFAULTS is the original model): lm_head shares wte's matrix; GELU form;
-    # biases in every Linear and LayerNorm of the blocks and ln_f (nanoGPT's `bias`); a bias in lm_head
+    # biases in every Linear and LayerNorm of the blocks and ln_f (nanoGPT's `bias`); a bias in lm_head; dropout (with
+    # probability `dropout`) also on the attention probabilities, nanoGPT's fourth site (its attn_dropout)
     tie_embeddings: bool = False
     gelu: str = "tanh"
     bias: bool = True
     lm_head_bias: bool = True
+    attn_dropout: bool = False
     # [train] options: which parameters AdamW decays; the learning-rate schedule (harness.schedule)
     decay: str = "nanogpt"
     lr_schedule: str = "constant"
@@ -194,7 +196,7 @@ class Config:
 
     def _validate_options(self, where: str) -> None:
         """The model options and the learning-rate schedule (OPTION_DEFAULTS)."""
-        for key in ("tie_embeddings", "bias", "lm_head_bias"):
+        for key in ("tie_embeddings", "bias", "lm_head_bias", "attn_dropout"):
             if not isinstance(getattr(self, key), bool):
                 raise UsageError(f"{where}: {key} must be true or false, got {short(getattr(self, key))}")
         for key, allowed in (("gelu", GELUS), ("decay", DECAYS), ("lr_schedule", LR_SCHEDULES)):

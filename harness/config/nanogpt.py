@@ -5,7 +5,8 @@ configurator exec()s, and with `--name=value` overrides. The harness never execu
 `ast` and accepts only `name = literal` statements (and comments, a docstring); anything else, a name train.py does
 not have or a value the harness cannot honour is a UsageError naming it. What a file leaves out keeps train.py's
 default (DEFAULTS), as in train.py; the result becomes a harness Config with nanoGPT's model (tied embeddings, exact
-GELU, `bias` in the blocks, no lm_head bias, MLP 4 x n_embd) and its sampling (random offsets).
+GELU, `bias` in the blocks, no lm_head bias, MLP 4 x n_embd, dropout on the attention probabilities too: model.py's
+attn_dropout, always there) and its sampling (random offsets).
 
 `--set NAME=VALUE` overrides work on every config: with a nanoGPT file in nanoGPT's names (before the translation,
 as nanoGPT's `--name=value`), otherwise in the harness's field names, where nanoGPT's names are accepted as aliases
@@ -165,7 +166,7 @@ def to_config(values: dict[str, Any], name: str, where: str) -> tuple[Config, li
         d_hidden=4 * v["n_embd"], dropout=v["dropout"], batch_size=v["batch_size"], learning_rate=v["learning_rate"],
         epochs=1, scheme="random", weight_decay=v["weight_decay"], beta1=v["beta1"], beta2=v["beta2"], eps=1e-8,
         grad_clip=v["grad_clip"], eval_interval=v["eval_interval"], eval_batches=v["eval_iters"],
-        steps=v["max_iters"], tie_embeddings=True, gelu="exact", bias=v["bias"], lm_head_bias=False,
+        steps=v["max_iters"], tie_embeddings=True, gelu="exact", bias=v["bias"], lm_head_bias=False, attn_dropout=True,
         decay="nanogpt", lr_schedule="cosine" if decay else "constant",
         warmup_steps=v["warmup_iters"] if decay else 0, decay_steps=v["lr_decay_iters"] if decay else None,
         min_lr=v["min_lr"] if decay else 0.0)

@@ -55,7 +55,7 @@ def effective_rate(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndar
     + m / (1 - beta1^t) / (sqrt(v) / sqrt(1 - beta2^t) + eps), so lr = -<p_t - p_(t-1), u> / <u, u>, over every
     parameter, in float64. A backend that was handed one rate and stepped with another shows it here, whatever
     the other backend did before (parity: the diagnosis of a schedule mistake,
-    harness.parity.compare.diagnose_schedule)."""
+    harness.parity.options.diagnose_schedule)."""
     bc1, bc2 = 1 - config.beta1 ** t, math.sqrt(1 - config.beta2 ** t)
     num = den = 0.0
     for name, p0 in before.items():

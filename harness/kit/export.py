@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import sys
 import time
 from dataclasses import asdict
@@ -54,11 +55,11 @@ def sha256(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-UNFINISHED = ".export-unfinished"  # in --out from before the first file is written until the manifest is in place
+UNFINISHED = ".export-unfinished"  # in KIT_DIR from before the first file is written until the manifest is in place
 
 
 def _ours(name: str) -> bool:
-    """A file `harness kit export` writes into --out (a kit file, the manifest, their temporary files, the marker)."""
+    """A file `harness kit export` writes into KIT_DIR (a kit file, the manifest, their temporary files, the marker)."""
     names = (*FILES, MANIFEST)
     return name == UNFINISHED or name in names or any(
         name.startswith(f".{n}.") and name.endswith(".tmp") for n in names)
@@ -71,29 +72,30 @@ def _remove_unfinished(out: Path) -> None:
                 path.unlink()
 
 
-def _check_out(out: Path) -> None:
-    """--out must be a new or empty directory, or one an interrupted export left (then its files are removed)."""
+def check_out(out: Path) -> None:
+    """KIT_DIR must be a new or empty directory, or one an interrupted export left (then its files are removed)."""
     if out.exists() and not out.is_dir():
         from harness.files import kind_of
 
-        raise UsageError(f"--out {str(out)!r} is {kind_of(out.stat().st_mode)}; pass a new or empty directory for "
-                         "the kit")
+        raise UsageError(f"the kit directory {str(out)!r} is {kind_of(out.stat().st_mode)}; pass a new or empty "
+                         "directory for the kit")
     if out.is_dir():
         names = [p.name for p in out.iterdir()]
         if UNFINISHED in names and all(_ours(n) for n in names):
             print(f"kit: removing the unfinished kit an interrupted export left in {str(out)!r}", file=sys.stderr)
             _remove_unfinished(out)
         elif names:
-            raise UsageError(f"--out {str(out)!r} is not empty; pass a new directory (a kit is never written over "
-                             "another)")
+            raise UsageError(f"the kit directory {str(out)!r} is not empty; pass a new directory (a kit is never "
+                             "written over another)")
     parent = out.resolve().parent
     if not parent.is_dir():
-        raise UsageError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist; create it first")
+        raise UsageError(f"the kit directory {str(out)!r}: its parent {str(parent)!r} does not exist; create it "
+                         "first")
 
 
 def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     """Write the kit files, then manifest.json last. A failure (a full disk, Ctrl-C) removes what was written, and
-    the marker file left by a kill lets the next export into the same --out start again."""
+    the marker file left by a kill lets the next export into the same KIT_DIR start again."""
     from harness.run import records
 
     created = not out.exists()
@@ -181,6 +183,20 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     return files, facts
 
 
+def _dropout_text(config: Any) -> str:
+    """The manifest's training.dropout: where the masks of masks.npz act, and how."""
+    from harness.core.masks import attention_sites
+
+    if config.dropout == 0:
+        return "none (dropout 0)"
+    text = ("inverted: x * mask / (1 - p) with masks[k] at step k; on the embedding sum (emb), after each block's "
+            "attention output projection (h.i.attn) and MLP output projection (h.i.mlp), before the residual add")
+    if attention_sites(config):
+        text += ("; and on each block's attention probabilities (h.i.attn.probs, mask (B, H, T_query, T_key)): "
+                 "att = softmax(masked scores); att = att * mask / (1 - p); y = att @ v, as nanoGPT's attn_dropout")
+    return text
+
+
 def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps: int,
                    files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
     """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
@@ -190,7 +206,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
     from harness.core.taps import MEANING, PREFIX, kind, tap_names, tap_rows
     from harness.core.weights import decays, param_shapes
     from harness.kit.layout import describe
-    from harness.parity.compare import default_tolerances
+    from harness.parity.tolerances import default_tolerances
 
     shapes = param_shapes(config, corpus.vocab_size)
     gelu = {"tanh": "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
@@ -217,8 +233,10 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                  "prefix": PREFIX},
         "model": ("token + learned position embedding, dropout, n_layer pre-LayerNorm blocks x + drop(attn(ln_1(x))),"
                   " x + drop(mlp(ln_2(x))); causal attention with one fused qkv Linear (rows q, k, v; head h owns "
-                  "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), no dropout on the attention probabilities;"
-                  f" MLP Linear -> {gelu} -> Linear; final LayerNorm (eps 1e-5, biased variance); {head}; "
+                  "features h*D..(h+1)*D-1), scores scaled by 1/sqrt(D), "
+                  + ("dropout on the attention probabilities (after the softmax, before the product with v; "
+                     "nanoGPT's attn_dropout)" if config.attn_dropout else "no dropout on the attention probabilities")
+                  + f"; MLP Linear -> {gelu} -> Linear; final LayerNorm (eps 1e-5, biased variance); {head}; "
                   + ("biases in every Linear and LayerNorm of the blocks and ln_f" if config.bias else
                      "no biases in the blocks' Linears and LayerNorms nor in ln_f (nanoGPT's bias = False)")
                   + "; loss = mean cross-entropy over all B*T positions"),
@@ -237,38 +255,10 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                      + "); m = beta1 m + (1-beta1) g; v = beta2 v + (1-beta2) g^2; "
                      "p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps), t = 1, 2, ...; lr = "
                      "learning_rates[k] (batches.npz lr[k]) at step k",
-            "dropout": "inverted: x * mask / (1 - p) with masks[k] at step k; on the embedding sum (emb), after each "
-                       "block's attention output projection (h.i.attn) and MLP output projection (h.i.mlp), before "
-                       "the residual add" if config.dropout > 0 else "none (dropout 0)",
+            "dropout": _dropout_text(config),
         },
-        "definitions": {
-            "x, y": "batches.npz: x[k], y[k] are step k's (B, T) inputs and targets, 0-based token ids (a 1-based "
-                    "language adds 1); y is x shifted by one position",
-            "lr": "batches.npz: lr[k] is step k's learning rate (0-based k; nanoGPT's get_lr(k)), as in "
-                  "training.learning_rates",
-            "logits": "step 0: forward of x[0] with the initial weights, dropout off",
-            "tap/<name>": "step 0: the named intermediate activations of that forward pass on the first `taps.rows` "
-                          "rows of x[0], in forward order (taps.names, taps.meaning)",
-            "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
-            "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
-                           "off, no clipping",
-            **({"dropout_grad/<name>": "step 0: the same gradient with dropout, masks[0] applied"}
-               if config.dropout > 0 else {}),
-            "loss": "loss[k]: the training loss of step k (0-based) before its update"
-                    + (", dropout with masks[k]" if config.dropout > 0 else ""),
-            "opt/<k>/param|adam_m|adam_v/<name>": "after k = 1..N full training steps (forward, backward, clip, "
-                                                  "AdamW): the parameter and AdamW's first and second moments",
-        },
-        "results": {
-            "file": "one .npz; any subset of the depths, each complete; float32 or float64 (say which with "
-                    "`harness kit check --dtype` if the arrays were upcast)",
-            "names": {"taps": "tap/<name> (any subset of taps.names)", "logits": "logits",
-                      "gradients": "grad/<name>",
-                      **({"dropout_gradients": "dropout_grad/<name>"} if config.dropout > 0 else {}),
-                      "optimizer": "opt/<k>/param|adam_m|adam_v/<name> (k = 1..K, K <= steps)", "loss": "loss"},
-            "shapes": "canonical (as in expected.npz), C order as numpy writes; NPZ.jl's npzwrite writes a Julia "
-                      "array of the canonical shape correctly (it records Fortran order)",
-        },
+        "definitions": _definitions(config),
+        "results": _results(config),
         "tolerances": {dt: asdict(default_tolerances(f"{dt}/float64" if dt == "float32" else "float64/float64", size))
                        for dt in ("float32", "float64")},
         "files": {name: {"sha256": sha256(blobs[name]), "bytes": len(blobs[name]),
@@ -276,3 +266,64 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                                     for k, v in arrays.items()}}
                   for name, arrays in files.items()},
     }
+
+
+def _definitions(config: Any) -> dict[str, str]:
+    """The manifest's `definitions`: what every array of the kit and of a results file means."""
+    return {
+        "x, y": "batches.npz: x[k], y[k] are step k's (B, T) inputs and targets, 0-based token ids (a 1-based "
+                "language adds 1); y is x shifted by one position",
+        "lr": "batches.npz: lr[k] is step k's learning rate (0-based k; nanoGPT's get_lr(k)), as in "
+              "training.learning_rates",
+        "logits": "step 0: forward of x[0] with the initial weights, dropout off",
+        "tap/<name>": "step 0: the named intermediate activations of that forward pass on the first `taps.rows` "
+                      "rows of x[0], in forward order (taps.names, taps.meaning)",
+        "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
+        "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
+                       "off, no clipping",
+        **({"dropout_grad/<name>": "step 0: the same gradient with dropout, masks[0] applied"}
+           if config.dropout > 0 else {}),
+        "loss": "loss[k]: the training loss of step k (0-based) before its update"
+                + (", dropout with masks[k]" if config.dropout > 0 else ""),
+        "opt/<k>/param|adam_m|adam_v/<name>": "after k = 1..N full training steps (forward, backward, clip, "
+                                              "AdamW): the parameter and AdamW's first and second moments",
+    }
+
+
+def _results(config: Any) -> dict[str, Any]:
+    """The manifest's `results`: what a port's results file holds, under which names, in which layout."""
+    return {
+        "file": "one .npz; any subset of the depths, each complete; float32 or float64 (say which with "
+                "`harness kit check --dtype` if the arrays were upcast)",
+        "names": {"taps": "tap/<name> (any subset of taps.names)", "logits": "logits",
+                  "gradients": "grad/<name>",
+                  **({"dropout_gradients": "dropout_grad/<name>"} if config.dropout > 0 else {}),
+                  "optimizer": "opt/<k>/param|adam_m|adam_v/<name> (k = 1..K, K <= steps)", "loss": "loss"},
+        "shapes": "canonical (as in expected.npz), C order as numpy writes; NPZ.jl's npzwrite writes a Julia "
+                  "array of the canonical shape correctly (it records Fortran order)",
+    }
+
+
+def check_memory(config: Any, corpus: Any, seed: int, out: Path, steps: int, allow_large: bool = False) -> None:
+    """The memory preflight of `harness run` and `harness parity`, before anything is computed (UsageError when the
+    estimate exceeds the machine's memory, unless `allow_large`): the oracle is one float64 NumPy worker, and the
+    parameters and AdamW moments after each of the `steps` steps are kept (in the arrays and again in their NPZ
+    bytes), as a parity probe keeps them for its optimizer steps."""
+    from harness.run import plan
+
+    plan.check_memory(plan.Plan(config=config, corpus=corpus, backends=["numpy"], seed=seed, out=out,
+                                backend_options={"numpy": {"dtype": "float64"}},
+                                parity={"opt_steps": steps}, probe_fix="export fewer steps (--steps N)",
+                                allow_large=allow_large))
+
+
+def export_kit(config: Any, size: str | None, corpus: Any, seed: int, steps: int, out: Path,
+               progress: bool = True) -> dict[str, bytes]:
+    """Compute the kit with the oracle and write it into `out` (checked by `check_out`), manifest.json last; the
+    kit files' bytes by name. `size`: the preset whose measured tolerances the manifest records (None: a config of
+    one's own)."""
+    files, _ = compute(config, corpus, seed, steps, progress=progress)
+    blobs = {name: npz_bytes(arrays) for name, arrays in files.items()}
+    manifest = build_manifest(config, size, corpus, seed, steps, files, blobs)
+    write_kit(out, blobs, (json.dumps(manifest, indent=1) + "\n").encode())
+    return blobs

@@ -44,6 +44,11 @@ def describe(group: str, key: str, shape: tuple[int, ...]) -> dict[str, Any]:
         step = flux_layout.tokens_to_flux(np.zeros(shape[1:], dtype=np.int64))
         out.update(axes=["step", "batch", "time"], flux_per_step_shape=list(step.shape),
                    flux="x[k] is (B, T) 0-based: transpose to (T, B) and add 1 (flux_layout.tokens_to_flux)")
+    elif group == "masks" and key.endswith(".probs"):  # the attention probabilities' masks (attn_dropout)
+        out.update(axes=["step", "batch", "head", "query", "key"],
+                   flux_per_step_shape=_flux_mask_shape(key, shape[1:]),
+                   flux="masks[k] is (B, H, T_query, T_key): permutedims to NNlib's (T_key, T_query, H, B), the "
+                        "layout of dot_product_attention's probabilities (flux_layout.masks_to_flux)")
     elif group == "masks":
         out.update(axes=["step", "batch", "time", "embd"], flux_per_step_shape=_flux_mask_shape(key, shape[1:]),
                    flux="masks[k] is (B, T, C): permutedims to (C, T, B) (flux_layout.masks_to_flux)")

@@ -64,6 +64,7 @@ FIELDS: dict[str, dict[str, Any]] = {
     "model_options": {"type": "object", "additionalProperties": False,
                       "properties": {"tie_embeddings": {"type": "boolean"}, "gelu": {"enum": list(GELUS)},
                                      "bias": {"type": "boolean"}, "lm_head_bias": {"type": "boolean"},
+                                     "attn_dropout": {"type": "boolean"},
                                      "mlp_hidden": {"type": "integer", "minimum": 1}}},
     "training": {"type": "object"},
     "definitions": {"type": "object"},

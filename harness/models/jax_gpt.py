@@ -8,8 +8,9 @@ under the same names, without any mapping. The model options are the config's, a
 
 Dropout is a dict of keep-masks by site, True = keep, applied as x * keep / (1 - p): "emb" (B, T, C) after the
 embedding sum, "h.{i}.attn" and "h.{i}.mlp" (B, T, C) after block i's output projections, and, with
-`config.attn_dropout`, "h.{i}.attn.probs" (B, H, T, T) on the attention probabilities. In parity the harness draws
-the masks (harness/core/masks.py); otherwise `draw_masks` draws them from JAX's PRNG. No masks: no dropout.
+`config.attn_dropout`, "h.{i}.attn.probs" (B, H, T, T) on the attention probabilities (att = softmax(scores);
+att = att * keep / (1 - p); y = att @ v). In parity the harness draws the masks (harness/core/masks.py); otherwise
+`draw_masks` draws them, at the harness's sites, from JAX's PRNG. A site without a mask: no dropout there.
 
 `forward(..., taps=dict)` fills the dict with the activation taps of harness/core/taps.py (parity's depth 0).
 AdamW is written out with torch.optim.AdamW's semantics (`adamw`); its scalars come from the caller, computed in
@@ -35,11 +36,6 @@ Masks = dict[str, jax.Array]
 LN_EPS = 1e-5  # added to the biased variance, as torch.nn.LayerNorm
 GELU_C = math.sqrt(2.0 / math.pi)  # constant of GELU's tanh form
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (total norm + 1e-6)
-
-
-def attn_dropout(config: Config) -> bool:
-    """Whether the attention probabilities are dropped too (the config's `attn_dropout`, with dropout > 0)."""
-    return bool(getattr(config, "attn_dropout", False)) and config.dropout > 0
 
 
 # --------------------------------------------------------------------------------------------------- layers
@@ -101,7 +97,7 @@ def attention(x: jax.Array, p: Params, prefix: str, config: Config, masks: Masks
     qkv = linear(x, p[prefix + "attn.c_attn.weight"], p.get(prefix + "attn.c_attn.bias"))
     q, k, v = (split_heads(t, config.n_head) for t in jnp.split(qkv, 3, axis=-1))
     probs = causal_attention(q, k)
-    att = dropout(probs, masks.get(prefix + "attn.probs"), config.dropout)  # with attn_dropout: the mask exists
+    att = dropout(probs, masks.get(prefix + "attn.probs"), config.dropout)  # nanoGPT's attn_dropout: a mask here
     y = merge_heads(att @ v)
     out = linear(y, p[prefix + "attn.c_proj.weight"], p.get(prefix + "attn.c_proj.bias"))
     if taps is not None:  # attn.probs before the probabilities' dropout, attn.y after it
@@ -168,24 +164,13 @@ def loss(p: Params, idx: jax.Array, targets: jax.Array, config: Config, masks: M
     return cross_entropy(forward(p, idx, config, masks), targets)
 
 
-def dropout_sites(config: Config, B: int, T: int) -> dict[str, tuple[int, ...]]:
-    """Every dropout site of the model and its mask's shape, in forward order (the harness's keys)."""
-    C, H = config.n_embd, config.n_head
-    sites: dict[str, tuple[int, ...]] = {"emb": (B, T, C)}
-    for i in range(config.n_layer):
-        if attn_dropout(config):
-            sites[f"h.{i}.attn.probs"] = (B, H, T, T)
-        sites.update({f"h.{i}.attn": (B, T, C), f"h.{i}.mlp": (B, T, C)})
-    return sites
-
-
-def draw_masks(key: jax.Array, config: Config, B: int, T: int) -> Masks:
-    """JAX's own dropout: a keep-mask per site, each entry kept with probability 1 - p; none when p is 0."""
-    if config.dropout <= 0:
+def draw_masks(key: jax.Array, sites: dict[str, tuple[int, ...]], p: float) -> Masks:
+    """JAX's own dropout: a keep-mask for each site of `sites` ({name: shape}, the harness's
+    harness.core.masks.mask_shapes), each entry kept with probability 1 - p; none when p is 0."""
+    if p <= 0:
         return {}
-    sites = dropout_sites(config, B, T)
     keys = jax.random.split(key, len(sites))
-    return {name: jax.random.bernoulli(k, 1.0 - config.dropout, shape) for k, (name, shape) in zip(keys, sites.items())}
+    return {name: jax.random.bernoulli(k, 1.0 - p, shape) for k, (name, shape) in zip(keys, sites.items())}
 
 
 # --------------------------------------------------------------------------------------------------- optimizer

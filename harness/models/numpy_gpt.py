@@ -226,22 +226,30 @@ def softmax_backward(dprobs: Array, cache: Cache) -> Array:
     return probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
 
 
-def causal_attention_forward(q: Array, k: Array, v: Array) -> tuple[Array, Cache]:
-    """softmax(q k^T / sqrt(D), future masked) v for each head; q, k, v (B, H, T, D) -> (B, H, T, D)."""
+def causal_attention_forward(q: Array, k: Array, v: Array, p: float = 0.0, rng: np.random.Generator | None = None,
+                             keep: np.ndarray | None = None) -> tuple[Array, Cache]:
+    """softmax(q k^T / sqrt(D), future masked), dropped, then @ v, for each head; q, k, v (B, H, T, D) -> (B, H, T, D).
+
+    The dropout on the probabilities is nanoGPT's attn_dropout (`dropout_forward` with `p`, `rng`, `keep`; the
+    identity with p = 0, or without both `rng` and `keep`). The cache's fourth entry is the probabilities before it.
+    """
     T, D = q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(D)  # keeps the scores' variance near 1, whatever the head size
     scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, H, T, T): query t against key s
     future = xp.triu(xp.ones((T, T), dtype=bool), k=1)  # s > t: a position may not look ahead
     scores = xp.where(future, -xp.inf, scores)  # exp(-inf) = 0: masked keys get probability exactly 0
     probs, softmax_cache = softmax_forward(scores)
-    return probs @ v, (q, k, v, probs, softmax_cache, scale)
+    dropped, drop_cache = dropout_forward(probs, p, rng, keep)
+    return dropped @ v, (q, k, v, probs, softmax_cache, dropped, drop_cache, scale)
 
 
 def causal_attention_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array]:
-    """Gradients (dq, dk, dv). Masked entries have probability 0, so the softmax gives them no gradient."""
-    q, k, v, probs, softmax_cache, scale = cache
-    dprobs = dout @ v.swapaxes(-1, -2)
-    dv = probs.swapaxes(-1, -2) @ dout
+    """Gradients (dq, dk, dv). Masked entries have probability 0, so the softmax gives them no gradient; dropped
+    ones pass none back through the dropout."""
+    q, k, v, _, softmax_cache, dropped, drop_cache, scale = cache
+    ddropped = dout @ v.swapaxes(-1, -2)
+    dv = dropped.swapaxes(-1, -2) @ dout
+    dprobs = dropout_backward(ddropped, drop_cache)  # the kept entries, scaled by 1/(1-p) as in the forward
     dscores = softmax_backward(dprobs, softmax_cache) * scale
     dq = dscores @ k
     dk = dscores.swapaxes(-1, -2) @ q
@@ -261,14 +269,16 @@ def merge_heads(y: Array) -> Array:
 
 
 def attention_forward(x: Array, w_attn: Array, b_attn: Array, w_proj: Array, b_proj: Array,
-                      n_head: int, taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
-    """Causal multi-head self-attention: one fused qkv Linear (q, k, v in that order), heads, output Linear.
+                      n_head: int, taps: dict[str, Array] | None = None, p: float = 0.0,
+                      rng: np.random.Generator | None = None, keep: np.ndarray | None = None) -> tuple[Array, Cache]:
+    """Causal multi-head self-attention: one fused qkv Linear (q, k, v in that order), heads, output Linear; `p`,
+    `rng`, `keep`: the dropout on the attention probabilities (causal_attention_forward).
 
-    `taps` (parity's depth 0, harness/taps.py): filled with "attn.q", "attn.k", "attn.v", "attn.probs", "attn.y"
-    and "attn.proj"."""
+    `taps` (parity's depth 0, harness/core/taps.py): filled with "attn.q", "attn.k", "attn.v", "attn.probs" (before
+    dropout), "attn.y" (the dropped probabilities @ v, heads merged) and "attn.proj"."""
     qkv, attn_cache = linear_forward(x, w_attn, b_attn)  # (B, T, 3C)
     q, k, v = (split_heads(t, n_head) for t in xp.split(qkv, 3, axis=-1))
-    y, core_cache = causal_attention_forward(q, k, v)
+    y, core_cache = causal_attention_forward(q, k, v, p, rng, keep)
     merged = merge_heads(y)
     out, proj_cache = linear_forward(merged, w_proj, b_proj)
     if taps is not None:
@@ -336,10 +346,11 @@ def cross_entropy_backward(dloss: float | Array, cache: Cache) -> Array:
 def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Config,
                   rng: np.random.Generator | None, masks: dict[str, np.ndarray] | None = None,
                   taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
-    """Pre-LayerNorm transformer block: x + drop(attn(ln_1(x))), then x + drop(mlp(ln_2(x))).
+    """Pre-LayerNorm transformer block: x + drop(attn(ln_1(x))), then x + drop(mlp(ln_2(x))); with
+    config.attn_dropout the attention probabilities are dropped too.
 
-    `masks` are the harness's keep-masks by site ("h.{i}.attn", "h.{i}.mlp"; see gpt_forward); `taps` is filled
-    with the block's activation taps under `prefix` (see gpt_forward).
+    `masks` are the harness's keep-masks by site ("h.{i}.attn.probs", "h.{i}.attn", "h.{i}.mlp"; see gpt_forward);
+    `taps` is filled with the block's activation taps under `prefix` (see gpt_forward).
     """
     def p(name: str) -> Array | None:
         return params.get(prefix + name)  # a bias is absent (None) with config.bias false
@@ -348,8 +359,11 @@ def block_forward(x: Array, params: dict[str, Array], prefix: str, config: Confi
     own: dict[str, Array] | None = None if taps is None else {}
 
     h, ln1_cache = layernorm_forward(x, p("ln_1.weight"), p("ln_1.bias"))
+    # nanoGPT's attn_dropout: on the attention probabilities, only with the option (otherwise p = 0: the identity)
+    p_attn, keep_attn = (config.dropout, masks.get(prefix + "attn.probs")) if config.attn_dropout else (0.0, None)
     a, attn_cache = attention_forward(h, p("attn.c_attn.weight"), p("attn.c_attn.bias"),
-                                      p("attn.c_proj.weight"), p("attn.c_proj.bias"), config.n_head, own)
+                                      p("attn.c_proj.weight"), p("attn.c_proj.bias"), config.n_head, own,
+                                      p_attn, rng, keep_attn)
     a, drop1_cache = dropout_forward(a, config.dropout, rng, masks.get(prefix + "attn"))
     x = x + a
     if own is not None:
@@ -388,9 +402,9 @@ def gpt_forward(params: dict[str, Array], idx: Array, config: Config,
                 taps: dict[str, Array] | None = None) -> tuple[Array, Cache]:
     """Logits (B, T, V) for token ids idx (B, T). Dropout is active iff `rng` is given (training).
 
-    `masks` (harness.core.masks.dropout_masks, keys "emb", "h.{i}.attn", "h.{i}.mlp"): dropout with exactly these
-    keep-masks instead of drawing from `rng`. `taps` (parity's depth 0): filled with the named intermediate
-    activations of harness/taps.py ("emb", "h.{i}.ln_1", ..., "ln_f", "logits").
+    `masks` (harness.core.masks.dropout_masks, keys "emb", "h.{i}.attn.probs", "h.{i}.attn", "h.{i}.mlp"): dropout
+    with exactly these keep-masks instead of drawing from `rng`. `taps` (parity's depth 0): filled with the named
+    intermediate activations of harness/core/taps.py ("emb", "h.{i}.ln_1", ..., "ln_f", "logits").
     """
     T = idx.shape[1]
     if T > config.block_size:
@@ -442,9 +456,9 @@ def loss_and_gradients(params: dict[str, Array], idx: Array, targets: Array, con
 
 
 def loss_only(params: dict[str, Array], idx: Array, targets: Array, config: Config,
-              rng: np.random.Generator | None = None) -> Array:
-    """Mean cross-entropy (0-d array) without a backward pass."""
-    logits, _ = gpt_forward(params, idx, config, rng)
+              rng: np.random.Generator | None = None, masks: dict[str, np.ndarray] | None = None) -> Array:
+    """Mean cross-entropy (0-d array) without a backward pass; dropout iff `rng` or `masks` given."""
+    logits, _ = gpt_forward(params, idx, config, rng, masks)
     return cross_entropy_forward(logits, targets)[0]
 
 

@@ -83,7 +83,7 @@ def speed_verdict(c: analysis.PairComparison) -> dict[str, Any]:
         return {"level": WARN, "label": "speed: paired timing failed" if c.paired_crashed else
                 "speed: no paired round", "text": (
                     f"Speed of {c.a} and {c.b}: not compared: the paired timing measured no round "
-                    f"({c.paired_failure}); `harness run --resume` tries again.")}
+                    f"({c.paired_failure}); `harness resume RUN_ID` tries again.")}
     if s is None:
         return {"level": NEUTRAL, "label": "speed: not compared", "text": (
             f"Speed of {c.a} and {c.b}: not compared: this run has no paired timing (--paired-rounds 0, or a run "

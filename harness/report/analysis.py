@@ -166,7 +166,7 @@ def banners(view: RunView) -> list[Banner]:
     for rec in view.records:
         level, text = status_of(rec, view.age_s.get(rec["backend"]))
         if level != OK:
-            resume = (f" Resume with `harness run --resume {view.run_id} --out {view.out}`."
+            resume = (f" Resume with `harness resume {view.run_id} --out {view.out}`."
                       if rec.get("status") in ("interrupted", "running") else "")
             out.append(Banner(level, f"{run}: {rec['backend']} {text}.{resume}"))
     for name in view.missing:
@@ -193,7 +193,7 @@ def banners(view: RunView) -> list[Banner]:
 
 # --- parity.json ------------------------------------------------------------------------------------------------------
 def parity_passed(doc: dict) -> bool | None:
-    """The overall verdict of a parity.json (harness.parity.compare): `verdict` "pass" is True, "fail" and "error" are
+    """The overall verdict of a parity.json (harness.parity.record): `verdict` "pass" is True, "fail" and "error" are
     False; failing that, a boolean `passed` (top level or in `results`); None when it says nothing."""
     verdict = doc.get("verdict")
     if isinstance(verdict, str) and verdict.lower() in ("pass", "passed", "fail", "failed", "error"):
@@ -214,7 +214,7 @@ def _num(x: Any) -> float:
 def parity_checks(doc: dict) -> list[dict]:
     """One row per check of a parity.json: check, value, tolerance, "first broken", "worst", result ("ok" / "FAIL").
 
-    parity.json holds its rows (`checks`, harness.parity.compare.ParityResult.rows) since the learning-rate check; for a
+    parity.json holds its rows (`checks`, harness.parity.result.ParityResult.rows) since the learning-rate check; for a
     record from before, they are read from its `results` (the step-0 activation taps, logits and gradients, the
     re-synchronised optimizer steps and their losses, the training-loss curve, the final validation loss); "first
     broken" is where a check

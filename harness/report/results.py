@@ -26,8 +26,8 @@ from harness.run import records
 
 CONFIG_COLUMNS = ("n_embd", "n_layer", "n_head", "block_size", "batch_size", "d_hidden", "learning_rate", "dropout",
                   "weight_decay", "scheme", "target_val_loss")
-OPTION_COLUMNS = ("tie_embeddings", "gelu", "bias", "lm_head_bias", "decay", "lr_schedule", "warmup_steps",
-                  "decay_steps", "min_lr")
+OPTION_COLUMNS = ("tie_embeddings", "gelu", "bias", "lm_head_bias", "attn_dropout", "decay", "lr_schedule",
+                  "warmup_steps", "decay_steps", "min_lr")
 COLUMNS = ("run_id", "backend", "label", "sweep_id", "cell", "contended", "seed", "device", "dtype", "precision",
            "dtype_option", "precision_option", "status", "steps_done", "total_steps", "final_eval_step",
            "final_val_loss", "final_train_loss", "step_median_s", "step_p10_s", "step_p90_s", "tokens_per_s",

@@ -438,7 +438,7 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
     if states.get("completed", 0) < len(m.cells):
         done = states.get("completed", 0)
         banners.append({"level": "warn", "text": f"Incomplete sweep: {done} of {len(m.cells)} cells completed; "
-                                                  f"`harness sweep --resume {sweep_id}` runs the rest."})
+                                                  f"`harness resume {sweep_id}` runs the rest."})
     run_ids = [c["run_id"] for c in m.cells if c.get("run_id")]
     page = _env().get_template("sweep.html.j2").render(
         title=f"nanogpt-parity sweep {sweep_id}", sweep_id=sweep_id, version=harness.__version__,

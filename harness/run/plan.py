@@ -70,13 +70,15 @@ def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) ->
 
     parameters (+ gradients, + AdamW's two moments, + the float32 initial weights), activations kept for the
     backward pass (per layer: ~12 B*T*C for LayerNorms/qkv/projections/residuals/masks, 2 B*H*T*T attention
-    scores and probabilities, 3 B*T*d_h for the MLP; plus 3 B*T*V logits), the corpus ids, the fixed evaluation
-    batches of both splits, and the per-step curves.
+    scores and probabilities, and 2 more with attention dropout (the dropped probabilities and their mask), 3 B*T*d_h
+    for the MLP; plus 3 B*T*V logits), the corpus ids, the fixed evaluation batches of both splits, and the per-step
+    curves.
     """
     c, f = config, bytes_per_float
     B, T, C, L, H, Dh, V = c.batch_size, c.block_size, c.n_embd, c.n_layer, c.n_head, c.d_hidden, corpus.vocab_size
     n_params = n_parameters(c, V)
-    per_layer = 12 * B * T * C + 2 * B * H * T * T + 3 * B * T * Dh
+    attention = (4 if c.attn_dropout and c.dropout > 0 else 2) * B * H * T * T
+    per_layer = 12 * B * T * C + attention + 3 * B * T * Dh
     n_train = len(corpus.train)
     steps = c.steps or c.epochs * max(1, ((n_train - 1) // T) // B)
     return {

@@ -35,8 +35,8 @@ from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.core.taps import tap_rows
 from harness.errors import UsageError
 
-# The probe's array names (docs/parity.md, "The probe"): defined here, where they are written; harness.parity and
-# harness.diagnose read them through these names.
+# The probe's array names (docs/parity.md, "The probe"): defined here, where they are written; harness.parity
+# (harness/parity/states.py) reads them through these names.
 GRAD_PREFIX = "grad/"
 DROPOUT_GRAD_PREFIX = "dropout_grad/"  # step-0 gradients under the harness's step-0 dropout masks
 OPT_PREFIX = "opt/"  # opt/<k>/param|adam_m|adam_v/<name>, opt/<k>/adam_t: the state after training step k

@@ -369,7 +369,7 @@ class RunLock:
 
     The kernel drops it when the last process holding the open file exits, however it exits (SIGKILL included),
     so a lock is never stale. The parent passes its open lock file to the worker (`fd`), so a worker keeps the
-    directory locked even if the parent dies; another `harness run --resume` of the same run is refused.
+    directory locked even if the parent dies; another `harness resume` of the same run is refused.
     """
 
     def __init__(self, paths: RunPaths, fd: int | None = None):

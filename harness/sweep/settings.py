@@ -1,5 +1,5 @@
 """A sweep's executor settings (`executor` in sweep.json), checked wherever they come from: the sweep file's
-`[slurm]` table and top-level `executor`/`jobs`, the command line, and a stored sweep.json on `--resume`.
+`[slurm]` table and top-level `executor`/`jobs`, the command line, and a stored sweep.json on `harness resume`.
 
 Why so strict: submitit writes every SLURM setting into the job script as a line `#SBATCH --NAME=VALUE` that sbatch
 reads and bash then runs. The value is shell-quoted but the name is not, and a quoted value may still hold a

@@ -176,7 +176,7 @@ class SubmissionError(UsageError):
 
 
 class SlurmExecutor:
-    """The cells as job arrays (submitit); waits for them unless `wait` is False (then `--status` follows them)."""
+    """The cells as job arrays (submitit); waits for them unless `wait` is False (`harness status` follows them)."""
 
     kind = "slurm"
 
@@ -349,6 +349,6 @@ class SlurmExecutor:
                     time.sleep(self.poll_s)
         except KeyboardInterrupt:
             print(f"sweep: stopped waiting; {len(pending)} job(s) continue on the cluster "
-                  "(follow them with `harness sweep --status ID`)", file=sys.stderr)
+                  "(follow them with `harness status SWEEP_ID`)", file=sys.stderr)
             return 130
         return 0

@@ -1,7 +1,8 @@
 """A sweep spec (a TOML file, or the same from flags) and the cells it expands to.
 
 Axes: `sizes` and/or `configs` (TOML files), `backends`, `seeds` (a count or a list), `devices`, `precision`,
-`dtype`, and any config field (or nanoGPT's name for it, as on `harness run --set`) as a list under `[fields]`.
+`dtype`, and any config field (or nanoGPT's name for it, as on `harness run --set`) as a list under `[fields]`
+(`--axis NAME=V1,V2` on the command line); `backend_devices` puts one backend's cells on another device.
 Cells are the cross product; every cell is validated (its Config, its backend, device and options) before anything
 is written. When `n_embd` is swept and `d_hidden` is not, `d_hidden` keeps the preset's ratio to `n_embd` (4 in
 every preset); every other field keeps its value and must stay valid (e.g. `n_head` must divide every `n_embd`).
@@ -36,7 +37,8 @@ DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `
 MAX_CELLS_WITHOUT_YES = 300
 MAX_CELLS = 10_000  # even with --yes: one manifest, one process following it; split a larger study into sweeps
 PRECISION_BACKENDS = ("torch", "flux")  # the backends that take a matmul precision option
-TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "precision", "dtype", "steps", "epochs",
+TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "backend_devices", "precision", "dtype",
+            "steps", "epochs",
             "eval_interval", "checkpoint_every", "threads", "text", "fields", "slurm", "executor", "jobs",
             "paired_rounds"}
 # Config fields a sweep may not list: the name is the cell's label, steps/epochs are the schedule (top level)
@@ -57,6 +59,7 @@ class SweepSpec:
     backends: list[str] = field(default_factory=lambda: ["torch"])
     seeds: list[int] | range = field(default_factory=lambda: [DEFAULT_SEED])  # a count stays a range until expanded
     devices: list[str] = field(default_factory=lambda: ["cpu"])
+    backend_devices: dict[str, str] = field(default_factory=dict)  # `--device NAME=DEVICE`: that backend's cells
     precision: list[str | None] = field(default_factory=lambda: [None])
     dtype: list[str | None] = field(default_factory=lambda: [None])
     fields: dict[str, list[Any]] = field(default_factory=dict)
@@ -142,21 +145,38 @@ def parse_seed_flag(text: str) -> int | list[int]:
     return ints[0] if len(ints) == 1 and "," not in text else ints
 
 
-def parse_set(items: list[str]) -> dict[str, list[Any]]:
-    """`--set learning_rate=0.003,0.01` (repeatable) -> {"learning_rate": [0.003, 0.01]}: a sweep axis. Each value
-    is read as `harness run --set` reads one (harness.config.nanogpt.parse_value: a Python literal such as False or
-    1e-3,
-    else TOML's spelling, else the text)."""
+def parse_set(items: list[str], option: str = "--axis") -> dict[str, list[Any]]:
+    """`--axis learning_rate=0.003,0.01` (repeatable; `option` names the flag in messages) -> {"learning_rate":
+    [0.003, 0.01]}: a sweep axis (`--set NAME=VALUE`: an axis of one value). Each value is read as `harness run
+    --set` reads one (harness.config.nanogpt.parse_value: a Python literal such as False or 1e-3, else TOML's
+    spelling, else the text)."""
     fields: dict[str, list[Any]] = {}
     for item in items:
         name, sep, values = item.partition("=")
         if not sep or not name.strip() or not values.strip():
-            raise UsageError(f"--set {item!r}: write FIELD=V1,V2 (e.g. --set learning_rate=0.003,0.01)")
+            raise UsageError(f"{option} {item!r}: write NAME=VALUE, or NAME=V1,V2 for an axis (e.g. --axis "
+                             "learning_rate=0.003,0.01)")
         name = name.strip()
         if name in fields:
-            raise UsageError(f"--set {name} given twice; list all its values in one --set {name}=V1,V2")
-        fields[name] = [nanogpt.parse_value(v.strip(), f"--set {name}") for v in values.split(",")]
+            raise UsageError(f"{option} {name} given twice; list all its values in one --axis {name}=V1,V2")
+        fields[name] = [nanogpt.parse_value(v.strip(), f"{option} {name}") for v in values.split(",")]
     return fields
+
+
+def _backend_devices(value: Any, spec: SweepSpec) -> dict[str, str]:
+    """`backend_devices = {torch = "cuda"}` (`--device torch=cuda`): the device of one backend's cells, checked."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise UsageError("sweep backend_devices must be a table of backend = device, e.g. {torch = \"cuda\"}")
+    for name, device in value.items():
+        if name not in spec.backends:
+            raise UsageError(f"sweep backend_devices names {short(name)}, which is not one of the sweep's backends "
+                             f"({', '.join(spec.backends)}); drop it or add the backend")
+        if device not in ("cpu", "cuda"):
+            raise UsageError(f"sweep backend_devices: unknown device {short(device)} for {name}; use cpu or cuda")
+    if value and len(spec.devices) > 1:
+        raise UsageError("a device per backend (--device NAME=DEVICE, backend_devices) and a device axis (--axis "
+                         "device=..., devices) exclude each other; pass one")
+    return dict(value)
 
 
 def _positive(value: Any, what: str, allow_none: bool = True) -> int | None:
@@ -214,6 +234,8 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
         spec.seeds = parse_seeds(doc["seeds"])
     if "devices" in doc:
         spec.devices = _list(doc["devices"], "devices")
+    if "backend_devices" in doc:
+        spec.backend_devices = _backend_devices(doc["backend_devices"], spec)
     for key in ("precision", "dtype"):
         if key in doc:
             setattr(spec, key, _list(doc[key], key))
@@ -314,8 +336,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
                     for dtype in spec.dtype:
                         for backend in spec.backends:
                             precisions = spec.precision if backend in PRECISION_BACKENDS else [None]
+                            where = spec.backend_devices.get(backend, device)
                             for precision in precisions:
                                 options = {k: v for k, v in (("dtype", dtype), ("precision", precision)) if v}
-                                cells.append(Cell(len(cells), config, source, backend, seed, device, options,
+                                cells.append(Cell(len(cells), config, source, backend, seed, where, options,
                                                   overrides))
     return cells

@@ -60,24 +60,27 @@ end
 """
     apply_dropout(d::Flux.Dropout, x, keep)
 
-Dropout at one of the model's three places. With a [`KeepMask`](@ref) it is inverted dropout
-with exactly that mask, `x * keep / (1 - p)`, whether or not `d` is switched on; with `nothing`
-it is [`maybe_dropout`](@ref)`(d, x)`, the model's own dropout.
+Dropout at one of the model's places. With a [`KeepMask`](@ref) it is inverted dropout with
+exactly that mask, `x * keep / (1 - p)`, whether or not `d` is switched on; with `nothing` it is
+[`maybe_dropout`](@ref)`(d, x)`, the model's own dropout.
 """
 apply_dropout(d::Flux.Dropout, x, ::Nothing) = maybe_dropout(d, x)
 apply_dropout(::Flux.Dropout, x, k::KeepMask) = x .* k.keep ./ k.q
 
 """
-    CausalSelfAttention(c_attn, c_proj, drop, n_head)
+    CausalSelfAttention(c_attn, c_proj, attn_drop, drop, n_head)
 
 Causal multi-head self-attention with one fused qkv `Dense(d => 3d)` whose output rows are split
 `[q; k; v]` (PyTorch's `split(n_embd, dim=2)`), `NNlib.dot_product_attention` (scale 1/√head_dim,
 head h owns feature rows (h-1)*hs+1:h*hs as PyTorch's `view(B, T, nh, hs)`), the output projection
-`c_proj` and dropout after it. No dropout on the attention probabilities.
+`c_proj` and dropout `drop` after it. `attn_drop` drops attention probabilities (nanoGPT's
+`attn_dropout`), as NNlib's `fdrop`: after the softmax, before the product with v; its `p` is 0
+when the option is off.
 """
 struct CausalSelfAttention{D1, D2, R}
     c_attn::D1
     c_proj::D2
+    attn_drop::R
     drop::R
     n_head::Int
 end
@@ -88,14 +91,22 @@ function (a::CausalSelfAttention)(
     x::AbstractArray{<:Real, 3},
     mask::AbstractMatrix{Bool},
     keep = nothing,
+    keep_probs = nothing,
 )
     d = size(x, 1)
     qkv = a.c_attn(x)
     q = qkv[1:d, :, :]
     k = qkv[(d + 1):(2d), :, :]
     v = qkv[(2d + 1):(3d), :, :]
-    y, _ = NNlib.dot_product_attention(q, k, v; mask = mask, nheads = a.n_head)
-    # dropout after the output projection, never on the attention probabilities
+    # the probabilities α are (key, query, head, batch): the layout of the harness's keep_probs
+    y, _ = NNlib.dot_product_attention(
+        q,
+        k,
+        v;
+        mask = mask,
+        nheads = a.n_head,
+        fdrop = α -> apply_dropout(a.attn_drop, α, keep_probs),
+    )
     return apply_dropout(a.drop, a.c_proj(y), keep)
 end
 
@@ -125,7 +136,8 @@ Flux.@layer MLP
 
 Pre-LayerNorm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`. Called as
 `block(x, mask, keeps)` with `keeps` either `nothing` (the layers' own dropout) or
-`(attn = KeepMask, mlp = KeepMask)`, the harness's masks for the two dropout places.
+`(probs = KeepMask or nothing, attn = KeepMask, mlp = KeepMask)`, the harness's masks for the
+block's dropout places (`probs`: the attention probabilities, with attention dropout only).
 """
 struct Block{L, A, M}
     ln_1::L
@@ -141,7 +153,13 @@ function (b::Block)(
     mask::AbstractMatrix{Bool},
     keeps = nothing,
 )
-    h = x .+ b.attn(b.ln_1(x), mask, keeps === nothing ? nothing : keeps.attn)
+    h = x .+
+        b.attn(
+            b.ln_1(x),
+            mask,
+            keeps === nothing ? nothing : keeps.attn,
+            keeps === nothing ? nothing : keeps.probs,
+        )
     return h .+ b.mlp(b.ln_2(h), keeps === nothing ? nothing : keeps.mlp)
 end
 
@@ -179,8 +197,8 @@ dropout, the blocks (a `Tuple`), the final LayerNorm and the output layer: an un
 `Dense(d => V)` (with a bias or `false`) or a [`TiedHead`](@ref) that uses `wte`'s weight.
 Called as `model(idx, mask)` with 1-based token ids `idx` (T, B) and the causal mask (T, T);
 returns logits (V, T, B). `model(idx, mask, keeps)` applies the harness's dropout masks instead of
-the layers' own dropout: `keeps = (emb = KeepMask, blocks = ((attn = …, mlp = …), …))` (see
-[`keep_masks`](@ref)).
+the layers' own dropout: `keeps = (emb = KeepMask, blocks = ((probs = …, attn = …, mlp = …), …))`
+(see [`keep_masks`](@ref)).
 """
 struct GPT{E, P, D, B <: Tuple, L, H}
     wte::E
@@ -223,6 +241,7 @@ Switch every dropout layer of `m` on (training) or off (evaluation, gradients fo
 function set_dropout!(m::GPT, active::Bool)
     m.drop.active = active
     for b in m.blocks
+        b.attn.attn_drop.active = active
         b.attn.drop.active = active
         b.mlp.drop.active = active
     end

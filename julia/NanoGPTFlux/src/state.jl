@@ -26,6 +26,7 @@ struct Config
     gelu::String
     bias::Bool
     lm_head_bias::Bool
+    attn_dropout::Bool
 end
 
 # A value of `cfg` by its String key (or the same name as a Symbol), converted to `T`.
@@ -68,6 +69,7 @@ function parse_config(cfg::AbstractDict)
         cfg_value(cfg, "gelu", String, "tanh"),
         cfg_value(cfg, "bias", Bool, true),
         cfg_value(cfg, "lm_head_bias", Bool, true),
+        cfg_value(cfg, "attn_dropout", Bool, false),
     )
     c.gelu in ("tanh", "exact") ||
         throw(ArgumentError("build: gelu must be \"tanh\" or \"exact\", got \"$(c.gelu)\""))
@@ -176,7 +178,7 @@ function build_model(c::Config, arrays::AbstractDict, rng)
     dev(name) = to_device(c.device, arrays[name])
     # `false` for a layer without a bias, as Flux's `Dense(W, false)`
     bias(name, has) = has ? dev(name * ".bias") : false
-    drop() = Flux.Dropout(c.dropout; rng = rng, active = false)
+    drop(p = c.dropout) = Flux.Dropout(p; rng = rng, active = false)
     dense(name, σ = identity) = Flux.Dense(dev(name * ".weight"), bias(name, c.bias), σ)
     layernorm(name) = LayerNorm(dev(name * ".weight"), bias(name, c.bias))
     head = if c.tie_embeddings
@@ -191,6 +193,7 @@ function build_model(c::Config, arrays::AbstractDict, rng)
             CausalSelfAttention(
                 dense(p * "attn.c_attn"),
                 dense(p * "attn.c_proj"),
+                drop(c.attn_dropout ? c.dropout : 0.0), # p = 0: no attention dropout
                 drop(),
                 c.n_head,
             ),
@@ -302,7 +305,9 @@ CUDA so that the memory figures count little garbage; default 1 on CUDA, 0 = nev
 options (harness/config.py), each optional with the original model as default:
 `tie_embeddings` (Bool, false: the output layer uses `wte.weight`, see [`TiedHead`](@ref)),
 `gelu` ("tanh" or "exact", see [`gelu_function`](@ref)), `bias` (Bool, true: biases in the
-blocks' Dense layers and LayerNorms and in `ln_f`) and `lm_head_bias` (Bool, true).
+blocks' Dense layers and LayerNorms and in `ln_f`), `lm_head_bias` (Bool, true) and
+`attn_dropout` (Bool, false: dropout with probability `dropout` on the attention probabilities
+too, nanoGPT's `attn_dropout`; see [`CausalSelfAttention`](@ref)).
 `params` must hold exactly the parameters these options leave ([`param_specs`](@ref)).
 
 `params` maps every canonical name (e.g. "h.0.attn.c_attn.weight") to an array already in the
@@ -417,26 +422,32 @@ end
 
 The harness's dropout keep-masks as the model takes them (see `GPT`): `masks` maps "emb",
 "h.{i}.attn" and "h.{i}.mlp" (i from 0) to Bool (or 0/1) arrays of size (n_embd, T, B), the Flux
-layout of the harness's (B, T, n_embd) masks; they are copied to the device as Float32 0/1 arrays,
-with q = 1 - dropout (Float32).
+layout of the harness's (B, T, n_embd) masks, and with attention dropout (`c.attn_dropout` and
+`c.dropout > 0`) "h.{i}.attn.probs" to arrays of size (T, T, n_head, B), (key, query, head,
+batch): NNlib's layout of the attention probabilities, the harness's (B, n_head, T, T) reversed.
+They are copied to the device as Float32 0/1 arrays, with q = 1 - dropout (Float32).
 """
 function keep_masks(c::Config, masks::AbstractDict, T::Integer, B::Integer)
-    expected = [
-        "emb"
-        ["h.$(i - 1).$(site)" for i in 1:(c.n_layer) for site in ("attn", "mlp")]
-    ]
+    probs = c.attn_dropout && c.dropout > 0 # the attention sites exist
+    sites = probs ? ("attn.probs", "attn", "mlp") : ("attn", "mlp")
+    expected = ["emb"; ["h.$(i - 1).$(site)" for i in 1:(c.n_layer) for site in sites]]
     unknown = sort!([string(k) for k in keys(masks) if !(string(k) in expected)])
     isempty(unknown) ||
         throw(ArgumentError("unknown dropout mask(s) $(join(unknown, ", "))"))
     q = Float32(1 - c.dropout)
-    function keep(key)
-        a = fetch_array(masks, key, (c.n_embd, T, B))
+    function keep(key, shape = (c.n_embd, T, B))
+        a = fetch_array(masks, key, shape)
         all(v -> v == 0 || v == 1, a) ||
             throw(ArgumentError("dropout mask \"$key\" has entries other than 0 and 1"))
         return KeepMask(to_device(c.device, a), q)
     end
+    keep_probs(i) = probs ? keep("h.$(i - 1).attn.probs", (T, T, c.n_head, B)) : nothing
     blocks = ntuple(
-        i -> (attn = keep("h.$(i - 1).attn"), mlp = keep("h.$(i - 1).mlp")),
+        i -> (
+            probs = keep_probs(i),
+            attn = keep("h.$(i - 1).attn"),
+            mlp = keep("h.$(i - 1).mlp"),
+        ),
         c.n_layer,
     )
     return (emb = keep("emb"), blocks = blocks)

@@ -6,7 +6,10 @@ masks, global-norm clipping that is active, AdamW with weight decay on the param
 with the parameters and AdamW moments after each, and the oracle's AdamW alone on fixed arrays for three steps.
 An options case (`options.` config lines, `options/` names) repeats logits, loss, gradients and two training steps on
 a one-layer model with nanoGPT's options: tied embeddings, exact GELU, no biases, no lm_head bias, and the learning
-rates of a cosine schedule with warm-up (harness.schedule).
+rates of a cosine schedule with warm-up (harness.schedule). An attention-dropout case (`attn.` config lines, `attn/`
+names) gives the loss and gradients of a one-layer model with `attn_dropout` under masks that include the attention
+probabilities' (`attn/mask/h.0.attn.probs`, NNlib's (key, query, head, batch) layout), and the parameters after two
+training steps with them.
 
 Run from the repository root (tests/test_flux_fixture.py checks the committed file is what this writes):
 
@@ -15,7 +18,7 @@ Run from the repository root (tests/test_flux_fixture.py checks the committed fi
 Format (plain text, read with Julia's standard library only): `#` comment lines; `config KEY VALUE` (Int, Float64
 or String); `scalar NAME VALUE`; `array NAME DIMS...` followed by one line of the values in column-major
 (Julia) order. Arrays are in the Flux layout (harness/backends/flux_layout.py): embeddings (d, rows), Dense
-weights (out, in), tokens (T, B) 1-based, logits (V, T, B), masks (C, T, B) as 0/1.
+weights (out, in), tokens (T, B) 1-based, logits (V, T, B), masks (C, T, B) as 0/1, attention masks (T, T, H, B).
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ def fixture() -> tuple[dict[str, object], dict[str, float], dict[str, np.ndarray
 
     arrays.update(adamw_case())
     options_case(x, y, masks, cfg, scalars, arrays)
+    attention_case(x, y, masks, cfg, scalars, arrays)
     return cfg, scalars, arrays
 
 
@@ -150,6 +154,40 @@ def options_case(x: np.ndarray, y: np.ndarray, masks: dict[str, np.ndarray], cfg
         kinds = (("param", params),) if step == 1 else (("param", params), ("adam_m", opt.m), ("adam_v", opt.v))
         for kind, values in kinds:
             arrays.update({f"options/step{step}/{kind}/{k}": v for k, v in _flux64(values).items()})
+
+
+def attention_config():
+    """The attention-dropout case's model: the main model on one layer, with dropout on the attention probabilities."""
+    return tiny_config().replace(n_layer=1, attn_dropout=True)
+
+
+def attention_case(x: np.ndarray, y: np.ndarray, masks: dict[str, np.ndarray], cfg: dict[str, object],
+                   scalars: dict[str, float], arrays: dict[str, np.ndarray]) -> None:
+    """Add the attention-dropout case: its config lines, its attention keep-mask (drawn here, (B, H, T, T), written in
+    NNlib's layout), the loss and gradients under all four sites' masks, and the parameters after two training steps
+    with them (clipping, AdamW with decay)."""
+    config = attention_config()
+    weights = tiny_weights(config)
+    rng = np.random.default_rng(17)
+    masks = {k: m for k, m in masks.items() if k in ("emb", "h.0.attn", "h.0.mlp")}
+    masks["h.0.attn.probs"] = rng.random((B, config.n_head, T, T)) >= config.dropout
+    cfg.update({"attn.n_layer": config.n_layer, "attn.attn_dropout": "true",
+                "attn.decay": ",".join(n for n, w in weights.items() if decays(n, w.shape))})
+    arrays.update({f"attn/param/{k}": v for k, v in to_flux(weights).items()})
+    arrays["attn/mask/h.0.attn.probs"] = masks_to_flux({"h.0.attn.probs": masks["h.0.attn.probs"]})["h.0.attn.probs"]
+    params = _f64(weights)
+    loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, masks=masks)
+    scalars["attn/loss_masked"] = float(loss)
+    arrays.update({f"attn/grad_masked/{k}": v for k, v in _flux64(grads).items()})
+    opt = numpy_gpt.AdamW(params, betas=(config.beta1, config.beta2), eps=config.eps,
+                          weight_decay=config.weight_decay)
+    for step, lr in enumerate(LRS, start=1):
+        loss, grads = numpy_gpt.loss_and_gradients(params, x, y, config, masks=masks)
+        numpy_gpt.clip_grad_norm(grads, config.grad_clip)
+        opt.step(params, grads, lr)
+        scalars[f"attn/lr_{step}"] = lr
+        scalars[f"attn/loss_step_{step}"] = float(loss)
+        arrays.update({f"attn/step{step}/param/{k}": v for k, v in _flux64(params).items()})
 
 
 def _flux64(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -116,22 +116,33 @@ function fixture_params(fx::Fixture, ::Type{T}) where {T}
     )
 end
 
-# The fixture's options case: its `options.` config lines over the main config (nanoGPT's options).
-function options_cfg(fx::Fixture)
+# A case of the fixture: its `case.` config lines over the main config (options: nanoGPT's options; attn:
+# attention dropout), and its weights, `case/param/...`.
+function case_cfg(fx::Fixture, case::String)
     cfg = fixture_cfg(fx)
     for (k, v) in fx.cfg
-        startswith(k, "options.") || continue
-        cfg[k[(length("options.") + 1):end]] = v == "true" ? true : v == "false" ? false : v
+        startswith(k, case * ".") || continue
+        cfg[k[(length(case) + 2):end]] = v == "true" ? true : v == "false" ? false : v
     end
     return cfg
 end
 
-function options_params(fx::Fixture, ::Type{T}) where {T}
-    c = NG.parse_config(options_cfg(fx))
+function case_params(fx::Fixture, case::String, ::Type{T}) where {T}
+    c = NG.parse_config(case_cfg(fx, case))
     return Dict{String, Any}(
-        spec.name => T.(Float32.(fx.arrays["options/param/" * spec.name]))
+        spec.name => T.(Float32.(fx.arrays["$case/param/" * spec.name]))
         for spec in NG.param_specs(c)
     )
+end
+
+options_cfg(fx::Fixture) = case_cfg(fx, "options")
+options_params(fx::Fixture, ::Type{T}) where {T} = case_params(fx, "options", T)
+
+# The attention-dropout case's masks: the main case's block-0 masks and its own attention mask, (T, T, H, B).
+function attn_masks(fx::Fixture)
+    masks = filter(kv -> kv.first in ("emb", "h.0.attn", "h.0.mlp"), fixture_masks(fx))
+    masks["h.0.attn.probs"] = fx.arrays["attn/mask/h.0.attn.probs"]
+    return masks
 end
 
 fixture_masks(fx::Fixture) = Dict{String, Any}(
@@ -585,6 +596,91 @@ end
             merge(cfg, Dict{String, Any}("gelu" => "erf")),
             options_params(fx, Float32),
         )
+    end
+
+    @testset "outside reference: dropout on the attention probabilities (attn_dropout)" begin
+        fx = FIXTURE
+        cfg = case_cfg(fx, "attn")
+        c = NG.parse_config(cfg)
+        @test c.attn_dropout && c.n_layer == 1
+        s = build(cfg, case_params(fx, "attn", Float64); float_type = Float64)
+        @test s.model.blocks[1].attn.attn_drop.p == c.dropout
+        x, y = fixture_tokens(fx)
+        masks = attn_masks(fx)
+        @test size(masks["h.0.attn.probs"]) == (6, 6, 2, 2) # (key, query, head, batch)
+        # the oracle's loss and gradients under the four masks: the attention mask reaches NNlib's fdrop
+        check_loss_and_grads(s, x, y, fx, "attn/loss_masked", "attn/grad_masked/", masks)
+        l3, _ = loss_and_grads(
+            build(cfg, case_params(fx, "attn", Float64); float_type = Float64),
+            x,
+            y,
+            merge(masks, Dict{String, Any}("h.0.attn.probs" => ones(6, 6, 2, 2))),
+        )
+        @test !(l3 ≈ fx.scalars["attn/loss_masked"]) # the mask matters
+        # two steps with the masks: clipping, AdamW with decay (parameters only)
+        check_two_steps(s, x, y, fx, "attn/", masks; moments_from = 3)
+        # the bridge's Float32 path
+        s32 = build(cfg, case_params(fx, "attn", Float32))
+        g32 = gradients(s32, x, y, masks)
+        @test all(
+            close_to(
+                g32[spec.name],
+                fx.arrays["attn/grad_masked/" * spec.name];
+                rtol = 1.0e-4,
+            )
+            for spec in s32.specs
+        )
+        # with attention dropout the attention masks are required; without it they are refused
+        @test_throws ArgumentError gradients(
+            s32,
+            x,
+            y,
+            delete!(copy(masks), "h.0.attn.probs"),
+        )
+        @test_throws DimensionMismatch gradients(
+            s32,
+            x,
+            y,
+            merge(masks, Dict{String, Any}("h.0.attn.probs" => trues(6, 6, 2))),
+        )
+        s_off = build(case_cfg(fx, "options"), options_params(fx, Float32))
+        @test_throws ArgumentError gradients(s_off, x, y, masks)
+        # finite differences through the attention dropout (masks given: deterministic)
+        _, g = loss_and_grads(s, x, y, masks)
+        idx, onehot, mask = NG.device_batch(s, x, y)
+        keeps = NG.keeps_for(s, masks, idx)
+        f = () -> NG.loss(s.model, idx, onehot, mask, keeps)
+        check_finite_differences(s, g, f, Random.Xoshiro(11), 3)
+    end
+
+    @testset "attention dropout: Flux's own dropout on the probabilities while training" begin
+        cfg = merge(tiny_cfg(; dropout = 0.5), Dict{String, Any}("attn_dropout" => true))
+        s = build(cfg, tiny_params(cfg))
+        @test all(b.attn.attn_drop.p == 0.5 for b in s.model.blocks)
+        s_off = build(tiny_cfg(; dropout = 0.5), tiny_params(cfg))
+        @test all(
+            b.attn.attn_drop.p == 0
+            for b in s_off.model.blocks
+        ) # the option off: p = 0
+        x, y = tiny_batch(cfg)
+        idx, _, mask = NG.device_batch(s, x, y)
+        @test logits(s, x) == logits(s, x) # off outside training
+        # only the attention probabilities drop: the other layers' p set to 0
+        s.model.drop.p = 0
+        for b in s.model.blocks
+            b.attn.drop.p = 0
+            b.mlp.drop.p = 0
+        end
+        NG.set_dropout!(s.model, true)
+        @test all(b.attn.attn_drop.active === true for b in s.model.blocks)
+        @test s.model(idx, mask) != s.model(idx, mask)
+        NG.set_dropout!(s.model, false)
+        @test s.model(idx, mask) == logits(s, x)
+        train_step!(s, x, y, 1.0e-3)
+        @test !any(
+            b.attn.attn_drop.active
+            for b in s.model.blocks
+        ) # off again after the step
     end
 
     @testset "finite differences: tied embeddings and exact GELU (Float64 model)" begin

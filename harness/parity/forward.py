@@ -1,92 +1,35 @@
-"""Likely causes, read from the pattern of a difference: for `harness parity` and `harness kit check`.
+"""The likely cause of a difference in the forward pass (depth 0 and the logits), read from its pattern.
 
 Each function looks at one kind of difference and returns one sentence (or None when its pattern is absent). The
-forward causes read the first divergent activation tap (harness/taps.py) against the taps before it, which agree;
-the optimizer helpers read the states of one training step that both sides started from the same state
-(docs/parity.md, "Diagnoses"). Side names are passed in, so a sentence says which side does what; where the
-pattern is symmetric, the sentence says so instead of guessing which side is right.
+causes read the first divergent activation tap (harness/core/taps.py) against the taps before it, which agree
+(docs/parity.md, "Diagnoses"); `tap_cause` and `logits_cause` are what the comparison asks. Side names are passed in,
+so a sentence says which side does what; where the pattern is symmetric, the sentence says so instead of guessing
+which side is right. DROPOUT_CAUSE is the forward pass's dropout, named when only the gradients under the masks
+differ.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
 from harness.core.taps import BLOCK_TAPS, block_of, kind
-from harness.run.probe import STATE_QUANTITIES, state_at
+from harness.core.taps import PREFIX as TAP_PREFIX
+from harness.parity.numeric import TINY, relative_error
+from harness.parity.states import arrays, initial_params
 
-TINY = 1e-300  # floor of the relative error's denominator: two all-zero arrays agree exactly
 # what gradients that differ only under the dropout masks point at (harness parity and the kit say it alike)
 DROPOUT_CAUSE = ("dropout (placement or scaling; the gradients agree with dropout off): masks on the embedding sum "
                  "and after each c_proj, before the residual add, kept values x / (1 - p)")
 CLOSE = 1e-3  # a candidate explains a tap when it leaves less than this fraction of the tap's size
-
-# What each depth cannot see (printed with the verdict; docs/parity.md, "What each depth cannot see").
-BLIND_SPOTS: dict[str, str] = {
-    "taps": "step 0 only, with the initial weights: biases start at 0 and LayerNorm gains at 1, so a missing or "
-            "misplaced bias or gain (lm_head.bias, a c_attn or c_proj bias, a LayerNorm affine) changes no "
-            "activation; dropout is off; nothing after the forward pass",
-    "logits": "the same as the taps (a missing lm_head.bias passes, biases start at 0), and where in the forward "
-              "pass a difference arises (the taps name it)",
-    "gradients": "the optimizer, clipping, weight decay and the learning rate; dropout (off); any step after 0",
-    "dropout_gradients": "the optimizer and any step after 0; dropout masks of later steps",
-    "optimizer": "steps after the last one compared; with `harness parity` each step starts from the reference's "
-                 "state, so a difference that only accumulates over many steps shows in the loss, not here",
-    "loss": "which layer or parameter differs; on medium and large in float32 its tolerance is a divergence guard "
-            "(rounding grows chaotically), so only large differences fail there",
-}
-
-
-# --- numeric helpers (harness.parity uses them too) -----------------------------------------------------------------
-def relative_error(a: np.ndarray, b: np.ndarray, tiny: float = TINY) -> float:
-    """||a - b|| / max(||a||, ||b||, tiny), Frobenius norms in float64; NaN if either holds a non-finite value."""
-    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a64.shape != b64.shape:
-        raise ValueError(f"shapes differ: {a64.shape} vs {b64.shape}")
-    if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
-        return math.nan
-    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(a64), np.linalg.norm(b64), tiny))
-
-
-def worst_key(value: float) -> tuple[bool, float]:
-    """The order "worst first" of errors and deviations: NaN (or inf) above every finite value, then the largest."""
-    return (not math.isfinite(value), value if math.isfinite(value) else 0.0)
-
-
-def worst(values: Mapping[Any, float]) -> Any:
-    """The key of the worst value of `values` (NaN first, then the largest; the first of equals); None if empty."""
-    return max(values, key=lambda k: worst_key(values[k])) if values else None
-
-
-def common_factor(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """The least-squares factor f with a ~ f b, and the fraction ||a - f b|| / ||a - b|| of the difference it
-    leaves unexplained (0: a is exactly a scaled b; nan when a == b)."""
-    bb = float(b @ b)
-    f = float(a @ b) / bb if bb > 0 else math.nan
-    diff = float(np.linalg.norm(a - b))
-    if not (diff > 0 and math.isfinite(f)):
-        return f, math.nan
-    return f, float(np.linalg.norm(a - f * b)) / diff
-
-
-def proportional(d: np.ndarray, p: np.ndarray) -> tuple[float, float]:
-    """alpha with d ~ alpha p (least squares) and the fraction ||d - alpha p|| / ||d|| it leaves unexplained; (nan,
-    nan) when d or p is zero."""
-    pp, nd = float(p @ p), float(np.linalg.norm(d))
-    if pp == 0 or nd == 0:
-        return math.nan, math.nan
-    alpha = float(d @ p) / pp
-    return alpha, float(np.linalg.norm(d - alpha * p)) / nd
 
 
 def _close(a: np.ndarray, b: np.ndarray, tol: float = CLOSE) -> bool:
     return a.shape == b.shape and relative_error(a, b) < tol
 
 
-# --- the forward pass (depth 0) ----------------------------------------------------------------------------------
 def previous_tap(name: str, n_layer: int) -> str | None:
     """The tap computed just before `name` that is its input where that matters: a LayerNorm's input is the
     residual stream before it; otherwise the tap before it in forward order."""
@@ -407,87 +350,38 @@ def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.n
     return f"the forward pass at {name}"
 
 
-# --- the optimizer step (depth 3) --------------------------------------------------------------------------------
-def effective_gradient(m: np.ndarray, m_before: np.ndarray, beta1: float) -> np.ndarray:
-    """The gradient AdamW received in a step that took m_before to m: (m - beta1 m_before) / (1 - beta1)."""
-    return (m - beta1 * m_before) / (1 - beta1)
+def tap_cause(first: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarray],
+              probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], names: tuple[str, str]) -> str:
+    """The likely cause of the first divergent tap `first` of two probes (`ta`, `tb`: their taps, the same shape at
+    `first`): `forward_cause` on the taps in float64, the initial parameters and the batch rows the taps were taken
+    on. A pattern test that trips on odd input says so instead of raising."""
+    f64a = {k: np.asarray(v, dtype=np.float64) for k, v in ta.items()}
+    f64b = {k: np.asarray(v, dtype=np.float64) for k, v in tb.items()}
+    n_layer = 1 + max((block_of(n) for n in (*ta, *tb) if block_of(n) is not None), default=-1)
+    x = probe_b.get("x", probe_a.get("x"))
+    rows = f64b[first].shape[0]
+    x = np.asarray(x)[:rows] if x is not None and np.ndim(x) == 2 else None
+    try:
+        return forward_cause(first, f64a, f64b, initial_params(probe_b, probe_a), x, n_layer, names)
+    except (ValueError, IndexError, KeyError, FloatingPointError) as exc:  # a pattern test on odd input
+        return f"the forward pass at {first} (no pattern read: {type(exc).__name__})"
 
 
-def decay_ratios(update_a: Mapping[str, np.ndarray], update_b: Mapping[str, np.ndarray],
-                 before: Mapping[str, np.ndarray], lr_wd: float) -> dict[str, tuple[float, float]]:
-    """Per parameter: the ratio r with update_a - update_b ~ r * lr * wd * p (p the parameter both started the step
-    from) and the fraction of the difference it leaves unexplained; r = +-1 exactly: one side decays the parameter
-    and the other does not. Parameters that are all zero or whose updates are equal are left out."""
-    out = {}
-    for name, ua in update_a.items():
-        p = before.get(name)
-        if name not in update_b or p is None or np.shape(p) != np.shape(ua):
-            continue
-        r, rest = proportional(np.ravel(ua - update_b[name]), np.ravel(p) * lr_wd)
-        if math.isfinite(r):
-            out[name] = (r, rest)
-    return out
-
-
-def decay_cause(ratios: Mapping[str, tuple[float, float]], shapes: Mapping[str, tuple[int, ...]],
-                names: tuple[str, str]) -> tuple[list[str], str] | None:
-    """The parameters whose update differs by exactly +-1 x lr x wd x p, and the sentence naming the convention;
-    None when none does. Exact to 3 %: rounding noise is not proportional to p, so it never gives +-1."""
-    hit = [n for n, (r, rest) in ratios.items() if abs(abs(r) - 1) < 0.03 and rest < 0.1]
-    if not hit:
-        return None
-    a, b = names
-    shown = ", ".join(f"{n} {ratios[n][0]:+.3f}" for n in hit[:4]) + (", ..." if len(hit) > 4 else "")
-    undecayed = a if ratios[hit[0]][0] > 0 else b
-    if set(hit) <= {"wte.weight", "wpe.weight"}:
-        return hit, (f"weight decay on the embeddings: the update of {' and '.join(hit)} differs by exactly "
-                     f"lr x wd x p ({shown}; 0 elsewhere): {undecayed} does not decay the embeddings (minGPT's "
-                     "convention), nanoGPT decays every parameter with >= 2 dimensions")
-    if all(len(shapes.get(n, ())) < 2 for n in hit):
-        return hit, (f"weight decay applied to 1-D parameters (biases, LayerNorm weights): their updates differ by "
-                     f"exactly lr x wd x p ({shown})")
-    return hit, (f"which parameters are decayed: the updates of {len(hit)} parameter(s) differ by exactly "
-                 f"lr x wd x p ({shown}); {undecayed} does not decay them")
-
-
-def bias_correction_factor(t: int, beta1: float, beta2: float) -> float:
-    """The factor AdamW's bias corrections give the update at step t: sqrt(1 - beta2^t) / (1 - beta1^t)."""
-    return math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-
-
-def step_counter_cause(factor: float, step: int, beta1: float, beta2: float,
-                       names: tuple[str, str] = ("a", "b")) -> str | None:
-    """Every update of side a off by one common `factor` against side b's at training step `step`: the factor the
-    bias correction gives when one side uses another t (a step counter that stopped or restarted), or None."""
-    want = bias_correction_factor(step, beta1, beta2)
-    for t in range(1, step + 50):
-        if t == step:
-            continue
-        ratio = bias_correction_factor(t, beta1, beta2) / want
-        for side, f in ((names[0], ratio), (names[1], 1 / ratio)):
-            if abs(f - factor) < 0.005 * abs(factor):
-                return (f"AdamW's step counter: the update is off by {factor:.4g}, exactly what the bias correction "
-                        f"gives when {side} uses t = {t} at step {step} (a counter that stops, restarts or is not "
-                        "restored)")
+def logits_cause(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], first_tap: str | None,
+                 names: tuple[str, str]) -> str | None:
+    """Why the logits differ, when the taps did not already say (`first_tap`: the first divergent tap, if any): the
+    output layer (a tied lm_head) read from the reference's ln_f tap, or that the taps' rows agree."""
+    if first_tap:
+        return f"follows from the forward difference at {first_tap} (above)"
+    ta, tb = arrays(probe_a, TAP_PREFIX), arrays(probe_b, TAP_PREFIX)
+    ln_f = tb.get("ln_f", ta.get("ln_f"))
+    if "logits" in ta and "logits" in tb:
+        return (f"the activation taps (the first {tb['logits'].shape[0]} batch rows) agree: the difference lies in "
+                "later batch rows")
+    if ln_f is not None:
+        rows = ln_f.shape[0]
+        la, lb = (np.asarray(p["logits"][:rows], dtype=np.float64) for p in (probe_a, probe_b))
+        cause = output_cause(la, lb, np.asarray(ln_f, dtype=np.float64), initial_params(probe_b, probe_a), names)
+        if "ties lm_head" in cause:
+            return cause
     return None
-
-
-def aliased_quantities(probe: Mapping[str, np.ndarray], steps: Sequence[int]) -> list[str]:
-    """The optimizer quantities (param, adam_m, adam_v) whose arrays after every step in `steps` (>= 2 of them) are
-    identical, for every parameter: the same arrays saved by reference, not copied."""
-    if len(steps) < 2:
-        return []
-    first, *later = (state_at(probe, k) for k in steps)
-    out = []
-    for quantity in STATE_QUANTITIES:
-        head = f"{quantity}/"
-        names = [k for k in first if k.startswith(head)]
-        if names and all(np.array_equal(first[n], state.get(n)) for n in names for state in later):
-            out.append(quantity)
-    return out
-
-
-def float32_stored_as_float64(arrays: Mapping[str, np.ndarray]) -> bool:
-    """Whether every float64 array holds only float32 values (a float32 computation written as float64)."""
-    floats = [np.asarray(v) for v in arrays.values() if np.asarray(v).dtype == np.float64 and np.size(v)]
-    return bool(floats) and all(np.array_equal(v, v.astype(np.float32).astype(np.float64)) for v in floats)

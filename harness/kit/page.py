@@ -1,0 +1,64 @@
+"""`harness kit check`'s page: the verdict as one self-contained HTML file."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+
+def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str) -> str:
+    """A small self-contained page (inline CSS, no scripts, no external files). The failure is stated once: the
+    banner says where it first breaks, the "First broken" section says why, the other failed checks follow."""
+    e = html.escape
+    ok = verdict["verdict"] == "pass"
+    body_rows = "".join(
+        f"<tr class='{e(r['result'].replace(' ', '-'))}'><td>{e(r['check'])}</td>"
+        f"<td>{'-' if r['result'] in ('not given',) else e(format(r['value'], '.2e'))}</td>"
+        f"<td>{e(format(r['tolerance'], 'g'))}</td><td>{e(r['result'])}</td><td>{e(str(r['first_broken']))}</td>"
+        f"<td>{e(str(r['worst']))}</td></tr>"
+        for r in rows)
+    res = verdict["results"]
+    cols = {title: res[key]["rel_err"] for key, title in (("gradients", "dropout off"),
+                                                          ("dropout_gradients", "dropout masks")) if res.get(key)}
+    names = list(next(iter(cols.values()))) if cols else []
+    grad_rows = ("<tr><th>parameter</th>" + "".join(f"<th>{e(t)}</th>" for t in cols) + "</tr>"
+                 + "".join(f"<tr><td>{e(n)}</td>" + "".join(f"<td>{c.get(n, math.nan):.2e}</td>" for c in cols.values())
+                           + "</tr>" for n in names))
+    diag = verdict.get("diagnosis")
+    named = "" if not diag else (f": tap <code>{e(diag['tap'])}</code>" if diag.get("tap") else
+                                 f": parameter <code>{e(str(diag['parameter']))}</code>" if diag.get("parameter")
+                                 else "")
+    diag_html = "" if not diag else (
+        f"<h2>First broken</h2><p><b>{e(diag['depth'])}</b>{named}</p><p>{e(diag.get('detail') or '')}</p>"
+        f"<p>Likely cause: {e(str(diag['cause']))}</p>")
+    others = verdict.get("other_failures") or []
+    fails = "".join(f"<li>{e(f)}</li>" for f in others)
+    blind = "".join(f"<li><b>{e(d)}</b>: {e(text)}</li>" for d, text in (verdict.get("blind_spots") or {}).items())
+    hint = (f"<p><b>Hint:</b> {e(verdict['hint'])}</p>" if verdict.get("hint") and verdict["hint"] != (diag or {})
+            .get("cause") else "")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>kit check: {e(verdict['verdict'])}</title>
+<style>
+body {{ font: 15px/1.45 system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }}
+.banner {{ padding: .6rem 1rem; border-radius: 6px; font-weight: 600; color: #fff;
+          background: {'#2e7d32' if ok else '#c62828'}; }}
+table {{ border-collapse: collapse; margin: 1rem 0; }} td, th {{ border: 1px solid #ccc; padding: .25rem .6rem; }}
+tr.FAIL td {{ background: #fdecea; }} tr.ok td {{ background: #edf7ed; }} tr.not-given td {{ color: #888; }}
+code, pre {{ font-family: ui-monospace, monospace; }}
+</style></head><body>
+<h1>nanoGPT conformance kit: check</h1>
+<p class="banner">{'PASS' if ok else 'FAIL'}: {e(verdict['summary'])}</p>
+<p>Kit <code>{e(verdict['kit'])}</code> ({e(str(verdict['config_name']))}, {verdict['steps']} steps, dropout
+{verdict['dropout']:g}, seed {verdict['seed']}); results <code>{e(verdict['results_file'])}</code>,
+{e(verdict['dtype'])} against the float64 oracle; tolerances of the {e(verdict['precision_pair'])} pair,
+as <code>harness parity</code>.</p>
+<table><tr><th>check</th><th>value</th><th>tolerance</th><th>result</th><th>first broken</th><th>worst</th></tr>
+{body_rows}</table>
+{diag_html}
+{hint}
+{'<h2>Other checks that failed</h2><ul>' + fails + '</ul>' if fails else ''}
+{'<h2>Step-0 gradient relative error per parameter</h2><table>' + grad_rows + '</table>' if names else ''}
+{'<h2>What the depths given cannot see</h2><ul>' + blind + '</ul>' if blind else ''}
+</body></html>
+"""

@@ -1,0 +1,156 @@
+"""A `harness parity` run: its plan, the exit statuses that go with its verdicts, and parity.json.
+
+The run is two ordinary worker runs (harness.run) in parity mode; this module says what parity adds to their plan
+(`ParityPlan`: each backend's dtype, the tolerances in effect, the optimizer steps compared), builds the record
+`<out>/runs/<run_id>/parity.json` (schema `SCHEMA`, docs/parity.md), reads the two workers' records and probes and
+hands them to `harness.parity.compare.compare`. The command line (harness.cli.parity) drives it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from harness.parity.compare import BLIND_SPOTS, compare
+from harness.parity.result import ParityResult
+from harness.parity.tolerances import Tolerances
+from harness.run import records
+
+if TYPE_CHECKING:
+    from harness.run.plan import Plan
+
+SCHEMA = "nanogpt-parity/parity-record"
+
+
+SCHEMA_VERSION = 1
+
+
+DEFAULT_STEPS = 50
+
+
+DEFAULT_OPT_STEPS: int | None = None  # None: every training step is re-synchronised and compared, within PROBE_BUDGET
+
+
+# the optimizer states a parity worker keeps by default (harness.run.plan.probe_bytes): every step of small, medium and
+# large at the default 50 steps; the first 27 of nanogpt-cpu's (800,000 parameters: 37 MiB a step)
+PROBE_BUDGET = 2**30
+
+
+# Exit statuses of `harness parity`: a script can tell a numerical disagreement from a backend that never got to
+# be compared. Printed by `harness parity --help`.
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_CRASH, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+@dataclass
+class ParityPlan:
+    """One `harness parity`: the plan of its two workers (harness.run.plan.Plan, with `parity` set to the optimizer
+    steps compared and the reference backend), the training steps and dropout asked for, each backend's dtype, the
+    precision pair and the tolerances in effect (and where each came from). `budgeted`: the optimizer steps compared
+    were not asked for, PROBE_BUDGET chose them."""
+
+    plan: Plan
+    steps: int
+    dropout: float
+    dtypes: dict[str, str]
+    pair: str
+    tolerances: Tolerances
+    tol_source: dict[str, str]
+    budgeted: bool
+
+    @property
+    def backends(self) -> list[str]:
+        return self.plan.backends
+
+    @property
+    def reference(self) -> str:
+        """The backend whose states the other re-synchronises its optimizer steps from (it runs first)."""
+        return self.plan.parity["reference"]
+
+    @property
+    def other(self) -> str:
+        return next(n for n in self.backends if n != self.reference)
+
+    @property
+    def opt_steps(self) -> int:
+        return self.plan.parity["opt_steps"]
+
+
+def optimizer_steps(config: Any, vocab_size: int, steps: int, asked: int | None) -> int:
+    """The training steps whose optimizer step is re-synchronised and compared: the first `asked` (None: as many as
+    PROBE_BUDGET holds, at least one), never more than `steps`."""
+    from harness.run import plan as run_plan
+
+    return min(steps, asked if asked is not None else max(1, PROBE_BUDGET // run_plan.probe_bytes(
+        config, vocab_size, 1)))
+
+
+def new_record(pp: ParityPlan, run_id: str, codes: dict[str, int]) -> dict[str, Any]:
+    """parity.json before anything is compared: what was run, with which tolerances, and how each worker exited."""
+    plan, config = pp.plan, pp.plan.config
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": config.to_dict(), "config_name": config.name, "steps": pp.steps, "seed": plan.seed,
+        "dropout": pp.dropout, "opt_steps": pp.opt_steps, "opt_reference": pp.reference, "threads": plan.threads,
+        "device": plan.device, "devices": plan.devices, "backends": pp.backends, "dtypes": pp.dtypes,
+        "precision_pair": pp.pair, "tolerances": asdict(pp.tolerances), "tolerance_source": pp.tol_source,
+        "data": {"path": plan.corpus.path, "sha256": plan.corpus.sha256}, "worker_exit_codes": codes,
+        "files": {n: {"record": f"{n}.json", "probe": f"{n}.probe.npz"} for n in pp.backends},
+    }
+
+
+def crash(pp: ParityPlan, codes: dict[str, int]) -> tuple[str, int] | None:
+    """Why nothing can be compared after the workers ran (a worker failed or was never started) and the exit status
+    that says so (interrupted, a backend that refused its input, else a crash); None when both completed."""
+    broken = {n: c for n, c in codes.items() if c != 0}
+    if not broken and len(codes) == len(pp.backends):
+        return None
+    reason = ", ".join(f"{n} exited {c}" for n, c in broken.items())
+    reason += "".join(f", {n} not started (it needs {pp.reference}'s results)" for n in pp.backends if n not in codes)
+    status = (EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes.values() else EXIT_USAGE if EXIT_USAGE in codes.values()
+              else EXIT_CRASH)
+    return reason, status
+
+
+def mark_error(record: dict[str, Any], reason: str) -> None:
+    """Turn `record` into the record of a run that compared nothing (verdict "error")."""
+    record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
+
+
+def load_probe(path: Path) -> dict[str, np.ndarray]:
+    """A worker's `<backend>.probe.npz`, every array read."""
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def final_val(rec: dict) -> float | None:
+    """A worker record's last validation loss, None without an evaluation."""
+    evals = rec.get("evals") or []
+    return float(evals[-1]["val_loss"]) if evals else None
+
+
+def compare_workers(pp: ParityPlan, workers: dict[str, dict], directory: Path) -> ParityResult:
+    """`compare` of the two workers' probes (in `directory`) and training losses, in the order of `pp.backends`,
+    with the run's config; the workers' data and weight fingerprints must agree too."""
+    a, b = pp.backends
+    ra, rb = workers[a], workers[b]
+    va, vb = final_val(ra), final_val(rb)
+    result = compare(load_probe(directory / f"{a}.probe.npz"), load_probe(directory / f"{b}.probe.npz"),
+                     ra["steps"]["loss"], rb["steps"]["loss"], pp.tolerances,
+                     val_losses=(va, vb) if va is not None and vb is not None else None,
+                     backends=(a, b), config=pp.plan.config)
+    for problem in records.compare_fingerprints([ra, rb]):
+        result.failures.append(f"FAIL: {problem}")
+    return result
+
+
+def finish_record(record: dict[str, Any], pp: ParityPlan, result: ParityResult, workers: dict[str, dict]) -> None:
+    """Add the comparison to `record`: the verdict, the FAIL lines, the results and summary rows, what each depth
+    cannot see, and what each backend said about itself."""
+    record.update(verdict="pass" if result.passed else "fail", failures=list(result.failures),
+                  results=result.to_dict(), checks=result.rows(), dtypes=pp.dtypes, blind_spots=dict(BLIND_SPOTS),
+                  backend_info={n: workers[n].get("backend_info", {}) for n in pp.backends})

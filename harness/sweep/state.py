@@ -1,0 +1,121 @@
+"""Where a sweep stands: each cell's and paired timing's state now (its record, and squeue for SLURM jobs still
+alive), the status table of `harness status SWEEP_ID`, and which local process owns the sweep.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+from harness.sweep import manifest as mf
+
+
+def alive_jobs(m: mf.Manifest) -> dict[str, str] | None:
+    """The SLURM jobs of the sweep's cells and paired entries that squeue lists as alive, with their state (one squeue
+    call for both; {} for a local sweep or one without jobs); None when squeue cannot answer."""
+    items = [*m.cells, *(m.doc.get("paired") or [])]
+    jobs = [i["job_ids"][-1] for i in items if i.get("job_ids")]
+    if m.doc["executor"]["kind"] != "slurm" or not jobs:
+        return {}
+    from harness.sweep.slurm import is_alive, job_states
+
+    states = job_states(jobs)
+    return None if states is None else {j: s for j, s in states.items() if is_alive(s)}
+
+
+def state_now(m: mf.Manifest, item: dict, state: str, alive: dict[str, str] | None) -> tuple[str, str]:
+    """(state, job id) of a cell or paired entry now: its job's, while squeue lists it alive, else its record's
+    `state`, where a record left "running" is running only if this sweep's local process is running it. When squeue
+    could not answer (`alive` None), a job stored as queued or running keeps that state unless its record says it
+    completed: an unanswered squeue must never make a job that still runs look gone (and be submitted again)."""
+    job = item["job_ids"][-1] if item.get("job_ids") else ""
+    if alive is None and job and item.get("status") in ("queued", "running") and state != mf.DONE:
+        return item["status"], job
+    if alive is not None and job in alive:
+        return ("running" if alive[job].startswith("RUNNING") else "queued"), job
+    if state == "running":
+        local = item.get("status") == "running" and m.doc["executor"]["kind"] == "local" and local_alive(m)
+        state = "running" if local else "interrupted"
+    return state, job
+
+
+class Refreshed(NamedTuple):
+    """The rows of `refresh`: one per cell, one per paired-timing entry; whether squeue answered (always, locally)."""
+
+    cells: list[dict]
+    paired: list[dict]
+    squeue_answered: bool
+
+
+def refresh(m: mf.Manifest) -> Refreshed:
+    """Each cell's and paired-timing entry's state now (from squeue, asked once, for SLURM jobs still alive, else from
+    its record), set in `m` in memory."""
+    alive = alive_jobs(m)
+    return Refreshed([_refresh_item(m, c, alive) for c in m.cells],
+                     [_refresh_item(m, e, alive) for e in m.doc.get("paired") or []], alive is not None)
+
+
+def _refresh_item(m: mf.Manifest, item: dict, alive: dict[str, str] | None) -> dict:
+    """A cell's or paired entry's state now, set in it; its row of the status table."""
+    if item.get("kind") == "paired":
+        from harness.timing import paired
+
+        state, doc = mf.paired_status(m.out, item)
+        item["status"], job = state_now(m, item, state, alive)
+        return {"paired": item["index"], "key": item["key"], "status": item["status"], "job": job,
+                "rounds": paired.status_text(doc) if doc else ""}
+    state, rec = mf.record_status(m.out, item)
+    item["status"], job = state_now(m, item, state, alive)
+    return {"cell": item["index"], "key": item["key"], "status": item["status"], "run": item.get("run_id") or "",
+            "job": job, **mf.cell_summary(item, rec)}
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    """How many rows are in each state."""
+    tally: dict[str, int] = {}
+    for row in rows:
+        tally[row["status"]] = tally.get(row["status"], 0) + 1
+    return tally
+
+
+SQUEUE_SILENT = "squeue did not answer: the states of queued or running jobs are as last recorded"
+
+
+def local_alive(m: mf.Manifest) -> bool:
+    """Whether the `harness sweep` process that owns the manifest still runs (its pid, on this host)."""
+    import os
+    import socket
+
+    owner = m.doc.get("owner") or {}
+    if owner.get("host") != socket.gethostname() or not owner.get("pid"):
+        return False
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def own(m: mf.Manifest) -> None:
+    """Mark this process as the one running the sweep (`local_alive` asks whether it still runs)."""
+    import os
+    import socket
+
+    m.doc["owner"] = {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def print_status(m: mf.Manifest) -> dict[str, int]:
+    """Print the table of cells and of paired timings; returns how many cells are in each state."""
+    import pandas as pd
+
+    rows, prows, answered = refresh(m)
+    print(f"sweep {m.sweep_id} ({m.doc['executor']['kind']}), {len(rows)} cells, under {m.out}")
+    print(pd.DataFrame(rows).to_string(index=False))
+    counted = counts(rows)
+    print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counted.items())))
+    if prows:
+        print(f"paired timing ({len(prows)}):")
+        print(pd.DataFrame(prows).to_string(index=False))
+    if not answered:
+        print(f"{SQUEUE_SILENT}; ask again later", file=sys.stderr)
+    return counted
