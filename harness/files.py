@@ -104,3 +104,17 @@ def read_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
     if max_bytes is not None and len(blob) > max_bytes:  # it grew after the check
         raise UsageError(f"{what} {str(path)!r} is more than the {max_bytes:,} bytes it can be; {too_big or fix}")
     return blob
+
+
+def check_version(doc: dict, path: str | os.PathLike, version: int) -> None:
+    """The one schema-version check of every record kind the harness reads back (run record, spec, paired timing,
+    sweep manifest, parity record): a record of another version is refused in one line, never read in an old format
+    (llm.c's way: "re-run it"). A `schema_version` that is not a whole number is left to the record's JSON schema,
+    which names the field; a record without one predates versioning (schema 0)."""
+    found = doc.get("schema_version", 0)
+    if isinstance(found, bool) or not isinstance(found, int) or found == version:
+        return
+    if found < version:
+        raise UsageError(f"{str(path)!r} was written by an older nanogpt-parity (schema {found}); re-run it")
+    raise UsageError(f"{str(path)!r} was written by a newer nanogpt-parity (schema {found}, this one reads "
+                     f"{version}); upgrade nanogpt-parity")

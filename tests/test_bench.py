@@ -131,13 +131,21 @@ def test_threads_caps_each_measured_process(tmp_path: Path, text_file: Path, mon
     assert [j.isolated for j in jobs] == [True, True] and {j.threads for j in jobs} == {2}
     seen = {}
 
-    def fake_run(cmd: list[str], **kwargs: object) -> object:
-        seen.update(kwargs["env"])  # type: ignore[arg-type]
-        return type("Done", (), {"returncode": 1, "stdout": ""})()
+    class FakePopen:  # the child every measurement starts (harness.run.processes.spawn), not run
+        returncode = 1
 
-    monkeypatch.setattr(bench_overhead.subprocess, "run", fake_run)
-    bench_overhead.measure_isolated(jobs[0])
+        def __init__(self, cmd: list[str], **kwargs: object) -> None:
+            seen.update(kwargs["env"], cmd=cmd)  # type: ignore[arg-type]
+
+        def communicate(self) -> tuple[str, None]:
+            return "", None
+
+    from harness.run import processes
+
+    monkeypatch.setattr(processes.subprocess, "Popen", FakePopen)
+    assert bench_overhead.measure_isolated(jobs[0])["status"].startswith("failed: child process exited with status 1")
     assert {seen[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"2"}
+    assert seen["cmd"][1:5] == ["-m", "harness", "--worker", "bench"]  # the one child program, the bench kind
     unset = build_parser().parse_args(["bench", "--size", "small", "--data", str(text_file), "--out",
                                        str(tmp_path / "out")])
     assert [j.isolated for j in bench.plan_jobs(unset)] == [False]  # without it: in this process, as before

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.run.loop import Curves, train
+from harness.run.loop import Curves, LoopOptions, train
 from harness.timing import contention
 from harness.timing.contention import Probe, Sampler, Snapshot, chunk, judge
 from harness.timing.steady import summarize_times, truncate_chunks
@@ -258,8 +258,8 @@ def test_the_training_loop_records_chunks_and_the_worker_summary_drops_the_distu
     cv = Curves()
     # 15 steps per chunk: 50 is no multiple of 15, so only the evaluation at step 50 can put a boundary there
     sampler = Sampler(Probe(proc.root, clock=wall, cpu_clock=cpu), chunk_s=15 * DT)
-    out = train(backend, config, Stream(), {"val": [(np.zeros(1), np.zeros(1))]}, cv, 100, progress=False,
-                sampler=sampler)
+    out = train(backend, config, Stream(), {"val": [(np.zeros(1), np.zeros(1))]}, cv, 100,
+                LoopOptions(progress=False, sampler=sampler))
     assert out.status == "completed" and len(cv.loss) == 100
     spans = [(c["step"], c["n"]) for c in cv.chunks]
     assert sum(n for _, n in spans) == 100 and spans[0] == (0, 15)

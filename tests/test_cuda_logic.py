@@ -95,7 +95,7 @@ def test_runner_times_async_steps_with_markers_and_no_per_step_sync() -> None:
     device = FakeDevice(durations)
     backend = ClockBackend(device, durations)
     curves = loop.Curves()
-    outcome = loop.train(backend, config, stream_for(config), {}, curves, steps, progress=False)
+    outcome = loop.train(backend, config, stream_for(config), {}, curves, steps, loop.LoopOptions(progress=False))
     assert outcome.status == "completed" and len(curves.loss) == len(curves.time_s) == len(curves.step) == steps
     assert backend.syncs == 0  # never waited for the device per step
     assert device.fetches == 3  # one fetch per FLUSH_EVERY (50) steps: 50, 100, 120
@@ -110,7 +110,7 @@ def test_runner_on_a_synchronous_device_keeps_host_timing() -> None:
     config = tiny()
     backend = ClockBackend(None, [0.0] * 7)
     curves = loop.Curves()
-    loop.train(backend, config, stream_for(config), {}, curves, 7, progress=False)
+    loop.train(backend, config, stream_for(config), {}, curves, 7, loop.LoopOptions(progress=False))
     assert backend.syncs == 7 and len(curves.time_s) == 7 and all(t >= 0 for t in curves.time_s)
 
 
@@ -124,7 +124,8 @@ def test_non_finite_loss_keeps_curves_aligned_with_device_markers() -> None:
             return float("nan") if self.k == 4 else loss
 
     curves = loop.Curves()
-    outcome = loop.train(Diverges(device, [0.01] * 10), config, stream_for(config), {}, curves, 10, progress=False)
+    outcome = loop.train(Diverges(device, [0.01] * 10), config, stream_for(config), {}, curves, 10,
+                         loop.LoopOptions(progress=False))
     assert outcome.status == "failed: non-finite loss at step 3"
     assert len(curves.loss) == len(curves.time_s) == len(curves.step) == 4
 
@@ -173,14 +174,14 @@ def test_warm_up_runs_once_before_the_step0_evaluation() -> None:
     config = tiny().replace(eval_interval=2)
     backend = Compiled(None, [0.0] * 4)
     evals = {"val": [stream_for(config).batch(0)], "train": [stream_for(config).batch(1)]}
-    outcome = loop.train(backend, config, stream_for(config), evals, loop.Curves(), 4, progress=False)
+    outcome = loop.train(backend, config, stream_for(config), evals, loop.Curves(), 4, loop.LoopOptions(progress=False))
     assert calls[0] == "warm_up" and calls.count("warm_up") == 1
     assert outcome.compile_s is not None and outcome.compile_s >= 0
-    outcome = loop.train(backend, config, stream_for(config), evals, loop.Curves(), 6, start_step=4,
-                           progress=False)
+    outcome = loop.train(backend, config, stream_for(config), evals, loop.Curves(), 6,
+                         loop.LoopOptions(start_step=4, progress=False))
     assert outcome.compile_s is None  # nothing left to compile
     assert loop.train(ClockBackend(None, [0.0] * 2), config, stream_for(config), {}, loop.Curves(), 2,
-                        progress=False).compile_s is None  # a backend without warm-up
+                      loop.LoopOptions(progress=False)).compile_s is None  # a backend without warm-up
 
 
 def test_torch_compile_warm_up_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

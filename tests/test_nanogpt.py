@@ -82,7 +82,7 @@ def test_schedule_is_nanogpts_get_lr() -> None:
 
 def test_the_runner_hands_each_step_its_rate() -> None:
     from harness.core.data import BatchStream, load_corpus
-    from harness.run.loop import Curves, train
+    from harness.run.loop import Curves, LoopOptions, train
 
     class Recorder:  # the least of the Backend protocol the loop uses
         def __init__(self) -> None:
@@ -105,26 +105,28 @@ def test_the_runner_hands_each_step_its_rate() -> None:
     corpus = load_corpus(data_path())
     stream = BatchStream(corpus.train, c.block_size, c.batch_size, 1, c.scheme)
     backend = Recorder()
-    assert train(backend, c, stream, {}, Curves(), 8, progress=False).status == "completed"
+    assert train(backend, c, stream, {}, Curves(), 8, LoopOptions(progress=False)).status == "completed"
     assert backend.lrs == learning_rates(c, 8) and backend.lrs[0] == 0.01 / 3 and backend.lrs[-1] == 1e-3
 
 
 def test_options_shape_the_parameters_and_the_costs() -> None:
     from harness.core.costs import flops_per_token
-    from harness.run.plan import n_parameters
 
     for size in ("small", "medium"):
         for t, b, lb in itertools.product((False, True), repeat=3):
             c = load_config(size).replace(tie_embeddings=t, bias=b, lm_head_bias=lb)
             shapes = param_shapes(c, 65)
-            assert n_parameters(c, 65) == count_parameters(shapes)  # the closed form of the memory estimate
+            # the closed form (the memory estimate counts absurd sizes too) counts what param_shapes lists
+            assert count_parameters(c, 65) == sum(math.prod(s) for s in shapes.values())
+            non_embedding = {n: s for n, s in shapes.items() if n != "wpe.weight" and (n != "wte.weight" or t)}
+            assert count_parameters(c, 65, embeddings=False) == sum(math.prod(s) for s in non_embedding.values())
             assert ("lm_head.weight" in shapes) != t and ("lm_head.bias" in shapes) == lb
             assert any(n.endswith(".bias") and not n.startswith("lm_head") for n in shapes) == b
     # nanoGPT's CPU recipe: 804,096 parameters (its configure_optimizers: 802,944 decayed + 1,152 not); the
     # non-embedding count keeps the tied wte (nanoGPT's get_num_params subtracts wpe only): 0.80M
     c = load_config("nanogpt-cpu")
     shapes = param_shapes(c, 65)
-    assert count_parameters(shapes) == 804_096 and count_parameters(shapes, embeddings=False) == 795_904
+    assert count_parameters(c, 65) == 804_096 and count_parameters(c, 65, embeddings=False) == 795_904
     assert sum(math.prod(s) for n, s in shapes.items() if decays(n, s, c.decay)) == 802_944
     assert flops_per_token(c, 65) == 6 * 795_904 + 12 * 4 * 128 * 64  # nanoGPT's estimate_mfu: 6N + 12 L H Q T
     mingpt = {n for n, s in shapes.items() if decays(n, s, "mingpt")}
@@ -342,7 +344,7 @@ STEPS = 6
 def probe_run(backend: object, config: object, plant: object = None) -> tuple[dict[str, np.ndarray], list[float]]:
     """What a parity worker measures, in process: the probe with the state after every step, and the losses."""
     from harness.core.data import BatchStream, load_corpus
-    from harness.run.loop import Curves, train
+    from harness.run.loop import Curves, LoopOptions, train
 
     corpus = load_corpus(data_path())
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, 1337, config.scheme)
@@ -365,8 +367,8 @@ def probe_run(backend: object, config: object, plant: object = None) -> tuple[di
         used.append(effective_rate(before, part["param"], part["adam_m"], part["adam_v"], done, config))
 
     curves = Curves()
-    assert train(backend, config, stream, {}, curves, STEPS, progress=False, after_step=after_step).status \
-        == "completed"
+    options = LoopOptions(progress=False, after_step=after_step)
+    assert train(backend, config, stream, {}, curves, STEPS, options).status == "completed"
     probe["lr_used"] = np.asarray(used)
     return probe, curves.loss
 

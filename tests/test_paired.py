@@ -160,13 +160,13 @@ def test_a_paired_record_follows_its_cells_to_their_new_runs(tmp_path: Path) -> 
 class FakeChild:
     """A timing process that answers at once: ready, then one burst per request of 3 steps of 1 ms, its chunk
     quiet except in the rounds listed in `busy` (round index, contender); raises KeyboardInterrupt (Ctrl-C, or
-    SIGTERM in `python -m harness.run.paired_timing run`) when asked for the burst of round `interrupt_at`."""
+    SIGTERM in `python -m harness --worker paired`) when asked for the burst of round `interrupt_at`."""
 
     busy: ClassVar[set] = set()
     interrupt_at: ClassVar[int | None] = None
     pids = iter(range(10_000, 20_000))
 
-    def __init__(self, contender: dict, env: dict, warmup_s: float):
+    def __init__(self, contender: dict, threads: int | None, warmup_s: float):
         self.name, self.sent, self.bursts = contender["name"], [], 0
         self.proc = type("Proc", (), {"pid": next(FakeChild.pids)})()
         self.stopped = False
@@ -198,7 +198,6 @@ def fake_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
     monkeypatch.setattr(paired_timing, "Child", FakeChild)
     monkeypatch.setattr(paired_timing, "check_contenders", lambda doc, path: None)
-    monkeypatch.setattr(paired_timing, "_env", lambda c, threads: {})
     monkeypatch.setattr(FakeChild, "busy", set())
     monkeypatch.setattr(FakeChild, "interrupt_at", None)
     writes, judged = [], []
@@ -251,8 +250,20 @@ def test_a_second_coordinator_of_one_record_is_refused(fake_session, capsys):
     with paired_timing.RecordLock(path):  # the first coordinator, mid-session
         with pytest.raises(paired_timing.UsageError, match="another paired timing holds"):
             paired_timing.run(path, progress=False)
-        assert paired_timing.main(["run", str(path)]) == 2
+        assert paired_timing.main([str(path)]) == 2
         err = capsys.readouterr().err
         assert "another paired timing holds" in err and len(err.strip().splitlines()) == 1, err
         assert path.read_bytes() == before and not writes
     assert paired.clean_rounds(paired_timing.run(path, progress=False)) == 5  # released: the next one runs
+
+
+def test_a_paired_record_of_an_older_harness_is_refused(tmp_path: Path) -> None:
+    """One schema-version check: a paired.json of another version is one line naming it, never read."""
+    from harness.errors import UsageError
+
+    path = tmp_path / "paired.json"
+    path.write_text(json.dumps(dict(planted([1.0] * 10), schema_version=0)))
+    with pytest.raises(UsageError, match=r"paired.json' was written by an older nanogpt-parity \(schema 0\); re-run"):
+        paired.load(path)
+    path.write_text(json.dumps(planted([1.0] * 10)))
+    assert paired.clean_rounds(paired.load(path)) == 10

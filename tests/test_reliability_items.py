@@ -313,7 +313,7 @@ def test_10_memory_estimate_unit(corpus):
 
     for size in ("small", "large"):
         c = load_config(size)
-        assert run_plan.n_parameters(c, 65) == count_parameters(param_shapes(c, 65))
+        assert count_parameters(c, 65) == sum(math.prod(s) for s in param_shapes(c, 65).values())
 
     small = run_plan.Plan(config=load_config("small"), corpus=corpus, backends=["torch"])
     assert 0 < run_plan.check_memory(small) < 500 * 2**20  # the preset fits easily
@@ -445,6 +445,10 @@ CORRUPT = {
                                 "spec.json", "bogus"),
     "schema_version a string": (lambda r: _edit(r / "numpy.json", lambda d: d.update(schema_version="2")),
                                 "numpy.json", "schema_version"),
+    "an older harness's record": (lambda r: _edit(r / "numpy.json", lambda d: d.update(schema_version=2)),
+                                  "numpy.json", "older nanogpt-parity (schema 2); re-run it"),
+    "an older harness's spec": (lambda r: _edit(r / "spec.json", lambda d: d.pop("schema_version")), "spec.json",
+                                "older nanogpt-parity (schema 0); re-run it"),
     "steps a list": (lambda r: _edit(r / "numpy.json", lambda d: d.update(steps=[])), "numpy.json", "'steps'"),
     "evals malformed": (lambda r: _edit(r / "numpy.json", lambda d: d.update(evals=[{"step": "x"}])),
                         "numpy.json", "evals/0"),
@@ -568,7 +572,7 @@ def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):
     on_cpu = run_plan.Plan(config=medium, corpus=corpus, backends=["torch"])
     assert run_plan.check_memory(on_cpu) > 0  # host RAM is enough, and the GPU is not asked about
     on_gpu = run_plan.Plan(config=medium, corpus=corpus, backends=["torch"], device="cuda")
-    with pytest.raises(UsageError, match=r"of GPU memory .* 2.0 MiB free of 79.6 GiB.*--allow-large"):
+    with pytest.raises(UsageError, match=r"of GPU memory .* 2 MiB free of 79.6 GiB.*--allow-large"):
         run_plan.check_memory(on_gpu)
     parity_gpu = run_plan.Plan(config=medium, corpus=corpus, backends=["torch", "numpy"], devices={"torch": "cuda"})
     with pytest.raises(UsageError, match="of GPU memory"):
@@ -578,3 +582,21 @@ def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):
     smi.write_text("#!/bin/sh\nexit 9\n")  # a broken driver: no GPU figure, no refusal on its account
     assert run_plan.gpu_memory() is None
     assert run_plan.check_memory(on_gpu) > 0
+
+
+def test_a_checkpoint_of_an_older_harness_is_refused(tmp_path):
+    """A checkpoint without the curves (written before they were kept in it) is refused with the fix, not resumed
+    from the record's curves."""
+    import numpy as np
+
+    from harness.run.worker import read_checkpoint
+
+    path = tmp_path / "numpy.ckpt.npz"
+    np.savez(path, **{"harness/step": np.array(2), "wte.weight": np.zeros((2, 2))})
+    with pytest.raises(UsageError, match=r"older nanogpt-parity \(no curves in it\); delete it"):
+        read_checkpoint(path, 10, "delete it")
+    curves = {"harness/loss": np.ones(2), "harness/time_s": np.ones(2), "harness/evals": np.zeros((0, 4)),
+              "harness/chunks": np.frombuffer(b"[]", dtype=np.uint8)}
+    np.savez(path, **{"harness/step": np.array(2), "wte.weight": np.zeros((2, 2)), **curves})
+    step, got, state = read_checkpoint(path, 10, "delete it")
+    assert step == 2 and got.loss == [1.0, 1.0] and list(state) == ["wte.weight"]

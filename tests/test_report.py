@@ -21,7 +21,7 @@ import pytest
 from conftest import data_path
 
 from harness.config.load import load_config
-from harness.core.weights import count_parameters, param_shapes
+from harness.core.weights import count_parameters
 from harness.errors import UsageError
 from harness.report import report_name, write_index, write_report
 from harness.run import records
@@ -56,14 +56,14 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
         config = config.replace(dropout=dropout)
     run_id = records.new_run_id(out, config.name)
     directory = records.run_dir(out, run_id)
-    spec = {"schema": "nanogpt-parity/run-spec", "run_id": run_id, "label": config.name,
+    spec = {"schema": "nanogpt-parity/run-spec", "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
+            "label": config.name,
             "created_at": "2026-01-01T00:00:00Z", "config": config.to_dict(), "seed": 1337, "device": "cpu",
             "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32}, "backends": [*backends, *missing],
             "backend_options": {b: {} for b in backends}, "checkpoint_every": 0, "text": text,
             "parity": False}
     records.atomic_write_json(directory / "spec.json", spec)
     common = np.random.default_rng(0).normal(0, 0.05, steps)
-    shapes = param_shapes(config, VOCAB)
     for b in backends:
         status = statuses.get(b, "completed")
         keep = {"interrupted": steps // 2, "running": 2 * steps // 3}.get(status, steps)
@@ -99,7 +99,8 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
                             "cpu_count": 2, "cpu_affinity": 2, "memory_bytes": 2**34, "numpy": "2.0",
                             "harness_version": "0.1.0", "git_commit": "abc", "omp_num_threads": None},
             "total_steps": steps, "batches_per_epoch": 1000, "epochs": steps / 1000, "tokens_per_step": tokens,
-            "n_params": count_parameters(shapes), "n_params_non_embedding": count_parameters(shapes, False),
+            "n_params": count_parameters(config, VOCAB),
+            "n_params_non_embedding": count_parameters(config, VOCAB, False),
             "flops_per_token": flops_per_token(config, VOCAB),
             "backend_info": {"framework": b, "version": "1.0", "device": "cpu"},
             "timings": timings, "memory": {"kind": "rss", "peak_bytes": 300 * 2**20},
@@ -224,7 +225,7 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
     assert "consistent with no systematic difference" in summary
     # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
     cfg = load_config("small")
-    n_non_emb = count_parameters(param_shapes(cfg, VOCAB), embeddings=False)
+    n_non_emb = count_parameters(cfg, VOCAB, embeddings=False)
     fpt = 6 * n_non_emb + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     costs = section(text, "Cost: time", "Text quality")
     assert "500 ms" in costs and "200 ms" in costs and f"{fpt:,}" in costs and "300 MiB" in costs
@@ -348,7 +349,7 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
     """A parity.json as `harness parity` writes it, from harness.parity.compare.compare on the run's records."""
     from harness.parity.compare import compare
-    from harness.parity.record import SCHEMA
+    from harness.parity.record import SCHEMA, SCHEMA_VERSION
     from harness.parity.tolerances import default_tolerances
 
     recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
@@ -362,7 +363,8 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
     tol = default_tolerances("float32/float64", "large")  # logits 1e-5, loss 1e-4
     result = compare(probe_a, probe_b, recs[a]["steps"]["loss"], recs[b]["steps"]["loss"], tol,
                      backends=backends)
-    return {"schema": SCHEMA, "run_id": run_dir.name, "verdict": "pass" if result.passed else "fail",
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_dir.name,
+            "verdict": "pass" if result.passed else "fail",
             "failures": result.failures, "results": result.to_dict(), "checks": result.rows(),
             "tolerances": {"logits": tol.logits,
             "grad": tol.grad, "loss": tol.loss}, "precision_pair": "float32/float64",
@@ -390,8 +392,16 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     assert "Parity (float32/float64 pair, 120 steps, dropout 0): FAIL" in text
     assert "step-0 logits max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
     assert "<th>first broken</th>" in html and "<th>worst</th>" in html  # two labelled columns, one place each
-    records.atomic_write_json(directory / "parity.json", {"verdict": "error", "failures": ["ERROR: numpy exited 1"]})
+    from harness.parity import record
+
+    error = {"schema": record.SCHEMA, "schema_version": record.SCHEMA_VERSION, "verdict": "error",
+             "failures": ["ERROR: numpy exited 1"]}
+    records.atomic_write_json(directory / "parity.json", error)
     assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())
+    # a parity.json of an older harness is refused in one line, never read in its old format
+    records.atomic_write_json(directory / "parity.json", dict(error, schema_version=0, results={"passed": False}))
+    assert "parity.json' was written by an older nanogpt-parity (schema 0); re-run it" in _first_banner(
+        write_report(tmp_path, [run_id]).read_text())
 
 
 # --- tests: several sizes, the index ----------------------------------------------------------------------------------
@@ -584,21 +594,30 @@ def test_a_mostly_disturbed_backend_is_named_and_kept_out_of_speed(tmp_path: Pat
     assert "waited for a CPU (median / worst chunk)" in costs and "40.0%" in costs
 
 
-def test_a_schema_2_record_without_evidence_still_loads_and_reports(tmp_path: Path, no_figures: None) -> None:
+def test_a_record_of_an_older_harness_is_refused_in_one_line(tmp_path: Path, no_figures: None) -> None:
+    """One schema-version check per record kind: an older run record (schema 2: no contention evidence) is refused
+    with the file and the fix, never read in its old format; so is a newer one."""
     run_id = make_run(tmp_path, backends=("torch",))
     path = records.run_dir(tmp_path, run_id) / "torch.json"
     rec = json.loads(path.read_text())
     rec["schema_version"] = 2
     rec.pop("chunks", None)
     records.atomic_write_json(path, rec)
-    assert records.load_record(path)["schema_version"] == 2
-    html = write_report(tmp_path, [run_id]).read_text()
-    text = text_of(html)
-    assert "Contention: torch: no contention evidence (recorded before it existed)" in text
-    assert ("neutral", "single backend") in _pills(html)  # nothing compared: not a success either
-    assert "95 % interval [" in text and "tokens/s (median undisturbed step" in text  # a speed figure's interval
-    assert ("neutral", "single backend") in _pills(write_index(tmp_path).read_text())
-
+    older = r"torch.json' was written by an older nanogpt-parity \(schema 2\); re-run it$"
+    with pytest.raises(UsageError, match=older):
+        records.load_record(path)
+    with pytest.raises(UsageError, match="re-run it"):
+        write_report(tmp_path, [run_id])
+    rec["schema_version"] = records.SCHEMA_VERSION + 1
+    records.atomic_write_json(path, rec)
+    with pytest.raises(UsageError, match=r"written by a newer nanogpt-parity .*upgrade nanogpt-parity"):
+        records.load_record(path)
+    spec = records.RunPaths(tmp_path, run_id).spec
+    doc = json.loads(spec.read_text())
+    del doc["schema_version"]
+    records.atomic_write_json(spec, doc)
+    with pytest.raises(UsageError, match=r"spec.json' was written by an older nanogpt-parity \(schema 0\)"):
+        records.load_spec_file(spec)
 
 def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None,),
                ratios: dict | None = None) -> str:

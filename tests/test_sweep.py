@@ -35,17 +35,6 @@ def test_t_quantile_matches_the_printed_table():
     assert stats.t_quantile(0.975, 10_000) == pytest.approx(1.960, abs=1e-3)  # tends to the normal quantile
 
 
-def test_t_cdf_agrees_with_integrating_the_density():
-    """An independent computation: the t density integrated numerically (trapezoid on a fine grid)."""
-    for df in (1, 2, 3, 7, 25):
-        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-        for t in (0.3, 1.0, 2.5):
-            x = np.linspace(0.0, t, 20001)
-            pdf = c * (1 + x * x / df) ** (-(df + 1) / 2)
-            area = float(np.sum((pdf[1:] + pdf[:-1]) * np.diff(x)) / 2)
-            assert stats.t_cdf(t, df) == pytest.approx(0.5 + area, abs=1e-8), (df, t)
-
-
 def test_mean_ci_and_paired_intervals_by_hand():
     values = [2.0, 2.5, 3.0, 4.5]
     m, s = sum(values) / 4, math.sqrt(sum((v - 3.0) ** 2 for v in values) / 3)
@@ -336,7 +325,7 @@ def test_time_to_target_first_crossing_or_never():
     assert time_to_target(None, evals, steps, times) is None
     assert fmt_target({"time_to_target": hit}) == "10 s (step 4; target 2.5)"
     assert fmt_target({"time_to_target": miss}) == "not reached (target 2)"
-    # a record from before the field existed: computed from its curves and the config's target
+    # a record without the field (its worker did not finish): computed from its curves and the config's target
     old = {"config": {"target_val_loss": 2.5}, "evals": evals, "steps": {"step": steps, "time_s": times}}
     assert "step 4" in fmt_target(old)
 

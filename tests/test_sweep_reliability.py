@@ -191,7 +191,7 @@ try:
     cmd = open("/proc/self/cmdline", "rb").read()
 except OSError:
     cmd = b""
-if b"harness.run.worker" in cmd:  # a worker that is slow to start: the sweep dies before the worker's own prctl
+if b"--worker\x00train" in cmd:  # a worker slow to start: the sweep dies before its first line (prctl at spawn)
     time.sleep(20)
 """
 
@@ -273,6 +273,7 @@ DAMAGE = {
     "cell without backend": (lambda d: d["cells"][0].pop("backend"), "cells/0"),
     "no executor": (lambda d: d.pop("executor"), "'executor' is a required property"),
     "schema_version a string": (lambda d: d.update(schema_version="1"), "schema_version"),
+    "an older harness's manifest": (lambda d: d.update(schema_version=0), "older nanogpt-parity (schema 0); re-run it"),
     "no data": (lambda d: d.pop("data"), "'data' is a required property"),
     "no spec": (lambda d: d.pop("spec"), "'spec' is a required property"),
     "pending cell with an unknown config key": (
@@ -554,7 +555,7 @@ def test_14_failed_cells_name_the_resume_command_and_resumes_record_their_step(t
         assert rec["status"] == "completed" and rec["resumed_from_step"] == [20]
 
 
-def test_14_every_resume_of_a_run_is_recorded_and_old_records_still_load(tmp_path, config_file):
+def test_14_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_path, config_file):
     out = tmp_path / "out"
     args = ["--out", str(out), "--quiet", "--no-report"]
     first = run_cli("run", "--config", str(config_file), "--steps", "60", "--checkpoint-every", "20", "--backend",
@@ -570,10 +571,11 @@ def test_14_every_resume_of_a_run_is_recorded_and_old_records_still_load(tmp_pat
     assert rec["resumed_from_step"] == [20, 40] and rec["schema_version"] == records.SCHEMA_VERSION == 3
     report = run_cli("report", run.name, "--out", str(out))
     assert report.returncode == 0 and "resumed from step" in (out / f"{run.name}.html").read_text()
-    edit(run / "numpy.json", lambda d: (d.update(schema_version=2), d.pop("resumed_from_step")))
-    assert "resumed_from_step" not in records.load_record(run / "numpy.json")  # a version-2 record still loads
     edit(run / "numpy.json", lambda d: d.update(resumed_from_step=["x"]))
     with pytest.raises(UsageError, match="resumed_from_step/0"):
+        records.load_record(run / "numpy.json")
+    edit(run / "numpy.json", lambda d: (d.update(schema_version=2), d.pop("resumed_from_step")))
+    with pytest.raises(UsageError, match=r"older nanogpt-parity \(schema 2\); re-run it"):  # never read as version 2
         records.load_record(run / "numpy.json")
 
 

@@ -17,8 +17,8 @@ def test_shapes_and_count_small():
     # counted by hand: embeddings, one block (2 LN, qkv, proj, fc, proj), final LN, lm_head with bias
     per_block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (dh * d + dh) + (d * dh + d)
     total = V * d + n * d + per_block + 2 * d + V * d + V
-    assert count_parameters(shapes) == total
-    assert count_parameters(shapes, embeddings=False) == total - V * d - n * d
+    assert count_parameters(c, V) == sum(math.prod(s) for s in shapes.values()) == total
+    assert count_parameters(c, V, embeddings=False) == total - V * d - n * d
     assert shapes["h.0.attn.c_attn.weight"] == (3 * d, d)  # PyTorch Linear layout (out, in)
     assert shapes["lm_head.weight"] == (V, d) and shapes["wpe.weight"] == (n, d)
     assert len([k for k in shapes if k.startswith("h.")]) == 12 * c.n_layer

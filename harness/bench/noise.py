@@ -10,10 +10,11 @@ It runs the same small comparison four times, as a user would, each in its own `
 
 and prints, in one table, both sweeps' speed ratios (the verdicts' paired timing, and the separate training runs'
 ratio for contrast), the cells judged disturbed with their `contended_fraction`, both runs' median step times
-with theirs, and four checks (issue 17's done-when): the disturbed sweep's ratio is within 15 % of the quiet one;
-the disturbed sweep has cells with `contended_fraction` > 0 and its report names them; the disturbed run's median
-step is within 15 % of the quiet one's, or the run is marked mostly disturbed; the disturbed run carries
-`contended_fraction` > 0. Everything goes under `<out>/bench/noise-<UTC time>-<random>/` with a JSON summary.
+with theirs, and four checks (what a robust speed verdict must survive): the disturbed sweep's ratio is within 15 %
+of the quiet one; the disturbed sweep has cells with `contended_fraction` > 0 and its report names them; the
+disturbed run's median step is within 15 % of the quiet one's, or the run is marked mostly disturbed; the disturbed
+run carries `contended_fraction` > 0. Everything goes under `<out>/bench/noise-<UTC time>-<random>/` with a JSON
+summary.
 
 Run it on a machine that is otherwise quiet: the "quiet" legs must be quiet for the comparison to mean anything
 (the script prints the load average before each leg). The hogs are this process's children, stopped by their pid.
@@ -34,7 +35,7 @@ from harness.environment import loadavg
 from harness.errors import UsageError
 from harness.run import records
 
-TOLERANCE = 0.15  # the done-when of issue 17: within 15 %
+TOLERANCE = 0.15  # a verdict survives the hogs when its ratio (or median step) moves by at most 15 %
 
 
 def _load() -> str:
@@ -145,7 +146,7 @@ def sweep_result(out: Path, epochs: list[float] | None = None) -> dict[str, Any]
     from harness.sweep import manifest as mf
     from harness.timing.paired import speed_words
 
-    (sweep_dir,) = sorted((out / "sweeps").iterdir())
+    (sweep_dir,) = sorted(records.SweepPaths.root(out).iterdir())
     m = mf.Manifest.load(out, sweep_dir.name)
     df = load_runs(out, sweep_id=m.sweep_id).sort_values("cell", kind="stable")  # the spec's order of backends
     comps = comparisons(df, paired_docs(out, m))
@@ -183,7 +184,7 @@ def sweep_result(out: Path, epochs: list[float] | None = None) -> dict[str, Any]
 def _record_chunks(out: Path, run_id: str, backend: str) -> list[tuple[dict, list[float]]]:
     """A run record's chunks, each with the step times it covers."""
     try:
-        rec = records.load_record(records.run_dir(out, run_id) / f"{backend}.json", backend)
+        rec = records.load_record(records.RunPaths(out, run_id).record(backend), backend)
     except UsageError:
         return []
     times = list((rec.get("steps") or {}).get("time_s") or [])
@@ -193,7 +194,7 @@ def _record_chunks(out: Path, run_id: str, backend: str) -> list[tuple[dict, lis
 def run_result(out: Path, epochs: list[float] | None = None) -> dict[str, Any]:
     """The median step time and contention of the one single-backend run under `out` (with the hogs' `epochs`: how
     many of its chunks ran during them and were judged disturbed)."""
-    (run_dir,) = sorted((out / "runs").iterdir())
+    (run_dir,) = sorted(records.RunPaths.root(out).iterdir())
     _, recs = records.load_run(out, run_dir.name)
     rec = recs[0]
     items = [("training chunk", rec["backend"], c, times) for c, times in _record_chunks(out, run_dir.name,
@@ -239,7 +240,7 @@ def detection(quiet: dict[str, Any], disturbed: dict[str, Any]) -> tuple[int, in
 
 
 def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The done-when checks of issue 17 on a finished noise benchmark."""
+    """The four checks of a finished noise benchmark (the module docstring): does the speed verdict survive?"""
     sq, sd, rq, rd = (result[k] for k in ("sweep_quiet", "sweep_disturbed", "run_quiet", "run_disturbed"))
     out = []
     change = _change(_time_ratio(sq), _time_ratio(sd))

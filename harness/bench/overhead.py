@@ -25,7 +25,7 @@ compiled model (`--compile`) is compiled once per measurement, after `torch._dyn
 (`compile_s`), exactly as `harness run` does before step 0.
 
 torch and numpy are measured in this process (one after the other, never at once). flux always runs in a child process
-(`python -m harness.bench.overhead`), because juliacall must be imported before torch; `--isolate` does the same for
+(`python -m harness --worker bench`), because juliacall must be imported before torch; `--isolate` does the same for
 every backend (then the peak RSS figure is that configuration's own, not this process's high-water mark).
 """
 
@@ -55,7 +55,8 @@ from harness.core.weights import init_weights
 from harness.environment import loadavg
 from harness.errors import UsageError
 from harness.run import loop as run_loop
-from harness.run.loop import Curves, train
+from harness.run.loop import Curves, LoopOptions, train
+from harness.run.processes import spawn
 from harness.timing.stats import median_ci as _median_ci
 
 SCHEMA = "nanogpt-parity/bench"
@@ -144,7 +145,7 @@ def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int,
     """
     curves = Curves()
     c0, t0 = time.process_time(), time.perf_counter()
-    outcome = train(backend, config, stream, {}, curves, start + steps, start_step=start, progress=False)
+    outcome = train(backend, config, stream, {}, curves, start + steps, LoopOptions(start_step=start, progress=False))
     wall = time.perf_counter() - t0 - outcome.eval_s - (outcome.compile_s or 0.0)
     cpu = time.process_time() - c0
     if outcome.status != "completed":
@@ -333,17 +334,38 @@ def measure(job: Job) -> dict:
 
 
 def _measure(job: Job) -> dict:
+    """The four measurements of `measure`, one job each: set up (a), build the floor (b), run the paired rounds,
+    summarise."""
+    runner = _set_up(job)
+    bare_repeat = _bare_loop(job, runner)
+    rounds = _rounds(job, runner, bare_repeat)
+    return _result(job, runner, rounds)
+
+
+@dataclass
+class _Runner:
+    """(a) set up and warmed up, with what the later measurements share: the config, corpus, weights and stream."""
+
+    config: Config
+    corpus: Any
+    weights: dict[str, np.ndarray]
+    stream: BatchStream
+    backend: Any
+    setup_s: float
+    compile_s: float | None
+    first_step_s: float
+    first_round: Timed | None  # --warmup 0: the first timed runner round, run before the bare model existed
+    memory: dict
+
+
+def _set_up(job: Job) -> _Runner:
+    """(a): set up, compile (if asked) and warm up first; read the memory after steps have run and before the bare
+    loop's model exists."""
     config = Config(**job.config)
     corpus = load_corpus(job.data)
-    tokens = config.batch_size * config.block_size
-    lr = config.learning_rate
     weights = init_weights(config, corpus.vocab_size, job.seed)
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, job.seed, config.scheme)
-    stream_c = BatchStream(corpus.train, config.block_size, config.batch_size, job.seed, config.scheme)
     rss_before = _current_rss()
-
-    # (a) set up, compile (if asked) and warm up first; read the memory after steps have run and before the bare
-    # loop's model exists
     backend = create_backend(job.backend, **job.options)
     t0 = time.perf_counter()
     backend.setup(config, weights, corpus.vocab_size, job.device, job.seed)
@@ -363,62 +385,80 @@ def _measure(job: Job) -> dict:
             "process-wide high-water mark so far (in-process measurement; --isolate gives per-configuration figures)"
     if rss_before is not None and rss_after is not None:
         memory["rss_growth_bytes"] = rss_after - rss_before
+    return _Runner(config, corpus, weights, stream, backend, setup_s, compile_s, first_step_s, first_round, memory)
 
-    # (b) the floor, over pre-built NumPy batches (the first `steps` of the stream), copied to the device per step
-    batches = [stream.batch(k) for k in range(job.steps)]
-    if job.backend == "torch":
-        opts = job.options
-        bare = BareTorch(config, weights, corpus.vocab_size, job.device, job.seed, dtype=opts.get("dtype", "float32"),
-                         precision=opts.get("precision", "fp32"), compile=bool(opts.get("compile")),
-                         parity=bool(opts.get("parity")))
 
-        def bare_repeat(sync_each_step: bool = False) -> Timed:
-            return bare.repeat(batches, sync_each_step)
-
-        warm_batches = [stream.batch(k) for k in range(job.warmup)]
-        if opts.get("compile") and not warm_batches:
-            warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile
-        if warm_batches:
-            bare.repeat(warm_batches)
-    else:
-        def bare_repeat(sync_each_step: bool = False) -> Timed:
-            return backend_repeat(backend, batches, lr, sync_each_step)
-
+def _bare_loop(job: Job, r: _Runner) -> Callable[..., Timed]:
+    """(b): the floor, over pre-built NumPy batches (the first `steps` of the stream), copied to the device per step,
+    warmed up as the runner was; returns one repeat of it (`sync_each_step`: what a per-step sync would cost)."""
+    batches = [r.stream.batch(k) for k in range(job.steps)]
+    if job.backend != "torch":
+        lr = r.config.learning_rate
         if job.warmup:
-            backend_repeat(backend, list(itertools.islice(itertools.cycle(batches), job.warmup)), lr)
+            backend_repeat(r.backend, list(itertools.islice(itertools.cycle(batches), job.warmup)), lr)
+        return lambda sync_each_step=False: backend_repeat(r.backend, batches, lr, sync_each_step)
+    opts = job.options
+    bare = BareTorch(r.config, r.weights, r.corpus.vocab_size, job.device, job.seed,
+                     dtype=opts.get("dtype", "float32"), precision=opts.get("precision", "fp32"),
+                     compile=bool(opts.get("compile")), parity=bool(opts.get("parity")))
+    warm_batches = [r.stream.batch(k) for k in range(job.warmup)]
+    if opts.get("compile") and not warm_batches:
+        warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile
+    if warm_batches:
+        bare.repeat(warm_batches)
+    return lambda sync_each_step=False: bare.repeat(batches, sync_each_step)
 
-    n_stream = max(job.steps, MIN_STREAM_BATCHES)
-    null, stream_n = NullBackend(), BatchStream(corpus.train, config.block_size, config.batch_size, job.seed,
-                                                config.scheme)
-    runs_null: list[float] = []
-    runs_a: list[Timed] = []
-    runs_b: list[Timed] = []
-    runs_sync: list[Timed] = []
-    stream_s: list[float] = []
+
+@dataclass
+class _Rounds:
+    """What the paired rounds measured: (a), (b), (b) with a sync per step (CUDA), (c) per batch, (d) per step."""
+
+    runner: list[Timed] = field(default_factory=list)
+    bare: list[Timed] = field(default_factory=list)
+    bare_sync: list[Timed] = field(default_factory=list)
+    stream_s: list[float] = field(default_factory=list)
+    harness_only_s: list[float] = field(default_factory=list)
+    n_stream: int = 0
+
+
+def _rounds(job: Job, r: _Runner, bare_repeat: Callable[..., Timed]) -> _Rounds:
+    """`job.repeats` rounds of runner and bare (A B, then B A), each followed by (c) stream and (d) harness only."""
+    c = r.config
+    out = _Rounds(n_stream=max(job.steps, MIN_STREAM_BATCHES))
+    stream_c = BatchStream(r.corpus.train, c.block_size, c.batch_size, job.seed, c.scheme)
+    null, stream_n = NullBackend(), BatchStream(r.corpus.train, c.block_size, c.batch_size, job.seed, c.scheme)
+    first_round, n = r.first_round, out.n_stream
     _say(job, f"{job.repeats} rounds of {job.steps} steps (runner, bare, stream, harness only)")
     last_said = time.monotonic()
-    for r in range(job.repeats):
-        if r == 0 and first_round is not None:  # run before the bare model existed (--warmup 0)
+    for k in range(job.repeats):
+        if k == 0 and first_round is not None:  # run before the bare model existed (--warmup 0)
             a, first_round = first_round, None
             b = bare_repeat()
-        elif r % 2 == 0:  # A B, then B A: whatever comes first in a round is not always the same loop
-            a = runner_repeat(backend, config, stream, job.warmup + r * job.steps, job.steps)
+        elif k % 2 == 0:  # A B, then B A: whatever comes first in a round is not always the same loop
+            a = runner_repeat(r.backend, c, r.stream, job.warmup + k * job.steps, job.steps)
             b = bare_repeat()
         else:
             b = bare_repeat()
-            a = runner_repeat(backend, config, stream, job.warmup + r * job.steps, job.steps)
-        runs_a.append(a)
-        runs_b.append(b)
+            a = runner_repeat(r.backend, c, r.stream, job.warmup + k * job.steps, job.steps)
+        out.runner.append(a)
+        out.bare.append(b)
         if job.device == "cuda":  # what a per-step synchronisation would cost on an asynchronous device
-            runs_sync.append(bare_repeat(sync_each_step=True))
-        c = stream_repeat(stream_c, r * n_stream, n_stream)
-        stream_s.extend(c)
-        runs_null.append(runner_repeat(null, config, stream_n, r * n_stream, n_stream).wall_s / n_stream)
-        if time.monotonic() - last_said >= PROGRESS_EVERY_S or r + 1 == job.repeats:
+            out.bare_sync.append(bare_repeat(sync_each_step=True))
+        batch_s = stream_repeat(stream_c, k * n, n)
+        out.stream_s.extend(batch_s)
+        out.harness_only_s.append(runner_repeat(null, c, stream_n, k * n, n).wall_s / n)
+        if time.monotonic() - last_said >= PROGRESS_EVERY_S or k + 1 == job.repeats:
             last_said = time.monotonic()
-            _say(job, f"round {r + 1}/{job.repeats}: runner {a.wall_s / job.steps * 1e3:.3f} ms/step, "
-                      f"bare {b.wall_s / job.steps * 1e3:.3f} ms/step, stream {np.median(c) * 1e3:.4f} ms/batch")
+            _say(job, f"round {k + 1}/{job.repeats}: runner {a.wall_s / job.steps * 1e3:.3f} ms/step, "
+                      f"bare {b.wall_s / job.steps * 1e3:.3f} ms/step, stream {np.median(batch_s) * 1e3:.4f} ms/batch")
+    return out
 
+
+def _result(job: Job, r: _Runner, rounds: _Rounds) -> dict:
+    """The result of one measurement: per-loop timings, the overhead ratios with their interval, the stream, the
+    harness's own cost, the contention probe's cost, memory, and the checks against TARGETS."""
+    tokens = r.config.batch_size * r.config.block_size
+    runs_a, runs_b = rounds.runner, rounds.bare
     runner_t, bare_t = _timing(runs_a, job.steps, tokens), _timing(runs_b, job.steps, tokens)
     wall_ratios = [a.wall_s / b.wall_s for a, b in zip(runs_a, runs_b, strict=True)]
     cpu_ratios = [a.cpu_s / b.cpu_s for a, b in zip(runs_a, runs_b, strict=True)]
@@ -427,40 +467,39 @@ def _measure(job: Job) -> dict:
     basis = "cpu_time" if job.device == "cpu" else "wall"
     ratios = cpu_ratios if basis == "cpu_time" else wall_ratios
     ratio = float(np.median(ratios))
-    ci = _median_ci(ratios)
-    batch_s = float(np.median(stream_s))
+    batch_s = float(np.median(rounds.stream_s))
     step_s = bare_t["step_ms_median"] / 1e3
     for t, runs in ((runner_t, runs_a), (bare_t, runs_b)):  # loop time not inside a timed step, per step
         t["outside_step_us_median"] = float(np.median([(x.wall_s - sum(x.step_s)) / job.steps for x in runs]) * 1e6)
     # a third estimate, from per-step medians (which ignore a preempted step) plus the time between steps
     robust = ((runner_t["step_ms_median"] + runner_t["outside_step_us_median"] / 1e3)
               / (bare_t["step_ms_median"] + bare_t["outside_step_us_median"] / 1e3))
-    null_s = float(np.median(runs_null))
+    null_s = float(np.median(rounds.harness_only_s))
     result = {
         "backend": job.backend, "size": job.size, "device": job.device, "status": "completed",
         "config": job.config, "tokens_per_step": tokens, "steps": job.steps, "warmup": job.warmup,
         "repeats": job.repeats, "isolated": job.isolated, "options": job.options,
-        "setup_s": setup_s, "compile_s": compile_s, "first_step_s": first_step_s,
+        "setup_s": r.setup_s, "compile_s": r.compile_s, "first_step_s": r.first_step_s,
         "step_timing": "cuda events, no per-step sync" if job.device == "cuda" and job.backend == "torch"
         else "host clock",
         "runner": runner_t, "bare": bare_t,
         "overhead_ratio": ratio, "overhead_pct": (ratio - 1) * 100, "overhead_basis": basis,
-        "overhead_ratio_ci95": ci,
+        "overhead_ratio_ci95": _median_ci(ratios),
         "overhead_ratios": ratios, "overhead_ratio_wall": float(np.median(wall_ratios)),
         "overhead_ratios_wall": wall_ratios, "overhead_ratio_cpu_time": float(np.median(cpu_ratios)),
         "overhead_ratio_of_medians": runner_t["loop_ms_per_step_median"] / bare_t["loop_ms_per_step_median"],
         "overhead_ratio_step_medians": robust,
-        "stream": {"batches_timed": len(stream_s), "ms_per_batch_median": batch_s * 1e3,
-                   "ms_per_batch_p90": float(np.percentile(stream_s, 90) * 1e3),
+        "stream": {"batches_timed": len(rounds.stream_s), "ms_per_batch_median": batch_s * 1e3,
+                   "ms_per_batch_p90": float(np.percentile(rounds.stream_s, 90) * 1e3),
                    "batches_per_s": 1.0 / batch_s if batch_s > 0 else None,
                    "x_step": step_s / batch_s if batch_s > 0 else None},
         "contention_probe": contention_probe_cost(step_s, job.device),
         "harness_only": {"us_per_step_median": null_s * 1e6, "pct_of_step": null_s / step_s * 100,
-                         "steps_timed": n_stream * job.repeats},
-        "memory": memory, "backend_info": backend.describe(),
+                         "steps_timed": rounds.n_stream * job.repeats},
+        "memory": r.memory, "backend_info": r.backend.describe(),
     }
-    if runs_sync:
-        result["bare_sync_each_step"] = _timing(runs_sync, job.steps, tokens)
+    if rounds.bare_sync:
+        result["bare_sync_each_step"] = _timing(rounds.bare_sync, job.steps, tokens)
     if job.backend == "torch" and job.device == "cuda":
         result["backend_info"]["sdpa"] = _sdpa_flags()
     result["checks"] = checks(result)
@@ -545,14 +584,18 @@ def misses(results: list[dict]) -> list[str]:
 
 # --- child processes ---------------------------------------------------------------------------------------------
 def measure_isolated(job: Job) -> dict:
-    """Run `measure(job)` in a fresh interpreter (`python -m harness.bench.overhead`), its CPU threads capped to
-    `job.threads` as every backend process's are (harness.run.processes.thread_env); progress goes to our stderr."""
-    from harness.run.processes import thread_env
-
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(job.threads))
-    proc = subprocess.run([sys.executable, "-m", "harness.bench.overhead"], input=json.dumps(asdict(job)), text=True,
-                          stdout=subprocess.PIPE, env=env, check=False)
-    lines = proc.stdout.strip().splitlines()
+    """Run `measure(job)` in a fresh interpreter (`python -m harness --worker bench JOB_JSON`, started as every child
+    of the harness is: harness.run.processes.spawn), its CPU threads capped to `job.threads` as every backend
+    process's are (harness.run.processes.thread_env); its progress goes to our stderr."""
+    proc = spawn("bench", [json.dumps(asdict(job))], job.threads, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                 text=True)
+    try:
+        stdout, _ = proc.communicate()
+    except BaseException:  # Ctrl-C: the child goes with us
+        proc.kill()
+        proc.wait()
+        raise
+    lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
     return {"backend": job.backend, "size": job.size, "device": job.device,
@@ -560,9 +603,12 @@ def measure_isolated(job: Job) -> dict:
             "checks": []}
 
 
-def child_main() -> int:
-    """Entry point of the child process: a Job as JSON on stdin, the result as one JSON line on stdout."""
-    job = Job(**json.loads(sys.stdin.read()))
+def child_main(argv: list[str]) -> int:
+    """The child of `measure_isolated`: a Job as JSON in `argv`, the result as one JSON line on stdout."""
+    if len(argv) != 1:
+        print("usage: python -m harness --worker bench JOB_JSON", file=sys.stderr)
+        return 2
+    job = Job(**json.loads(argv[0]))
     try:
         result = measure(job)
     except (UsageError, BackendUnavailable) as exc:
@@ -600,7 +646,3 @@ def _loadavg() -> float | None:
 
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MiB"
-
-
-if __name__ == "__main__":
-    sys.exit(child_main())

@@ -57,6 +57,7 @@ from harness.core.data import check_fits, load_corpus
 from harness.environment import usable_cores
 from harness.errors import UsageError
 from harness.run import records
+from harness.units import utc_now
 
 OVERHEAD_EXIT = {0: "measured (with --check: and every target met)",
                  1: "a measurement failed, or --check and a target was missed (named on stderr)"}
@@ -212,7 +213,7 @@ def command(args: argparse.Namespace) -> int:
     device = next(iter(used)) if len(used) == 1 else common_device(args.device)
     backends = list(dict.fromkeys(j.backend for j in jobs))
     results = []
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = utc_now()
     load_start = _loadavg()
     cores = usable_cores()
     if load_start and load_start > cores and not args.quiet:
@@ -223,7 +224,7 @@ def command(args: argparse.Namespace) -> int:
     missed = misses(results)
     doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_at": started,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "finished_at": utc_now(),
         "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": device,
                     "steps": args.timed_steps, "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
                     "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check,
@@ -302,8 +303,8 @@ def noise_command(args: argparse.Namespace) -> int:
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
         if code != 0:
             return _leg_failed(argv, code, root)
-        # the sweep: hogs in its middle third (issue 17); the run (a few seconds, most of it start-up): hogs for the
-        # whole invocation, so that its training is disturbed
+        # the sweep: hogs in its middle third (disturbed cells among quiet ones, as on a shared machine); the run (a
+        # few seconds, most of it start-up): hogs for the whole invocation, so that its training is disturbed
         h = Hogs(hogs, quiet_s / 3, 2 * quiet_s / 3) if kind == "sweep" else Hogs(hogs, 0.0, None)
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
         if code_d != 0:

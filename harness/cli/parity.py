@@ -165,13 +165,13 @@ def command(args: argparse.Namespace) -> int:
 
     pp = plan_parity(args)
     run_id = run_plan.write_spec(pp.plan)
-    directory = records.run_dir(pp.plan.out, run_id)
+    paths = records.RunPaths(Path(pp.plan.out), run_id)
     print(_headline(pp, run_id), file=sys.stderr)
     # the reference first: the other backend reads its states from the reference's probe
-    codes = supervise.execute(directory, [pp.reference, pp.other], progress=pp.plan.progress,
+    codes = supervise.execute(paths.dir, [pp.reference, pp.other], progress=pp.plan.progress,
                               threads=pp.plan.threads, chained=True)
     record = parity_record.new_record(pp, run_id, codes)
-    path = directory / "parity.json"
+    path = paths.parity
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
@@ -180,10 +180,10 @@ def command(args: argparse.Namespace) -> int:
     _, recs = records.load_run(pp.plan.out, run_id)
     workers = {rec["backend"]: rec for rec in recs}
     _adopt_dtypes(args, pp, workers, record)
-    missing = [n for n in pp.backends if not (directory / f"{n}.probe.npz").is_file()]
+    missing = [n for n in pp.backends if not paths.probe(n).is_file()]
     if missing:
         return _error(path, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
-    result = parity_record.compare_workers(pp, workers, directory)
+    result = parity_record.compare_workers(pp, workers, paths.dir)
     parity_record.finish_record(record, pp, result, workers)
     records.atomic_write_json(path, record)
 

@@ -7,7 +7,7 @@ Kept apart from the worker and the report so that both (and sweeps) read one def
 from __future__ import annotations
 
 from harness.config.fields import Config
-from harness.core.weights import count_parameters, param_shapes
+from harness.core.weights import count_parameters
 
 
 def flops_per_token(config: Config, vocab_size: int) -> int:
@@ -18,7 +18,7 @@ def flops_per_token(config: Config, vocab_size: int) -> int:
     layer's matrix, so it counts (as nanoGPT's estimate_mfu: get_num_params() leaves out only wpe); without biases
     there are fewer parameters to count (harness.core.weights.param_shapes follows the options).
     """
-    n = count_parameters(param_shapes(config, vocab_size), embeddings=False)
+    n = count_parameters(config, vocab_size, embeddings=False)
     return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size
 
 

@@ -92,12 +92,20 @@ def decays(name: str, shape: tuple[int, ...], convention: str = "nanogpt") -> bo
     return len(shape) >= 2
 
 
-def count_parameters(shapes: dict[str, tuple[int, ...]], embeddings: bool = True) -> int:
-    """Number of scalars (a tied matrix once). Without `embeddings` the position table is left out, and the token
-    table unless it is also the output layer (tied: no lm_head.weight), as nanoGPT's get_num_params(non_embedding)."""
-    tied = "lm_head.weight" not in shapes
-    left_out = () if embeddings else ("wpe.weight",) if tied else ("wte.weight", "wpe.weight")
-    return sum(int(np.prod(s)) for n, s in shapes.items() if n not in left_out)
+def count_parameters(config: Config, vocab_size: int, embeddings: bool = True) -> int:
+    """The number of scalars `param_shapes` lists (a tied matrix once), in closed form: the run's memory estimate
+    counts absurd sizes too, where enumerating the tensors would be slow. The options leave parameters out as
+    `param_shapes` does: `bias` the biases of the blocks and ln_f, `lm_head_bias` lm_head's bias, tied embeddings
+    lm_head's weight. Without `embeddings` the position table is left out, and the token table unless it is also the
+    output layer (tied), as nanoGPT's get_num_params(non_embedding)."""
+    C, Dh, V, T = config.n_embd, config.d_hidden, vocab_size, config.block_size
+    b = int(config.bias)
+    per_layer = 2 * C * (1 + b) + 3 * C * C + C * C + C * Dh + Dh * C + b * (3 * C + C + Dh + C)
+    head = (0 if config.tie_embeddings else C * V) + (V if config.lm_head_bias else 0)
+    total = V * C + T * C + config.n_layer * per_layer + C * (1 + b) + head
+    if embeddings:
+        return total
+    return total - T * C - (0 if config.tie_embeddings else V * C)
 
 
 def fingerprint(weights: dict[str, np.ndarray]) -> str:

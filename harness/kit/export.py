@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UsageError
+from harness.units import utc_now
 
 SCHEMA = "nanogpt-parity/kit"
 
@@ -217,7 +217,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
     decayed = [n for n, shape in shapes.items() if decays(n, shape, config.decay)]
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at": utc_now(),
         "harness_version": __version__,
         "size": size, "config": config.to_dict(), "seed": seed, "steps": steps,
         "vocabulary": "".join(corpus.chars), "vocab_size": corpus.vocab_size,

@@ -27,10 +27,8 @@ def _flux_param_shape(name: str, shape: tuple[int, ...]) -> list[int]:
 
 
 def _flux_mask_shape(key: str, shape: tuple[int, ...]) -> list[int] | None:
-    to_flux = getattr(flux_layout, "masks_to_flux", None)  # added with the shared dropout masks (issue 11)
-    if to_flux is None:
-        return list(reversed(shape))
-    return list(to_flux({key: np.zeros(shape, dtype=bool)})[key].shape)
+    # the layout the Flux backend hands its masks to Julia in (harness.backends.flux_layout), not merely reversed
+    return list(flux_layout.masks_to_flux({key: np.zeros(shape, dtype=bool)})[key].shape)
 
 
 def describe(group: str, key: str, shape: tuple[int, ...]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ hands them to `harness.parity.compare.compare`. The command line (harness.cli.pa
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from harness.parity.compare import BLIND_SPOTS, compare
 from harness.parity.result import ParityResult
 from harness.parity.tolerances import Tolerances
 from harness.run import records
+from harness.units import utc_now
 
 if TYPE_CHECKING:
     from harness.run.plan import Plan
@@ -91,15 +91,16 @@ def optimizer_steps(config: Any, vocab_size: int, steps: int, asked: int | None)
 def new_record(pp: ParityPlan, run_id: str, codes: dict[str, int]) -> dict[str, Any]:
     """parity.json before anything is compared: what was run, with which tolerances, and how each worker exited."""
     plan, config = pp.plan, pp.plan.config
+    paths = records.RunPaths(Path(plan.out), run_id)
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at": utc_now(),
         "config": config.to_dict(), "config_name": config.name, "steps": pp.steps, "seed": plan.seed,
         "dropout": pp.dropout, "opt_steps": pp.opt_steps, "opt_reference": pp.reference, "threads": plan.threads,
         "device": plan.device, "devices": plan.devices, "backends": pp.backends, "dtypes": pp.dtypes,
         "precision_pair": pp.pair, "tolerances": asdict(pp.tolerances), "tolerance_source": pp.tol_source,
         "data": {"path": plan.corpus.path, "sha256": plan.corpus.sha256}, "worker_exit_codes": codes,
-        "files": {n: {"record": f"{n}.json", "probe": f"{n}.probe.npz"} for n in pp.backends},
+        "files": {n: {"record": paths.record(n).name, "probe": paths.probe(n).name} for n in pp.backends},
     }
 
 
@@ -139,7 +140,8 @@ def compare_workers(pp: ParityPlan, workers: dict[str, dict], directory: Path) -
     a, b = pp.backends
     ra, rb = workers[a], workers[b]
     va, vb = final_val(ra), final_val(rb)
-    result = compare(load_probe(directory / f"{a}.probe.npz"), load_probe(directory / f"{b}.probe.npz"),
+    paths = records.RunPaths.of_dir(directory)
+    result = compare(load_probe(paths.probe(a)), load_probe(paths.probe(b)),
                      ra["steps"]["loss"], rb["steps"]["loss"], pp.tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
                      backends=(a, b), config=pp.plan.config)

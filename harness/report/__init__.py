@@ -394,9 +394,9 @@ def write_index(out: Path) -> Path:
             entry["runs"] = [_index_row(out, run_id) for run_id in run_ids]
         entries.append(entry)
     entries.sort(key=lambda e: e["mtime"], reverse=True)
-    runs_dir = out / "runs"
+    runs_dir = records.RunPaths.root(out)
     uncovered = sorted((p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in covered
-                        and records.RUN_ID_RE.match(p.name) and (p / "spec.json").exists()),
+                        and records.RUN_ID_RE.match(p.name) and records.RunPaths.of_dir(p).spec.exists()),
                        reverse=True) if runs_dir.is_dir() else []
     _clean_old_tmp(out)
     page = _env().get_template("index.html.j2").render(

@@ -37,8 +37,9 @@ STALE_AFTER_S = 600.0
 # backend, a comparison whose interval includes "no difference", data too thin to carry a verdict).
 OK, NEUTRAL, WARN, ERROR = "ok", "neutral", "warn", "error"
 LEVELS = [OK, NEUTRAL, WARN, ERROR]
-# The report's sign convention, stated once in every report (issue 18): differences are first − second with both
-# names written out; ratios are "how many times faster", the faster one named; intervals are 95 %.
+# The report's sign convention, stated once in every report so that no number can be read backwards: differences are
+# first − second with both names written out; ratios are "how many times faster", the faster one named; intervals
+# are 95 %.
 CONVENTION = ("Convention: a difference is written first − second with both names (e.g. torch − numpy); a speed "
               "ratio is written \"X is N× faster than Y\", the faster one named, N ≥ 1; every interval is 95 %.")
 
@@ -80,35 +81,44 @@ class RunView:
 
 
 def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
-    """Load run `run_id` (UsageError when missing or corrupt) with its parity.json when there is one."""
+    """Load run `run_id` (UsageError when missing or corrupt) with its parity.json and paired.json where there are."""
     spec, recs = records.load_run(out, run_id)
-    directory = records.run_dir(out, run_id)
+    paths = records.RunPaths(Path(out), run_id)
     now = time.time() if now is None else now
-    ages = {r["backend"]: max(0.0, now - (directory / f"{r['backend']}.json").stat().st_mtime) for r in recs}
+    ages = {r["backend"]: max(0.0, now - paths.record(r["backend"]).stat().st_mtime) for r in recs}
     have = {r["backend"] for r in recs}
     view = RunView(out=Path(out), run_id=run_id, spec=spec, records=recs,
                    missing=[b for b in spec.get("backends", []) if b not in have], age_s=ages)
-    parity_path = directory / "parity.json"
-    if parity_path.exists():
+    if paths.parity.exists():
         try:
-            doc = json.loads(files.read_regular(parity_path, "parity record", "run `harness parity` again"))
-            if not isinstance(doc, dict):
-                raise ValueError("not a JSON object")
-            view.parity = doc
+            view.parity = load_parity(paths.parity)
         except UsageError as exc:
             view.parity_error = str(exc)
         except (ValueError, UnicodeDecodeError) as exc:
-            view.parity_error = f"{parity_path.name} could not be read ({exc})"
-    paired_path = records.RunPaths(Path(out), run_id).paired_timing
-    if paired_path.exists():
+            view.parity_error = f"{paths.parity.name} could not be read ({exc})"
+    if paths.paired_timing.exists():
         from harness.timing import paired
 
         try:
-            view.paired = paired.load(paired_path)
+            view.paired = paired.load(paths.paired_timing)
         except UsageError as exc:
             view.paired_error = str(exc)
     view.banners = banners(view)
     return view
+
+
+def load_parity(path: Path) -> dict:
+    """A parity.json (harness.parity.record.SCHEMA, written by `harness parity`): UsageError when it is not one or
+    of another schema version; ValueError when it is not JSON."""
+    from harness.parity.record import SCHEMA, SCHEMA_VERSION
+
+    doc = json.loads(files.read_regular(path, "parity record", "run `harness parity` again"))
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise UsageError(f"{str(path)!r} is not a nanogpt-parity parity record; run `harness parity` again")
+    files.check_version(doc, path, SCHEMA_VERSION)
+    return doc
 
 
 # --- status and fairness -------------------------------------------------------------------------------------------
@@ -194,93 +204,20 @@ def banners(view: RunView) -> list[Banner]:
 # --- parity.json ------------------------------------------------------------------------------------------------------
 def parity_passed(doc: dict) -> bool | None:
     """The overall verdict of a parity.json (harness.parity.record): `verdict` "pass" is True, "fail" and "error" are
-    False; failing that, a boolean `passed` (top level or in `results`); None when it says nothing."""
+    False; None when it says nothing."""
     verdict = doc.get("verdict")
     if isinstance(verdict, str) and verdict.lower() in ("pass", "passed", "fail", "failed", "error"):
         return verdict.lower() in ("pass", "passed")
-    for holder in (doc, doc.get("results") if isinstance(doc.get("results"), dict) else {}):
-        if isinstance(holder.get("passed"), bool):
-            return holder["passed"]
     return None
 
 
-def _num(x: Any) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def parity_checks(doc: dict) -> list[dict]:
-    """One row per check of a parity.json: check, value, tolerance, "first broken", "worst", result ("ok" / "FAIL").
-
-    parity.json holds its rows (`checks`, harness.parity.result.ParityResult.rows) since the learning-rate check; for a
-    record from before, they are read from its `results` (the step-0 activation taps, logits and gradients, the
-    re-synchronised optimizer steps and their losses, the training-loss curve, the final validation loss); "first
-    broken" is where a check
-    first fails (the first divergent tap, the first step), "worst" where it is largest; the likely causes are in the
-    FAIL lines, not repeated here. A generic `checks` list of objects is shown as it is.
-    """
-    if isinstance(doc.get("checks"), list):  # harness.parity's own rows (ParityResult.rows), as they are
-        return [{("first broken" if k == "first_broken" else k): v for k, v in c.items() if k != "depth"}
-                if isinstance(c, dict) else {"check": str(c)} for c in doc["checks"]]
-    res = doc.get("results")
-    if not isinstance(res, dict):
-        return []
-    tol = res.get("tolerances") or doc.get("tolerances") or {}
-    taps, logits, grads = res.get("taps") or {}, res.get("logits") or {}, res.get("gradients") or {}
-    loss, val = res.get("loss") or {}, res.get("val_loss") or {}
-    where = logits.get("where") or []
-    rows = []
-    if taps.get("rel_err"):
-        worst = taps.get("worst") or ""
-        rows.append({"depth": "taps", "check": "step-0 activation taps, max |diff| / the tap's scale",
-                     "value": _num((taps["rel_err"] or {}).get(worst)),
-                     "tolerance": _num(tol["taps"] if tol.get("taps") is not None else tol.get("logits")),
-                     "first broken": taps.get("first_divergent") or "",
-                     "worst": f"{worst} {list((taps.get('where') or {}).get(worst) or [])}" if worst else ""})
-    rows += [
-        {"check": "step-0 logits, max |diff|", "value": _num(logits.get("max_abs_diff")),
-         "tolerance": _num(tol.get("logits")), "first broken": "",
-         "worst": f"batch row {where[0]}, position {where[1]}, token {where[2]}" if len(where) == 3 else ""},
-        {"check": "step-0 gradients, relative error", "value": _num(grads.get("worst_rel_err")),
-         "tolerance": _num(tol.get("grad")), "first broken": grads.get("first_broken") or "",
-         "worst": grads.get("worst") or ""},
-    ]
-    dgrads, opt, step_loss = res.get("dropout_gradients") or {}, res.get("optimizer") or {}, res.get("step_loss") or {}
-    if dgrads:
-        rows.append({"check": "step-0 gradients under the dropout masks, relative error",
-                     "value": _num(dgrads.get("worst_rel_err")), "tolerance": _num(tol.get("grad")),
-                     "first broken": dgrads.get("first_broken") or "", "worst": dgrads.get("worst") or ""})
-    if opt:
-        w, f = opt.get("worst") or {}, opt.get("first_bad") or {}
-        sync = " (re-synchronised)" if opt.get("resynchronised_from") else ""
-        rows.append({"depth": "optimizer", "check": f"optimizer steps{sync} (update, m, v), relative error",
-                     "value": _num(opt.get("worst_rel_err")), "tolerance": _num(tol.get("opt")),
-                     "first broken": " ".join(str(f.get(k, "")) for k in ("step", "quantity", "parameter")).strip(),
-                     "worst": " ".join(str(w.get(k, "")) for k in ("step", "quantity", "parameter")).strip()})
-    if step_loss.get("abs_dev"):
-        dev = [_num(v) for v in step_loss["abs_dev"]]
-        peak = max(range(len(dev)), key=lambda i: dev[i] if dev[i] == dev[i] else math.inf)
-        rows.append({"check": "loss of each step from the same state, |diff|", "value": dev[peak],
-                     "tolerance": _num(tol["step_loss"] if tol.get("step_loss") is not None else tol.get("loss")),
-                     "first broken": f"step {step_loss['first_bad_step']}" if step_loss.get("first_bad_step") else "",
-                     "worst": f"step {peak + 1} of {len(dev)}"})
-    rows.append({"check": "training loss, max |diff| per step", "value": _num(loss.get("max_abs_dev")),
-                 "tolerance": _num(tol.get("loss")),
-                 "first broken": (f"step {loss['first_bad_step']}" if loss.get("first_bad_step") is not None
-                                  else ""),
-                 "worst": f"step {loss.get('peak_step')} of {loss.get('steps')}" if loss.get("steps") else ""})
-    if val.get("abs_diff") is not None:
-        rows.append({"check": "final validation loss, |diff|", "value": _num(val.get("abs_diff")),
-                     "tolerance": _num(tol.get("loss")), "first broken": "",
-                     "worst": ", ".join(f"{k} {_num(v):.6f}" for k, v in (val.get("values") or {}).items())})
-    for row in rows:
-        row["result"] = "ok" if row["value"] <= row["tolerance"] else "FAIL"  # NaN compares False: FAIL
-    for row in rows:  # a pattern caught within tolerance (a first divergent tap, a first bad step) still fails
-        if row.pop("depth", None) and row["first broken"]:
-            row["result"] = "FAIL"
-    return rows
+    """One row per check of a parity.json, as it holds them (`checks`, harness.parity.result.ParityResult.rows):
+    check, value, tolerance, "first broken" (where a check first fails: the first divergent tap, the first step),
+    "worst" (where it is largest), result ("ok" / "FAIL"); the likely causes are in the FAIL lines, not repeated
+    here. A parity.json that compared nothing (verdict "error") has none."""
+    return [{("first broken" if k == "first_broken" else k): v for k, v in c.items() if k != "depth"}
+            if isinstance(c, dict) else {"check": str(c)} for c in doc.get("checks") or []]
 
 
 def parity_sentence(doc: dict) -> str:

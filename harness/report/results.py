@@ -20,7 +20,6 @@ from typing import Any
 
 import pandas as pd
 
-from harness.config.fields import OPTION_DEFAULTS
 from harness.errors import UsageError
 from harness.run import records
 
@@ -126,7 +125,7 @@ def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
     cfg = rec.get("config") or {}
     last = rec["evals"][-1] if rec.get("evals") else {}
     ttt = rec.get("time_to_target")
-    if ttt is None and cfg.get("target_val_loss") is not None:  # records written before the worker computed it
+    if ttt is None and cfg.get("target_val_loss") is not None:  # a worker that did not finish (killed, running)
         from harness.core.costs import time_to_target
 
         steps = rec.get("steps") or {}
@@ -156,16 +155,14 @@ def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
         "chrf": text.get("chrf"), "bleu": text.get("bleu"), "config_hash": rec.get("config_hash"),
         "started_at": rec.get("started_at"),
     }
-    out.update({k: cfg.get(k) for k in CONFIG_COLUMNS})
-    # the model options and schedule: a record from before they existed ran the original model (their defaults)
-    out.update({k: cfg.get(k, OPTION_DEFAULTS[k]) for k in OPTION_COLUMNS})
+    out.update({k: cfg.get(k) for k in (*CONFIG_COLUMNS, *OPTION_COLUMNS)})
     return out
 
 
 def _sweep_cells(out: Path) -> dict[tuple[str, str], dict]:
     """(run id, backend) -> sweep membership, from every sweep manifest under `out` (unreadable ones skipped)."""
     found: dict[tuple[str, str], dict] = {}
-    for path in sorted((out / "sweeps").glob("*/sweep.json")) if (out / "sweeps").is_dir() else []:
+    for path in [s.manifest for s in records.SweepPaths.under(out) if s.manifest.is_file()]:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
             for cell in doc["cells"]:
@@ -186,18 +183,15 @@ def load_runs(out: str | Path, sweep_id: str | None = None, run_ids: list[str] |
     members = _sweep_cells(out)
     if sweep_id is not None:
         wanted = {k for k, v in members.items() if v["sweep_id"] == sweep_id}
-        if not wanted and not (out / "sweeps" / sweep_id / "sweep.json").exists():
-            raise UsageError(f"no sweep {sweep_id!r} under {str(out / 'sweeps')!r}")
+        if not wanted and not records.SweepPaths(out, sweep_id).manifest.exists():
+            raise UsageError(f"no sweep {sweep_id!r} under {str(records.SweepPaths.root(out))!r}")
         run_ids = sorted({r for r, _ in wanted})
-    runs_dir = out / "runs"
+    runs_dir = records.RunPaths.root(out)
     ids = run_ids if run_ids is not None else (sorted(p.name for p in runs_dir.iterdir() if p.is_dir())
                                                if runs_dir.is_dir() else [])
     rows = []
     for run_id in ids:
-        directory = records.run_dir(out, run_id)
-        for path in sorted(directory.glob("*.json")):
-            if path.name in ("spec.json", "parity.json", "paired.json") or path.name.startswith("."):
-                continue
+        for path in records.RunPaths(out, run_id).record_files():
             try:
                 rec = records.load_record(path)
             except UsageError:

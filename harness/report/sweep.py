@@ -351,7 +351,7 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
             for backend, gb in g.groupby("backend", sort=False):
                 curves = []
                 for _, r in gb.iterrows():
-                    rec = records.load_record(records.run_dir(out, r["run_id"]) / f"{backend}.json")
+                    rec = records.load_record(records.RunPaths(out, r["run_id"]).record(backend))
                     curves.append((r["final_val_loss"], *_wall_curve(rec)))
                 curves.sort(key=lambda c: c[0])
                 _, mx, my = curves[len(curves) // 2]  # the median seed (by final val loss)
@@ -381,7 +381,7 @@ def paired_records(out: Path, m: mf.Manifest) -> list[tuple[dict, dict | str]]:
 
     found: list[tuple[dict, dict | str]] = []
     for entry in m.doc.get("paired") or []:
-        path = Path(out) / entry["path"]
+        path = mf.paired_record(out, entry)
         try:
             found.append((entry, paired.load(path) if path.exists() else "not run yet"))
         except UsageError as exc:

@@ -20,8 +20,7 @@ from harness.report.analysis import (
 )
 from harness.timing import contention
 from harness.timing.steady import FIGURES_ALL
-
-DASH = "—"
+from harness.units import DASH, fmt_bytes
 
 
 # --- formats -------------------------------------------------------------------------------------------------------
@@ -44,15 +43,6 @@ def fmt_seconds(s: float | None) -> str:
     if s < 7200:
         return f"{int(s // 60)} min {int(s % 60):02d} s"
     return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
-
-
-def fmt_bytes(b: float | None) -> str:
-    """'345.6 MiB', '1.23 GiB'."""
-    if not _ok(b):
-        return DASH
-    if b >= 2**30:
-        return f"{b / 2**30:.3g} GiB"
-    return f"{b / 2**20:.4g} MiB"
 
 
 def fmt_int(n: float | None) -> str:
@@ -327,7 +317,7 @@ def fmt_target(rec: dict) -> str:
 
     ttt = rec.get("time_to_target")
     target = (rec.get("config") or {}).get("target_val_loss")
-    if ttt is None and target is not None:  # a record from before time to target was recorded
+    if ttt is None and target is not None:  # a worker that did not finish (killed, running) wrote none yet
         steps = rec.get("steps") or {}
         ttt = time_to_target(target, rec.get("evals") or [], steps.get("step", []), steps.get("time_s", []))
     if not ttt:

@@ -103,136 +103,180 @@ class Outcome:
     compile_s: float | None = None  # the backend's warm-up (torch --compile), before step 0; None: none
 
 
-def train(backend: Backend, config: Config, stream: BatchStream,
-          eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]], curves: Curves, total_steps: int,
-          start_step: int = 0, on_flush: Callable[[int], None] | None = None,
-          checkpoint_every: int = 0, on_checkpoint: Callable[[int], None] | None = None,
-          progress: bool = True, label: str = "", masks: Callable[[int], dict] | None = None,
-          after_step: Callable[[int], None] | None = None, sampler: Sampler | None = None) -> Outcome:
-    """Train from `start_step` to `total_steps`, appending to `curves`; never raises for Ctrl-C or NaN.
+@dataclass
+class LoopOptions:
+    """How `train` runs, beyond what it trains: where it starts, what it shows, and the callers' hooks.
 
-    Step k trains with the schedule's rate `harness.core.schedule.learning_rate(config, k)` (nanoGPT's get_lr(k)).
-    Evaluation happens before step 0, every `config.eval_interval` steps and after the last step. `on_flush(k)` is
-    called when the curves hold every step before k (to persist them); `on_checkpoint(k)` after k updates. Parity mode:
-    `masks(step)` gives the harness's dropout masks of a step (handed to `train_step`), and `after_step(k)` is called
-    after k updates (to record the optimizer state). `sampler` (harness.timing.contention.Sampler) reads the machine's
-    state at chunk boundaries (about every half second, and around every evaluation, never per step); its chunks go to
-    `curves.chunks`.
-    """
-    tokens_per_step = config.batch_size * config.block_size
-    clock = device_clock(backend)
-    pending: list = []  # losses still on the device
-    pending_t: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
-    pending_from = start_step
-    eval_s = train_s = 0.0
-    step = start_step
-    bar = tqdm(total=total_steps, initial=start_step, desc=label, unit="step", disable=not progress,
-               dynamic_ncols=True, mininterval=0.5)
-    compile_s = None
+    `on_flush(k)` is called when the curves hold every step before k (to persist them); `on_checkpoint(k)` every
+    `checkpoint_every` updates (before the last); parity mode: `masks(step)` gives the harness's dropout masks of a
+    step (handed to `train_step`), `after_step(k)` is called after k updates (to record the optimizer state).
+    `sampler` (harness.timing.contention.Sampler) reads the machine's state at chunk boundaries; None: nothing is
+    read (`NoSampler`)."""
 
-    def flush() -> str | None:
-        """Fetch pending losses (and device step times); return a failure status at the first non-finite loss."""
-        nonlocal pending, pending_t, pending_from, train_s
-        values = backend.losses_to_floats(pending)  # one synchronisation: every marker below is complete
-        times = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in pending_t[:len(values)]]
-        n_ok = len(values)
-        failure = None
+    start_step: int = 0
+    checkpoint_every: int = 0
+    progress: bool = True
+    label: str = ""
+    on_flush: Callable[[int], None] | None = None
+    on_checkpoint: Callable[[int], None] | None = None
+    masks: Callable[[int], dict] | None = None
+    after_step: Callable[[int], None] | None = None
+    sampler: Sampler | None = None
+
+
+class NoSampler:
+    """The sampler of a loop that reads nothing about the machine (bench, paired bursts, tests): every call is a
+    no-op, so the loop needs no `if sampler` of its own."""
+
+    def __init__(self) -> None:
+        self.chunks: list[dict] = []
+
+    def open(self, step: int) -> None:
+        """Nothing to read."""
+
+    def close(self, step: int) -> None:
+        """Nothing to read."""
+
+    def tick(self, done: int) -> None:
+        """Nothing to read."""
+
+
+class StepTimer:
+    """Times every training step (see the module docstring) and keeps its loss until `flush` fetches them all with
+    one synchronisation, at most FLUSH_EVERY steps apart (host floats: at once). `train_s` sums the flushed steps'
+    times."""
+
+    def __init__(self, backend: Backend, curves: Curves, first_step: int, bar: tqdm | None, tokens_per_step: int):
+        self.backend, self.curves, self.bar, self.tokens_per_step = backend, curves, bar, tokens_per_step
+        self.clock = device_clock(backend)
+        self.losses: list = []  # losses still on the device
+        self.times: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
+        self.first = first_step  # the step of losses[0]
+        self.train_s = 0.0
+
+    def step(self, x: np.ndarray, y: np.ndarray, lr: float, kw: dict) -> Any:
+        """One timed `train_step`; returns its loss (a host float, or a value still on the device)."""
+        backend, clock = self.backend, self.clock
+        if clock is None:  # synchronous device: host clock around the step and its (no-op) sync
+            t0 = time.perf_counter()
+            loss = backend.train_step(x, y, lr, **kw)
+            backend.synchronize()
+            self.times.append(time.perf_counter() - t0)
+        else:  # asynchronous device: markers on its stream, no host sync per step
+            start = clock.mark()
+            loss = backend.train_step(x, y, lr, **kw)
+            self.times.append((start, clock.mark()))  # read at the flush, after its one synchronisation
+        self.losses.append(loss)
+        return loss
+
+    def flush(self) -> str | None:
+        """Fetch the pending losses (and device step times) into the curves; a failure status at the first
+        non-finite loss (the steps before it and the bad one itself are kept for the record)."""
+        if not self.losses:
+            return None
+        curves = self.curves
+        values = self.backend.losses_to_floats(self.losses)  # one synchronisation: every marker is complete
+        times = [t if isinstance(t, float) else self.clock.elapsed_s(*t) for t in self.times[:len(values)]]
+        n_ok, failure = len(values), None
         for k, v in enumerate(values):
             if not math.isfinite(v):
-                n_ok = k + 1  # keep the steps before the bad one, and the bad one itself for the record
-                failure = f"failed: non-finite loss at step {pending_from + k}"
+                n_ok, failure = k + 1, f"failed: non-finite loss at step {self.first + k}"
                 break
         curves.loss.extend(values[:n_ok])
         curves.time_s.extend(times[:n_ok])
-        train_s += sum(times[:n_ok])
+        self.train_s += sum(times[:n_ok])
         del curves.step[len(curves.loss):]
-        pending, pending_t, pending_from = [], [], pending_from + len(values)
-        if failure:
-            return failure
-        if values:
-            recent = times
-            bar.set_postfix(loss=f"{values[-1]:.4f}", tok_s=f"{tokens_per_step * len(recent) / sum(recent):,.0f}",
-                            refresh=False)
-        return None
+        self.losses, self.times, self.first = [], [], self.first + len(values)
+        if failure is None and self.bar is not None:  # None: no progress shown, no postfix to format
+            self.bar.set_postfix(loss=f"{values[-1]:.4f}",
+                                 tok_s=f"{self.tokens_per_step * len(times) / sum(times):,.0f}", refresh=False)
+        return failure
 
-    def do_eval(at: int) -> None:
-        nonlocal eval_s
-        if sampler:
-            sampler.close(at)  # evaluation is not training: no chunk spans it
-        t0 = time.perf_counter()
-        point = evaluate(backend, eval_sets)
-        dt = time.perf_counter() - t0
-        if sampler:
-            sampler.open(at)
-        eval_s += dt
-        curves.evals.append({"step": at, **point, "time_s": dt})
-        if progress:
-            bar.write(f"{label} step {at}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}")
 
-    status = "completed"
-    if sampler:
-        sampler.chunks = curves.chunks
+def _evaluate_at(step: int, backend: Backend, eval_sets: dict, curves: Curves, sampler: Sampler | NoSampler,
+                 bar: tqdm | None, label: str) -> float:
+    """Evaluate before training step `step` into `curves.evals` (no chunk spans it: evaluation is not training);
+    returns its seconds."""
+    sampler.close(step)
+    t0 = time.perf_counter()
+    point = evaluate(backend, eval_sets)
+    dt = time.perf_counter() - t0
+    sampler.open(step)
+    curves.evals.append({"step": step, **point, "time_s": dt})
+    if bar is not None:
+        bar.write(f"{label} step {step}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}")
+    return dt
+
+
+def train(backend: Backend, config: Config, stream: BatchStream,
+          eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]], curves: Curves, total_steps: int,
+          opts: LoopOptions | None = None) -> Outcome:
+    """Train from `opts.start_step` to `total_steps`, appending to `curves`; never raises for Ctrl-C or NaN.
+
+    nanoGPT's loop: evaluate when due, fetch the batch and the rate, step, flush, checkpoint. Step k trains with the
+    schedule's rate `harness.core.schedule.learning_rate(config, k)` (nanoGPT's get_lr(k)). Evaluation happens before
+    step 0, every `config.eval_interval` steps and after the last step. Per step there is the batch, the rate, one
+    timed step (`StepTimer`) and a sampler tick; the contention sampler's chunks (about every half second, and
+    around every evaluation, never per step) go to `curves.chunks`.
+    """
+    opts = opts or LoopOptions()
+    sampler = opts.sampler or NoSampler()
+    sampler.chunks = curves.chunks
+    bar = tqdm(total=total_steps, initial=opts.start_step, desc=opts.label, unit="step", dynamic_ncols=True,
+               mininterval=0.5) if opts.progress else None
+    timer = StepTimer(backend, curves, opts.start_step, bar, config.batch_size * config.block_size)
+    out = Outcome(status="completed", steps_done=0, eval_s=0.0, train_s=0.0)
+    every, ckpt_every, masks, after_step, tick = (config.eval_interval, opts.checkpoint_every, opts.masks,
+                                                  opts.after_step, sampler.tick)
     try:
-        if start_step < total_steps:
-            compile_s = warm_up(backend, stream, start_step)
-        if sampler:
-            sampler.open(start_step)
-        for step in range(start_step, total_steps):
-            if step % config.eval_interval == 0:
-                failure = flush() if pending else None  # never evaluate a model that already diverged
+        if opts.start_step < total_steps:
+            out.compile_s = warm_up(backend, stream, opts.start_step)
+        sampler.open(opts.start_step)
+        for step in range(opts.start_step, total_steps):
+            if step % every == 0:
+                failure = timer.flush()  # never evaluate a model that already diverged
                 if failure:
-                    status = failure
+                    out.status = failure
                     break
-                do_eval(step)
+                out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label)
             x, y = stream.batch(step)
             lr = learning_rate(config, step)  # the schedule's rate, the same for every backend
             step_masks = masks(step) if masks else None  # drawn outside the timed region
-            kw = {} if step_masks is None else {"masks": step_masks}
-            if clock is None:  # synchronous device: host clock around the step and its (no-op) sync
-                t0 = time.perf_counter()
-                loss = backend.train_step(x, y, lr, **kw)
-                backend.synchronize()
-                pending_t.append(time.perf_counter() - t0)
-            else:  # asynchronous device: markers on its stream, no host sync per step
-                start = clock.mark()
-                loss = backend.train_step(x, y, lr, **kw)
-                pending_t.append((start, clock.mark()))  # read at the flush, after its one synchronisation
+            loss = timer.step(x, y, lr, _NO_KW if step_masks is None else {"masks": step_masks})
             curves.step.append(step)
-            pending.append(loss)
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
             done = step + 1
-            if sampler:
-                sampler.tick(done)  # a clock read and one comparison, unless a chunk is due
+            tick(done)  # a clock read and one comparison, unless a chunk is due
             if after_step:
                 after_step(done)
+            checkpoint = ckpt_every and done % ckpt_every == 0
             # a host float costs nothing to check; device losses are fetched in groups to avoid a sync per step
-            if (isinstance(loss, float) or len(pending) >= FLUSH_EVERY or done == total_steps
-                    or (checkpoint_every and done % checkpoint_every == 0)):
-                failure = flush()
+            if isinstance(loss, float) or len(timer.losses) >= FLUSH_EVERY or done == total_steps or checkpoint:
+                failure = timer.flush()
                 if failure:
-                    status = failure
+                    out.status = failure
                     break
-                if on_flush:
-                    on_flush(done)
-                if checkpoint_every and done % checkpoint_every == 0 and on_checkpoint and done < total_steps:
-                    if sampler:
-                        sampler.close(done)  # the checkpoint carries the evidence of every step before it
-                    on_checkpoint(done)
-                    if sampler:
-                        sampler.open(done)
+                if opts.on_flush:
+                    opts.on_flush(done)
+                if checkpoint and opts.on_checkpoint and done < total_steps:
+                    sampler.close(done)  # the checkpoint carries the evidence of every step before it
+                    opts.on_checkpoint(done)
+                    sampler.open(done)
         else:
-            if sampler:
-                sampler.close(total_steps)
+            sampler.close(total_steps)
             if not curves.evals or curves.evals[-1]["step"] != total_steps:
-                do_eval(total_steps)
+                out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
     except (KeyboardInterrupt, Interrupted):
-        status = "interrupted"
-        failure = flush() if pending else None  # keep what was measured
+        out.status = timer.flush() or "interrupted"  # keep what was measured
         del curves.time_s[len(curves.loss):], curves.step[len(curves.loss):]
-        status = failure or status
     finally:
-        bar.close()
-        if sampler:
-            sampler.close(len(curves.loss))
-            curves.chunks[:] = truncate_chunks(curves.chunks, len(curves.loss))
-    return Outcome(status=status, steps_done=len(curves.loss), eval_s=eval_s, train_s=train_s, compile_s=compile_s)
+        if bar is not None:
+            bar.close()
+        sampler.close(len(curves.loss))
+        curves.chunks[:] = truncate_chunks(curves.chunks, len(curves.loss))
+    out.steps_done, out.train_s = len(curves.loss), timer.train_s
+    return out
+
+
+_NO_KW: dict = {}  # the keyword arguments of a step without dropout masks (never changed)

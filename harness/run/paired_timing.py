@@ -2,8 +2,9 @@
 
 A speed ratio taken from two whole training runs made one after another compares two machines: whatever else ran
 during either run is in the ratio. Here every contender (a backend with its options, from a run directory's
-spec) runs in its own timing process (`python -m harness.run.paired_timing serve RUN_DIR BACKEND`, one interpreter per
-backend as for training: juliacall before torch, separate memory pools), all of them alive at once, set up and
+spec) runs in its own timed process (harness.run.timed: `python -m harness --worker timed RUN_DIR BACKEND WARMUP_S`,
+one interpreter per backend as for training: juliacall before torch, separate memory pools), all of them alive at
+once, set up and
 warmed up, then driven by one coordinator in **rounds**: every round gives each contender one short burst of
 training steps (about `BURST_S` seconds, at least `MIN_BURST` steps), the order alternating between rounds
 (A B, then B A) so that neither always goes first. The contender that is not running waits on a pipe and uses no
@@ -21,7 +22,9 @@ variation arises).
 The record is `paired.json` (`SCHEMA`, versioned): the plan, the contenders, and every session with every round
 (step times and evidence), never rewritten with less: a later session (resume, a rerun) is appended. It lives in
 the run directory of `harness run` (`<run>/paired.json`) and in the sweep's directory for a sweep
-(`<out>/sweeps/<id>/paired/<n>.json`, contenders from several cells' run directories).
+(`<out>/sweeps/<id>/paired/<n>.json`, contenders from several cells' run directories). This module is the
+coordinator (a SLURM job runs it as `python -m harness --worker paired RECORD`); the record's analysis is
+harness.timing.paired.
 """
 
 from __future__ import annotations
@@ -40,11 +43,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from harness.errors import UsageError
 from harness.run import records
-from harness.run.processes import child_env, pdeathsig
+from harness.run.processes import spawn
+from harness.run.timed import MARK, WARMUP_S, WARMUP_STEPS
 from harness.timing import contention
 from harness.timing.paired import (
     MAX_ROUNDS_FACTOR,
@@ -57,6 +59,7 @@ from harness.timing.paired import (
     load,
     round_clean,
 )
+from harness.units import utc_now
 
 BURST_S = 0.25  # a burst's target length
 
@@ -65,12 +68,6 @@ MIN_BURST, MAX_BURST = 3, 500  # steps per burst
 
 
 GAP_S = 0.05  # pause between bursts: lets the previous contender's spinning worker threads fall asleep
-
-
-WARMUP_STEPS, WARMUP_S, WARMUP_MAX = 10, 1.0, 400  # warm-up: at least 10 steps and 1 s, at most 400 steps
-
-
-MARK = "@harness-paired "  # protocol lines on the timing process's stdout start with this (others are passed on)
 
 
 REPLY_TIMEOUT_S = 600.0  # a timing process silent this long is hung
@@ -96,7 +93,7 @@ def new_doc(contenders: list[dict], label: str, seed: int, rounds: int = ROUNDS,
         raise ValueError(f"paired timing needs two or more distinct contenders, got {names}")
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "label": label, "seed": seed,
             "contenders": contenders, "threads": threads, "plan": plan(rounds), "rule": contention.RULE,
-            "sessions": [], "status": "pending", "created_at": _now()}
+            "sessions": [], "status": "pending", "created_at": utc_now()}
 
 
 def check_contenders(doc: dict, path: Path) -> None:
@@ -109,7 +106,7 @@ def check_contenders(doc: dict, path: Path) -> None:
         raise UsageError(f"{str(path)!r} names fewer than two contenders; delete it to time again")
     for c in contenders:
         run_dir = Path(str(c.get("run_dir", "")))
-        if run_dir.parent.name != "runs" or not records.RUN_ID_RE.match(run_dir.name) or not run_dir.is_dir():
+        if run_dir.parent.name != records.RUNS or not records.RUN_ID_RE.match(run_dir.name) or not run_dir.is_dir():
             raise UsageError(f"{str(path)!r}: contender {c.get('name')!r} points at {str(run_dir)!r}, which is not a "
                              "run directory of the harness; delete the record to time again")
         check_names([str(c.get("backend"))])
@@ -117,15 +114,14 @@ def check_contenders(doc: dict, path: Path) -> None:
 
 # --- the coordinator -----------------------------------------------------------------------------------------------
 class Child:
-    """One timing process and its protocol pipe (JSON lines prefixed with MARK on its stdout)."""
+    """One timed process (harness.run.timed) and its protocol pipe (JSON lines prefixed with MARK on its stdout)."""
 
-    def __init__(self, contender: dict, env: dict, warmup_s: float):
-        cmd = [sys.executable, "-m", "harness.run.paired_timing", "serve", str(contender["run_dir"]),
-        contender["backend"],
-               repr(warmup_s)]
+    def __init__(self, contender: dict, threads: int | None, warmup_s: float):
+        compiles = bool((contender.get("options") or {}).get("compile"))
         self.name = contender["name"]
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                     start_new_session=True, preexec_fn=pdeathsig)
+        self.proc = spawn("timed", [contender["run_dir"], contender["backend"], repr(warmup_s)], threads,
+                          Path(contender["run_dir"]) if compiles else None, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, bufsize=0)
         self.buf = b""
 
     def send(self, msg: dict) -> None:
@@ -168,11 +164,6 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-
-def _env(contender: dict, threads: int | None) -> dict:
-    compiles = bool((contender.get("options") or {}).get("compile"))
-    return child_env(threads, Path(contender["run_dir"]) if compiles else None)
 
 
 def _say(progress: bool, text: str) -> None:
@@ -271,7 +262,7 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
     p = doc["plan"]
     wanted, max_rounds, gap_s = p["rounds"], p["max_rounds"], p["gap_s"]
     n_clean = clean_rounds(doc)  # judged once here, then counted round by round (the record only grows)
-    session: dict[str, Any] = {"started_at": _now(), "host": socket.gethostname(), "status": "running",
+    session: dict[str, Any] = {"started_at": utc_now(), "host": socket.gethostname(), "status": "running",
                                "ready": {}, "rounds": []}
     doc["sessions"].append(session)
     doc["status"] = "running"
@@ -282,7 +273,7 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
                    f"(at most {max_rounds} rounds)")
     children: list[Child] = []
     try:
-        children = [Child(c, _env(c, doc.get("threads")), p["warmup_s"]) for c in doc["contenders"]]
+        children = [Child(c, doc.get("threads"), p["warmup_s"]) for c in doc["contenders"]]
         for child in children:  # set-up and warm-up run in parallel; they are not timed against each other
             session["ready"][child.name] = child.receive(REPLY_TIMEOUT_S * 3)
         pids = [c.proc.pid for c in children]
@@ -328,7 +319,7 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
         print(f"paired timing: {exc}; the speed comparison has no paired timing", file=sys.stderr)
     finally:
         with _signals_deferred():
-            session["finished_at"] = _now()
+            session["finished_at"] = utc_now()
             doc["status"] = "completed" if n_clean >= wanted else session["status"]
             with contextlib.suppress(OSError):
                 records.atomic_write_json(path, doc)
@@ -338,87 +329,24 @@ def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None
     return doc
 
 
-def _now() -> str:
-    """The current UTC time as the records write it."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-# --- the timing process --------------------------------------------------------------------------------------------
-def _reply(msg: dict) -> None:
-    sys.stdout.write(MARK + json.dumps(msg) + "\n")
-    sys.stdout.flush()
-
-
-def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
-    """The timing process of one contender: set up, warm up, then run the bursts the coordinator asks for."""
-    from harness.backends import create_backend
-    from harness.run.loop import Curves, train, warm_up
-    from harness.run.worker import Worker
-
-    worker = Worker(Path(run_dir), backend_name)
-    corpus = worker.load_inputs()
-    options = worker.spec["backend_options"].get(backend_name, {})
-    backend = create_backend(backend_name, **options)
-    t0 = time.perf_counter()
-    backend.setup(worker.config, worker.weights, corpus.vocab_size, worker.device, worker.seed)
-    setup_s = time.perf_counter() - t0
-    stream, config = worker.stream, worker.config
-    compile_s = warm_up(backend, stream, 0)
-    step, t0, last = 0, time.perf_counter(), []
-    while step < WARMUP_STEPS or (time.perf_counter() - t0 < warmup_s and step < WARMUP_MAX):
-        cv = Curves()
-        train(backend, config, stream, {}, cv, step + 5, start_step=step, progress=False)
-        step, last = step + 5, cv.time_s
-    probe, _ = contention.default_probe(worker.device)
-    _reply({"ready": True, "setup_s": setup_s, "compile_s": compile_s, "warmup_steps": step,
-            "warmup_s": time.perf_counter() - t0, "step_s": float(np.median(last)), "next_step": step,
-            "backend_info": backend.describe(), "pid": os.getpid(), "gpu_evidence": probe.gpu is not None})
-    for line in sys.stdin:
-        msg = json.loads(line)
-        if msg.get("quit"):
-            break
-        if "siblings" in msg:
-            if probe.gpu is not None:
-                probe.gpu.siblings = set(msg["siblings"])
-            continue
-        start, n = int(msg["start"]), int(msg["burst"])
-        cv = Curves()
-        a = probe.snapshot()
-        outcome = train(backend, config, stream, {}, cv, start + n, start_step=start, progress=False)
-        b = probe.snapshot()
-        if outcome.status != "completed":
-            raise RuntimeError(f"{backend_name}: a timing burst did not complete: {outcome.status}")
-        _reply({"start": start, "times": cv.time_s, "chunk": contention.chunk(a, b, start, n)})
-    return 0
-
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.run.paired_timing serve RUN_DIR BACKEND` (a timing process) or `python -m
-    harness.run.paired_timing run PATH`
-    (a coordinator: one session for the record at PATH, as a SLURM job runs it)."""
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv: list[str]) -> int:
+    """`RECORD`: one session for the paired-timing record at RECORD, as a SLURM job runs it (`python -m harness
+    --worker paired RECORD`); SIGTERM (a time limit) keeps the rounds measured so far."""
+    if len(argv) != 1:
+        print("usage: python -m harness --worker paired PAIRED.json", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        if len(argv) in (3, 4) and argv[0] == "serve":
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
-            return serve(Path(argv[1]), argv[2], float(argv[3]) if len(argv) == 4 else WARMUP_S)
-        if len(argv) == 2 and argv[0] == "run":
-            signal.signal(signal.SIGTERM, _interrupt)  # a SLURM time limit: keep the rounds measured so far
-            doc = run(Path(argv[1]), progress=True)
-            last = doc["sessions"][-1] if doc["sessions"] else {}
-            return 1 if last.get("status") == "failed" else 0
+        doc = run(Path(argv[0]), progress=True)
     except UsageError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    print("usage: python -m harness.run.paired_timing serve RUN_DIR BACKEND [WARMUP_S] | run PAIRED.json",
-          file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    last = doc["sessions"][-1] if doc["sessions"] else {}
+    return 1 if last.get("status") == "failed" else 0

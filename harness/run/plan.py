@@ -8,16 +8,17 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.backends import BackendUnavailable, backend_class, check_names
 from harness.config.fields import Config, check_seed
 from harness.core.data import Corpus, check_fits
+from harness.core.weights import count_parameters
 from harness.errors import UsageError
 from harness.run import records
 from harness.run.records import RunLock, RunPaths
+from harness.units import fmt_bytes, utc_now
 
 SPEC_SCHEMA = records.SPEC_SCHEMA
 
@@ -55,16 +56,6 @@ def float_bytes(backend: str, options: dict) -> int:
     return 8 if dtype == "float64" else 4
 
 
-def n_parameters(config: Config, vocab_size: int) -> int:
-    """The parameter count in closed form (harness.core.weights enumerates the tensors, too slow for absurd sizes), with
-    the model options: `bias` (the biases of the blocks and ln_f), `lm_head_bias`, tied embeddings (one V x C)."""
-    C, Dh, V, T = config.n_embd, config.d_hidden, vocab_size, config.block_size
-    b = int(config.bias)
-    per_layer = 2 * C * (1 + b) + 3 * C * C + C * C + C * Dh + Dh * C + b * (3 * C + C + Dh + C)
-    head = (0 if config.tie_embeddings else C * V) + (V if config.lm_head_bias else 0)
-    return V * C + T * C + config.n_layer * per_layer + C * (1 + b) + head
-
-
 def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) -> dict[str, int]:
     """Bytes one worker needs, from the shapes alone (an estimate from above, not a measurement).
 
@@ -76,7 +67,7 @@ def estimate_memory(config: Config, corpus: Corpus, bytes_per_float: int = 4) ->
     """
     c, f = config, bytes_per_float
     B, T, C, L, H, Dh, V = c.batch_size, c.block_size, c.n_embd, c.n_layer, c.n_head, c.d_hidden, corpus.vocab_size
-    n_params = n_parameters(c, V)
+    n_params = count_parameters(c, V)
     attention = (4 if c.attn_dropout and c.dropout > 0 else 2) * B * H * T * T
     per_layer = 12 * B * T * C + attention + 3 * B * T * Dh
     n_train = len(corpus.train)
@@ -98,14 +89,6 @@ def machine_memory() -> tuple[int, int]:
     except (OSError, KeyError, ValueError):
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return total, total
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
 
 
 def gpu_memory() -> tuple[int, int] | None:
@@ -135,7 +118,7 @@ MEMORY_FIX = {"parameters": "make the model smaller (n_embd, n_layer, d_hidden)"
 def probe_bytes(config: Config, vocab_size: int, opt_steps: int) -> int:
     """What `harness parity`'s optimizer states take in one worker (harness/probe.py): parameters, m and v after each
     of `opt_steps` steps, in float64, in its own probe and, for the backend that re-synchronises, the reference's."""
-    return 2 * opt_steps * 3 * 8 * n_parameters(config, vocab_size)
+    return 2 * opt_steps * 3 * 8 * count_parameters(config, vocab_size)
 
 
 def memory_need(plan: Plan) -> tuple[int, dict[str, int]]:
@@ -232,7 +215,7 @@ def write_spec(plan: Plan) -> str:
         c = plan.corpus
         spec = {
             "schema": SPEC_SCHEMA, "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
-            "label": plan.config.name, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "label": plan.config.name, "created_at": utc_now(),
             "config": plan.config.to_dict(), "seed": plan.seed, "device": plan.device,
             "devices": {name: plan.device_of(name) for name in plan.backends},
             "data": {"path": c.path, "sha256": c.sha256, "n_chars": c.n_chars, "vocab_size": c.vocab_size,
@@ -257,7 +240,7 @@ def load_spec(out: Path, run_id: str) -> dict:
     """The validated spec.json of run `run_id` under `out` (UsageError naming the file and field)."""
     paths = RunPaths(Path(out), records.check_run_id(run_id))
     if not paths.spec.is_file() and not paths.spec.is_dir():
-        raise UsageError(f"no run {run_id!r} under {str(Path(out) / 'runs')!r}; pass an existing run id "
+        raise UsageError(f"no run {run_id!r} under {str(RunPaths.root(out))!r}; pass an existing run id "
                          "and the --out it was written to")
     spec = records.load_spec_file(paths.spec)
     from harness.config.fields import config_from_dict

@@ -183,7 +183,7 @@ def run(backend: Any, config: Config, corpus: Any, seed: int, opt_steps: int | N
     from harness.core.data import BatchStream
     from harness.core.masks import dropout_masks
     from harness.core.weights import init_weights
-    from harness.run.loop import Curves, train
+    from harness.run.loop import Curves, LoopOptions, train
 
     steps = int(config.steps or 0)
     if steps <= 0:
@@ -197,8 +197,8 @@ def run(backend: Any, config: Config, corpus: Any, seed: int, opt_steps: int | N
                         reference=reference, reference_name=reference_name)
     recorder.start()
     curves = Curves()
-    outcome = train(backend, config, stream, {}, curves, steps, progress=False, masks=masks,
-                    after_step=recorder.after_step)
+    outcome = train(backend, config, stream, {}, curves, steps,
+                    LoopOptions(progress=False, masks=masks, after_step=recorder.after_step))
     if outcome.status != "completed":
         raise RuntimeError(f"training {outcome.status}")
     return recorder.arrays, list(curves.loss)

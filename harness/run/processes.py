@@ -1,9 +1,11 @@
-"""How the harness starts a child process that trains or times a model: its environment and its tie to us.
+"""How the harness starts a child process that trains or times a model: its command line, environment and tie to us.
 
-One place for what `launch.spawn_worker` (a run's workers, the sweep's parallel executor), the paired timing's
-contenders and the SLURM jobs set up the same way: the thread caps, an unbuffered stdout, no inherited run lock,
-and, where the backend compiles, the compile caches under --out. Local children also get PR_SET_PDEATHSIG, so that
-none outlives its coordinator; a SLURM job's worker does not need it (SLURM ends every process of a job).
+Every child is one program, `python -m harness --worker KIND ARGS...` (harness.run.child: the kinds), and one function
+builds its command line (`child_command`), whoever starts it: `spawn` here (a run's workers, the sweep's parallel
+executor, the paired timing's timed processes, `harness bench --isolate`) and the SLURM jobs (harness.sweep.slurm).
+Every child gets the same environment (`child_env`: the thread caps, an unbuffered stdout, no inherited run lock
+and, where the backend compiles, the compile caches under --out) and, when started locally, the one parent-death
+signal (`pdeathsig`, PR_SET_PDEATHSIG at spawn), so that none outlives its coordinator.
 """
 
 from __future__ import annotations
@@ -11,9 +13,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from harness.run.child import KINDS, PARENT_PID_ENV, WORKER_FLAG
 from harness.run.records import LOCK_FD_ENV, RunPaths
+
+
+def child_command(kind: str, *args: str | os.PathLike) -> list[str]:
+    """The command line of a child of `kind` (harness.run.child.KINDS): this interpreter running the harness with
+    the hidden worker flag."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown child kind {kind!r}; one of {', '.join(KINDS)}")
+    return [sys.executable, "-m", "harness", WORKER_FLAG, kind, *(str(a) for a in args)]
 
 
 def thread_env(threads: int | None) -> dict[str, str]:
@@ -47,8 +62,22 @@ def child_env(threads: int | None, compile_dir: Path | None = None) -> dict[str,
 def pdeathsig() -> None:
     """`preexec_fn` for Popen: in the child, between fork and exec, ask for SIGTERM when the forking thread ends.
 
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: spawn from a thread that outlives it."""
+    The one place the harness asks for the parent-death signal (it survives the exec). PR_SET_PDEATHSIG fires when
+    the *thread* that forked the child ends: spawn from a thread that outlives it."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compile_dir: Path | None = None,
+          env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    """Start a child of `kind` with `args`, set up as every local child is: `child_env` (plus `env`), its own session
+    (a terminal Ctrl-C reaches only us; we decide what the child gets), PR_SET_PDEATHSIG at spawn (it stops if this
+    process dies, even before its first instruction) and this process's pid in HARNESS_PARENT_PID (checked by the
+    child, harness.run.child.check_parent). `popen`: the rest of Popen's arguments (pipes, pass_fds)."""
+    full = child_env(threads, compile_dir)
+    full[PARENT_PID_ENV] = str(os.getpid())
+    full.update(env or {})
+    return subprocess.Popen(child_command(kind, *args), env=full, start_new_session=True, preexec_fn=pdeathsig,
+                            **popen)

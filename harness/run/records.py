@@ -44,13 +44,14 @@ import numpy as np
 
 from harness.config.fields import NAME_RE
 from harness.errors import UsageError
+from harness.files import check_version
 
 SCHEMA = "nanogpt-parity/run-record"
 # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
 # 3: contention evidence: `chunks` (per chunk of steps: wall and CPU time, run-queue wait, machine load, GPU state)
 #    and `timings.contention`; steady-state figures from the undisturbed steps (`timings.disturbed_steps`);
 #    `resumed_from_step`, the step each resume continued from (one entry per resume; absent in a record that was
-#    never resumed). Version 2 records load as they are (no evidence: reports say so).
+#    never resumed). A record of another version is refused (harness.files.check_version: re-run it).
 SCHEMA_VERSION = 3
 SPEC_SCHEMA = "nanogpt-parity/run-spec"
 SPEC_SCHEMA_VERSION = 1
@@ -59,6 +60,9 @@ os.umask(_UMASK)
 
 # A run id is a name, never a path: <UTC time>-<config name>-<hex>, but any name of these characters is accepted.
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
+# A sweep id likewise: <UTC time>-<sweep name>-<hex> (harness.sweep.manifest.new_sweep_id).
+SWEEP_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+RUNS, SWEEPS = "runs", "sweeps"  # the folders of --out that hold run and sweep directories
 
 
 class Status(str, enum.Enum):
@@ -111,9 +115,14 @@ class RunPaths:
         directory = Path(directory)
         return cls(directory.parent.parent, directory.name)
 
+    @staticmethod
+    def root(out: Path) -> Path:
+        """`<out>/runs`, where every run directory lives."""
+        return Path(out) / RUNS
+
     @property
     def dir(self) -> Path:
-        return Path(self.out) / "runs" / self.run_id
+        return self.root(self.out) / self.run_id
 
     @property
     def spec(self) -> Path:
@@ -121,6 +130,7 @@ class RunPaths:
 
     @property
     def parity(self) -> Path:
+        """The parity record of `harness parity` (harness.parity.record.SCHEMA)."""
         return self.dir / "parity.json"
 
     @property
@@ -134,6 +144,11 @@ class RunPaths:
 
     def record(self, backend: str) -> Path:
         return self.dir / f"{backend}.json"
+
+    def record_files(self) -> list[Path]:
+        """The backend records in the directory (`<backend>.json`), whichever backends wrote them, sorted."""
+        others = {self.spec.name, self.parity.name, self.paired_timing.name}
+        return [p for p in sorted(self.dir.glob("*.json")) if p.name not in others and not p.name.startswith(".")]
 
     def steps_csv(self, backend: str) -> Path:
         return self.dir / f"{backend}.steps.csv"
@@ -150,6 +165,49 @@ class RunPaths:
     def corpus(self, sha256: str) -> Path:
         """The content-addressed copy of the corpus the run trains on (shared by every run in --out)."""
         return corpus_copy(self.out, sha256)
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """Every file of one sweep directory `<out>/sweeps/<sweep_id>/`, named once (the sweep's runs are ordinary run
+    directories: RunPaths)."""
+
+    out: Path
+    sweep_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sweep_id, str) or not re.match(SWEEP_ID_RE, self.sweep_id) or ".." in self.sweep_id:
+            raise UsageError(f"{self.sweep_id!r} is not a sweep id; pass one from `ls {self.root(self.out)}`")
+
+    @staticmethod
+    def root(out: Path) -> Path:
+        """`<out>/sweeps`, where every sweep directory lives."""
+        return Path(out) / SWEEPS
+
+    @classmethod
+    def under(cls, out: Path) -> list[SweepPaths]:
+        """Every sweep directory under `<out>/sweeps` (a folder whose name is no sweep id is none), by id."""
+        root = cls.root(out)
+        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        return [cls(Path(out), n) for n in names if re.match(SWEEP_ID_RE, n) and ".." not in n]
+
+    @property
+    def dir(self) -> Path:
+        return self.root(self.out) / self.sweep_id
+
+    @property
+    def manifest(self) -> Path:
+        """The sweep manifest (harness.sweep.manifest)."""
+        return self.dir / "sweep.json"
+
+    @property
+    def slurm(self) -> Path:
+        """submitit's folder: job scripts, pickles and logs of the SLURM executor."""
+        return self.dir / "slurm"
+
+    def paired(self, index: int) -> Path:
+        """The record of the sweep's paired-timing entry `index` (harness.run.paired_timing)."""
+        return self.dir / "paired" / f"{int(index)}.json"
 
 
 def corpus_copy(out: Path, sha256: str) -> Path:
@@ -278,7 +336,7 @@ def sha256_of_arrays(arrays: list[np.ndarray]) -> str:
 
 def new_run_id(out: Path, label: str) -> str:
     """A fresh, unique run id: UTC time, the config name and a random suffix; its directory is created here."""
-    runs = Path(out) / "runs"
+    runs = RunPaths.root(out)
     runs.mkdir(parents=True, exist_ok=True)
     while True:
         run_id = check_run_id(f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{label}-{secrets.token_hex(2)}")
@@ -340,7 +398,7 @@ def check_writable(out: Path) -> None:
     if not probe.is_dir():
         raise UsageError(f"--out {str(out)!r}: {str(probe)!r} is not a directory; choose another --out")
     if probe == out:
-        for name in ("runs", "data"):
+        for name in (RUNS, "data"):
             if (out / name).exists() and not (out / name).is_dir():
                 raise UsageError(f"--out {str(out)!r}: {str(out / name)!r} is a file but must be a directory; "
                                  "move it away or choose another --out")
@@ -429,7 +487,7 @@ SPEC_JSON_SCHEMA: dict = {
     "required": ["schema", "run_id", "config", "seed", "device", "data", "backends", "backend_options"],
     "properties": {
         "schema": {"const": SPEC_SCHEMA},
-        "schema_version": {"type": "integer", "minimum": 0},
+        "schema_version": {"type": "integer"},
         "run_id": RUN_ID_PATTERN,
         "label": NAME_PATTERN,
         "config": _CONFIG,
@@ -453,7 +511,7 @@ RECORD_JSON_SCHEMA: dict = {
     "required": ["schema", "run_id", "backend", "status", "config", "steps", "evals"],
     "properties": {
         "schema": {"const": SCHEMA},
-        "schema_version": {"type": "integer", "minimum": 0, "maximum": SCHEMA_VERSION},
+        "schema_version": {"type": "integer"},
         "run_id": RUN_ID_PATTERN,
         "backend": BACKEND_PATTERN,
         "status": {"type": "string", "pattern": "^(queued|running|completed|interrupted|failed(: .*)?)$"},
@@ -505,10 +563,9 @@ def load_spec_file(path: Path) -> dict:
     spec = _read_json(path, "run spec", fix)
     if isinstance(spec, dict) and spec.get("schema") != SPEC_SCHEMA:
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity run spec; that run cannot be used")
+    if isinstance(spec, dict):
+        check_version(spec, path, SPEC_SCHEMA_VERSION)
     _validate(spec, SPEC_JSON_SCHEMA, path, fix)
-    if spec.get("schema_version", 0) > SPEC_SCHEMA_VERSION:
-        raise UsageError(f"{str(path)!r} has spec version {spec['schema_version']} but this harness reads "
-                         f"<= {SPEC_SCHEMA_VERSION}; upgrade nanogpt-parity")
     if spec["run_id"] != Path(path).parent.name:
         raise UsageError(f"{str(path)!r} is invalid at field 'run_id': {spec['run_id']!r} is not its directory's "
                          f"name; {fix}")
@@ -528,9 +585,7 @@ def load_record(path: Path, backend: str | None = None) -> dict:
     record = _read_json(path, "run record", fix)
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity run record; pass a run id from <out>/runs")
-    if isinstance(record.get("schema_version"), int) and record["schema_version"] > SCHEMA_VERSION:
-        raise UsageError(f"{str(path)!r} has schema version {record['schema_version']} but this harness reads "
-                         f"<= {SCHEMA_VERSION}; upgrade nanogpt-parity")
+    check_version(record, path, SCHEMA_VERSION)
     _validate(record, RECORD_JSON_SCHEMA, path, fix)
     if backend is not None and record["backend"] != backend:
         raise UsageError(f"{str(path)!r} is invalid at field 'backend': {record['backend']!r} in the file of "
@@ -550,7 +605,7 @@ def load_run(out: Path, run_id: str) -> tuple[dict, list[dict]]:
     """The spec and the backend records of run `run_id` under `out` (UsageError naming what is wrong)."""
     paths = RunPaths(Path(out), check_run_id(run_id))
     if not paths.dir.is_dir():
-        raise UsageError(f"no run {run_id!r} under {str(Path(out) / 'runs')!r}; pass an existing run id "
+        raise UsageError(f"no run {run_id!r} under {str(RunPaths.root(out))!r}; pass an existing run id "
                          "(and the same --out as the run)")
     if not paths.spec.exists():
         raise UsageError(f"run {run_id!r} has no spec.json; it is not a complete run directory")

@@ -5,7 +5,7 @@ input leaves no files behind.
 
 Executors: `run_backend(directory, backend, ...)` is the seam, a plain function that trains one backend of a run
 directory in the calling process (no signal or argv handling; it takes the run-directory lock itself). The local
-executor, `run_worker`, runs it in a fresh interpreter (`python -m harness.run.worker`) and supervises it:
+executor, `run_worker`, runs it in a fresh interpreter (`python -m harness --worker train`) and supervises it:
 
 - the worker gets PR_SET_PDEATHSIG at spawn (before its first instruction), so it stops if `harness` dies;
 - Ctrl-C / SIGTERM are forwarded once (with SIGCONT, so a stopped worker wakes up to save its record); a worker
@@ -27,8 +27,9 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.run import records
-from harness.run.processes import child_env, pdeathsig
+from harness.run.processes import spawn
 from harness.run.records import RunLock, RunPaths, Status
+from harness.units import utc_now
 
 KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # SIGTERM -> SIGKILL for a wedged worker
 
@@ -47,29 +48,25 @@ def run_backend(directory: Path, backend: str, resume: bool = False, progress: b
 
 def spawn_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
                  threads: int | None = None, lock: RunLock | None = None) -> subprocess.Popen:
-    """Start one backend's worker (`python -m harness.run.worker`), set up as every worker is, whoever starts it
-    (`run_worker`, the sweep's parallel local executor): its own session (a terminal Ctrl-C reaches only us, and we
-    forward exactly one signal), PR_SET_PDEATHSIG at spawn (it stops if this process dies, even before its first
-    instruction), this process's pid in HARNESS_PARENT_PID, the thread caps, and the compile caches under --out.
+    """Start one backend's worker (`python -m harness --worker train`, harness.run.processes.spawn), whoever starts
+    it (`run_worker`, the sweep's parallel local executor), with the compile caches under --out where it compiles and
+    the run-directory lock `lock` shared with it.
 
     PR_SET_PDEATHSIG fires when the *thread* that forked the worker ends: call this from a thread that outlives the
     worker (the main thread)."""
     directory = Path(directory)
-    cmd = [sys.executable, "-m", "harness.run.worker", str(directory), backend]
-    cmd += ["--resume"] if resume else []
-    cmd += [] if progress else ["--no-progress"]
+    args = [str(directory), backend, *(["--resume"] if resume else []), *([] if progress else ["--no-progress"])]
     try:
         spec = records.load_spec_file(RunPaths.of_dir(directory).spec)
         compiles = bool((spec["backend_options"].get(backend) or {}).get("compile"))
     except UsageError:
         compiles = False  # the worker reports a bad spec itself
-    env = child_env(threads, directory if compiles else None)
-    env["HARNESS_PARENT_PID"] = str(os.getpid())
+    env: dict[str, str] = {}
     pass_fds: tuple[int, ...] = ()
     if lock is not None and lock.fd is not None:
         env[records.LOCK_FD_ENV] = str(lock.fd)
         pass_fds = (lock.fd,)
-    return subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds, preexec_fn=pdeathsig)
+    return spawn("train", args, threads, directory if compiles else None, env=env, pass_fds=pass_fds)
 
 
 def run_worker(directory: Path, backend: str, resume: bool = False, progress: bool = True,
@@ -153,7 +150,7 @@ def mark_ended(directory: Path, backend: str, signum: int, stopped_by: str | Non
             rec["error"] = f"the worker process was killed by {name}{why}; everything measured until its last " \
                            "save is kept"
         rec["signal"] = name
-        rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        rec["finished_at"] = utc_now()
         records.atomic_write_json(path, rec)
         print(f"{backend}: the worker was killed by {name}{why}; its record is marked {rec['status']!r}",
               file=sys.stderr)

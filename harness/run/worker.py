@@ -1,4 +1,5 @@
-"""One backend's training in its own interpreter: `python -m harness.run.worker RUN_DIR BACKEND [--resume]`.
+"""One backend's training in its own interpreter: `python -m harness --worker train RUN_DIR BACKEND [--resume]
+[--no-progress]` (harness/__main__.py dispatches here, after harness.run.child has checked the parent).
 
 docs/design.md, "One worker process per backend": juliacall must be imported before torch, CUDA.jl and PyTorch keep
 separate memory pools, a crash in one backend keeps the other's results, and neither framework's start-up pollutes
@@ -22,93 +23,41 @@ Why a resume after a hard kill at any moment works (the record and the checkpoin
 - **Signals never cut a write in half.** SIGTERM/SIGINT arriving while the record or a checkpoint is being
   written are deferred to the end of that write; after the record says "completed" a signal changes nothing.
 
-Test hook: `HARNESS_TEST_PAUSE_AT=<point>[:<action>[:<n>]]` makes the worker act at the n-th (default first) time
-it passes a named point of its life. Points: start, before-record, after-record, mid-checkpoint (temporary file
-complete, not yet renamed), after-checkpoint (checkpoint renamed, record not yet rewritten), final-persist (CSVs
-written, record not), end (everything written). Actions: stop (SIGSTOP itself), kill (SIGKILL itself), term
-(SIGTERM itself), hang (block SIGTERM/SIGINT and sleep: a wedged worker), sleep (sleep, signals still work).
+The test hook `HARNESS_TEST_PAUSE_AT` (harness.run.child.pause_at) names the points of a worker's life.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
 import time
+import traceback
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 
-def _stop_with_parent() -> None:
-    """Ask Linux to send us SIGTERM if the `harness` process dies (the parent also sets it at spawn); if the
-    parent is already gone, stop now. Done first, before the heavy imports."""
-    parent = os.environ.pop("HARNESS_PARENT_PID", None)  # set by launch.run_worker (not passed further down)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's own set-up is all there is
-        pass
-    if parent and parent.isdigit() and os.getppid() != int(parent):
-        print("harness worker: the harness process that started this worker is gone; stopping", file=sys.stderr)
-        sys.exit(130)
-
-
-_passed: dict[str, int] = {}
-
-
-def pause_at(point: str) -> None:
-    """The test hook (see the module docstring); does nothing unless HARNESS_TEST_PAUSE_AT names `point`."""
-    want = os.environ.get("HARNESS_TEST_PAUSE_AT")
-    if not want:
-        return
-    parts = want.split(":")
-    name, action, nth = parts[0], (parts[1:2] or ["stop"])[0], (parts[2:3] or ["1"])[0]
-    if name != point:
-        return
-    _passed[point] = _passed.get(point, 0) + 1
-    if _passed[point] != int(nth):
-        return
-    print(f"harness worker: test hook: {action} at {point}", file=sys.stderr, flush=True)
-    if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    elif action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "term":
-        os.kill(os.getpid(), signal.SIGTERM)
-    elif action == "hang":
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        time.sleep(3600)
-    elif action == "sleep":
-        time.sleep(float(os.environ.get("HARNESS_TEST_PAUSE_S", "3600")))
-
-
-if __name__ == "__main__":
-    _stop_with_parent()
-    pause_at("start")
-
-import contextlib  # noqa: E402  (after the parent-death set-up, which must come first)
-import json  # noqa: E402
-import traceback  # noqa: E402
-import zipfile  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from harness import environment  # noqa: E402
-from harness.backends import create_backend  # noqa: E402
-from harness.backends.base import BackendUnavailable  # noqa: E402
-from harness.config.fields import check_seed, config_from_dict  # noqa: E402
-from harness.core.costs import flops_per_token, time_to_target  # noqa: E402
-from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes  # noqa: E402
-from harness.core.masks import dropout_masks  # noqa: E402
-from harness.core.weights import count_parameters, fingerprint, init_weights, param_shapes  # noqa: E402
-from harness.errors import UsageError  # noqa: E402
-from harness.run import records  # noqa: E402
-from harness.run.loop import Curves, Interrupted, train  # noqa: E402
-from harness.run.probe import Recorder  # noqa: E402
-from harness.run.records import RunLock, RunPaths, Status  # noqa: E402
-from harness.timing import contention  # noqa: E402
-from harness.timing.steady import steady_start, summarize_times, truncate_chunks  # noqa: E402
+from harness import environment
+from harness.backends import create_backend
+from harness.backends.base import BackendUnavailable
+from harness.config.fields import check_seed, config_from_dict
+from harness.core.costs import flops_per_token, time_to_target
+from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, load_corpus, sha256_bytes
+from harness.core.masks import dropout_masks
+from harness.core.weights import count_parameters, fingerprint, init_weights
+from harness.errors import UsageError
+from harness.run import records
+from harness.run.child import pause_at
+from harness.run.loop import Curves, Interrupted, LoopOptions, train
+from harness.run.probe import Recorder
+from harness.run.records import RunLock, RunPaths, Status
+from harness.timing import contention
+from harness.timing.steady import steady_start, summarize_times, truncate_chunks
+from harness.units import utc_now
 
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
@@ -136,10 +85,6 @@ def critical() -> Iterator[None]:
             raise Interrupted(name)
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 class Worker:
     """Holds one backend's run: its spec, data, backend, curves and record, and persists them."""
 
@@ -163,12 +108,11 @@ class Worker:
     # --- inputs, identical in every backend by construction --------------------------------------------------
     def load_inputs(self) -> Corpus:
         data = self.spec["data"]
-        copy = self.paths.corpus(data["sha256"])
-        source = copy if copy.is_file() else Path(data["path"])  # runs from before the copy existed
+        source = self.paths.corpus(data["sha256"])  # the checked copy in --out (harness.run.plan.write_spec)
         try:
             blob = source.read_bytes()
         except OSError as exc:
-            raise UsageError(records.os_error_message(exc, "cannot read the run's data")) from None
+            raise UsageError(records.os_error_message(exc, "cannot read the run's copy of its data")) from None
         if sha256_bytes(blob) != data["sha256"]:
             raise UsageError(f"data file {str(source)!r} changed since the run started (sha256 differs); "
                              "restore it or start a new run")
@@ -191,7 +135,7 @@ class Worker:
             "schema": records.SCHEMA, "schema_version": records.SCHEMA_VERSION,
             "run_id": self.spec["run_id"], "backend": self.name,
             "backend_options": self.spec["backend_options"].get(self.name, {}),
-            "status": Status.RUNNING.value, "started_at": _now(), "finished_at": None, "error": None,
+            "status": Status.RUNNING.value, "started_at": utc_now(), "finished_at": None, "error": None,
             "config": c.to_dict(), "config_hash": c.config_hash(), "seed": self.seed,
             "device": self.device, "data": corpus.describe(),
             "fingerprints": {"weights": fingerprint(self.weights), "batches": self.stream.fingerprint(),
@@ -200,8 +144,8 @@ class Worker:
             "total_steps": self.total_steps, "batches_per_epoch": self.stream.batches_per_epoch,
             "epochs": self.total_steps / self.stream.batches_per_epoch,
             "tokens_per_step": c.batch_size * c.block_size,
-            "n_params": count_parameters(param_shapes(c, corpus.vocab_size)),
-            "n_params_non_embedding": count_parameters(param_shapes(c, corpus.vocab_size), embeddings=False),
+            "n_params": count_parameters(c, corpus.vocab_size),
+            "n_params_non_embedding": count_parameters(c, corpus.vocab_size, embeddings=False),
             "flops_per_token": flops_per_token(c, corpus.vocab_size),
             "backend_info": {}, "timings": {}, "memory": {}, "text": None, "checkpoint": None,
             "steps": {}, "evals": [],
@@ -301,42 +245,7 @@ class Worker:
         if not os.path.lexists(ckpt):
             return 0, carry  # nothing saved: start again from the initial weights (the old curves stay as a tail)
         fix = f"delete {ckpt.name} to restart {self.name} from step 0, or start a new run"
-        try:
-            with np.load(ckpt) as f:
-                state = {k: f[k] for k in f.files}
-            step = int(state.pop("harness/step"))
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-            raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
-                             f"{str(exc) or 'truncated'}); {fix}") from None
-        if not 0 < step <= self.total_steps:
-            raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{self.total_steps}; "
-                             f"{fix}")
-        chunks_blob = state.pop("harness/chunks", None)
-        try:
-            saved_chunks = json.loads(chunks_blob.tobytes().decode()) if chunks_blob is not None else None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
-        if saved_chunks is not None and not (isinstance(saved_chunks, list)
-                                             and all(isinstance(c, dict) for c in saved_chunks)):
-            raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
-        if "harness/loss" in state:
-            loss, times = state.pop("harness/loss"), state.pop("harness/time_s")
-            evals = state.pop("harness/evals")
-            if len(loss) != step or len(times) != step:
-                raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
-            self.curves = Curves(step=list(range(step)), loss=[float(v) for v in loss],
-                                 time_s=[float(t) for t in times],
-                                 evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b),
-                                         "time_s": float(t)} for s, a, b, t in evals],
-                                 chunks=(saved_chunks if saved_chunks is not None
-                                         else truncate_chunks(self.tail.chunks, step)))
-        else:  # a checkpoint from before the curves were kept in it: take them from the record
-            self.curves = Curves(step=list(self.tail.step), loss=list(self.tail.loss),
-                                 time_s=list(self.tail.time_s), evals=list(self.tail.evals))
-            self.curves.truncate(step)
-            if len(self.curves.loss) < step:
-                raise UsageError(f"run {self.spec['run_id']}: the {self.name} record holds fewer steps than its "
-                                 f"(old-format) checkpoint; {fix}")
+        step, self.curves, state = read_checkpoint(ckpt, self.total_steps, fix)
         try:
             self.backend.load_state_dict(state)
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -360,7 +269,7 @@ class Worker:
         record = self.new_record(corpus)
         record["backend_info"] = self.backend.describe()
         if carry.get("started_at") or start:  # a resume of an earlier attempt: say from which step, every time
-            record.update(started_at=carry.get("started_at") or record["started_at"], resumed_at=_now(),
+            record.update(started_at=carry.get("started_at") or record["started_at"], resumed_at=utc_now(),
                           resumed_from_step=[*carry.get("resumed_from_step", []), start])
             print(f"{self.name}: resuming from step {start} of {self.total_steps}"
                   + (f" (checkpoint {self.paths.checkpoint(self.name).name})" if start else
@@ -381,11 +290,11 @@ class Worker:
         pause_at("after-record")
         label = f"{self.name}/{self.spec['label']}"
         probe, gpu_note = contention.default_probe(self.device)
-        outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps,
-                        start_step=start, on_flush=self.maybe_persist,
-                        checkpoint_every=self.spec.get("checkpoint_every") or 0, on_checkpoint=self.checkpoint,
-                        progress=progress, label=label, masks=self.masks,
-                        after_step=self.save_opt_step if parity else None, sampler=contention.Sampler(probe))
+        options = LoopOptions(start_step=start, checkpoint_every=self.spec.get("checkpoint_every") or 0,
+                              progress=progress, label=label, on_flush=self.maybe_persist,
+                              on_checkpoint=self.checkpoint, masks=self.masks,
+                              after_step=self.save_opt_step if parity else None, sampler=contention.Sampler(probe))
+        outcome = train(self.backend, self.config, self.stream, self.eval_sets, self.curves, self.total_steps, options)
         cv = self.merged()  # an interrupted resume: its figures also count what an earlier attempt recorded
         if cv.time_s and start == 0:
             timings["first_step_s"] = cv.time_s[0]  # JIT warm-up, but not torch.compile: that is compile_s
@@ -414,7 +323,7 @@ class Worker:
         self.record["status"] = outcome.status
         if records.is_failed(outcome.status):
             self.record["failure"] = outcome.status.split(": ", 1)[-1]
-        self.record["finished_at"] = _now()
+        self.record["finished_at"] = utc_now()
         self.persist(final=True)
         pause_at("end")
         if outcome.status == "completed":
@@ -427,7 +336,7 @@ class Worker:
         """Interrupted outside the training loop: mark the record (if this attempt wrote one, and it is not done)."""
         if self.record is not None and not self.finished:
             self.record["status"] = Status.INTERRUPTED.value
-            self.record["finished_at"] = _now()
+            self.record["finished_at"] = utc_now()
             self.persist()
 
     def fail(self, exc: BaseException) -> None:
@@ -438,8 +347,41 @@ class Worker:
         self.record["status"] = Status.FAILED.text(reason)
         self.record["failure"] = reason
         self.record["error"] = traceback.format_exc()
-        self.record["finished_at"] = _now()
+        self.record["finished_at"] = utc_now()
         self.persist()
+
+
+CHECKPOINT_CURVES = ("harness/loss", "harness/time_s", "harness/evals", "harness/chunks")  # beside harness/step
+
+
+def read_checkpoint(ckpt: Path, total_steps: int, fix: str) -> tuple[int, Curves, dict[str, np.ndarray]]:
+    """A checkpoint's step, the curves up to it (losses, step times, evaluations, contention chunks) and the model's
+    and optimizer's state; UsageError (ending in `fix`) when it is unreadable, outside 1..`total_steps`, or written by
+    an older nanogpt-parity (without the curves)."""
+    try:
+        with np.load(ckpt) as f:
+            state = {k: f[k] for k in f.files}
+        step = int(state.pop("harness/step"))
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
+                         f"{str(exc) or 'truncated'}); {fix}") from None
+    if not 0 < step <= total_steps:
+        raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{total_steps}; {fix}")
+    if any(k not in state for k in CHECKPOINT_CURVES):
+        raise UsageError(f"checkpoint {str(ckpt)!r} was written by an older nanogpt-parity (no curves in it); {fix}")
+    loss, times, evals, chunks_blob = (state.pop(k) for k in CHECKPOINT_CURVES)
+    try:
+        chunks = json.loads(chunks_blob.tobytes().decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
+    if not (isinstance(chunks, list) and all(isinstance(c, dict) for c in chunks)):
+        raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
+    if len(loss) != step or len(times) != step:
+        raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
+    curves = Curves(step=list(range(step)), loss=[float(v) for v in loss], time_s=[float(t) for t in times],
+                    evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b), "time_s": float(t)}
+                           for s, a, b, t in evals], chunks=chunks)
+    return step, curves, state
 
 
 def run_backend(directory: Path, name: str, resume: bool = False, progress: bool = True,
@@ -486,7 +428,7 @@ def run_backend(directory: Path, name: str, resume: bool = False, progress: bool
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
-        print("usage: python -m harness.run.worker RUN_DIR BACKEND [--resume] [--no-progress]", file=sys.stderr)
+        print("usage: python -m harness --worker train RUN_DIR BACKEND [--resume] [--no-progress]", file=sys.stderr)
         return 2
     directory, name = Path(argv[0]), argv[1]
     signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -494,7 +436,3 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.environ.get(records.LOCK_FD_ENV)
     return run_backend(directory, name, resume="--resume" in argv, progress="--no-progress" not in argv,
                        lock_fd=int(fd) if fd and fd.isdigit() else None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

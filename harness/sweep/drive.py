@@ -13,7 +13,6 @@ import errno
 import shlex
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,12 @@ from typing import Any
 from harness.errors import UsageError
 from harness.run import plan as run_plan
 from harness.run import records
+from harness.run.records import RunPaths, SweepPaths
 from harness.sweep import manifest as mf
 from harness.sweep.plans import cell_doc, check_paired_memory, check_plans, has_run, plan_of, validate
 from harness.sweep.spec import SweepSpec, check_count, expand
 from harness.sweep.state import SQUEUE_SILENT, counts, local_alive, own, refresh
+from harness.units import utc_now
 
 ReportWriter = Callable[[Path, str], Path]  # (out, sweep id) -> the report page written
 
@@ -40,7 +41,7 @@ def executor_of(m: mf.Manifest, progress: bool, wait: bool = True) -> Any:
     if ex["kind"] == "slurm":
         from harness.sweep.slurm import SlurmExecutor
 
-        return SlurmExecutor.from_settings(m.dir / "slurm", ex.get("slurm", {}), wait=wait,
+        return SlurmExecutor.from_settings(m.paths.slurm, ex.get("slurm", {}), wait=wait,
                                            job_name=f"harness-{m.doc['spec'].get('name', 'sweep')}")
     from harness.sweep.executors import LocalExecutor
 
@@ -175,7 +176,7 @@ def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: 
         from harness.sweep.slurm import SlurmExecutor, check_cluster
 
         check_cluster(executor["slurm"].get("partition"))
-        slurm = SlurmExecutor.from_settings(Path(out).resolve() / "sweeps" / "ID" / "slurm", executor["slurm"],
+        slurm = SlurmExecutor.from_settings(SweepPaths(Path(out).resolve(), "ID").slurm, executor["slurm"],
                                             job_name=f"harness-{spec.name}")
     cell_docs = [cell_doc(c, spec) for c in cells]
     entries = mf.paired_entries("ID", cell_docs, spec.paired_rounds)  # their paths name the sweep once it has an id
@@ -195,7 +196,7 @@ def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: 
     sweep_id = mf.new_sweep_id(out, spec.name)
     m = mf.Manifest(out, {
         "schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "spec": spec.to_dict(),
+        "created_at": utc_now(), "spec": spec.to_dict(),
         "executor": executor, "data": {"path": corpus.path, "sha256": corpus.sha256},  # type: ignore[attr-defined]
         "cells": cell_docs})
     for entry in entries:
@@ -222,7 +223,8 @@ def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: 
 def _existing(out: Path, corpus: object) -> set[Path]:
     """The paths a new sweep may create (its --out, runs/, sweeps/, data/, the corpus copy) that exist already."""
     out = Path(out)
-    paths = [out, out / "runs", out / "sweeps", out / "data", records.corpus_copy(out, corpus.sha256)]  # type: ignore[attr-defined]
+    paths = [out, RunPaths.root(out), SweepPaths.root(out), out / "data",
+             records.corpus_copy(out, corpus.sha256)]  # type: ignore[attr-defined]
     return {p for p in paths if p.exists()}
 
 
@@ -237,7 +239,7 @@ def _discard(m: mf.Manifest, before: set[Path]) -> None:
     if copy not in before:
         with contextlib.suppress(OSError):
             copy.unlink()
-    for path in (out / "runs", out / "sweeps", out / "data", out):
+    for path in (RunPaths.root(out), SweepPaths.root(out), out / "data", out):
         if path not in before:
             with contextlib.suppress(OSError):
                 path.rmdir()  # only when empty

@@ -1,7 +1,7 @@
 """Where a cell's worker runs: one small seam, two executors.
 
-An executor gets cells whose run directory (spec.json) exists and runs `python -m harness.run.worker RUN_DIR BACKEND
-[--resume]` for each: the ordinary worker, writing the ordinary RunRecord. It never aggregates anything; the
+An executor gets cells whose run directory (spec.json) exists and runs `python -m harness --worker train RUN_DIR
+BACKEND --resume` for each: the ordinary worker, writing the ordinary RunRecord. It never aggregates anything; the
 caller reads the records.
 
 - `LocalExecutor`: on this machine. `jobs=1` (the default) runs cells one after another through
@@ -12,9 +12,10 @@ caller reads the records.
 - `SlurmExecutor` (harness/sweep/slurm.py): the cells as SLURM job arrays through submitit.
 
 The list may also hold paired-timing entries (`kind` "paired", harness.sweep.manifest): their command is `python -m
-harness.run.paired_timing run <record>` (`paired_command`), which starts every contender on the machine it runs on (one
+harness --worker paired <record>` (`paired_command`), which starts every contender on the machine it runs on (one
 node), alive at once, and times them in alternating bursts. Locally they run one at a time, never beside a training
-cell: with `jobs=N` after the pool of cells.
+cell: with `jobs=N` after the pool of cells. Both command lines come from harness.run.processes.child_command, the one
+builder of every child's command line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import Protocol
 
 from harness.errors import UsageError
 from harness.run import records, supervise
+from harness.run.processes import child_command
+from harness.sweep.manifest import paired_record
 
 # (cell, or several cells at once, event) -> None; events: "started", "queued", "running", "finished". Several cells
 # in one call (a submitted job array, the jobs one poll found over) are one write of the manifest, not one each.
@@ -49,7 +52,7 @@ class Executor(Protocol):
 
 def paired_command(out: Path, entry: dict) -> list[str]:
     """The command of a paired-timing entry: a coordinator that adds one session to its record."""
-    return [sys.executable, "-m", "harness.run.paired_timing", "run", str(Path(out) / entry["path"])]
+    return child_command("paired", paired_record(out, entry))
 
 
 def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
@@ -57,7 +60,7 @@ def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
     from harness.run import paired_timing
 
     try:
-        doc = paired_timing.run(Path(out) / entry["path"], progress=progress)
+        doc = paired_timing.run(paired_record(out, entry), progress=progress)
     except KeyboardInterrupt:
         return 130
     except UsageError as exc:  # a damaged record: this entry fails, the sweep's other cells go on
@@ -73,8 +76,7 @@ def worker_command(run_dir: Path, backend: str, resume: bool) -> list[str]:
     Sweeps always pass --resume: the worker then continues from the cell's checkpoint when there is one and starts
     from step 0 when there is no record yet, so a cell is never trained twice from the start.
     """
-    return [sys.executable, "-m", "harness.run.worker", str(run_dir), backend, *(["--resume"] if resume else []),
-            "--no-progress"]
+    return child_command("train", run_dir, backend, *(["--resume"] if resume else []), "--no-progress")
 
 
 class LocalExecutor:

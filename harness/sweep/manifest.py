@@ -22,9 +22,11 @@ from typing import Any
 
 from harness.config.fields import SEED_MAX, config_from_dict
 from harness.errors import UsageError
-from harness.files import read_regular
+from harness.files import check_version, read_regular
 from harness.run import records
+from harness.run.records import RunPaths, SweepPaths
 from harness.sweep.settings import check_executor
+from harness.units import utc_now
 
 SCHEMA = "nanogpt-parity/sweep"
 SCHEMA_VERSION = 1
@@ -33,7 +35,7 @@ DONE = "completed"
 RERUNNABLE = ("pending", "interrupted", "failed")
 STATES = ("pending", "queued", "running", "completed", "interrupted", "failed")
 MAX_MANIFEST_BYTES = 1 << 30  # some 10 kB a cell: far above any sweep this harness would write, yet bounded
-SWEEP_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+SWEEP_ID_RE = records.SWEEP_ID_RE
 # the sweep's name, as harness.sweep.spec.build_spec accepts it at creation: it goes into sweep ids and into the SLURM
 # job name (#SBATCH --job-name=harness-NAME), so a stored one is held to the same plain text (no newline, no markup)
 SWEEP_NAME_RE = r"^[A-Za-z0-9_.-]{1,40}$"
@@ -57,8 +59,9 @@ _CELL = {
         "contended": {"type": "boolean"},
     },
 }
-# A paired-timing entry (issue 17): its record's path is derived from the sweep id and the entry's index, and the
-# schema holds it to exactly that (a stored sweep.json must not point the harness at a file outside its sweep).
+# A paired-timing entry (the speed comparison of one block of cells): its record's path is derived from the sweep id
+# and the entry's index, and the schema holds it to exactly that (a stored sweep.json must not point the harness at a
+# file outside its sweep).
 _PAIRED = {
     "type": "object",
     "required": ["index", "kind", "key", "label", "seed", "device", "members", "rounds", "path", "status"],
@@ -78,7 +81,7 @@ SWEEP_JSON_SCHEMA: dict = {
     "required": ["schema", "schema_version", "sweep_id", "spec", "executor", "data", "cells"],
     "properties": {
         "schema": {"const": SCHEMA},
-        "schema_version": {"type": "integer", "minimum": 1},
+        "schema_version": {"type": "integer"},
         "sweep_id": {"type": "string", "pattern": SWEEP_ID_RE},
         "spec": {"type": "object", "required": ["checkpoint_every", "text"],
                  "properties": {"name": {"type": "string", "pattern": SWEEP_NAME_RE},
@@ -96,7 +99,8 @@ SWEEP_JSON_SCHEMA: dict = {
 
 
 def sweeps_dir(out: Path) -> Path:
-    return Path(out) / "sweeps"
+    """`<out>/sweeps` (records.SweepPaths.root)."""
+    return SweepPaths.root(out)
 
 
 def new_sweep_id(out: Path, name: str) -> str:
@@ -123,19 +127,24 @@ class Manifest:
         return self.doc["sweep_id"]
 
     @property
+    def paths(self) -> SweepPaths:
+        """Every file of this sweep's directory."""
+        return SweepPaths(self.out, self.sweep_id)
+
+    @property
     def dir(self) -> Path:
-        return sweeps_dir(self.out) / self.sweep_id
+        return self.paths.dir
 
     @property
     def path(self) -> Path:
-        return self.dir / "sweep.json"
+        return self.paths.manifest
 
     @property
     def cells(self) -> list[dict]:
         return self.doc["cells"]
 
     def save(self) -> None:
-        self.doc["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.doc["updated_at"] = utc_now()
         records.atomic_write_json(self.path, self.doc)
 
     @classmethod
@@ -143,7 +152,7 @@ class Manifest:
         """The manifest of `sweep_id` under `out`, checked (schema, executor settings, cell configs); a UsageError
         naming the problem and the field when there is none or it is damaged."""
         check_sweep_id(sweep_id, out)
-        path = sweeps_dir(out) / sweep_id / "sweep.json"
+        path = SweepPaths(Path(out), sweep_id).manifest
         fix = "that sweep cannot be used; restore its sweep.json or start a new sweep"
         if not os.path.lexists(path):
             raise UsageError(f"no sweep {sweep_id!r} under {str(sweeps_dir(out))!r}; pass an existing sweep id "
@@ -156,9 +165,7 @@ class Manifest:
             raise UsageError(f"{path} is corrupt ({exc}); that sweep cannot be read") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise UsageError(f"{path} is not a nanogpt-parity sweep manifest")
-        version = doc.get("schema_version")
-        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-            raise UsageError(f"{path} has schema version {version}; upgrade nanogpt-parity")
+        check_version(doc, path, SCHEMA_VERSION)
         check_document(doc, path, fix)
         if doc["sweep_id"] != sweep_id:
             raise UsageError(f"{str(path)!r} is invalid at field 'sweep_id': {doc['sweep_id']!r} is not its "
@@ -222,7 +229,7 @@ def record_status(out: Path, cell: dict) -> tuple[str, dict | None]:
     """(state, record) of a cell from its RunRecord alone: pending, running, completed, interrupted or failed."""
     if not cell.get("run_id"):
         return "pending", None
-    path = records.run_dir(out, cell["run_id"]) / f"{cell['backend']}.json"
+    path = RunPaths(Path(out), cell["run_id"]).record(cell["backend"])
     if not path.exists():
         return "pending", None
     try:
@@ -270,9 +277,15 @@ def paired_fields(sweep_id: str, index: int, members: list[dict]) -> dict[str, A
             "seed": seed, "device": device, "dtype": dtype, "path": paired_path(sweep_id, index)}
 
 
+def paired_record(out: Path, entry: dict) -> Path:
+    """The record of paired entry `entry` of a loaded manifest (its `path` was checked to be
+    `SweepPaths.paired(index)`, relative to --out, by `check_document`)."""
+    return Path(out) / entry["path"]
+
+
 def paired_path(sweep_id: str, index: int) -> str:
     """Where the record of paired entry `index` lives, relative to --out (the only place a manifest may name)."""
-    return f"sweeps/{sweep_id}/paired/{index}.json"
+    return SweepPaths(Path(), sweep_id).paired(index).as_posix()
 
 
 def paired_entries(sweep_id: str, cells: list[dict], rounds: int) -> list[dict]:
@@ -308,7 +321,7 @@ def ensure_paired_doc(out: Path, entry: dict, cells: list[dict], threads: int | 
     from harness.run import paired_timing
     from harness.timing import paired
 
-    path = Path(out) / entry["path"]
+    path = paired_record(out, entry)
     members = [cells[i] for i in entry["members"]]
     contenders = [{"name": contender_name(c, members), "cell": c["index"], "run_id": c["run_id"],
                    "run_dir": str(records.run_dir(out, c["run_id"]).resolve()), "backend": c["backend"],
@@ -338,7 +351,7 @@ def paired_status(out: Path, entry: dict) -> tuple[str, dict | None]:
     ended without the undisturbed rounds it wants), interrupted or failed."""
     from harness.timing import paired
 
-    path = Path(out) / entry["path"]
+    path = paired_record(out, entry)
     if not path.exists():
         return "pending", None
     try:

@@ -12,6 +12,7 @@ from harness.run import plan as run_plan
 from harness.run import records
 from harness.sweep import manifest as mf
 from harness.sweep.spec import Cell, SweepSpec
+from harness.units import fmt_bytes
 
 
 def validate(spec: SweepSpec, cells: list[Cell], out: Path, data: str | None, entries: list[dict],
@@ -46,8 +47,8 @@ def check_plans(plans: list[run_plan.Plan], jobs: int = 1) -> None:
         total, available = run_plan.machine_memory()
         if together > available:
             raise UsageError(f"{min(jobs, len(sizes))} cells at once (--jobs {jobs}) need about "
-                             f"{run_plan.fmt_bytes(together)} of memory together but this machine has "
-                             f"{run_plan.fmt_bytes(available)} available of {run_plan.fmt_bytes(total)}; pass a "
+                             f"{fmt_bytes(together)} of memory together but this machine has "
+                             f"{fmt_bytes(available)} available of {fmt_bytes(total)}; pass a "
                              "smaller --jobs (--jobs 1 runs one cell at a time)")
 
 
@@ -59,8 +60,8 @@ def check_paired_memory(plans: dict[int, run_plan.Plan], entries: list[dict]) ->
         together = sum(run_plan.memory_need(plans[i])[0] for i in entry["members"] if i in plans)
         if together > available:
             raise UsageError(f"the paired timing of {entry['key']} holds {len(entry['members'])} backends at once and "
-                             f"needs about {run_plan.fmt_bytes(together)} of memory together but this machine has "
-                             f"{run_plan.fmt_bytes(available)} available of {run_plan.fmt_bytes(total)}; make the "
+                             f"needs about {fmt_bytes(together)} of memory together but this machine has "
+                             f"{fmt_bytes(available)} available of {fmt_bytes(total)}; make the "
                              "model smaller or pass --paired-rounds 0 (no speed verdict)")
 
 

@@ -5,8 +5,8 @@ All the cells of one submission go to sbatch as ONE job array (`executor.batch()
 `MaxSubmitJobs`), and `--array-parallelism N` caps how many elements run at once. More cells than the cluster's
 `MaxArraySize` become several arrays; a single cell is a plain job.
 
-Each element runs the ordinary worker (`python -m harness.run.worker RUN_DIR BACKEND --resume`) on a node that sees the
-same filesystem, so the RunRecord lands under `--out` as on this machine. The callable is a
+Each element runs the ordinary worker (`python -m harness --worker train RUN_DIR BACKEND --resume`) on a node that sees
+the same filesystem, so the RunRecord lands under `--out` as on this machine. The callable is a
 `submitit.helpers.Checkpointable`: when SLURM signals a time limit or a preemption, submitit calls `checkpoint()`,
 which stops the worker (it saves its record) and requeues that element alone (`scontrol requeue JOBID_i`); the
 requeued worker resumes from the cell's last `--checkpoint-every` checkpoint, not from step 0.
@@ -47,7 +47,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from harness.errors import UsageError
 from harness.run import records
-from harness.run.processes import child_env
+from harness.run.processes import child_env, pdeathsig
 from harness.sweep.executors import Notify, paired_command, worker_command
 from harness.sweep.settings import DEFAULT_TIME_MIN, check_text, parse_sbatch
 
@@ -156,6 +156,7 @@ class CellJob(submitit.helpers.Checkpointable):
 
 def _ignore_requeue_signal() -> None:  # runs in the worker between fork and exec; SIG_IGN survives exec
     signal.signal(submitit.JobEnvironment._usr_sig(), signal.SIG_IGN)
+    pdeathsig()  # and, as every child of the harness, it stops if the job's own process dies
 
 
 def _running(pid: int) -> bool:

@@ -367,7 +367,7 @@ def sentence(contention: dict | None, name: str = "") -> str:
     """One line for a report: how much of the steady state was disturbed, and by what."""
     who = f"{name}: " if name else ""
     if not contention:
-        return f"{who}no contention evidence (recorded before it existed)"
+        return f"{who}no contention evidence (no chunk of steps recorded)"
     if contention.get("contended_fraction") is None:
         return f"{who}contention not measurable here (no per-thread schedstat)"
     frac, n = contention["contended_fraction"], contention.get("steady_steps") or 0

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UsageError
+from harness.files import check_version
 from harness.timing import contention, stats
 
 SCHEMA = "nanogpt-parity/paired-timing"
@@ -48,8 +49,7 @@ def load(path: Path) -> dict:
                          ) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("sessions"), list):
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity paired-timing record")
-    if doc.get("schema_version", 0) > SCHEMA_VERSION:
-        raise UsageError(f"{str(path)!r} has schema version {doc['schema_version']}; upgrade nanogpt-parity")
+    check_version(doc, path, SCHEMA_VERSION)
     return doc
 
 

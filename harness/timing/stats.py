@@ -1,8 +1,6 @@
 """Interval statistics, in one place: Student-t intervals across seeds, paired comparisons, a bootstrap median.
 
-Used by the sweep report (across seeds), the run report and `harness bench`. No SciPy: the t quantile comes from
-the regularised incomplete beta function (a continued fraction, as in Numerical Recipes) and bisection, which is
-exact to far more digits than a 95 % interval needs (tests check it against the printed t table).
+Used by the sweep report (across seeds), the run report and `harness bench`. The t quantile is SciPy's.
 """
 
 from __future__ import annotations
@@ -16,68 +14,13 @@ import numpy as np
 LEVEL = 0.95
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz), converges for x < (a+1)/(a+b+2)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
 def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with `df` degrees of freedom (0 < p < 1), by bisection on `t_cdf`."""
+    """The p-quantile of Student's t with `df` degrees of freedom (0 < p < 1): `scipy.stats.t.ppf`."""
     if not 0.0 < p < 1.0 or df <= 0:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    from scipy.stats import t  # imported when an interval is drawn: a worker never pays for it
+
+    return float(t.ppf(p, df))
 
 
 @dataclass(frozen=True)

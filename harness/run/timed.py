@@ -1,0 +1,91 @@
+"""The timed process of a paired timing: one contender (a backend of a run directory) set up, warmed up, then timed
+in the bursts its coordinator (harness.run.paired_timing) asks for: `python -m harness --worker timed RUN_DIR BACKEND
+WARMUP_S`.
+
+The protocol is JSON lines on stdin (from the coordinator: `{"siblings": [pid, ...]}`, `{"burst": n, "start": k}`,
+`{"quit": true}`) and on stdout, prefixed with MARK (to the coordinator: `ready` once warmed up, then per burst its
+step times and its contention chunk); anything else the backend prints on stdout is passed on. Steps are timed
+exactly as `harness run` times them (harness.run.loop.train) on the run's own batches, continuing after the warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import UsageError
+
+MARK = "@harness-paired "  # protocol lines on the timing process's stdout start with this (others are passed on)
+
+
+WARMUP_STEPS, WARMUP_S, WARMUP_MAX = 10, 1.0, 400  # warm-up: at least 10 steps and 1 s, at most 400 steps
+
+
+def _reply(msg: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
+    """The timing process of one contender: set up, warm up, then run the bursts the coordinator asks for."""
+    import numpy as np
+
+    from harness.backends import create_backend
+    from harness.run.loop import Curves, LoopOptions, train, warm_up
+    from harness.run.worker import Worker
+    from harness.timing import contention
+
+    worker = Worker(Path(run_dir), backend_name)
+    corpus = worker.load_inputs()
+    options = worker.spec["backend_options"].get(backend_name, {})
+    backend = create_backend(backend_name, **options)
+    t0 = time.perf_counter()
+    backend.setup(worker.config, worker.weights, corpus.vocab_size, worker.device, worker.seed)
+    setup_s = time.perf_counter() - t0
+    stream, config = worker.stream, worker.config
+    compile_s = warm_up(backend, stream, 0)
+    step, t0, last = 0, time.perf_counter(), []
+    while step < WARMUP_STEPS or (time.perf_counter() - t0 < warmup_s and step < WARMUP_MAX):
+        cv = Curves()
+        train(backend, config, stream, {}, cv, step + 5, LoopOptions(start_step=step, progress=False))
+        step, last = step + 5, cv.time_s
+    probe, _ = contention.default_probe(worker.device)
+    _reply({"ready": True, "setup_s": setup_s, "compile_s": compile_s, "warmup_steps": step,
+            "warmup_s": time.perf_counter() - t0, "step_s": float(np.median(last)), "next_step": step,
+            "backend_info": backend.describe(), "pid": os.getpid(), "gpu_evidence": probe.gpu is not None})
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("quit"):
+            break
+        if "siblings" in msg:
+            if probe.gpu is not None:
+                probe.gpu.siblings = set(msg["siblings"])
+            continue
+        start, n = int(msg["start"]), int(msg["burst"])
+        cv = Curves()
+        a = probe.snapshot()
+        outcome = train(backend, config, stream, {}, cv, start + n, LoopOptions(start_step=start, progress=False))
+        b = probe.snapshot()
+        if outcome.status != "completed":
+            raise RuntimeError(f"{backend_name}: a timing burst did not complete: {outcome.status}")
+        _reply({"start": start, "times": cv.time_s, "chunk": contention.chunk(a, b, start, n)})
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """`RUN_DIR BACKEND [WARMUP_S]`: serve one contender until the coordinator says quit (SIGTERM: exit 130)."""
+    if len(argv) not in (2, 3):
+        print("usage: python -m harness --worker timed RUN_DIR BACKEND [WARMUP_S]", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
+    try:
+        return serve(Path(argv[0]), argv[1], float(argv[2]) if len(argv) == 3 else WARMUP_S)
+    except UsageError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
