@@ -187,6 +187,35 @@ def test_a_run_records_compile_s_apart_from_the_first_step(tmp_path: Path) -> No
     assert rec["memory"]["kind"] == "rss" and rec["memory"]["peak_bytes"] > 0
 
 
+def test_the_bench_floor_is_a_bare_jitted_loop_doing_the_backends_work(corpus) -> None:
+    """`harness bench --backend jax`'s bare loop (harness.bench.overhead.BareJax): the same steps as the backend,
+    dropout included, so its losses are the backend's bit for bit, and every step waited for."""
+    from harness.bench.overhead import BareJax
+
+    config = load_config("small").replace(n_layer=1, dropout=0.2)
+    _, jb, stream = setup_pair(corpus, config, dtype="float32")
+    weights = jb.parameters()
+    batches = [stream.batch(k) for k in range(3)]
+    expected = jb.losses_to_floats([jb.train_step(x, y, config.learning_rate) for x, y in batches])
+    bare = BareJax(config, weights, "cpu", SEED, dtype="float32")
+    timed = bare.repeat(batches)
+    assert timed.losses == expected and len(timed.step_s) == 3 and bare.t == 3
+    assert all(np.array_equal(np.asarray(bare.state[0][n]), w) for n, w in jb.parameters().items())
+
+
+def test_bench_measures_jax_in_the_one_child_program(tmp_path: Path) -> None:
+    """JAX's float64 switch and platform hold for a process's life: each jax measurement runs in a child of its
+    own (`python -m harness --worker bench`), numpy's in the bench process as before."""
+    from harness.cli import bench
+    from harness.cli.main import build_parser
+    from harness.run.processes import child_command
+
+    args = build_parser().parse_args(["bench", "--backend", "jax,numpy", "--size", "small", "--data",
+                                      str(data_path()), "--out", str(tmp_path)])
+    assert [(j.backend, j.isolated) for j in bench.plan_jobs(args)] == [("jax", True), ("numpy", False)]
+    assert child_command("bench", "{}")[1:5] == ["-m", "harness", "--worker", "bench"]
+
+
 # ------------------------------------------------------------------------------------------ CUDA, with stubs
 
 
