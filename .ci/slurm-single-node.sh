@@ -42,7 +42,9 @@ NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
-pgrep -x slurmctld >/dev/null || /usr/sbin/slurmctld
+# -c: start from an empty queue. This script starts the cluster only where none answers, so any job in the saved
+# state is a ghost of an earlier cluster on this host (its processes are gone) that would hold the node forever.
+pgrep -x slurmctld >/dev/null || /usr/sbin/slurmctld -c
 pgrep -x slurmd >/dev/null || /usr/sbin/slurmd
 for _ in $(seq 30); do
   if sinfo -h -o '%t' 2>/dev/null | grep -q idle; then echo "slurm: ready (partition debug, $cpus CPUs)"; exit 0; fi

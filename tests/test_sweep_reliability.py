@@ -154,23 +154,24 @@ print(f"code={code} seconds={time.perf_counter() - t:.3f}")
 """
 
 
-@pytest.mark.parametrize("how", ["flag 2**40 seeds", "toml 10**6 seeds", "grid of 10**6 cells"])
+@pytest.mark.parametrize("how", ["flag 2**40 seeds", "toml 10**9 seeds", "grid of 10**8 cells"])
 def test_5_huge_sweeps_are_refused_at_once(tmp_path, config_file, how):
+    """Each sweep is too big to list under the child's 6 GB address-space limit (10**8 cells or more), so a refusal
+    with exit status 2 (not a MemoryError) shows that the cells were counted, never built; no clock is read."""
     spec = tmp_path / "grid.toml"
     args = ["sweep", "--configs", str(config_file), "--backends", "numpy", "--steps", "2", "--out", str(tmp_path / "o")]
     if how == "flag 2**40 seeds":
         args += ["--seeds", "1099511627776", "--yes"]
-    elif how == "toml 10**6 seeds":
-        spec.write_text("seeds = 1000000\n")
+    elif how == "toml 10**9 seeds":
+        spec.write_text("seeds = 1000000000\n")
         args += [str(spec), "--yes"]
     else:
-        values = ", ".join(f"{0.001 * (i + 1):.3f}" for i in range(1000))
+        values = ", ".join(f"{0.0001 * (i + 1):.4f}" for i in range(10_000))
         spec.write_text(f"[fields]\nlearning_rate = [{values}]\nweight_decay = [{values}]\n")
         args += [str(spec), "--yes"]
     env = dict(os.environ, HARNESS_DATA=str(data_path()))
     done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, timeout=120)
     assert "code=2 " in done.stdout and "Traceback" not in done.stderr, (done.stdout, done.stderr[-2000:])
-    assert float(done.stdout.split("seconds=")[1]) < 1.0, done.stdout  # generous: the count is arithmetic
     assert "cells" in done.stderr or "seeds" in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()
 

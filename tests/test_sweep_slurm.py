@@ -44,7 +44,7 @@ def partition() -> str:
 SMALL_JOB = ("--mem-gb", "1", "--cpus-per-job", "1")
 # How long a job may wait in the queue behind other people's jobs (the one-node cluster is shared); the tests' own
 # deadlines count from when their jobs run, so a busy cluster slows a test down but does not fail it.
-QUEUE_WAIT_S = 900
+QUEUE_WAIT_S = 240
 
 
 def _state(job: str) -> str:
