@@ -23,7 +23,7 @@ from harness.parity import compare
 from harness.parity.result import ParityResult
 from harness.parity.tolerances import default_tolerances
 
-jax = pytest.importorskip("jax")
+jax = pytest.importorskip("jax", reason="JAX is not installed: pip install -e '.[jax]' (the dev extra has it)")
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 1337

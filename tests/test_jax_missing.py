@@ -74,3 +74,12 @@ def test_doctor_row_without_jax_or_with_a_broken_one(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(doctor, "JAX_PROBE", "import sys; sys.exit('RuntimeError: no backend could be initialised')")
     _, status, fix = doctor._jax_row()
     assert status == "broken (RuntimeError: no backend could be initialised)" and fix.startswith("reinstall jax")
+
+
+def test_reports_draw_jax_in_a_colour_no_other_backend_gets() -> None:
+    """jax has its own colour in every figure; a backend the report does not know (a port's name) never gets it."""
+    from harness.report import figures
+
+    assert figures.color("jax") == figures.COLORS["jax"]
+    assert len(set(figures.COLORS.values())) == len(figures.COLORS)
+    assert not {figures.color(name) for name in ("mxnet", "tinygrad", "port", "x")} & set(figures.COLORS.values())
