@@ -31,7 +31,7 @@ def files_under(path: Path) -> list[Path]:
 CASES = {
     # name: (setup(tmp) -> extra args, expected fragment of the message)
     "unknown size": (lambda t: ["--size", "huge"], "huge"),
-    "unknown backend": (lambda t: ["--backend", "jax"], "unknown backend 'jax'"),
+    "unknown backend": (lambda t: ["--backend", "mxnet"], "unknown backend 'mxnet'"),
     "malformed toml": (lambda t: ["--config", write(t, "c.toml", "[model\nn_embd=")], "not valid TOML"),
     "incomplete toml": (lambda t: ["--config", write(t, "c.toml", toml_with(**{"n_head = 2\n": ""}))],
                         "missing n_head"),

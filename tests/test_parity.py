@@ -400,7 +400,7 @@ def test_parity_cli_catches_planted_bug_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--backends", "torch,jax"], "unknown backend 'jax'"),
+    (["--backends", "torch,mxnet"], "unknown backend 'mxnet'"),
     (["--backends", "torch"], "exactly two backends, got 1"),
     (["--backends", "torch,numpy,flux"], "exactly two backends, got 3"),
     (["--backends", "numpy,numpy"], "the same backend twice"),

@@ -104,7 +104,7 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess, needle: str, out: Path) 
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--backends", "torch,jax"], "unknown backend 'jax'"),
+    (["--backends", "torch,mxnet"], "unknown backend 'mxnet'"),
     (["--set", "n_head=3"], "does not divide"),
     (["--set", "colour=1,2"], "unknown config field"),
     (["--set", "learning_rate"], "NAME=V1,V2"),

@@ -12,6 +12,7 @@ REGISTRY: dict[str, str] = {
     "torch": "harness.backends.torch_backend:TorchBackend",
     "numpy": "harness.backends.numpy_backend:NumpyBackend",
     "flux": "harness.backends.flux:FluxBackend",
+    "jax": "harness.backends.jax_backend:JaxBackend",
 }
 
 # torch.compile's modes, as `--compile MODE` takes them (here, not in torch_backend: the CLI reads them without

@@ -10,7 +10,10 @@ all of them alike, and summarised by medians:
 (b) **bare**: the same work with no harness code, the floor. For torch a hand-written loop (GPT loaded with the
     same weights, torch.optim.AdamW with the same two parameter groups and flags, clip_grad_norm_) over pre-built
     NumPy batches, each copied to the device inside the step exactly as the torch backend copies it (pinned,
-    non-blocking on CUDA); for other backends a loop calling `backend.train_step` over pre-built NumPy batches;
+    non-blocking on CUDA); for jax a bare jitted loop (harness.models.jax_gpt.train_step under one `jax.jit` with
+    the state donated, dropout masks drawn inside it, each batch put on the device in the step, every step waited
+    for with `block_until_ready` as the runner's host clock waits); for the other backends a loop calling
+    `backend.train_step` over pre-built NumPy batches;
 (c) **stream**: `BatchStream.batch` alone;
 (d) **harness only**: the runner driving a backend whose step does nothing, i.e. the harness's own cost per step
     (with warm caches, so a lower bound; it is steady where (a)/(b) is noisy).
@@ -24,9 +27,10 @@ or CUDA events with no per-step sync), so the ratio is the cost of the harness's
 compiled model (`--compile`) is compiled once per measurement, after `torch._dynamo.reset()`, before any timed step
 (`compile_s`), exactly as `harness run` does before step 0.
 
-torch and numpy are measured in this process (one after the other, never at once). flux always runs in a child process
-(`python -m harness --worker bench`), because juliacall must be imported before torch; `--isolate` does the same for
-every backend (then the peak RSS figure is that configuration's own, not this process's high-water mark).
+torch and numpy are measured in this process (one after the other, never at once). flux and jax always run in a child
+process (`python -m harness --worker bench`): juliacall must be imported before torch, and JAX's float64 switch and
+platform hold for the life of a process; `--isolate` does the same for every backend (then the peak RSS figure is that
+configuration's own, not this process's high-water mark).
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ SCHEMA = "nanogpt-parity/bench"
 SCHEMA_VERSION = 1
 
 
-ISOLATED = ("flux",)  # always measured in a child process (juliacall before torch)
+# always measured in a child process: flux (juliacall must be imported before torch), jax (jax_enable_x64 and the
+# platform are fixed for the life of a process, so a float64 job must not follow a float32 one in it)
+ISOLATED = ("flux", "jax")
 
 
 # timed steps per repeat by default: on the CPU short rounds pair the two loops closely in time; on CUDA a repeat is
@@ -297,6 +303,59 @@ class BareTorch:
         return Timed(wall, step_s, values, time.process_time() - c_start)
 
 
+class BareJax:
+    """(b) for jax: the hand-written jitted floor. No harness code runs between its steps.
+
+    The same weights and dtype, harness.models.jax_gpt.train_step (forward, backward, clipping, AdamW) under one
+    `jax.jit` with the state donated, dropout masks drawn inside the step from JAX's PRNG keyed by the step (as the
+    backend draws them), the AdamW scalars computed on the host; each batch is put on the device as int32 in the
+    step, and every step is waited for (`block_until_ready`) and timed on the host clock, as the runner times the
+    jax backend. Compiled by the first call, which `_bare_loop` makes before any timed round.
+    """
+
+    def __init__(self, config: Config, weights: dict[str, np.ndarray], device: str, seed: int,
+                 dtype: str = "float32"):
+        from harness.backends.jax_backend import import_jax
+        from harness.core.masks import mask_shapes
+
+        jax = self.jax = import_jax(device, dtype)
+        from harness.models import jax_gpt
+
+        self.model, self.config, self.dtype = jax_gpt, config, dtype
+        self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
+        params = {n: jax.device_put(np.asarray(w, dtype=dtype), self.device) for n, w in weights.items()}
+        self.state = (params, jax_gpt.zeros_like(params), jax_gpt.zeros_like(params))
+        self.key = jax.device_put(np.asarray(jax.random.PRNGKey(seed)), self.device)
+        self.t = 0
+        sites = mask_shapes(config)
+
+        def step(state: Any, x: Any, y: Any, scalars: Any, key: Any, t: Any) -> Any:
+            masks = jax_gpt.draw_masks(jax.random.fold_in(key, t), sites, config.dropout)
+            return jax_gpt.train_step(state, x, y, scalars, masks, config)
+
+        self.step = jax.jit(step, donate_argnums=0)
+
+    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
+        """One jitted step per batch, each waited for; the losses stay on the device until the end.
+        (`sync_each_step` changes nothing: every step is already waited for.)"""
+        jax, put, lr, config = self.jax, self.jax.device_put, self.config.learning_rate, self.config
+        losses, times = [], []
+        c_start, t_start = time.process_time(), time.perf_counter()
+        for x, y in batches:
+            t0 = time.perf_counter()
+            t = self.t + 1
+            scalars = np.asarray(self.model.adamw_scalars(lr, t, config), dtype=self.dtype)
+            self.state, loss = self.step(self.state, put(x.astype(np.int32), self.device),
+                                         put(y.astype(np.int32), self.device), scalars, self.key, np.int32(t))
+            self.t = t
+            jax.block_until_ready(self.state)
+            losses.append(loss)
+            times.append(time.perf_counter() - t0)
+        values = [float(v) for v in jax.device_get(losses)]
+        wall = time.perf_counter() - t_start
+        return Timed(wall, times, values, time.process_time() - c_start)
+
+
 class NullBackend:
     """A backend whose step does no work: driving it measures the runner's own cost per step.
 
@@ -438,6 +497,10 @@ def _bare_loop(job: Job, r: _Runner) -> Callable[..., Timed]:
     """(b): the floor, over pre-built NumPy batches (the first `steps` of the stream), copied to the device per step,
     warmed up as the runner was; returns one repeat of it (`sync_each_step`: what a per-step sync would cost)."""
     batches = [r.stream.batch(k) for k in range(job.steps)]
+    if job.backend == "jax":
+        jax_bare = BareJax(r.config, r.weights, job.device, job.seed, dtype=job.options.get("dtype", "float32"))
+        jax_bare.repeat([r.stream.batch(k) for k in range(max(job.warmup, 1))])  # compiles: never in a timed round
+        return lambda sync_each_step=False: jax_bare.repeat(batches, sync_each_step)
     if job.backend != "torch":
         lr = r.config.learning_rate
         if job.warmup:

@@ -89,7 +89,7 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     add_threads(p, "each measurement then runs in a process of its own, so that the cap applies to it (as "
                 "--isolate); default: the frameworks' own choice", type=_count(1))
     p.add_argument("--isolate", action="store_true",
-                   help="measure every backend and size in a fresh child process (flux always is)")
+                   help="measure every backend and size in a fresh child process (flux and jax always are)")
     p.add_argument("--check", action="store_true",
                    help=shared(CHECK_HELP, "a target missed: overhead > 3%% on CPU for medium/large, > 1%% on "
                                            "CUDA, or a batch stream < 50x faster than a step"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -62,6 +63,37 @@ def _torch_row() -> tuple[str, str, str]:
                 "" if tuple(cap) >= (8, 0) else "pre-Ampere GPU: --precision tf32/bf16 are refused, fp32 only")
     except Exception as exc:  # a broken install is reported, not raised
         return ("torch", f"broken ({type(exc).__name__}: {exc})", "reinstall torch")
+
+
+# run in a child interpreter: doctor's own process never starts JAX (nor, on a GPU, a CUDA context of JAX's)
+JAX_PROBE = ("import jax, jaxlib; print(jax.__version__, jaxlib.__version__); "
+             "print('; '.join(f'{d.platform} {d.id}' + ('' if d.device_kind == d.platform else f' ({d.device_kind})') "
+             "for d in jax.devices()))")
+
+
+def _jax_row() -> tuple[str, str, str]:
+    """JAX (the jax backend): its version and the devices it sees, asked of a child interpreter; on a machine with
+    an NVIDIA GPU, whether JAX sees it (its CUDA plugin)."""
+    from harness.backends.jax_backend import CUDA_INSTALL, INSTALL, installed
+
+    if not installed("jax"):
+        return ("jax", "not installed", f"only needed for --backend jax: {INSTALL}")
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    try:
+        proc = subprocess.run([sys.executable, "-c", JAX_PROBE], capture_output=True, text=True, timeout=120,
+                              env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return ("jax", f"installed, but starting it failed ({type(exc).__name__})", f"reinstall jax: {INSTALL}")
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or len(lines) < 2:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]
+        return ("jax", f"broken ({last})", f"reinstall jax: {INSTALL}")
+    jax_version, _, jaxlib_version = lines[0].partition(" ")
+    devices = lines[1]
+    status = f"{jax_version} (jaxlib {jaxlib_version}), devices: {devices}"
+    gpu_missing = shutil.which("nvidia-smi") is not None and "gpu" not in devices
+    return ("jax", status, f"a GPU is present but JAX does not see it: for --device cuda {CUDA_INSTALL}"
+            if gpu_missing else "")
 
 
 def _cupy_row() -> tuple[str, str, str]:
@@ -122,6 +154,7 @@ def rows() -> list[tuple[str, str, str]]:
         ("Python", f"{platform.python_version()} ({sys.executable})", ""),
         ("numpy", _dist_version("numpy") or "missing", "" if _dist_version("numpy") else "pip install numpy"),
         _torch_row(),
+        _jax_row(),
     ]
     st = flux.julia_status(probe_network=True)
     out.append(("juliacall", st["juliacall"] or "missing",

@@ -106,7 +106,8 @@ def shared(sentence: str, detail: str | None = None) -> str:
 
 
 # one sentence per shared option: its meaning, the same in every command
-BACKEND_HELP = "backends: torch, numpy, flux, or all (every backend that can run here), repeated or comma-separated"
+BACKEND_HELP = ("backends: torch, numpy, jax, flux, or all (every backend that can run here), repeated or "
+                "comma-separated")
 SIZE_HELP = f"size preset: {', '.join(PRESETS)}, or all ({', '.join(SIZES)})"
 CONFIG_HELP = ("a TOML config of your own instead of a preset (see `harness sizes --toml small`), or a nanoGPT "
                "config .py (read, never run: docs/nanogpt.md)")
@@ -118,7 +119,7 @@ DEVICE_HELP = ("cpu or cuda for every backend, or NAME=DEVICE for one backend (r
                "torch on the GPU, the others on the CPU")
 SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**32-1"
 DTYPE_HELP = "floating type: float32 or float64"
-DTYPE_DETAIL = "where the backend supports a choice (default: torch float32, numpy float64)"
+DTYPE_DETAIL = "where the backend supports a choice (default: torch and jax float32, numpy float64)"
 PRECISION_HELP = "matmul precision on a CUDA GPU of compute capability 8.0+"
 COMPILE_HELP = ("torch: torch.compile the model with mode MODE: default (`--compile` alone), reduce-overhead (its "
                 "CUDA graphs, CUDA only) or max-autotune (compiled before step 0, recorded as compile_s)")

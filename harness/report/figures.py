@@ -21,8 +21,8 @@ from markupsafe import Markup, escape
 from harness.report.analysis import PairComparison, RunView, costs, step_losses
 
 MAX_POINTS = 1500
-COLORS = {"torch": "#d9480f", "numpy": "#1c7ed6", "flux": "#9c36b5"}
-_EXTRA = ["#2b8a3e", "#e67700", "#495057", "#c2255c", "#0b7285"]
+COLORS = {"torch": "#d9480f", "numpy": "#1c7ed6", "flux": "#9c36b5", "jax": "#2b8a3e"}
+_EXTRA = ["#e67700", "#495057", "#c2255c", "#0b7285", "#5c940d"]  # none of COLORS' own
 RC = {"svg.fonttype": "none", "svg.hashsalt": "nanogpt-parity", "font.size": 10, "axes.titlesize": 11,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
       "legend.frameon": False, "font.family": "DejaVu Sans"}
