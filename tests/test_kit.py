@@ -359,6 +359,35 @@ def test_tampered_or_incomplete_kit_exit_2(kit: Path, good: dict, tmp_path: Path
     assert not (tmp_path / "results.check.json").exists()
 
 
+@pytest.mark.parametrize("where", ["logits", "opt/2/adam_v/h.0.attn.c_attn.weight", "loss"])
+def test_a_kit_whose_answers_hold_nan_is_malformed_not_a_failing_port(where: str, kit: Path, good: dict,
+                                                                      tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """The attack of issue 29 item 7: NaN in expected.npz, the manifest's size and sha256 made to match. The port is
+    not failing (exit 1): the kit is malformed (exit 2, one line, nothing written)."""
+    import hashlib
+    import shutil
+
+    from harness.kit.export import npz_bytes
+
+    results = tmp_path / "results.npz"
+    np.savez(results, **good)
+    bad = tmp_path / "kit"
+    shutil.copytree(kit, bad)
+    expected = dict(np.load(bad / "expected.npz"))
+    expected[where] = expected[where].copy()
+    expected[where].flat[0] = np.nan
+    blob = npz_bytes(expected)
+    (bad / "expected.npz").write_bytes(blob)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["files"]["expected.npz"].update(bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = check(capsys, bad, results)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert f"kit file expected.npz: array {where!r} holds nan" in err and "export the kit again" in err
+    assert not (tmp_path / "results.check.json").exists() and not (tmp_path / "results.check.html").exists()
+
+
 # ------------------------------------------------------------------------------------------ the Julia example
 # No Julia here: the example is checked statically against the package it calls and the kit it reads.
 JULIA_PORT = REPO / "examples" / "kit_flux_port.jl"
