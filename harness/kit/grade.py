@@ -1,10 +1,12 @@
 """Grading a port's results against a kit with `harness parity`'s comparison.
 
-`grade` hands the oracle's float64 answers and the port's results to `harness.parity.compare.compare`, held to
-`harness.parity.tolerances.default_tolerances` of the port's precision (the same code and numbers as `harness
-parity`); a depth the results do not hold is handed to the comparison as the oracle's own values and reported "not
-given". `check` adds what the command reports (the summary rows, the first broken depth and its likely cause, the
-float32 hint) and `verdict` is the JSON verdict written beside the page.
+`probes_of` lays the oracle's float64 answers and the port's results out as two parity probes, the oracle's
+optimizer steps taken from the port's own states (harness.kit.resync: re-synchronised, as `harness parity`); `grade`
+hands them to `harness.parity.compare.compare`, held to the tolerances measured for the port's precision and the
+kit's config (`harness.parity.tolerances.tolerances_for`: the same code and numbers as `harness parity`); a depth
+the results do not hold is handed to the comparison as the oracle's own values and reported "not given". `check`
+adds what the command reports (the summary rows, the first broken depth and its likely cause, the float32 hint,
+given only with float32 evidence) and `verdict` is the JSON verdict written beside the page.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from harness.parity.forward import DROPOUT_CAUSE
 from harness.parity.numeric import float32_stored_as_float64, fmt, within
 from harness.parity.optimizer import WRONG_STEP_INPUTS
 from harness.parity.result import ParityResult
-from harness.parity.tolerances import Tolerances, default_tolerances, precision_pair
+from harness.parity.tolerances import Tolerances, default_tolerances, precision_pair, tolerances_for
 
 ORACLE, PORT = "oracle", "port"
 
@@ -133,8 +135,11 @@ def probes_of(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], r
 def grade(manifest: dict[str, Any], probes: Probes, results: dict[str, np.ndarray], dtype: str
           ) -> tuple[ParityResult, Tolerances]:
     """harness.parity.compare.compare of the oracle against the port (`probes`, from `probes_of`), with
-    harness.parity.tolerances.default_tolerances of the port's precision."""
-    tol = default_tolerances(precision_pair(dtype, "float64"), manifest.get("size"))
+    the measured tolerances of the port's precision for the kit's config (harness.parity.tolerances.tolerances_for:
+    its preset's, with tied embeddings those measured so, else the loosest)."""
+    pair = precision_pair(dtype, "float64")
+    tol = tolerances_for(pair, probes.config)[0] if probes.config is not None else \
+        default_tolerances(pair, manifest.get("size"))
     result = compare(probes.oracle, probes.port, probes.oracle_loss, probes.port_loss, tol,
                      backends=(ORACLE, PORT), config=probes.config, hyper=manifest.get("config"), precision=dtype)
     if probes.free_running:
