@@ -275,16 +275,17 @@ def float32_hint(manifest: dict[str, Any], probes: Probes, results: dict[str, np
     late (e.g. an optimizer step) never gets the hint."""
     if dtype != "float64":
         return None
-    exact = float32_stored_as_float64(results)
-    if not (exact or _early_depths_at_float32_level(result, given)):
+    exact, early = float32_stored_as_float64(results), _early_depths_at_float32_level(result, given)
+    if not (exact or early):
         return None
     again, _ = grade(manifest, probes, results, "float32")
     if not again.passed:
         return None
-    stored = " and every value is a float32 number stored as float64" if exact else ""
-    return (f"float32 computed, float64 written: every deviation is at float32 rounding level (all checks pass at "
-            f"the float32 tolerances, the step-0 values deviate by more than float64 rounding){stored}; check "
-            "again with --dtype float32")
+    evidence = " and ".join(e for e, shown in (("every value is a float32 number stored as float64", exact),
+                                               ("the step-0 values deviate by more than float64 rounding", early))
+                            if shown)
+    return (f"float32 computed, float64 written: {evidence}, and every check passes at the float32 tolerances; "
+            "check again with --dtype float32")
 
 
 def _early_depths_at_float32_level(result: ParityResult, given: list[str]) -> bool:
