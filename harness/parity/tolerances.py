@@ -81,12 +81,14 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerances]] = {
 # At the presets' learning rate 0.01 a tied model's free runs amplify rounding about tenfold a step once training
 # moves the attention (from step 4 or 5 on): over 50 steps the float64 loss deviation reached 1.4e-2 on medium and
 # the float32 one 1.4e-1, so the loss check is a divergence guard there in either precision (the re-synchronised
-# depths, which each start from the same state, are as sharp as the presets'). Large was not measured: a tied
-# large config gets the loosest over both tables.
+# depths, which each start from the same state, are as sharp as the presets': worst optimizer step 5.0e-14 in float64
+# and 3.5e-5 in float32 pairs, with NOISE_FLOOR 1e-3). One stated exception: small's float32/float64 logits stay at
+# the preset's 1e-6, 9.9x the worst (1.01e-7, seed 1337), not 1e-5. Large was not measured: a tied large config gets
+# the loosest over both tables.
 TIED_TOLERANCES: dict[str, dict[str, Tolerances]] = {
     "float64/float64": {
         "small": Tolerances(logits=1e-14, grad=1e-13, loss=1e-10, opt=1e-12, taps=1e-14, step_loss=1e-13),
-        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1.0, opt=1e-11, taps=2e-14, step_loss=1e-13),
+        "medium": Tolerances(logits=1e-14, grad=1e-13, loss=1.0, opt=1e-12, taps=2e-14, step_loss=1e-13),
     },
     "float32/float64": {
         "small": Tolerances(logits=1e-6, grad=1e-5, loss=1e-1, opt=1e-3, taps=5e-6, step_loss=1e-5),
