@@ -283,6 +283,8 @@ def test_the_float32_hint_needs_float32_evidence(kit: Path, good: dict, tmp_path
     np.savez(tmp_path / "upcast.npz", **upcast)
     code, out, _ = check(capsys, kit, tmp_path / "upcast.npz")
     assert code == 1 and "likely cause: float32 computed, float64 written" in out, out
+    assert "the step-0 values deviate by more than float64 rounding" in out, out  # the evidence it has, named
+    assert "every value is a float32 number" not in out, out  # and only that
 
 
 # planted bug: (the kit, the text that must be printed, what the named parameter must satisfy)
