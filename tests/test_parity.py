@@ -189,6 +189,36 @@ def test_tolerance_defaults_and_validation() -> None:
             Tolerances(logits=1e-3, grad=bad, loss=1e-3, opt=1e-3).validate()
 
 
+def test_tolerances_per_option_set() -> None:
+    """Issue 29 item 6: tied embeddings (nanoGPT's options) were measured on their own: their entries are never
+    tighter than the preset's, and a config gets them when it is a preset changed only by what was measured."""
+    from harness.config.load import load_config
+    from harness.parity.tolerances import TIED, TIED_TOLERANCES, tolerance_entry, tolerances_for
+
+    for pair, table in TIED_TOLERANCES.items():
+        for size, tied in table.items():
+            tied.validate()
+            for key in TOL_KEYS:
+                assert getattr(tied, key) >= getattr(DEFAULT_TOLERANCES[pair][size], key), (pair, size, key)
+    nanogpt = {"tie_embeddings": True, "gelu": "exact", "bias": False, "lm_head_bias": False}
+    assert tolerance_entry(load_config("medium")) == ("medium", None)
+    assert tolerance_entry(load_config("medium").replace(steps=20, dropout=0.2)) == ("medium", None)
+    assert tolerance_entry(load_config("medium", None, nanogpt)) == ("medium", TIED)
+    assert tolerance_entry(load_config("small", None, {"tie_embeddings": True})) == ("small", TIED)
+    assert tolerance_entry(load_config("small", None, {"gelu": "exact"})) == (None, None)  # never measured alone
+    assert tolerance_entry(load_config("medium", None, {**nanogpt, "learning_rate": 1e-3})) == (None, TIED)
+    assert tolerance_entry(load_config("nanogpt-cpu")) == (None, TIED)
+    tol, what = tolerances_for("float64/float64", load_config("medium", None, nanogpt))
+    assert tol == TIED_TOLERANCES["float64/float64"]["medium"] and what == "medium preset, tied embeddings"
+    # the tied free runs of medium reach a float64 loss deviation of 1.4e-2 in 50 steps: a divergence guard there
+    assert tol.loss > 1e-2 > DEFAULT_TOLERANCES["float64/float64"]["medium"].loss
+    own, what = tolerances_for("float32/float64", load_config("nanogpt-cpu"))
+    assert what == "loosest over the presets and tied embeddings"
+    for key in TOL_KEYS:
+        assert getattr(own, key) == max(getattr(t, key) for t in (*DEFAULT_TOLERANCES["float32/float64"].values(),
+                                                                   *TIED_TOLERANCES["float32/float64"].values()))
+
+
 def test_resolve_tolerances_command_line_over_defaults() -> None:
     import argparse
 
@@ -204,6 +234,15 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
     tol, source = parity.resolve_tolerances(args, "float32/float64")
     assert tol.loss == default_tolerances("float32/float64", None).loss
     assert source["loss"] == "default (float32/float64 pair, loosest over the presets)"
+    args.config, args.set = None, ["tie_embeddings=true", "gelu=exact", "bias=false", "lm_head_bias=false"]
+    from harness.config.load import load_config  # the run's config: a preset with nanoGPT's options was measured
+
+    tied = load_config("small", None, {"tie_embeddings": True, "gelu": "exact", "bias": False, "lm_head_bias": False})
+    tol, source = parity.resolve_tolerances(args, "float64/float64", tied)
+    assert tol.loss == 1e-10 and source["loss"] == "default (float64/float64 pair, small preset, tied embeddings)"
+    tol, source = parity.resolve_tolerances(args, "float64/float64", tied.replace(learning_rate=0.02))
+    assert source["loss"] == ("default (float64/float64 pair, loosest over the presets and tied embeddings, --set "
+                              "changes the preset)")
     args.tol_loss = -1.0
     with pytest.raises(UsageError, match="--tol-loss must be a finite number >= 0"):
         parity.resolve_tolerances(args, "float32/float64")

@@ -305,6 +305,21 @@ def test_update_error_leaves_out_rounding_level_entries_only() -> None:
     assert update_error(decayed, u, v, v) > 0.01
 
 
+def test_update_error_floor_is_where_one_entrys_rounding_reaches_the_tolerance() -> None:
+    """Issue 29 item 6, as measured: tied medium, seed 5, step 1, one entry of h.0.ln_2.weight with sqrt(v) at
+    1.1e-4 of the parameter's median (a gradient of 1.4e-8 carrying its parameter's rounding, 3.3 eps of the
+    gradient scale) moved by ~lr differently on each side: alone 1.3e-13 of the update in float64, a tenth of the
+    tolerance. Below 1e-3 of the median an entry's update is rounding; above it, it is held to the update."""
+    u, s = np.full(128, -1e-2), np.ones(128)  # every entry's Adam update is about lr, whatever its gradient
+    s[7] = 1.1e-4  # sqrt(v) of the noisy entry, against the median 1
+    noisy = u.copy()
+    noisy[7] += 1.3e-13 * np.linalg.norm(u)  # the difference measured there
+    assert update_error(noisy, u, s ** 2, s ** 2) == 0.0  # left out (it was kept with the floor at 1e-4)
+    assert update_error(noisy, u, None, None) > 1e-13
+    s[7] = 2e-3  # an entry above the floor is kept: a real difference there is seen
+    assert update_error(noisy, u, s ** 2, s ** 2) > 1e-13
+
+
 # ------------------------------------------------------------------------------------------ the other diagnoses
 
 

@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import UsageError
@@ -136,7 +137,7 @@ def check_command(args: argparse.Namespace) -> int:
     given, dtype, opt_steps = validate(results, kit["expected.npz"], list(manifest["parameters"]), args.dtype)
     folder, html_path, json_path = _check_paths(args, kit)
 
-    checked = grade.check(manifest, kit, results, given, dtype, opt_steps)
+    checked = grade.check(manifest, kit, results, given, dtype, opt_steps, progress=_resync_progress())
     table = format_rows(checked.rows)
     verdict = grade.verdict(checked, manifest, args.kit, args.results, results)
     if grade.recorded_tolerances_differ(manifest, checked):
@@ -149,6 +150,19 @@ def check_command(args: argparse.Namespace) -> int:
     _print_check(checked, table, getattr(args, "per_parameter", False))
     print(f"check page: {html_path}\ncheck verdict: {json_path}")
     return 0 if checked.passed else 1
+
+
+def _resync_progress(after_s: float = 2.0) -> Callable[[int, int], None]:
+    """The progress of the oracle's optimizer steps from the port's states (harness.kit.resync), on stderr once
+    they have taken `after_s` seconds: a large kit's steps take minutes, a small one's are not worth a line."""
+    import time
+
+    start = time.monotonic()
+
+    def say(k: int, total: int) -> None:
+        if time.monotonic() - start >= after_s:
+            print(f"  oracle: optimizer step {k}/{total} from the port's state", file=sys.stderr, flush=True)
+    return say
 
 
 def _check_paths(args: argparse.Namespace, kit: dict) -> tuple[Path, Path, Path]:

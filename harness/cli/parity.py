@@ -9,6 +9,7 @@ import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from harness.cli.options import (
     DROPOUT_HELP,
@@ -43,6 +44,7 @@ from harness.parity.tolerances import (
     default_tolerances,
     precision_pair,
     reference_backend,
+    tolerances_for,
 )
 
 DEFAULT_BACKENDS = "torch,numpy"
@@ -137,15 +139,21 @@ def backend_dtype(name: str, requested: str | None) -> tuple[str, dict]:
     return (requested, {"dtype": requested}) if requested else (own, {})
 
 
-def resolve_tolerances(args: argparse.Namespace, pair: str) -> tuple[Tolerances, dict[str, str]]:
-    """Command-line tolerances over the measured defaults of `pair` and the size preset (none for --config, nor
-    for a preset changed by --set: the preset's were measured on its own model and schedule); also says where each
-    came from."""
-    size = None if getattr(args, "config", None) or getattr(args, "set", None) else getattr(args, "size", None)
-    base = default_tolerances(pair, size)
-    why = ", --set changes the preset" if getattr(args, "set", None) else ""
-    where = (f"default ({pair} pair, {size} preset)" if size else
-             f"default ({pair} pair, loosest over the presets{why})")
+def resolve_tolerances(args: argparse.Namespace, pair: str, config: Any = None) -> tuple[Tolerances, dict[str, str]]:
+    """Command-line tolerances over the measured defaults of `pair` for the run's `config`
+    (harness.parity.tolerances.tolerances_for: its preset's, with tied embeddings those measured so, or the loosest
+    for a config of one's own, a preset changed by --set beyond what was measured); also says where each came from.
+    Without `config`, from the command line alone: the --size preset's, the loosest with --config or --set."""
+    if config is not None:
+        base, what = tolerances_for(pair, config)
+        why = ", --set changes the preset" if getattr(args, "set", None) and what.startswith("loosest") else ""
+        where = f"default ({pair} pair, {what}{why})"
+    else:
+        size = None if getattr(args, "config", None) or getattr(args, "set", None) else getattr(args, "size", None)
+        base = default_tolerances(pair, size)
+        why = ", --set changes the preset" if getattr(args, "set", None) else ""
+        where = (f"default ({pair} pair, {size} preset)" if size else
+                 f"default ({pair} pair, loosest over the presets{why})")
     chosen, source = {}, {}
     for key in TOL_KEYS:
         given = getattr(args, f"tol_{key}", None)
@@ -208,8 +216,8 @@ def plan_parity(args: argparse.Namespace) -> ParityPlan:
         options[name].update(parity_options(name))  # torch: single-tensor AdamW, math attention on CUDA
     device, devices = parse_devices(args.device, backends)  # --device DEVICE or NAME=DEVICE (repeatable)
     pair = precision_pair(*(dtypes[n] for n in backends))
-    tolerances, tol_source = resolve_tolerances(args, pair)
     config = configure(args, args.size, changes={"dropout": dropout, "steps": args.steps})
+    tolerances, tol_source = resolve_tolerances(args, pair, config)
     corpus = load_corpus(args.data)
     opt_k = parity_record.optimizer_steps(config, corpus.vocab_size, args.steps, asked)
     plan = run_plan.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
@@ -272,7 +280,7 @@ def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, d
             pp.dtypes[name] = actual
     if precision_pair(*(pp.dtypes[n] for n in pp.backends)) != pp.pair:
         pp.pair = precision_pair(*(pp.dtypes[n] for n in pp.backends))
-        pp.tolerances, pp.tol_source = resolve_tolerances(args, pp.pair)
+        pp.tolerances, pp.tol_source = resolve_tolerances(args, pp.pair, pp.plan.config)
         record.update(precision_pair=pp.pair, tolerances=asdict(pp.tolerances), tolerance_source=pp.tol_source)
 
 

@@ -206,7 +206,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
     from harness.core.taps import MEANING, PREFIX, kind, tap_names, tap_rows
     from harness.core.weights import decays, param_shapes
     from harness.kit.layout import describe
-    from harness.parity.tolerances import default_tolerances
+    from harness.parity.tolerances import tolerances_for
 
     shapes = param_shapes(config, corpus.vocab_size)
     gelu = {"tanh": "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
@@ -259,7 +259,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         },
         "definitions": _definitions(config),
         "results": _results(config),
-        "tolerances": {dt: asdict(default_tolerances(f"{dt}/float64" if dt == "float32" else "float64/float64", size))
+        "tolerances": {dt: asdict(tolerances_for(f"{dt}/float64" if dt == "float32" else "float64/float64", config)[0])
                        for dt in ("float32", "float64")},
         "files": {name: {"sha256": sha256(blobs[name]), "bytes": len(blobs[name]),
                          "arrays": {k: {"dtype": str(v.dtype), **describe(name[:-4], k, v.shape)}
@@ -301,6 +301,10 @@ def _results(config: Any) -> dict[str, Any]:
                   "optimizer": "opt/<k>/param|adam_m|adam_v/<name> (k = 1..K, K <= steps)", "loss": "loss"},
         "shapes": "canonical (as in expected.npz), C order as numpy writes; NPZ.jl's npzwrite writes a Julia "
                   "array of the canonical shape correctly (it records Fortran order)",
+        "graded": "each optimizer step k from the port's own state: the oracle takes step k from the port's "
+                  "opt/<k-1> (the weights and zero moments for k = 1) and the port's opt/<k> is compared with that; "
+                  "expected.npz's opt/<k> are the oracle's own free run, the same at step 1, then apart by the "
+                  "rounding that grows over the steps",
     }
 
 

@@ -1,15 +1,18 @@
 """Grading a port's results against a kit with `harness parity`'s comparison.
 
-`grade` hands the oracle's float64 answers and the port's results to `harness.parity.compare.compare`, held to
-`harness.parity.tolerances.default_tolerances` of the port's precision (the same code and numbers as `harness
-parity`); a depth the results do not hold is handed to the comparison as the oracle's own values and reported "not
-given". `check` adds what the command reports (the summary rows, the first broken depth and its likely cause, the
-float32 hint) and `verdict` is the JSON verdict written beside the page.
+`probes_of` lays the oracle's float64 answers and the port's results out as two parity probes, the oracle's
+optimizer steps taken from the port's own states (harness.kit.resync: re-synchronised, as `harness parity`); `grade`
+hands them to `harness.parity.compare.compare`, held to the tolerances measured for the port's precision and the
+kit's config (`harness.parity.tolerances.tolerances_for`: the same code and numbers as `harness parity`); a depth
+the results do not hold is handed to the comparison as the oracle's own values and reported "not given". `check`
+adds what the command reports (the summary rows, the first broken depth and its likely cause, the float32 hint,
+given only with float32 evidence) and `verdict` is the JSON verdict written beside the page.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +23,13 @@ from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.errors import UsageError
 from harness.kit.export import MANIFEST, opt_key
 from harness.kit.load import DEPTHS, OPT_NAME
+from harness.kit.resync import oracle_steps, resync_problem
 from harness.parity.compare import BLIND_SPOTS, compare
 from harness.parity.forward import DROPOUT_CAUSE
-from harness.parity.numeric import float32_stored_as_float64, fmt
+from harness.parity.numeric import float32_stored_as_float64, fmt, within
 from harness.parity.optimizer import WRONG_STEP_INPUTS
 from harness.parity.result import ParityResult
-from harness.parity.tolerances import Tolerances, default_tolerances, precision_pair
+from harness.parity.tolerances import Tolerances, default_tolerances, precision_pair, tolerances_for
 
 ORACLE, PORT = "oracle", "port"
 
@@ -63,12 +67,15 @@ class Check:
 
 
 def check(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
-          given: list[str], dtype: str, opt_steps: int) -> Check:
-    """Grade `results` (read and validated by harness.kit.load: `given`, `dtype`, `opt_steps`) against the kit."""
-    result, tol = grade(manifest, kit, results, dtype, opt_steps)
+          given: list[str], dtype: str, opt_steps: int,
+          progress: Callable[[int, int], None] | None = None) -> Check:
+    """Grade `results` (read and validated by harness.kit.load: `given`, `dtype`, `opt_steps`) against the kit.
+    `progress(k, K)`: called before the oracle takes the port's optimizer step k of K from its state."""
+    probes = probes_of(manifest, kit, results, opt_steps, progress)
+    result, tol = grade(manifest, probes, results, dtype)
     rows = table_rows(result, given)
     diagnosis = diagnose(result, rows, list(manifest["parameters"]))
-    hint = None if result.passed else float32_hint(manifest, kit, results, dtype, opt_steps)
+    hint = None if result.passed else float32_hint(manifest, probes, results, result, given, dtype)
     if hint and diagnosis:
         diagnosis["cause"] = hint
     offered = [d for d in DEPTHS if d != "learning_rate"  # read from the optimizer states, not an array a port gives
@@ -78,14 +85,28 @@ def check(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
                  rows=rows, diagnosis=diagnosis, hint=hint)
 
 
-def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
-          dtype: str, opt_k: int) -> tuple[ParityResult, Tolerances]:
-    """harness.parity.compare.compare of the oracle against the port, with
-    harness.parity.tolerances.default_tolerances of the port's precision. A depth not given is the oracle's own values
-    on both sides (reported "not given"); the taps are compared where the port gave them."""
+@dataclass
+class Probes:
+    """What the comparison reads: the oracle's and the port's probes (a depth the port did not give: the oracle's
+    own values on both sides), the losses compared, the config, and why the optimizer steps were compared
+    free-running, if they were (None: re-synchronised, harness.kit.resync)."""
+
+    oracle: dict[str, np.ndarray]
+    port: dict[str, np.ndarray]
+    oracle_loss: list[float]
+    port_loss: list[float]
+    config: Any
+    free_running: str | None
+
+
+def probes_of(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
+              opt_k: int, progress: Callable[[int, int], None] | None = None) -> Probes:
+    """The two probes as a parity run holds them. The taps are compared where the port gave them. The learning rate
+    each side's steps took is read from its own free-running states (harness.core.schedule.effective_rate); then
+    the oracle's optimizer states are replaced by its steps from the port's states (harness.kit.resync), so that
+    each of the port's steps is graded from the same state, as `harness parity` grades them."""
     expected, weights = kit["expected.npz"], kit["weights.npz"]
     params = list(manifest["parameters"])
-    tol = default_tolerances(precision_pair(dtype, "float64"), manifest.get("size"))
     k_max = opt_k or int(manifest["steps"])
     oracle = {key: value for key, value in expected.items() if key not in ("loss", "logits_loss")
               and not (OPT_NAME.match(key) and int(OPT_NAME.match(key).group(1)) > k_max)}  # type: ignore[union-attr]
@@ -104,8 +125,27 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
             probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
-    result = compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
-                     config=config, hyper=manifest.get("config"))
+    why = resync_problem(config, kit, opt_k) if opt_k else None
+    if opt_k and why is None:
+        oracle.update(oracle_steps(manifest, kit, port, opt_k, config,
+                                   len(results["loss"]) if "loss" in results else 0, progress))
+    return Probes(oracle, port, exp_loss[:len(port_loss)], port_loss, config, why)
+
+
+def grade(manifest: dict[str, Any], probes: Probes, results: dict[str, np.ndarray], dtype: str
+          ) -> tuple[ParityResult, Tolerances]:
+    """harness.parity.compare.compare of the oracle against the port (`probes`, from `probes_of`), with
+    the measured tolerances of the port's precision for the kit's config (harness.parity.tolerances.tolerances_for:
+    its preset's, with tied embeddings those measured so, else the loosest)."""
+    pair = precision_pair(dtype, "float64")
+    tol = tolerances_for(pair, probes.config)[0] if probes.config is not None else \
+        default_tolerances(pair, manifest.get("size"))
+    result = compare(probes.oracle, probes.port, probes.oracle_loss, probes.port_loss, tol,
+                     backends=(ORACLE, PORT), config=probes.config, hyper=manifest.get("config"), precision=dtype)
+    if probes.free_running:
+        result.notes.append(f"the optimizer steps were compared free-running, each side from its own state "
+                            f"({probes.free_running}): rounding grows over the steps, so a late step may fail "
+                            "a correct port")
     return result, tol
 
 
@@ -134,10 +174,12 @@ def table_rows(result: ParityResult, given: list[str]) -> list[dict[str, Any]]:
     """parity's summary rows; a depth the port did not give is marked so (its comparison was the oracle itself)."""
     rows = []
     for row in result.rows():
-        if row["depth"] == "step_loss":
-            continue  # the kit's steps are not re-synchronised
-        # the learning rate each step took is read from the optimizer states the port gave
-        if row["depth"] not in given and not (row["depth"] == "learning_rate" and "optimizer" in given):
+        if row["depth"] == "step_loss":  # the port's loss of step k against the oracle's from the port's state
+            row = {**row, "check": "loss of each step from the port's state"}
+        # the learning rate each step took is read from the optimizer states the port gave, the loss of each step
+        # from the port's state compares the losses it gave with the oracle's steps from its states
+        read = {"learning_rate": "optimizer" in given, "step_loss": {"optimizer", "loss"} <= set(given)}
+        if row["depth"] not in given and not read.get(row["depth"]):
             row = {**row, "value": math.nan, "result": "not given", "first_broken": "", "worst": ""}
         rows.append(row)
     if "taps" not in given and not any(r["depth"] == "taps" for r in rows):
@@ -170,6 +212,8 @@ def diagnose(result: ParityResult, rows: list[dict[str, Any]], params: list[str]
     failed = {r["depth"] for r in rows if r["result"] == "FAIL"}
     if result.opt_first_bad is not None:
         failed.add("optimizer")
+    if "step_loss" in failed:  # the losses the port wrote: the loss depth
+        failed.add("loss")
     for depth in DEPTHS:
         if depth not in failed:
             continue
@@ -210,25 +254,48 @@ def diagnose(result: ParityResult, rows: list[dict[str, Any]], params: list[str]
         if depth != "loss":
             continue
         k = result.loss_first_bad
+        if k < 0:  # only the loss of a step from the port's own state differs: the loss the port wrote
+            k = result.step_loss_first_bad
+            return {"depth": depth, "parameter": None, "cause": WRONG_STEP_INPUTS,
+                    "detail": f"the port's loss of step {k} differs from the oracle's loss of that step from the "
+                              "port's state"}
         return {"depth": depth, "parameter": None,
                 "cause": WRONG_STEP_INPUTS if k == 0 and "logits" not in failed else CAUSES[depth],
                 "detail": f"first over tolerance at step {k}, largest deviation at step {result.loss_peak_step}"}
     return None
 
 
-def float32_hint(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
-                 dtype: str, opt_k: int) -> str | None:
-    """For float64 results that fail: the hint to pass --dtype float32 when every check passes at the float32
-    tolerances (the deviations are at float32 rounding level), stronger when every value is a float32 number."""
+def float32_hint(manifest: dict[str, Any], probes: Probes, results: dict[str, np.ndarray], result: ParityResult,
+                 given: list[str], dtype: str) -> str | None:
+    """For float64 results that fail: the hint that the port computed in float32 (pass --dtype float32), only with
+    the evidence it names. Every check must pass at the float32 tolerances, and the port's step-0 values must show
+    float32: every value a float32 number stored as float64, or every early depth given (taps, logits, gradients)
+    deviating by more than float64 rounding (over its float64 tolerance). An early depth within its float64
+    tolerance is evidence of a float64 computation (float32 cannot reach it), so a port whose only difference is
+    late (e.g. an optimizer step) never gets the hint."""
     if dtype != "float64":
         return None
-    again, _ = grade(manifest, kit, results, "float32", opt_k)
+    exact, early = float32_stored_as_float64(results), _early_depths_at_float32_level(result, given)
+    if not (exact or early):
+        return None
+    again, _ = grade(manifest, probes, results, "float32")
     if not again.passed:
         return None
-    exact = (" and every value is a float32 number stored as float64"
-             if float32_stored_as_float64(results) else "")
-    return (f"float32 computed, float64 written: every deviation is at float32 rounding level (all checks pass at "
-            f"the float32 tolerances){exact}; check again with --dtype float32")
+    evidence = " and ".join(e for e, shown in (("every value is a float32 number stored as float64", exact),
+                                               ("the step-0 values deviate by more than float64 rounding", early))
+                            if shown)
+    return (f"float32 computed, float64 written: {evidence}, and every check passes at the float32 tolerances; "
+            "check again with --dtype float32")
+
+
+def _early_depths_at_float32_level(result: ParityResult, given: list[str]) -> bool:
+    """Whether the port gave at least one early depth (step-0 taps, logits, gradients) and every one it gave
+    deviates by more than its float64 tolerance."""
+    t = result.tolerances
+    early = {"taps": (max(result.taps_rel_err.values(), default=math.nan), t.tap),
+             "logits": (result.logits_max_abs, t.logits), "gradients": (result.worst_grad_rel_err, t.grad)}
+    measured = [early[d] for d in given if d in early]
+    return bool(measured) and all(not within(v, tol) for v, tol in measured)
 
 
 def recorded_tolerances_differ(manifest: dict[str, Any], c: Check) -> bool:

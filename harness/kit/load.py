@@ -81,6 +81,7 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
         missing = sorted(set(entry["arrays"]) - set(arrays[name]))
         if missing:
             raise UsageError(f"kit file {name} lacks array {missing[0]!r}, which {MANIFEST} lists; {FIX}")
+        _finite(name, arrays[name])
     for name in ("weights.npz", "expected.npz"):  # the schema requires both entries; their arrays must be right too
         params = manifest["parameters"]
         want = params if name == "weights.npz" else {f"grad/{n}": s for n, s in params.items()}
@@ -96,6 +97,20 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
             raise UsageError(f"kit file expected.npz has no array {key!r}" + (f" of shape {shape}" if shape else "")
                              + f" (fields 'steps' and 'parameters' of {MANIFEST}); {FIX}")
     return manifest, arrays
+
+
+def _finite(name: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Every float value of kit file `name` is finite: the oracle's answers, weights and learning rates never hold
+    NaN or inf (export refuses them), so one that does is a damaged kit, never a difference of the port's."""
+    for key, value in arrays.items():
+        if value.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(value)
+        if bad.any():
+            first = int(np.argmax(bad))
+            where = tuple(int(i) for i in np.unravel_index(first, value.shape)) if value.ndim else ()
+            raise UsageError(f"kit file {name}: array {key!r} holds {value.flat[first]} at index {where}, which "
+                             f"no kit holds (the kit was changed or damaged); {FIX}")
 
 
 def load_results(path: Path, manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]]

@@ -45,6 +45,7 @@ from harness.parity.numeric import (
     loss_deviation,
     max_abs_diff,
     relative_error,
+    storage_eps,
     tap_error,
     update_error,
     within,
@@ -72,7 +73,7 @@ from harness.parity.states import (
     synchronised,
 )
 from harness.parity.tolerances import Tolerances
-from harness.run.probe import DROPOUT_GRAD_PREFIX, SYNC_LOSS, SYNC_REFERENCE
+from harness.run.probe import DROPOUT_GRAD_PREFIX, OPT_PREFIX, SYNC_LOSS, SYNC_REFERENCE
 
 # What each depth cannot see (printed with the verdict; docs/parity.md, "What each depth cannot see").
 BLIND_SPOTS: dict[str, str] = {
@@ -93,7 +94,7 @@ BLIND_SPOTS: dict[str, str] = {
 def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
             losses_a: Sequence[float], losses_b: Sequence[float], tolerances: Tolerances,
             val_losses: tuple[float, float] | None = None, backends: tuple[str, str] = ("a", "b"),
-            hyper: Mapping[str, Any] | None = None, config: Any = None) -> ParityResult:
+            hyper: Mapping[str, Any] | None = None, config: Any = None, precision: str | None = None) -> ParityResult:
     """Compare two backends' probes and training-loss curves, in float64.
 
     A probe maps "logits" (B, T, V), "x", "y" (the batch) and "grad/<canonical name>" to arrays, as the worker's
@@ -105,14 +106,18 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
     `losses_*` are the per-step training losses, `val_losses` the two final validation losses (checked against the
     loss tolerance), `hyper` the config (learning_rate, weight_decay, beta1, beta2) some diagnoses need; `config`
     (the run's harness Config, optional; its fields serve as `hyper` when that is not given) lets the FAIL lines
-    name option and schedule causes (diagnose_gelu, diagnose_tying, diagnose_schedule). Every
+    name option and schedule causes (diagnose_gelu, diagnose_tying, diagnose_schedule). `precision`: the coarser
+    dtype the two sides computed in (default: read from the probes' parameter arrays), whose storage rounding the
+    update's error allows for (`update_error`). Every
     deviation beyond its tolerance, a NaN, a missing or misshapen array or a different batch is a failure, named in
     `result.failures`, the first divergent place first.
     """
     a, b = backends
     if hyper is None and config is not None:
         hyper = config.to_dict()
-    p = _Sides(probe_a, probe_b, losses_a, losses_b, hyper, config)
+    eps = float(np.finfo(precision).eps) if precision else storage_eps(
+        *(v for probe in (probe_a, probe_b) for k, v in probe.items() if k.startswith(OPT_PREFIX) and "/param/" in k))
+    p = _Sides(probe_a, probe_b, losses_a, losses_b, hyper, config, eps)
     r = ParityResult(backends=(a, b), tolerances=tolerances)
     for key in ("x", "y"):
         if key in probe_a and key in probe_b and not np.array_equal(probe_a[key], probe_b[key]):
@@ -141,6 +146,7 @@ class _Sides:
     losses_b: Sequence[float]
     hyper: Mapping[str, Any] | None
     config: Any
+    eps: float = 0.0  # the machine epsilon of the coarser precision (the parameters' storage rounding)
 
 
 def _downstream(r: ParityResult) -> str:
@@ -348,7 +354,7 @@ def _compare_optimizer(p: _Sides, r: ParityResult, grads_ok: bool) -> None:
         start = start_state(p.a, p.b, k)
         base = start["param"] if ref is not None else None  # free runs: each update from its own previous state
         step = _OptStep(k, start, opt_quantities(p.a, k, base), opt_quantities(p.b, k, base))
-        r.opt_rel_err[k] = _step_errors(step, r)
+        r.opt_rel_err[k] = _step_errors(step, r, p.eps)
         if r.opt_first_bad is None:
             _first_bad_step(p, r, step, sa, sb, grads_ok, alias_cause)
     every = {(k, q, n): e for k, step in r.opt_rel_err.items() for q, errs in step.items() for n, e in errs.items()}
@@ -376,9 +382,10 @@ def _step_loss_check(p: _Sides, r: ParityResult) -> None:
     r.step_loss_first_bad = first + 1 if first >= 0 else -1
 
 
-def _step_errors(step: _OptStep, r: ParityResult) -> dict[str, dict[str, float]]:
+def _step_errors(step: _OptStep, r: ParityResult, eps: float) -> dict[str, dict[str, float]]:
     """{"update" | "adam_m" | "adam_v": {name: relative error}} of one step (the update's without the entries at
-    rounding level, `update_error`); a parameter only one side holds is a FAIL line in `r`."""
+    rounding level and less the parameters' storage rounding at machine epsilon `eps`, `update_error`); a parameter
+    only one side holds is a FAIL line in `r`."""
     a, b = r.backends
     qa, qb = step.qa, step.qb
     step_err: dict[str, dict[str, float]] = {}
@@ -392,10 +399,19 @@ def _step_errors(step: _OptStep, r: ParityResult) -> dict[str, dict[str, float]]
             if not shape_ok:
                 errs[name] = math.nan
             elif q == "update":
-                errs[name] = update_error(qa[q][name], qb[q][name], qa["adam_v"].get(name), qb["adam_v"].get(name))
+                errs[name] = update_error(qa[q][name], qb[q][name], qa["adam_v"].get(name), qb["adam_v"].get(name),
+                                          _update_scale(step.start["param"].get(name), qa[q][name], qb[q][name]),
+                                          eps)
             else:
                 errs[name] = relative_error(qa[q][name], qb[q][name])
     return step_err
+
+
+def _update_scale(start: np.ndarray | None, ua: np.ndarray, ub: np.ndarray) -> np.ndarray | None:
+    """|p| around a step, entry-wise: the largest of the parameter before it and after either side's update."""
+    if start is None or np.shape(start) != np.shape(ua):
+        return None
+    return np.maximum(np.abs(start), np.maximum(np.abs(start + ua), np.abs(start + ub)))
 
 
 def _first_bad_step(p: _Sides, r: ParityResult, step: _OptStep, sa: list[int], sb: list[int], grads_ok: bool,
