@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.taps import MASK_PREFIX as TAP_MASK_PREFIX
 from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.errors import UsageError
 from harness.kit.export import MANIFEST, opt_key
 from harness.kit.load import DEPTHS, OPT_NAME
 from harness.parity.compare import BLIND_SPOTS, compare
-from harness.parity.forward import DROPOUT_CAUSE
+from harness.parity.forward import dropout_cause
 from harness.parity.numeric import float32_stored_as_float64, fmt
 from harness.parity.optimizer import WRONG_STEP_INPUTS
 from harness.parity.result import ParityResult
@@ -102,10 +103,15 @@ def grade(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], resul
         for probe in (oracle, port):  # against the kit's schedule (harness.parity's learning-rate check)
             probe["lr"] = np.asarray(batches["lr"], dtype=np.float64)
             probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
+    masks = kit.get("masks.npz") or {}
+    rows = int(manifest["taps"]["rows"])
+    for site in manifest["taps"].get("masks", []):  # the taps were taken with these (the port's too, as asked)
+        oracle[TAP_MASK_PREFIX + site] = port[TAP_MASK_PREFIX + site] = np.asarray(masks[site][0][:rows])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
     result = compare(oracle, port, exp_loss[:len(port_loss)], port_loss, tol, backends=(ORACLE, PORT),
-                     config=config, hyper=manifest.get("config"))
+                     config=config, hyper=manifest.get("config"),
+                     masks=(lambda k: {key: m[k] for key, m in masks.items()}) if masks else None)
     return result, tol
 
 
@@ -152,7 +158,7 @@ CAUSES = {
               "split, LayerNorm eps or variance, GELU form (tanh), lm_head tied or not, a weight read in the wrong "
               "layout, token ids not shifted; write the activation taps (tap/<name>) to have the layer named",
     "gradients": "the backward pass (the first broken parameter, in backward order, is nearest the defect)",
-    "dropout_gradients": DROPOUT_CAUSE,
+    "dropout_gradients": dropout_cause(),
     "loss": "the training step after step 0 (clipping, AdamW) or the dropout masks of later steps; write the "
             "optimizer depth (opt/<k>/...) to have the parameter named",
 }
