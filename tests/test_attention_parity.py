@@ -97,6 +97,13 @@ def test_taps_are_taken_with_the_step0_attention_masks() -> None:
         np.testing.assert_allclose(p["tap/h.0.attn.y"], want, rtol=0, atol=1e-13)
     for name in [k for k in oracle if k.startswith("tap/")]:
         np.testing.assert_allclose(other[name], oracle[name], rtol=0, atol=1e-12, err_msg=name)
+    # taps taken without the masks on one side are not compared with the other's; no taps at all is no failure
+    tol = default_tolerances("float64/float64", "small")
+    stripped = {k: v for k, v in other.items() if not k.startswith(MASK_PREFIX)}
+    r = compare(stripped, oracle, [1.0], [1.0], tol, config=config)
+    assert any("taps were taken with different dropout masks" in f for f in r.failures), r.failures
+    untapped = {k: v for k, v in other.items() if not k.startswith(("tap/", MASK_PREFIX))}
+    assert compare(untapped, oracle, [1.0], [1.0], tol, config=config).passed
     plain = NumpyBackend()
     plain.setup(config, *_weights(config))
     assert not np.allclose(plain.taps(oracle["x"][:tap_rows(config)])["h.0.attn.y"], oracle["tap/h.0.attn.y"])
@@ -189,16 +196,19 @@ def _probe_under(config, masks: dict) -> dict:
 
 
 @pytest.mark.parametrize("kind, mistake", [("emb", "transposed"), ("attn.probs", "step 4"), ("attn", "transposed"),
-                                           ("mlp", "step 4")])
+                                           ("mlp", "step 4"), ("attn.probs", "memory order")])
 def test_the_kind_of_site_whose_masks_are_wrong_is_named(kind: str, mistake: str) -> None:
     """At each kind of site alone (the attention probabilities included): the side's gradients under the masks
-    are the oracle's with that kind's masks transposed, or of step 4; the cause names the mistake and the site."""
-    config = _config()
+    are the oracle's with that kind's masks transposed, in the other memory order or of step 4; the cause names the
+    mistake and the site (block_size 16: faster, and every axis of a (B, T, C) mask as long)."""
+    config = _config().replace(block_size=16)
     step0, last = dropout_masks(config, SEED, 0), dropout_masks(config, SEED, 4)
 
     def wrong(site: str, m: np.ndarray) -> np.ndarray:
         if site.split(".")[-1] != kind.split(".")[-1] or (site == "emb") != (kind == "emb"):
             return m
+        if mistake == "memory order":  # the reversed (Flux) layout reshaped instead of permuted
+            return np.ascontiguousarray(m.transpose(tuple(reversed(range(m.ndim))))).reshape(m.shape)
         if mistake != "transposed":
             return last[site]
         return m.swapaxes(-1, -2) if m.ndim == 4 else m.T
@@ -207,7 +217,10 @@ def test_the_kind_of_site_whose_masks_are_wrong_is_named(kind: str, mistake: str
     masks = Masks(p=0.2, of_step=lambda k: dropout_masks(config, SEED, k), steps=config.steps)
     cause = dropout_gradient_cause(bad, good, config, masks, 1e-10, ("port", "oracle"), budget=math.inf)
     assert cause is not None and f"port applies, {KIND_TEXT[kind]}, the masks" in cause, cause
-    assert ("transposed" if mistake == "transposed" else "of step 4 where step 0's were handed") in cause, cause
+    assert {"transposed": "dropout masks transposed", "memory order": "dropout masks in the other memory order",
+            "step 4": "masks of another step"}[mistake] in cause, cause
+    assert {"transposed": "transposed (", "memory order": "read in the other memory order",
+            "step 4": "of step 4 where step 0's were handed"}[mistake] in cause, cause
     assert dropout_gradient_cause(good, good, config, masks, 1e-10, ("port", "oracle")) is None
     assert dropout_gradient_cause(bad, good, config, masks, 1e-10, ("port", "oracle"), budget=0.0) is None
 

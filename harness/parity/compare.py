@@ -129,8 +129,8 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
         if key in probe_a and key in probe_b and not np.array_equal(probe_a[key], probe_b[key]):
             r.failures.append(f"FAIL: the probes used different batches ({key} differs): the comparison is "
                               "meaningless")
-    if (tap_masks or other) and (set(tap_masks) != set(other) or not all(
-            np.array_equal(tap_masks[k], other[k]) for k in other)):
+    both_tap = all(any(k.startswith(TAP_PREFIX) for k in probe) for probe in (probe_a, probe_b))
+    if both_tap and (set(tap_masks) != set(other) or not all(np.array_equal(tap_masks[k], other[k]) for k in other)):
         r.failures.append(f"FAIL: the probes' taps were taken with different dropout masks ({a}: "
                           f"{', '.join(other) or 'none'}; {b}: {', '.join(tap_masks) or 'none'}): the taps are not "
                           "comparable")

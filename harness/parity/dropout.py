@@ -121,6 +121,12 @@ def wrong_masks(site: str, mask: np.ndarray, masks: Masks) -> dict[str, tuple[st
     return out
 
 
+def _label(way: str) -> str:
+    """The cause's first words for a way of applying the masks wrongly (a kind of `wrong_masks`)."""
+    return ("masks of another step" if way.startswith("step") else "dropout masks transposed" if way == "transposed"
+            else "dropout masks in the other memory order")
+
+
 def _kind(site: str) -> str:
     """A dropout site's kind: "emb", "attn.probs", "attn", "mlp"."""
     return site if site == "emb" else site.split(".", 2)[2]
@@ -193,8 +199,7 @@ def attention_dropout_cause(side: str, taps: Mapping[str, np.ndarray], block: st
         rows = np.shape(keep)[0]
         for kind, (how, m) in wrong_masks(site, np.asarray(full[site]), masks).items():
             if _misfit(y, attention_y(probs, v, np.asarray(m[:rows], dtype=np.float64) / (1 - p))) < FITS:
-                label = "masks of another step" if kind.startswith("step") else f"dropout masks {kind}"
-                return (f"{label}: {side} drops the attention probabilities ({site}) with the mask {how}: its "
+                return (f"{_label(kind)}: {side} drops the attention probabilities ({site}) with the mask {how}: its "
                         "attn.y is (attn.probs * that mask / (1 - p)) @ attn.v")
     return None
 
@@ -254,8 +259,7 @@ def dropout_gradient_cause(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[s
             for name, g in wrong:
                 if oracle is not None and _fits(g, oracle, tol):
                     hows = "; ".join(dict.fromkeys(variants[s][way][0] for s in sites))
-                    label = "masks of another step" if way.startswith("step") else f"dropout masks {way}"
-                    return (f"{label}: {name} applies, {where}, the masks {hows} (its gradients under the step-0 "
+                    return (f"{_label(way)}: {name} applies, {where}, the masks {hows} (its gradients under the step-0 "
                             "masks are the oracle's under those)")
     return None
 
