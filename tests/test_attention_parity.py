@@ -261,3 +261,28 @@ def test_planted_bug_table_rows_are_replaced_in_place_and_new_ones_grouped() -> 
     rows = merged.split("\n")[2:-1]
     assert [r.split(" | ")[0] for r in rows] == ["| a", "| d", "| b", "| c", "| e"], merged
     assert rows[0] == "| a | numpy | small | f32 | taps: `h.0.attn.y` | new |" and rows[2].endswith("| x | y |")
+
+
+def test_side_by_side_tool_reads_records_and_nanogpt_logs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """tools/nanogpt_side_by_side.py: best (with its step) and final validation loss per seed from the harness's
+    torch records and nanoGPT's log lines, the means against nanoGPT's, and an SVG of the curves."""
+    import runpy
+
+    tool = runpy.run_path(str(REPO / "tools" / "nanogpt_side_by_side.py"), run_name="side_by_side")
+    runs = []
+    for seed, losses in ((1, [4.0, 2.0, 2.1]), (2, [4.0, 2.2, 2.05])):
+        run = tmp_path / f"h{seed}" / "runs" / "r"
+        run.mkdir(parents=True)
+        evals = [{"step": 100 * i, "val_loss": v} for i, v in enumerate(losses)]
+        (run / "torch.json").write_text(json.dumps({"status": "completed", "evals": evals}))
+        runs.append(str(tmp_path / f"h{seed}"))
+    log = tmp_path / "n.log"
+    log.write_text("iter 0: loss 4.1\nstep 0: train loss 4.1, val loss 4.0\nstep 100: train loss 2, val loss 2.3\n")
+    svg = tmp_path / "f.svg"
+    tool["main"](["--harness-on", *runs, "--nanogpt", str(log), "--svg", str(svg)])
+    out = capsys.readouterr().out
+    assert "| harness, attn_dropout on | 1 | 2.0000 (100) | 2.1000 |" in out, out
+    assert "| harness, attn_dropout on | 2 | 2.0500 (200) | 2.0500 |" in out, out
+    assert "| nanoGPT train.py | 1 | 2.3000 (100) | 2.3000 |" in out, out
+    assert "| harness, attn_dropout on | -0.2750 (no) | -0.2250 (no) |" in out, out
+    assert svg.read_text().lstrip().startswith("<?xml")
