@@ -84,9 +84,16 @@ function run_kit(kit::AbstractString, out::AbstractString)
     results = Dict{String, Any}()
     # step 0: logits (Flux (V, T, B) -> canonical (B, T, V)) and gradients, dropout off
     results["logits"] = permutedims(NanoGPTFlux.logits(s, tokens(x, 1)), (3, 2, 1))
-    # the activation taps on the first rows of step 0's batch (tokens are (T, B): the first columns)
+    # the activation taps on the first rows of step 0's batch (tokens are (T, B): the first columns),
+    # dropout off except at the sites of taps.masks (the attention probabilities, with attn_dropout):
+    # there step 0's masks of those rows apply (the batch is the last axis in the Flux layout)
     rows = manifest["taps"]["rows"]
-    for (name, a) in NanoGPTFlux.taps(s, tokens(x, 1)[:, 1:rows])
+    sites = get(manifest["taps"], "masks", [])
+    first_rows(m) = collect(selectdim(m, ndims(m), 1:rows))
+    tap_masks = isempty(sites) ?
+        () :
+        (Dict{String, Any}(site => first_rows(masks_at(1)[site]) for site in sites),)
+    for (name, a) in NanoGPTFlux.taps(s, tokens(x, 1)[:, 1:rows], tap_masks...)
         results["tap/$name"] = canonical_tap(name, a)
     end
     for (name, g) in NanoGPTFlux.gradients(s, tokens(x, 1), tokens(y, 1))

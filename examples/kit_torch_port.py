@@ -49,6 +49,11 @@ PLANTS = {
     "dropout-on-attn-probs": "dropout on the attention probabilities (torch's own) instead of after c_proj",
     "dropout-scale-p": "kept values scaled by 1/p instead of 1/(1-p)",
     "dropout-before-proj": "the attention dropout mask applied before the output projection c_proj",
+    "attn-drop-after-v": "attention dropout applied after the value product (y = (att @ v) * mask, cut to y's shape)",
+    "attn-drop-unscaled": "attention dropout not rescaled by 1/(1-p) (att * mask @ v)",
+    "attn-drop-missing": "attention dropout missing (the attention masks are read but not applied)",
+    "masks-transposed": "every dropout mask transposed (the attention masks' query and key swapped, the others mask.T)",
+    "masks-previous-step": "step k uses the masks of step k - 1 (masks[k - 1]: step 0 gets the last step's)",
     "tie-no-sum": "tied embeddings whose gradient comes from the embedding use only (the output layer's is dropped)",
     "gelu-tanh": "tanh GELU where the manifest asks for the exact form",
     "warmup-off-by-one": "the warm-up counts steps from 1: step k gets nanoGPT's get_lr(k + 1)",
@@ -123,13 +128,21 @@ class Port:
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
         taps.update({f"h.{i}.attn.q": q, f"h.{i}.attn.k": k, f"h.{i}.attn.v": v, f"h.{i}.attn.probs": probs})
         # nanoGPT's attn_dropout (the config's attn_dropout): the kit then has a (B, H, T, T) mask per block
-        probs = self.drop(probs, None if masks is None else masks.get(f"h.{i}.attn.probs"))
-        mask = None if masks is None else masks[f"h.{i}.attn"]
+        keep = None if masks is None else masks.get(f"h.{i}.attn.probs")
+        after_v = keep is not None and self.plant == "attn-drop-after-v"
+        if keep is not None and self.plant == "attn-drop-unscaled":
+            probs = probs * torch.from_numpy(np.asarray(keep)).to(probs.dtype)
+        elif self.plant not in ("attn-drop-missing", "attn-drop-after-v", "attn-drop-unscaled"):
+            probs = self.drop(probs, keep)
+        mask = None if masks is None else masks.get(f"h.{i}.attn")
         if self.plant == "dropout-on-attn-probs" and mask is not None:
             g = torch.Generator().manual_seed(step)
             keep = (torch.rand(probs.shape, generator=g) >= self.c["dropout"]).to(probs.dtype)
             probs, mask = probs * keep / (1 - self.c["dropout"]), None
-        y = (probs @ v).transpose(1, 2).reshape(B, T, C)
+        y = probs @ v
+        if after_v:
+            y = self.drop(y, np.asarray(keep)[..., :v.shape[-1]])
+        y = y.transpose(1, 2).reshape(B, T, C)
         taps[f"h.{i}.attn.y"] = y
         if self.plant == "dropout-before-proj":
             return self.linear(self.drop(y, mask), f"h.{i}.attn.c_proj")
@@ -144,7 +157,7 @@ class Port:
         T = x_ids.shape[1]
         pos = torch.arange(T) - 1 if self.plant == "pos-shift" else torch.arange(T)  # -1: wpe's last row
         taps["emb"] = x = self.p["wte.weight"][x_ids] + self.p["wpe.weight"][pos]
-        x = self.drop(x, None if masks is None else masks["emb"])
+        x = self.drop(x, None if masks is None else masks.get("emb"))
         for i in range(self.c["n_layer"]):
             taps[f"h.{i}.ln_1"] = h = self.layernorm(x, f"h.{i}.ln_1")
             taps[f"h.{i}.res1"] = x = x + self.attention(h, i, masks, step, taps)
@@ -153,7 +166,7 @@ class Port:
             exact = (self.c.get("gelu", "tanh") == "exact" and self.plant != "gelu-tanh") or self.plant == "gelu-exact"
             taps[f"h.{i}.mlp.act"] = h = F.gelu(h, approximate="none" if exact else "tanh")
             taps[f"h.{i}.mlp.proj"] = h = self.linear(h, f"h.{i}.mlp.c_proj")
-            taps[f"h.{i}.res2"] = x = x + self.drop(h, None if masks is None else masks[f"h.{i}.mlp"])
+            taps[f"h.{i}.res2"] = x = x + self.drop(h, None if masks is None else masks.get(f"h.{i}.mlp"))
         taps["ln_f"] = h = self.layernorm(x, "ln_f")
         if self.plant == "tied":  # ties lm_head to wte although the kit's model is untied
             taps["logits"] = out = h @ self.p["wte.weight"].T + self.p["lm_head.bias"]
@@ -246,15 +259,28 @@ def main() -> None:
     x, y = batches["x"], batches["y"]  # (steps, B, T), 0-based ids
 
     def masks(k: int) -> dict | None:
-        return None if all_masks is None else {key: v[k] for key, v in all_masks.items()}
+        if all_masks is None:
+            return None
+        if args.plant == "masks-previous-step":
+            k -= 1  # step 0: index -1, the last step's masks
+        out = {key: v[k] for key, v in all_masks.items()}
+        if args.plant == "masks-transposed":
+            out = {key: m.swapaxes(-1, -2) if m.ndim == 4 else m.T if m.T.shape == m.shape else m
+                   for key, m in out.items()}
+        return out
 
     compute = "float32" if args.plant == "float64-file" else args.dtype  # that plant computes in float32 always
     model = Port(manifest, load_npz(args.kit / "weights.npz"), getattr(torch, compute), args.plant)
     out: dict[str, np.ndarray] = {}
+    rows = manifest["taps"]["rows"]
+    # the activation taps on the first rows of x[0]: dropout off, except at the sites the manifest names (the
+    # attention probabilities with attn_dropout), whose step-0 masks apply there
+    step0 = masks(0) or {}
+    tap_masks = {site: step0[site][:rows] for site in manifest["taps"].get("masks", [])} or None
     with torch.no_grad():
         logits = model.logits(x[0])  # dropout off
         taps: dict[str, torch.Tensor] = {}
-        model.logits(x[0][:manifest["taps"]["rows"]], taps=taps)  # the activation taps on the first rows
+        model.logits(x[0][:rows], masks=tap_masks, taps=taps)
     if "logits" in depths:
         out["logits"] = logits.numpy()
     if "taps" in depths:

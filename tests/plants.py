@@ -160,7 +160,121 @@ def _dropout_in_train_step() -> Undo:
     return _patch(NumpyBackend, "train_step", planted)
 
 
+def _attention_dropout(mode: str) -> Callable[[], Undo]:
+    """The oracle's attention dropout done wrong, forward and backward alike: "missing" (the probabilities not
+    dropped), "unscaled" (kept ones not divided by 1 - p), "after-v" (dropout on y = probs @ v instead of on the
+    probabilities, with the mask's first D key columns as y's mask, so the harness's masks still decide)."""
+    def apply_() -> Undo:
+        from harness.models import numpy_gpt as g
+
+        forward, backward = g.causal_attention_forward, g.causal_attention_backward
+
+        def planted_forward(q: Any, k: Any, v: Any, p: float = 0.0, rng: Any = None,
+                            keep: Any = None) -> tuple[Any, Any]:
+            if keep is None and rng is not None and p > 0:
+                keep = rng.random((*q.shape[:-1], q.shape[-2])) >= p  # its own draw, as the model's
+            if mode == "missing" or keep is None:
+                return forward(q, k, v, 0.0, None, None)
+            if mode == "unscaled":
+                y, cache = forward(q, k, v, 0.0, None, None)
+                mask = g.xp.asarray(keep, dtype=q.dtype)  # the bug: no 1 / (1 - p)
+                dropped = cache[3] * mask
+                return dropped @ v, (*cache[:5], dropped, mask, cache[7])
+            y, cache = forward(q, k, v, 0.0, None, None)  # after-v: y = (probs @ v) * mask / (1 - p)
+            mask = g.xp.asarray(keep[..., :v.shape[-1]], dtype=q.dtype) / (1 - p)
+            return y * mask, (*cache, "after-v", mask)  # cache[3] stays the probabilities (the tap)
+
+        def planted_backward(dout: Any, cache: Any) -> tuple[Any, Any, Any]:
+            if len(cache) == 10 and isinstance(cache[8], str):
+                return backward(dout * cache[9], cache[:8])
+            return backward(dout, cache)
+
+        undo = [_patch(g, "causal_attention_forward", planted_forward),
+                _patch(g, "causal_attention_backward", planted_backward)]
+        return lambda: [u() for u in undo] and None
+    return apply_
+
+
+def _transposed(masks: dict | None) -> dict | None:
+    """Every mask transposed: query and key swapped at the attention probabilities, the axes reversed (mask.T)
+    where that keeps a (B, T, C) mask's shape (B = C, as on small and medium)."""
+    if masks is None:
+        return None
+    return {k: m.swapaxes(-1, -2) if m.ndim == 4 else m.T if m.T.shape == m.shape else m for k, m in masks.items()}
+
+
+def _numpy_masks(change: Callable[[Any, dict | None], dict | None]) -> Callable[[], Undo]:
+    """A NumpyBackend that applies `change(backend, masks)` instead of the masks it is handed, in every call that
+    takes them (train_step, gradients, taps)."""
+    def apply_() -> Undo:
+        from harness.backends.numpy_backend import NumpyBackend
+
+        train_step, gradients, taps = NumpyBackend.train_step, NumpyBackend.gradients, NumpyBackend.taps
+
+        def planted_train_step(self: Any, x: Any, y: Any, lr: float, masks: dict | None = None) -> float:
+            return train_step(self, x, y, lr, change(self, masks))
+
+        def planted_gradients(self: Any, x: Any, y: Any, masks: dict | None = None) -> dict:
+            return gradients(self, x, y, change(self, masks))
+
+        def planted_taps(self: Any, x: Any, masks: dict | None = None) -> dict:
+            return taps(self, x, change(self, masks))
+
+        undo = [_patch(NumpyBackend, "train_step", planted_train_step),
+                _patch(NumpyBackend, "gradients", planted_gradients), _patch(NumpyBackend, "taps", planted_taps)]
+        return lambda: [u() for u in undo] and None
+    return apply_
+
+
+def _previous_step(backend: Any, masks: dict | None) -> dict | None:
+    """The masks of the step before the backend's (its AdamW step count), as a port that indexes the run's masks
+    by step - 1 gets them: step 0 reads index -1, the run's last step. Cut to the rows handed (the taps')."""
+    if masks is None:
+        return None
+    from harness.core.masks import dropout_masks
+
+    c = backend.config
+    previous = dropout_masks(c, PLANT_SEED, (backend.optimizer.t - 1) % c.steps)
+    return {k: previous[k][:len(m)] for k, m in masks.items()}
+
+
+PLANT_SEED = 1337  # the seed the masks plants assume (the tests' and tools/planted_bugs.py's)
+
+
 # --- the torch model and optimizer ---------------------------------------------------------------------------------
+def _torch_attention_dropout(mode: str) -> Callable[[], Undo]:
+    """torch's attention with the harness's mask done wrong ("missing", "unscaled", "after-v", as
+    `_attention_dropout`): CausalSelfAttention.forward with its written-out path changed; autograd follows."""
+    def apply_() -> Undo:
+        from harness.models import torch_gpt as tg
+
+        forward = tg.CausalSelfAttention.forward
+
+        def planted(self: Any, x: Any, mask: Any = None, taps: Any = None, probs_mask: Any = None) -> Any:
+            if probs_mask is None:
+                return forward(self, x, mask, taps, probs_mask)
+            B, T, C = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+            probs = self.probabilities(q, k)
+            if mode == "missing":
+                y = probs @ v
+            elif mode == "unscaled":
+                y = (probs * probs_mask) @ v
+            else:
+                y = (probs @ v) * probs_mask[..., :v.size(-1)] / (1 - self.attn_dropout.p)
+            if taps is not None:
+                taps.update({"attn.q": q, "attn.k": k, "attn.v": v, "attn.probs": probs})
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            out = self.c_proj(y)
+            if taps is not None:
+                taps.update({"attn.y": y, "attn.proj": out})
+            return self.resid_dropout(out, mask)
+        return _patch(tg.CausalSelfAttention, "forward", planted)
+    return apply_
+
+
+
 def torch_attention_call(**forced: Any) -> Callable[[], Undo]:
     """A plant in torch's attention call only: F.scaled_dot_product_attention, as harness/models/torch_gpt.py calls
     it, with `forced` keyword arguments (scale=1.0, is_causal=False, dropout_p=...). The probabilities torch_gpt taps
@@ -274,7 +388,22 @@ PLANTS: dict[str, tuple[str, str, Callable[[], Undo]]] = {
                          _masks_of_previous_step),
     "dropout-in-step": ("numpy", "dropout 0.1 inside the training step only (dropout 0 configured)",
                         _dropout_in_train_step),
+    "attn-drop-after-v": ("numpy", "attention dropout applied after the value product (on y = probs @ v)",
+                          _attention_dropout("after-v")),
+    "attn-drop-unscaled": ("numpy", "attention dropout not rescaled by 1/(1-p)", _attention_dropout("unscaled")),
+    "attn-drop-missing": ("numpy", "attention dropout missing (the probabilities not dropped)",
+                          _attention_dropout("missing")),
+    "masks-transposed": ("numpy", "dropout masks transposed (query and key swapped; (B, T, C) masks as mask.T)",
+                         _numpy_masks(lambda backend, masks: _transposed(masks))),
+    "masks-previous-step": ("numpy", "dropout masks of the previous step (step k reads masks[k - 1], step 0 the "
+                            "last step's)", _numpy_masks(_previous_step)),
     "torch-unscaled": ("torch", "attention scale 1 instead of 1/sqrt(head size)", torch_attention_call(scale=1.0)),
+    "torch-attn-drop-after-v": ("torch", "attention dropout applied after the value product (on y = probs @ v)",
+                                _torch_attention_dropout("after-v")),
+    "torch-attn-drop-unscaled": ("torch", "attention dropout not rescaled by 1/(1-p)",
+                                 _torch_attention_dropout("unscaled")),
+    "torch-attn-drop-missing": ("torch", "attention dropout missing (the probabilities not dropped)",
+                                _torch_attention_dropout("missing")),
     "torch-gelu-exact": ("torch", "exact (erf) GELU where the tanh form is expected", _torch_gelu_exact),
     "torch-ln-eps": ("torch", "LayerNorm eps 1e-10 instead of 1e-5", _torch_ln_eps),
     **{f"torch-{bug.replace(' ', '-')}": ("torch", f"AdamW: {bug}", _torch_optimizer(bug))

@@ -153,6 +153,33 @@ def test_attention_dropout_kit_holds_the_attention_masks(kit_attn: Path) -> None
     assert arrays["emb"]["axes"] == ["step", "batch", "time", "embd"]  # the other sites as before
     assert "h.i.attn.probs" in manifest["training"]["dropout"]
     assert "dropout on the attention probabilities (after the softmax" in manifest["model"]
+    # the taps are taken under the step-0 attention masks, on their first rows, and the manifest says so
+    assert manifest["taps"]["masks"] == ["h.0.attn.probs"] and "the step-0 masks apply" in manifest["taps"]["taken_on"]
+    rows = manifest["taps"]["rows"]
+    with np.load(kit_attn / "expected.npz") as e, np.load(kit_attn / "masks.npz") as m:
+        keep = m["h.0.attn.probs"][0][:rows]
+        y = (e["tap/h.0.attn.probs"] * keep / 0.8) @ e["tap/h.0.attn.v"]
+        np.testing.assert_allclose(e["tap/h.0.attn.y"], y.transpose(0, 2, 1, 3).reshape(rows, 64, -1), atol=1e-14)
+
+
+def test_taps_of_a_dropout_kit_without_attention_dropout_are_taken_with_dropout_off(kit_drop: Path) -> None:
+    manifest = json.loads((kit_drop / "manifest.json").read_text())
+    assert manifest["taps"]["masks"] == [] and manifest["taps"]["taken_on"].endswith("dropout off")
+
+
+def test_a_kit_whose_taps_name_masks_it_lacks_is_malformed(kit_drop: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from harness.errors import UsageError
+    from harness.kit.load import load_kit
+
+    bad = tmp_path / "kit"
+    shutil.copytree(kit_drop, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["taps"]["masks"] = ["h.0.attn.probs"]
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UsageError, match=r"masks.npz has no array 'h.0.attn.probs'.*'taps.masks'"):
+        load_kit(bad)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -173,6 +200,38 @@ def test_a_port_without_attention_dropout_fails_an_attention_kit(kit_attn: Path,
     code, out, _ = check(capsys, kit_attn, results)
     assert code == 1 and "FAIL" in out, out
     assert "dropout masks" in out
+
+
+# the attention dropout's bugs (issue 27, item 2) and the masks' (issue 29, item 8), at the attention site and the
+# others: (the kit, the depth, the tap named, the cause)
+MASK_PLANTS = {
+    ("attn-drop-after-v", "kit_attn"): ("taps", "h.0.attn.y", "the dropout acts on y after the value product"),
+    ("attn-drop-unscaled", "kit_attn"): ("taps", "h.0.attn.y", "not rescaled: the kept probabilities are not "
+                                                               "divided by 1 - p"),
+    ("attn-drop-missing", "kit_attn"): ("taps", "h.0.attn.y", "the attention dropout is missing"),
+    ("masks-transposed", "kit_attn"): ("taps", "h.0.attn.y", "dropout masks transposed: port drops the attention "
+                                       "probabilities (h.0.attn.probs) with the mask transposed (query and key "
+                                       "swapped"),
+    # (masks-previous-step at the attention site and masks-transposed at the others: tests/test_attention_parity.py)
+    ("masks-previous-step", "kit_drop"): ("dropout_gradients", None, "masks of another step: port applies, at every "
+                                          "site, the masks of step 2 where step 0's were handed (step k reading "
+                                          "masks[k - 1]: step 0 wraps around to the last step)"),
+}
+
+
+@pytest.mark.parametrize("plant, which", list(MASK_PLANTS))
+def test_mask_and_attention_dropout_bugs_are_named_with_their_cause(plant: str, which: str,
+                                                                    request: pytest.FixtureRequest, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    depth, tap, cause = MASK_PLANTS[plant, which]
+    kit = request.getfixturevalue(which)
+    results = run_port(kit, tmp_path / "results.npz", "--dtype", "float32", "--plant", plant)
+    code, out, _ = check(capsys, kit, results)
+    assert code == 1, out
+    diagnosis = json.loads((tmp_path / "results.check.json").read_text())["diagnosis"]
+    assert diagnosis["depth"] == depth and diagnosis.get("tap") == tap, diagnosis
+    assert cause in diagnosis["cause"] and "placement or scaling" not in diagnosis["cause"], diagnosis
+    assert cause in out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -252,7 +252,7 @@ def test_resolve_tolerances_command_line_over_defaults() -> None:
 # harness/parity/ from the bottom up: the command's run and record over the comparison and its tables, over the
 # result, over the diagnoses, over reading a probe, over the numbers and the tolerances (docs/design.md, "Parity")
 PARITY_LAYERS = {"numeric": 0, "tolerances": 0, "states": 1, "forward": 2, "optimizer": 2, "options": 2, "result": 3,
-                 "compare": 4, "format": 4, "record": 5}
+                 "dropout": 3, "compare": 4, "format": 4, "record": 5}
 
 
 def parity_imports(root: Path) -> dict[str, set[str]]:

@@ -60,9 +60,12 @@ class Backend(Protocol):
         Dropout off, unless `masks` are given (as in `train_step`): then exactly those masks are applied.
         """
 
-    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The named intermediate activations of the forward pass of `x` with dropout off (harness/taps.py: "emb",
-        "h.{i}.ln_1", ..., "ln_f", "logits"), canonical names and layouts: parity's depth 0."""
+    def taps(self, x: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` (harness/core/taps.py: "emb",
+        "h.{i}.ln_1", ..., "ln_f", "logits"), canonical names and layouts: parity's depth 0.
+
+        Dropout off, except at the sites of `masks` (keep-masks of x's rows, as `gradients` takes them; parity hands
+        the attention probabilities' step-0 masks, harness.core.taps.tap_masks): there exactly those masks apply."""
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Current parameters, canonical names and shapes."""

@@ -496,9 +496,10 @@ class FluxBackend:
         g = self._mod.gradients(self._state, tokens_to_flux(x), tokens_to_flux(y), *self._masks(masks))
         return from_flux({k: _numpy(v) for k, v in _pydict(g).items()})
 
-    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The named intermediate activations (harness/taps.py) of NanoGPTFlux's forward pass, canonical layout."""
-        t = self._mod.taps(self._state, tokens_to_flux(x))
+    def taps(self, x: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The named intermediate activations (harness/core/taps.py) of NanoGPTFlux's forward pass, canonical layout;
+        dropout off except at the sites of the harness's `masks` (relayed in the Flux layout, as to `gradients`)."""
+        t = self._mod.taps(self._state, tokens_to_flux(x), *self._masks(masks))
         return taps_from_flux({k: _numpy(v) for k, v in _pydict(t).items()})
 
     def parameters(self) -> dict[str, np.ndarray]:

@@ -249,12 +249,12 @@ class NumpyBackend:
                                                 masks=masks)
         return {name: numpy_gpt.to_numpy(grads[name]) for name in self.params}
 
-    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The named intermediate activations of the forward pass of `x` (harness/taps.py), dropout off, canonical
-        layout, in the backend's dtype."""
+    def taps(self, x: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` (harness/core/taps.py), canonical layout,
+        in the backend's dtype; dropout off except at the sites of the harness's `masks` (exactly those applied)."""
         config, _ = self._ready()
         taps: dict[str, Any] = {}
-        numpy_gpt.gpt_forward(self.params, self._tokens(x), config, taps=taps)
+        numpy_gpt.gpt_forward(self.params, self._tokens(x), config, masks=masks, taps=taps)
         return {name: numpy_gpt.to_numpy(value) for name, value in taps.items()}
 
     def parameters(self) -> dict[str, np.ndarray]:

@@ -393,13 +393,14 @@ class TorchBackend:
         return grads
 
     @torch.no_grad()
-    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The named intermediate activations of the forward pass of `x` (harness/taps.py), dropout off, canonical
-        layout; the eager model (not torch.compile), with parity's attention kernels."""
+    def taps(self, x: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` (harness/core/taps.py), canonical layout;
+        dropout off except at the sites of the harness's `masks` (applied as in `gradients`); the eager model (not
+        torch.compile), with parity's attention kernels."""
         self.model.eval()
         taps: dict[str, torch.Tensor] = {}
         with self._attention():
-            self.model(self._tensor(x), taps=taps)
+            self.model(self._tensor(x), masks=self._masks(masks), taps=taps)
         return {n: (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy().copy() for n, t in taps.items()}
 
     def parameters(self) -> dict[str, np.ndarray]:

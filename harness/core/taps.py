@@ -4,13 +4,17 @@ Defined once here, for every backend (harness/models/numpy_gpt.py, harness/model
 julia/NanoGPTFlux fill them by these names), the conformance kit (harness/kit) and the Flux layout
 (harness/backends/flux_layout.py). docs/parity.md, "Depth 0: activation taps".
 
-A tap is taken at step 0, with the initial weights, dropout off, on the first `tap_rows(config)` rows of the first
-training batch (every row is computed independently of the others, so a few rows show every defect of the forward
-pass and keep the probe and the kit small). In forward order:
+A tap is taken at step 0, with the initial weights, on the first `tap_rows(config)` rows of the first training batch
+(every row is computed independently of the others, so a few rows show every defect of the forward pass and keep the
+probe and the kit small), dropout off, except at the attention probabilities of a model with attention dropout: there
+the step-0 masks apply (`tap_masks`), so that a defect of the attention dropout is located at ``attn.y``. The other
+dropout sites stay off in the taps (their masks act between taps whose causes read each other as inputs; the
+gradients under the masks check them). In forward order:
 
 - ``emb``: token + position embedding, before dropout;
 - per block i: ``h.{i}.ln_1``, ``h.{i}.attn.q``, ``h.{i}.attn.k``, ``h.{i}.attn.v`` (heads split),
-  ``h.{i}.attn.probs`` (softmax of the masked, scaled scores), ``h.{i}.attn.y`` (probs @ v, heads merged),
+  ``h.{i}.attn.probs`` (softmax of the masked, scaled scores, before dropout), ``h.{i}.attn.y`` (probs @ v, heads
+  merged; with attention dropout the dropped probabilities, probs * mask / (1 - p), @ v),
   ``h.{i}.attn.proj`` (the output projection c_proj), ``h.{i}.res1`` (x + attention), ``h.{i}.ln_2``,
   ``h.{i}.mlp.fc`` (c_fc, before the activation), ``h.{i}.mlp.act`` (GELU), ``h.{i}.mlp.proj`` (c_proj),
   ``h.{i}.res2`` (the block's output);
@@ -24,11 +28,15 @@ Canonical shapes (PyTorch order, row-major): (B, T, C) for the residual stream a
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+import numpy as np
 
 from harness.config.fields import Config
+from harness.core.masks import attention_sites
 
 PREFIX = "tap/"  # a tap's array name in a parity probe and in a kit: tap/<name>
+MASK_PREFIX = "tap_mask/"  # a probe's record of a mask its taps were taken with: tap_mask/<site>, on the tap rows
 TAP_ROWS = 4  # batch rows of the first batch the taps are taken on (fewer if the batch is smaller)
 BLOCK_TAPS = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.probs", "attn.y", "attn.proj", "res1",
               "ln_2", "mlp.fc", "mlp.act", "mlp.proj", "res2")
@@ -41,8 +49,9 @@ MEANING = {
     "attn.q": "q = rows 0..C-1 of c_attn(ln_1), heads split (head h owns features h*D..(h+1)*D-1)",
     "attn.k": "k = rows C..2C-1 of c_attn(ln_1), heads split",
     "attn.v": "v = rows 2C..3C-1 of c_attn(ln_1), heads split",
-    "attn.probs": "softmax over keys s of q.k / sqrt(D), keys s > t masked (probability exactly 0)",
-    "attn.y": "probs @ v, heads merged back to (B, T, C)",
+    "attn.probs": "softmax over keys s of q.k / sqrt(D), keys s > t masked (probability exactly 0), before dropout",
+    "attn.y": "probs @ v, heads merged back to (B, T, C); with attention dropout the dropped probabilities "
+              "(probs * mask / (1 - p), the step-0 mask of h.i.attn.probs on the tap rows) @ v",
     "attn.proj": "c_proj(y), before dropout",
     "res1": "x + attn.proj",
     "ln_2": "ln_2(res1), the MLP's input",
@@ -63,6 +72,23 @@ def tap_names(n_layer: int) -> list[str]:
 def tap_rows(config: Config) -> int:
     """How many rows of the first batch the taps are taken on."""
     return min(TAP_ROWS, config.batch_size)
+
+
+def tap_mask_sites(config: Config) -> list[str]:
+    """The dropout sites whose step-0 masks the taps are taken with: the attention probabilities
+    ("h.{i}.attn.probs") of a model with attention dropout (`attn_dropout` and dropout > 0), none otherwise."""
+    if not attention_sites(config):
+        return []
+    return [f"h.{i}.attn.probs" for i in range(config.n_layer)]
+
+
+def tap_masks(config: Config, step0: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """The masks the taps are taken with: of the step-0 masks `step0` (harness.core.masks.dropout_masks; None:
+    dropout 0), those of `tap_mask_sites`, cut to the tap rows. Empty when the taps are taken with dropout off."""
+    if not step0:
+        return {}
+    rows = tap_rows(config)
+    return {site: np.asarray(step0[site])[:rows] for site in tap_mask_sites(config) if site in step0}
 
 
 def kind(name: str) -> str:

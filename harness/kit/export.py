@@ -125,7 +125,7 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     from harness.core.data import BatchStream
     from harness.core.masks import dropout_masks
     from harness.core.schedule import learning_rates
-    from harness.core.taps import PREFIX, tap_rows
+    from harness.core.taps import PREFIX, tap_masks, tap_rows
     from harness.core.weights import init_weights, param_shapes
 
     shapes = param_shapes(config, corpus.vocab_size)
@@ -146,9 +146,12 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     say("oracle (numpy, float64): step-0 logits and gradients")
     expected: dict[str, np.ndarray] = {"logits": np.asarray(oracle.logits(x0), dtype=np.float64),
                                        "logits_loss": np.array(oracle.eval_loss(x0, y0), dtype=np.float64)}
-    # the activation taps on the first rows of x[0], dropout off, as the parity probe's tap/ (harness/taps.py)
-    expected.update({PREFIX + k: np.asarray(v, dtype=np.float64)
-                     for k, v in oracle.taps(x0[:tap_rows(config)]).items()})
+    # the activation taps on the first rows of x[0], as the parity probe's tap/ (harness/core/taps.py): dropout off,
+    # except at the attention probabilities of a model with attention dropout (the step-0 masks, tap_masks)
+    rows = x0[:tap_rows(config)]
+    with_masks = tap_masks(config, masks[0] if masks else None)
+    taps = oracle.taps(rows, masks=with_masks) if with_masks else oracle.taps(rows)
+    expected.update({PREFIX + k: np.asarray(v, dtype=np.float64) for k, v in taps.items()})
     grads = oracle.gradients(x0, y0)  # dropout off, as the parity probe's grad/
     expected.update({f"grad/{n}": np.asarray(grads[n], dtype=np.float64) for n in shapes})
     if dropout:  # and under the step-0 masks, as the parity probe's dropout_grad/
@@ -203,7 +206,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
     from harness import __version__
     from harness.config.fields import MODEL_OPTIONS
     from harness.core import schedule
-    from harness.core.taps import MEANING, PREFIX, kind, tap_names, tap_rows
+    from harness.core.taps import MEANING, PREFIX, kind, tap_mask_sites, tap_names, tap_rows
     from harness.core.weights import decays, param_shapes
     from harness.kit.layout import describe
     from harness.parity.tolerances import tolerances_for
@@ -227,7 +230,11 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "parameters": {n: list(s) for n, s in shapes.items()},
         "taps": {"rows": tap_rows(config), "names": tap_names(config.n_layer),
                  "taken_on": f"x[0][:{tap_rows(config)}] (the first rows of step 0's batch), the initial weights, "
-                             "dropout off",
+                             + ("dropout off except on the attention probabilities: there the step-0 masks apply "
+                                f"(masks[0] of the sites in taps.masks, their first {tap_rows(config)} rows), so "
+                                "attn.probs is before the dropout and attn.y = (attn.probs * mask / (1 - p)) @ v"
+                                if tap_mask_sites(config) else "dropout off"),
+                 "masks": tap_mask_sites(config),
                  "meaning": {name: MEANING[kind(name)] for name in tap_names(config.n_layer)},
                  "layouts": "shapes, axes and Flux layouts: files.expected.npz.arrays[\"tap/<name>\"]",
                  "prefix": PREFIX},
@@ -270,6 +277,8 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
 
 def _definitions(config: Any) -> dict[str, str]:
     """The manifest's `definitions`: what every array of the kit and of a results file means."""
+    from harness.core.taps import tap_mask_sites
+
     return {
         "x, y": "batches.npz: x[k], y[k] are step k's (B, T) inputs and targets, 0-based token ids (a 1-based "
                 "language adds 1); y is x shifted by one position",
@@ -277,7 +286,10 @@ def _definitions(config: Any) -> dict[str, str]:
               "training.learning_rates",
         "logits": "step 0: forward of x[0] with the initial weights, dropout off",
         "tap/<name>": "step 0: the named intermediate activations of that forward pass on the first `taps.rows` "
-                      "rows of x[0], in forward order (taps.names, taps.meaning)",
+                      "rows of x[0], in forward order (taps.names, taps.meaning)"
+                      + ("; with the step-0 masks of the attention probabilities applied (taps.masks: masks[0] of "
+                         "those sites, their first taps.rows rows), the other sites' dropout off"
+                         if tap_mask_sites(config) else ""),
         "logits_loss": "step 0: mean cross-entropy of those logits against y[0] (dropout off)",
         "grad/<name>": "step 0: gradient of the mean loss on (x[0], y[0]) w.r.t. the initial weights, dropout "
                        "off, no clipping",

@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.taps import MASK_PREFIX as TAP_MASK_PREFIX
 from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.errors import UsageError
 from harness.kit.export import MANIFEST, opt_key
 from harness.kit.load import DEPTHS, OPT_NAME
 from harness.kit.resync import oracle_steps, resync_problem
 from harness.parity.compare import BLIND_SPOTS, compare
-from harness.parity.forward import DROPOUT_CAUSE
+from harness.parity.forward import dropout_cause
 from harness.parity.numeric import float32_stored_as_float64, fmt, within
 from harness.parity.optimizer import WRONG_STEP_INPUTS
 from harness.parity.result import ParityResult
@@ -97,6 +98,7 @@ class Probes:
     port_loss: list[float]
     config: Any
     free_running: str | None
+    masks: dict[str, np.ndarray]  # the kit's masks.npz (empty without dropout)
 
 
 def probes_of(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], results: dict[str, np.ndarray],
@@ -123,25 +125,32 @@ def probes_of(manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]], r
         for probe in (oracle, port):  # against the kit's schedule (harness.parity's learning-rate check)
             probe["lr"] = np.asarray(batches["lr"], dtype=np.float64)
             probe["lr_used"] = np.asarray([_rate(probe, k, params, config) for k in range(1, opt_k + 1)])
+    masks = kit.get("masks.npz") or {}
+    rows = int(manifest["taps"]["rows"])
+    for site in manifest["taps"].get("masks", []):  # the taps were taken with these (the port's too, as asked)
+        oracle[TAP_MASK_PREFIX + site] = port[TAP_MASK_PREFIX + site] = np.asarray(masks[site][0][:rows])
     exp_loss = [float(v) for v in expected["loss"]]
     port_loss = [float(v) for v in results["loss"]] if "loss" in results else exp_loss
     why = resync_problem(config, kit, opt_k) if opt_k else None
     if opt_k and why is None:
         oracle.update(oracle_steps(manifest, kit, port, opt_k, config,
                                    len(results["loss"]) if "loss" in results else 0, progress))
-    return Probes(oracle, port, exp_loss[:len(port_loss)], port_loss, config, why)
+    return Probes(oracle, port, exp_loss[:len(port_loss)], port_loss, config, why, masks)
 
 
 def grade(manifest: dict[str, Any], probes: Probes, results: dict[str, np.ndarray], dtype: str
           ) -> tuple[ParityResult, Tolerances]:
     """harness.parity.compare.compare of the oracle against the port (`probes`, from `probes_of`), with
     the measured tolerances of the port's precision for the kit's config (harness.parity.tolerances.tolerances_for:
-    its preset's, with tied embeddings those measured so, else the loosest)."""
+    its preset's, with tied embeddings those measured so, else the loosest), and the kit's dropout masks (the causes
+    of a mistake of the masks are read from them)."""
     pair = precision_pair(dtype, "float64")
     tol = tolerances_for(pair, probes.config)[0] if probes.config is not None else \
         default_tolerances(pair, manifest.get("size"))
+    masks = probes.masks
     result = compare(probes.oracle, probes.port, probes.oracle_loss, probes.port_loss, tol,
-                     backends=(ORACLE, PORT), config=probes.config, hyper=manifest.get("config"), precision=dtype)
+                     backends=(ORACLE, PORT), config=probes.config, hyper=manifest.get("config"), precision=dtype,
+                     masks=(lambda k: {key: m[k] for key, m in masks.items()}) if masks else None)
     if probes.free_running:
         result.notes.append(f"the optimizer steps were compared free-running, each side from its own state "
                             f"({probes.free_running}): rounding grows over the steps, so a late step may fail "
@@ -194,7 +203,7 @@ CAUSES = {
               "split, LayerNorm eps or variance, GELU form (tanh), lm_head tied or not, a weight read in the wrong "
               "layout, token ids not shifted; write the activation taps (tap/<name>) to have the layer named",
     "gradients": "the backward pass (the first broken parameter, in backward order, is nearest the defect)",
-    "dropout_gradients": DROPOUT_CAUSE,
+    "dropout_gradients": dropout_cause(),
     "loss": "the training step after step 0 (clipping, AdamW) or the dropout masks of later steps; write the "
             "optimizer depth (opt/<k>/...) to have the parameter named",
 }

@@ -96,6 +96,11 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
         if key not in expected or (shape is not None and expected[key].shape != shape):
             raise UsageError(f"kit file expected.npz has no array {key!r}" + (f" of shape {shape}" if shape else "")
                              + f" (fields 'steps' and 'parameters' of {MANIFEST}); {FIX}")
+    for site in manifest["taps"].get("masks", []):  # the masks the taps were taken with: masks[0] on the tap rows
+        m = arrays.get("masks.npz", {}).get(site)
+        if m is None or m.ndim != 5 or m.shape[0] != steps or m.shape[1] < manifest["taps"]["rows"]:
+            raise UsageError(f"kit file masks.npz has no array {site!r} of {steps} steps of at least "
+                             f"{manifest['taps']['rows']} rows (field 'taps.masks' of {MANIFEST}); {FIX}")
     return manifest, arrays
 
 

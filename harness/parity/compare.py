@@ -28,15 +28,17 @@ pair and size preset (harness.parity.tolerances, docs/parity.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from harness.core.taps import MASK_PREFIX as TAP_MASK_PREFIX
 from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.core.taps import block_of, in_forward_order
-from harness.parity.forward import DROPOUT_CAUSE, attention_self_error, logits_cause, tap_cause
+from harness.parity.dropout import Masks, attention_dropout_cause, dropout_gradient_cause, p_of
+from harness.parity.forward import attention_self_error, dropout_cause, logits_cause, tap_cause
 from harness.parity.numeric import (
     TINY,
     first_over,
@@ -79,7 +81,8 @@ from harness.run.probe import DROPOUT_GRAD_PREFIX, OPT_PREFIX, SYNC_LOSS, SYNC_R
 BLIND_SPOTS: dict[str, str] = {
     "taps": "step 0 only, with the initial weights: biases start at 0 and LayerNorm gains at 1, so a missing or "
             "misplaced bias or gain (lm_head.bias, a c_attn or c_proj bias, a LayerNorm affine) changes no "
-            "activation; dropout is off; nothing after the forward pass",
+            "activation; dropout is off (except the attention probabilities' step-0 masks, with attention "
+            "dropout); nothing after the forward pass",
     "logits": "the same as the taps (a missing lm_head.bias passes, biases start at 0), and where in the forward "
               "pass a difference arises (the taps name it)",
     "gradients": "the optimizer, clipping, weight decay and the learning rate; dropout (off); any step after 0",
@@ -94,7 +97,8 @@ BLIND_SPOTS: dict[str, str] = {
 def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray],
             losses_a: Sequence[float], losses_b: Sequence[float], tolerances: Tolerances,
             val_losses: tuple[float, float] | None = None, backends: tuple[str, str] = ("a", "b"),
-            hyper: Mapping[str, Any] | None = None, config: Any = None, precision: str | None = None) -> ParityResult:
+            hyper: Mapping[str, Any] | None = None, config: Any = None, precision: str | None = None,
+            masks: Callable[[int], Mapping[str, np.ndarray]] | None = None) -> ParityResult:
     """Compare two backends' probes and training-loss curves, in float64.
 
     A probe maps "logits" (B, T, V), "x", "y" (the batch) and "grad/<canonical name>" to arrays, as the worker's
@@ -108,21 +112,32 @@ def compare(probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray]
     (the run's harness Config, optional; its fields serve as `hyper` when that is not given) lets the FAIL lines
     name option and schedule causes (diagnose_gelu, diagnose_tying, diagnose_schedule). `precision`: the coarser
     dtype the two sides computed in (default: read from the probes' parameter arrays), whose storage rounding the
-    update's error allows for (`update_error`). Every
-    deviation beyond its tolerance, a NaN, a missing or misshapen array or a different batch is a failure, named in
-    `result.failures`, the first divergent place first.
+    update's error allows for (`update_error`). `masks(k)`: the harness's dropout masks of training step k, as both
+    sides were handed them (with dropout): the causes of a mistake of the masks are read from them
+    (harness.parity.dropout). Taps taken with masks (the probes' "tap_mask/<site>", harness.core.taps.tap_masks) are
+    checked against them. Every deviation beyond its tolerance, a NaN, a missing or misshapen array or a different
+    batch is a failure, named in `result.failures`, the first divergent place first.
     """
     a, b = backends
     if hyper is None and config is not None:
         hyper = config.to_dict()
     eps = float(np.finfo(precision).eps) if precision else storage_eps(
         *(v for probe in (probe_a, probe_b) for k, v in probe.items() if k.startswith(OPT_PREFIX) and "/param/" in k))
-    p = _Sides(probe_a, probe_b, losses_a, losses_b, hyper, config, eps)
+    tap_masks = {k[len(TAP_MASK_PREFIX):]: v for k, v in probe_b.items() if k.startswith(TAP_MASK_PREFIX)}
+    other = {k[len(TAP_MASK_PREFIX):]: v for k, v in probe_a.items() if k.startswith(TAP_MASK_PREFIX)}
+    p = _Sides(probe_a, probe_b, losses_a, losses_b, hyper, config,
+               Masks(p=p_of(hyper, config), of_step=masks, steps=int(getattr(config, "steps", 0) or 0),
+                     taps=tap_masks or other), eps)
     r = ParityResult(backends=(a, b), tolerances=tolerances)
     for key in ("x", "y"):
         if key in probe_a and key in probe_b and not np.array_equal(probe_a[key], probe_b[key]):
             r.failures.append(f"FAIL: the probes used different batches ({key} differs): the comparison is "
                               "meaningless")
+    both_tap = all(any(k.startswith(TAP_PREFIX) for k in probe) for probe in (probe_a, probe_b))
+    if both_tap and (set(tap_masks) != set(other) or not all(np.array_equal(tap_masks[k], other[k]) for k in other)):
+        r.failures.append(f"FAIL: the probes' taps were taken with different dropout masks ({a}: "
+                          f"{', '.join(other) or 'none'}; {b}: {', '.join(tap_masks) or 'none'}): the taps are not "
+                          "comparable")
     _compare_taps(p, r)  # (0)
     _compare_logits(p, r)  # (1)
     grads_ok = _compare_gradients(p, r)  # (2), and with dropout the gradients under the step-0 masks
@@ -146,6 +161,7 @@ class _Sides:
     losses_b: Sequence[float]
     hyper: Mapping[str, Any] | None
     config: Any
+    masks: Masks
     eps: float = 0.0  # the machine epsilon of the coarser precision (the parameters' storage rounding)
 
 
@@ -162,7 +178,7 @@ def _compare_taps(p: _Sides, r: ParityResult) -> None:
     tol = r.tolerances.tap
     ta, tb = arrays(p.a, TAP_PREFIX), arrays(p.b, TAP_PREFIX)
     for name, probe, taps in ((a, p.a, ta), (b, p.b, tb)):
-        _check_own_taps(name, probe, taps, tol, r)
+        _check_own_taps(name, probe, taps, tol, r, p.masks)
     missing = {name: sorted(set(other) - set(own)) for name, own, other in ((a, ta, tb), (b, tb, ta)) if own}
     r.taps_missing = {k: v for k, v in missing.items() if v}
     for name, lacking in r.taps_missing.items():
@@ -185,18 +201,31 @@ def _compare_taps(p: _Sides, r: ParityResult) -> None:
     if np.shape(ta[first]) != np.shape(tb[first]):
         r.tap_cause = "the tap's shape differs (layout)"
         return
-    r.tap_cause = tap_cause(first, ta, tb, p.a, p.b, r.backends)
+    r.tap_cause = _attention_dropout_cause(first, ta, tb, r.backends, p.masks) or tap_cause(
+        first, ta, tb, p.a, p.b, r.backends, p.masks.taps, p.masks.p)
     more = f" ({len(over) - 1} later tap(s) over tol)" if len(over) > 1 else ""
     r.failures.append(f"FAIL: forward: first divergent activation {first} (max abs {fmt(r.taps_max_abs[first])} at "
                       f"{fmt_index(r.taps_where[first])}, {fmt(r.taps_rel_err[first])} of its scale > tol "
                       f"{tol:g}){more}; likely cause: {r.tap_cause}")
 
 
+def _attention_dropout_cause(first: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarray],
+                             names: tuple[str, str], masks: Masks) -> str | None:
+    """A first divergent attn.y under the attention masks: the mistake of a side's attention dropout
+    (harness.parity.dropout.attention_dropout_cause), if one explains its attn.y."""
+    block = first[:-len("attn.y")]
+    if not first.endswith("attn.y") or block + "attn.probs" not in masks.taps:
+        return None
+    return next((c for c in (attention_dropout_cause(n, t, block, masks) for n, t in zip(names, (ta, tb))) if c), None)
+
+
 def _check_own_taps(name: str, probe: Mapping[str, np.ndarray], taps: Mapping[str, np.ndarray], tol: float,
-                    r: ParityResult) -> None:
-    """One side's taps against its own forward pass: its tap logits against its logits, and each block's attn.y
-    against its own attn.probs @ attn.v (torch taps probabilities SDPA does not return)."""
-    if "logits" in taps and "logits" in probe and np.ndim(probe["logits"]) == 3:
+                    r: ParityResult, masks: Masks) -> None:
+    """One side's taps against its own forward pass: its tap logits against its logits (taps taken with dropout off
+    only), and each block's attn.y against its own attn.probs @ attn.v (torch taps probabilities SDPA does not
+    return), with the attention masks the taps were taken with: (attn.probs * mask / (1 - p)) @ attn.v."""
+    with_masks = any(k.startswith(TAP_MASK_PREFIX) for k in probe)
+    if "logits" in taps and "logits" in probe and np.ndim(probe["logits"]) == 3 and not with_masks:
         rows = taps["logits"].shape[0]
         if np.shape(probe["logits"][:rows]) == np.shape(taps["logits"]):
             err, diff, _ = tap_error(taps["logits"], probe["logits"][:rows])
@@ -206,12 +235,21 @@ def _check_own_taps(name: str, probe: Mapping[str, np.ndarray], taps: Mapping[st
                                   "and the model's forward differ)")
     for block in sorted({n[:-len("attn.y")] for n in taps if n.endswith("attn.y")},
                         key=lambda head: block_of(head + "attn.y") or 0):
-        err = attention_self_error(taps, block)
-        if err is not None and not within(err, tol):
+        keep = masks.taps.get(block + "attn.probs")
+        err = attention_self_error(taps, block, keep, masks.p if keep is not None else 0.0)
+        if err is None or within(err, tol):
+            continue
+        if keep is None:
             r.failures.append(f"FAIL: {name}'s attention taps are not its attention: its {block}attn.y differs "
                               f"from its own {block}attn.probs @ {block}attn.v by {fmt(err)} of its scale (the "
                               "probabilities are computed apart from the attention call: the SDPA call's scale "
                               "or mask)")
+            continue
+        cause = attention_dropout_cause(name, taps, block, masks) or (
+            "its attention dropout, or probabilities computed apart from the attention call")
+        r.failures.append(f"FAIL: {name}'s attention taps do not follow the step-0 attention mask: its {block}attn.y "
+                          f"differs from its own ({block}attn.probs * mask / (1 - p)) @ {block}attn.v by {fmt(err)} "
+                          f"of its scale; likely cause: {cause}")
 
 
 # --- (1) the logits and (2) the gradients ----------------------------------------------------------------------------
@@ -245,20 +283,27 @@ def _compare_gradients(p: _Sides, r: ParityResult) -> bool:
         cause=f"likely cause: {tying}" if tying else downstream[2:] or None)
     grads_ok = all(within(e, tol) for e in r.grad_rel_err.values())
     if any(k.startswith(DROPOUT_GRAD_PREFIX) for k in (*p.a, *p.b)):
+        def masks_cause() -> str:
+            """Which mistake of the masks (harness.parity.dropout), else where the masks act."""
+            return "likely cause: " + (dropout_gradient_cause(p.a, p.b, p.config, p.masks, tol, r.backends)
+                                       or dropout_cause(p.config if p.config is not None else p.hyper))
+
         r.dropout_grad_rel_err, r.worst_dropout_grad, r.worst_dropout_grad_rel_err, r.first_dropout_grad = \
             _compare_grads(arrays(p.a, DROPOUT_GRAD_PREFIX), arrays(p.b, DROPOUT_GRAD_PREFIX),
                            tol, "gradient with dropout masks", r.backends, r.failures.append,
-                           cause=(f"likely cause: {DROPOUT_CAUSE}" if grads_ok and r.grad_rel_err
-                                  else downstream[2:] or None))
+                           cause=(downstream[2:] if r.first_tap else masks_cause if grads_ok and r.grad_rel_err
+                                  else None))
         grads_ok = grads_ok and all(within(e, tol) for e in r.dropout_grad_rel_err.values())
     return grads_ok
 
 
 def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: float, what: str,
-                   backends: tuple[str, str], fail: Any, required: bool = False, cause: str | None = None
+                   backends: tuple[str, str], fail: Any, required: bool = False,
+                   cause: str | Callable[[], str] | None = None
                    ) -> tuple[dict[str, float], str | None, float, str | None]:
     """Per-parameter relative errors of two gradient sets, the worst one, the first over tolerance in backward
-    order (nearest the loss first: the backward pass computes them in that order) and FAIL lines through `fail`."""
+    order (nearest the loss first: the backward pass computes them in that order) and FAIL lines through `fail`
+    (`cause`: the FAIL line's cause, or a function computing it, asked only when one is over tolerance)."""
     a, b = backends
     errs: dict[str, float] = {}
     for name in sorted(set(ga) ^ set(gb)):
@@ -277,6 +322,8 @@ def _compare_grads(ga: dict[str, np.ndarray], gb: dict[str, np.ndarray], tol: fl
     over = [n for n in reversed(list(errs)) if not within(errs[n], tol)]
     unused = [(n, side) for n in over for side, g, other in ((a, ga, gb), (b, gb, ga))
               if np.shape(g[n]) == np.shape(other[n]) and not np.any(g[n]) and np.any(other[n])]
+    if over and callable(cause):
+        cause = cause()
     if unused and cause is None:
         n, side = unused[0]
         cause = (f"likely cause: {n} gets no gradient in {side}: its forward pass does not use it (a missing bias or "

@@ -4,14 +4,16 @@ Each function looks at one kind of difference and returns one sentence (or None 
 causes read the first divergent activation tap (harness/core/taps.py) against the taps before it, which agree
 (docs/parity.md, "Diagnoses"); `tap_cause` and `logits_cause` are what the comparison asks. Side names are passed in,
 so a sentence says which side does what; where the pattern is symmetric, the sentence says so instead of guessing
-which side is right. DROPOUT_CAUSE is the forward pass's dropout, named when only the gradients under the masks
-differ.
+which side is right. `dropout_cause` is the forward pass's dropout, named when only the gradients under the masks
+differ (harness.parity.dropout names particular mistakes of the masks, and those of the attention dropout at attn.y,
+where the taps of a model with attention dropout are taken under the step-0 attention masks).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +22,19 @@ from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.parity.numeric import TINY, relative_error
 from harness.parity.states import arrays, initial_params
 
-# what gradients that differ only under the dropout masks point at (harness parity and the kit say it alike)
-DROPOUT_CAUSE = ("dropout (placement or scaling; the gradients agree with dropout off): masks on the embedding sum "
-                 "and after each c_proj, before the residual add, kept values x / (1 - p)")
+
+def dropout_cause(config: Any = None) -> str:
+    """What gradients that differ only under the dropout masks point at, when no particular mistake of the masks
+    fits (harness.parity.dropout): the sites of `config`'s model (a Config or its dict; harness parity and the kit
+    say it alike)."""
+    where = "masks on the embedding sum and after each c_proj, before the residual add"
+    get = config.get if isinstance(config, Mapping) else lambda key, default=None: getattr(config, key, default)
+    if get("attn_dropout", False) and (get("dropout", 0) or 0) > 0:
+        where += ", and on the attention probabilities (after the softmax, before @ v)"
+    return f"dropout (placement or scaling; the gradients agree with dropout off): {where}, kept values x / (1 - p)"
+
+
+DROPOUT_CAUSE = dropout_cause()  # the three activation sites'
 CLOSE = 1e-3  # a candidate explains a tap when it leaves less than this fraction of the tap's size
 
 
@@ -142,11 +154,19 @@ def qkv_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarr
     return f"the qkv projection c_attn (its weight layout or bias) or the head split, seen first in {which}"
 
 
-def attention_probs_cause(pa: np.ndarray, pb: np.ndarray, head_dim: int, names: tuple[str, str]) -> str:
-    """The attention probabilities differ while q and k agree: the causal mask, or the scale (a uniform
-    temperature), or something else."""
+def attention_probs_cause(pa: np.ndarray, pb: np.ndarray, head_dim: int, names: tuple[str, str],
+                          keep: np.ndarray | None = None, p: float = 0.0) -> str:
+    """The attention probabilities differ while q and k agree: one side taps them after the dropout (with `keep`,
+    the attention mask the taps were taken with), the causal mask, or the scale (a uniform temperature), or
+    something else."""
     a, b = names
     T = pa.shape[-1]
+    if keep is not None and np.shape(keep) == pa.shape:
+        dropped = np.asarray(keep, dtype=np.float64) / (1 - p)
+        for side, other, mine, theirs in ((a, b, pa, pb), (b, a, pb, pa)):
+            if _close(mine, theirs * dropped):
+                return (f"attn.probs tapped after the attention dropout: {side}'s are {other}'s times mask / (1 - p); "
+                        "the tap is the probabilities before it (attn.y is the dropped ones @ v)")
     t, s = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
     za, zb = pa == 0, pb == 0
     if (za != zb).any():
@@ -190,14 +210,22 @@ def merge_heads(a: np.ndarray) -> np.ndarray:
     return a.transpose(0, 2, 1, 3).reshape(B, T, H * D)
 
 
-def attention_self_error(taps: Mapping[str, np.ndarray], block: str) -> float | None:
+def attention_self_error(taps: Mapping[str, np.ndarray], block: str, keep: np.ndarray | None = None,
+                         p: float = 0.0) -> float | None:
     """How far one side's `{block}attn.y` is from its own `attn.probs @ attn.v` (heads merged), as a fraction of
-    y's largest value; None when the side lacks one of them. A model that taps probabilities it computes apart from
-    its attention call (torch: SDPA returns no probabilities) can tap right ones while its output is wrong."""
+    y's largest value; with `keep`, the attention mask the taps were taken with (p its dropout), from its own
+    `(attn.probs * keep / (1 - p)) @ attn.v`. None when the side lacks one of them. A model that taps probabilities
+    it computes apart from its attention call (torch: SDPA returns no probabilities) can tap right ones while its
+    output is wrong."""
     probs, v, y = (taps.get(block + k) for k in ("attn.probs", "attn.v", "attn.y"))
     if probs is None or v is None or y is None or np.ndim(probs) != 4 or np.ndim(v) != 4:
         return None
-    want = merge_heads(np.asarray(probs, dtype=np.float64) @ np.asarray(v, dtype=np.float64))
+    probs = np.asarray(probs, dtype=np.float64)
+    if keep is not None:
+        if np.shape(keep) != probs.shape:
+            return None
+        probs = probs * (np.asarray(keep, dtype=np.float64) / (1 - p))
+    want = merge_heads(probs @ np.asarray(v, dtype=np.float64))
     if want.shape != np.shape(y):
         return None
     y = np.asarray(y, dtype=np.float64)
@@ -217,15 +245,21 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal
 
 
 def attention_output_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarray],
-                           names: tuple[str, str]) -> str:
+                           names: tuple[str, str], keep: np.ndarray | None = None, p: float = 0.0) -> str:
     """attn.y differs while q, k, v and the probabilities agree: a side whose y is not its own probs @ v computes
     its output apart from the probabilities it taps (torch's SDPA call), with another scale or mask; which one is
-    read from its q, k, v."""
+    read from its q, k, v. Under the attention mask `keep` (the taps taken with it, p its dropout) a side whose y is
+    not its own dropped probabilities @ v has its attention dropout wrong in a way no known mistake explains (those
+    harness.parity.dropout.attention_dropout_cause names before this is asked)."""
     block = name[:-len("attn.y")]
     for side, taps in zip(names, (ta, tb)):
-        err = attention_self_error(taps, block)
+        err = attention_self_error(taps, block, keep, p)
         if err is None or err < CLOSE:
             continue
+        if keep is not None:
+            return (f"the attention dropout: {side}'s attn.y is not its own (attn.probs * mask / (1 - p)) @ attn.v "
+                    f"({err:.1e} of its scale) under the step-0 mask of {block}attn.probs, and no known mistake of "
+                    "the mask explains it")
         q, k, v = (np.asarray(taps[block + x], dtype=np.float64) for x in ("attn.q", "attn.k", "attn.v"))
         D = q.shape[-1]
         y = np.asarray(taps[name], dtype=np.float64)
@@ -310,17 +344,19 @@ def residual_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.
 
 def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarray],
                   params: Mapping[str, np.ndarray], x: np.ndarray | None, n_layer: int,
-                  names: tuple[str, str]) -> str:
+                  names: tuple[str, str], keeps: Mapping[str, np.ndarray] | None = None, p: float = 0.0) -> str:
     """The likely cause of the first divergent tap `name`; `ta`, `tb` the two sides' taps (float64, the taps before
-    `name` agree), `params` the initial parameters (may be empty), `x` the token rows the taps were taken on."""
+    `name` agree), `params` the initial parameters (may be empty), `x` the token rows the taps were taken on,
+    `keeps` the dropout masks the taps were taken with ({site: mask}: the attention probabilities') and `p`."""
     k = kind(name)
     prev = previous_tap(name, n_layer)
     inp = (tb[prev] if prev in tb else ta.get(prev)) if prev else None  # the input, where it agrees
-    p = f"h.{block_of(name)}." if block_of(name) is not None else ""
+    pre = f"h.{block_of(name)}." if block_of(name) is not None else ""
+    keep = (keeps or {}).get(pre + "attn.probs")
     if name == "emb":
         return embedding_cause(ta[name], tb[name], params, x, names)
     if k in ("ln_1", "ln_2") or name == "ln_f":
-        ln = name if name == "ln_f" else p + k
+        ln = name if name == "ln_f" else pre + k
         if inp is None:
             return "LayerNorm: eps, the variance (biased) or its affine weight and bias"
         return layernorm_cause(ta[name], tb[name], inp, params.get(f"{ln}.weight"), params.get(f"{ln}.bias"), names)
@@ -328,33 +364,36 @@ def forward_cause(name: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.n
         return qkv_cause(name, ta, tb, names)
     agreed = {**ta, **tb}  # the taps before `name`, which agree (either side's, where only one gave them)
     if k == "attn.probs":
-        q = agreed.get(p + "attn.q")
-        return attention_probs_cause(ta[name], tb[name], int(q.shape[-1]) if q is not None else 1, names)
+        q = agreed.get(pre + "attn.q")
+        return attention_probs_cause(ta[name], tb[name], int(q.shape[-1]) if q is not None else 1, names, keep,
+                                     p if keep is not None else 0.0)
     if k == "attn.y":
-        return attention_output_cause(name, ta, tb, names)
+        return attention_output_cause(name, ta, tb, names, keep, p if keep is not None else 0.0)
     if k == "attn.proj" and inp is not None:
         return linear_cause("the attention output projection c_proj", ta[name], inp,
-                            params.get(p + "attn.c_proj.weight"), params.get(p + "attn.c_proj.bias"), names)
+                            params.get(pre + "attn.c_proj.weight"), params.get(pre + "attn.c_proj.bias"), names)
     if k in ("res1", "res2"):
         return residual_cause(name, ta, {**agreed, name: tb[name]}, names)
     if k == "mlp.fc" and inp is not None:
-        return linear_cause("the MLP's c_fc", ta[name], inp, params.get(p + "mlp.c_fc.weight"),
-                            params.get(p + "mlp.c_fc.bias"), names)
+        return linear_cause("the MLP's c_fc", ta[name], inp, params.get(pre + "mlp.c_fc.weight"),
+                            params.get(pre + "mlp.c_fc.bias"), names)
     if k == "mlp.act" and inp is not None:
         return activation_cause(ta[name], tb[name], inp, names)
     if k == "mlp.proj" and inp is not None:
-        return linear_cause("the MLP's c_proj", ta[name], inp, params.get(p + "mlp.c_proj.weight"),
-                            params.get(p + "mlp.c_proj.bias"), names)
+        return linear_cause("the MLP's c_proj", ta[name], inp, params.get(pre + "mlp.c_proj.weight"),
+                            params.get(pre + "mlp.c_proj.bias"), names)
     if name == "logits" and inp is not None:
         return output_cause(ta[name], tb[name], inp, params, names)
     return f"the forward pass at {name}"
 
 
 def tap_cause(first: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndarray],
-              probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], names: tuple[str, str]) -> str:
+              probe_a: Mapping[str, np.ndarray], probe_b: Mapping[str, np.ndarray], names: tuple[str, str],
+              keeps: Mapping[str, np.ndarray] | None = None, p: float = 0.0) -> str:
     """The likely cause of the first divergent tap `first` of two probes (`ta`, `tb`: their taps, the same shape at
-    `first`): `forward_cause` on the taps in float64, the initial parameters and the batch rows the taps were taken
-    on. A pattern test that trips on odd input says so instead of raising."""
+    `first`): `forward_cause` on the taps in float64, the initial parameters, the batch rows the taps were taken
+    on and the dropout masks they were taken with (`keeps`, p). A pattern test that trips on odd input says so
+    instead of raising."""
     f64a = {k: np.asarray(v, dtype=np.float64) for k, v in ta.items()}
     f64b = {k: np.asarray(v, dtype=np.float64) for k, v in tb.items()}
     n_layer = 1 + max((block_of(n) for n in (*ta, *tb) if block_of(n) is not None), default=-1)
@@ -362,7 +401,7 @@ def tap_cause(first: str, ta: Mapping[str, np.ndarray], tb: Mapping[str, np.ndar
     rows = f64b[first].shape[0]
     x = np.asarray(x)[:rows] if x is not None and np.ndim(x) == 2 else None
     try:
-        return forward_cause(first, f64a, f64b, initial_params(probe_b, probe_a), x, n_layer, names)
+        return forward_cause(first, f64a, f64b, initial_params(probe_b, probe_a), x, n_layer, names, keeps, p)
     except (ValueError, IndexError, KeyError, FloatingPointError) as exc:  # a pattern test on odd input
         return f"the forward pass at {first} (no pattern read: {type(exc).__name__})"
 

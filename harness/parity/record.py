@@ -8,6 +8,7 @@ hands them to `harness.parity.compare.compare`. The command line (harness.cli.pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,17 +135,25 @@ def final_val(rec: dict) -> float | None:
     return float(evals[-1]["val_loss"]) if evals else None
 
 
+def step_masks(config: Any, seed: int) -> Callable[[int], dict[str, np.ndarray]] | None:
+    """The harness's dropout masks of step k of a parity run (what both workers were handed), None at dropout 0."""
+    from harness.core.masks import dropout_masks
+
+    return (lambda step: dropout_masks(config, seed, step)) if config.dropout > 0 else None
+
+
 def compare_workers(pp: ParityPlan, workers: dict[str, dict], directory: Path) -> ParityResult:
     """`compare` of the two workers' probes (in `directory`) and training losses, in the order of `pp.backends`,
     with the run's config; the workers' data and weight fingerprints must agree too."""
     a, b = pp.backends
     ra, rb = workers[a], workers[b]
     va, vb = final_val(ra), final_val(rb)
+    config, seed = pp.plan.config, pp.plan.seed
     paths = records.RunPaths.of_dir(directory)
     result = compare(load_probe(paths.probe(a)), load_probe(paths.probe(b)),
                      ra["steps"]["loss"], rb["steps"]["loss"], pp.tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
-                     backends=(a, b), config=pp.plan.config)
+                     backends=(a, b), config=config, masks=step_masks(config, seed))
     for problem in records.compare_fingerprints([ra, rb]):
         result.failures.append(f"FAIL: {problem}")
     return result

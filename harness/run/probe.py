@@ -6,8 +6,10 @@ in-process measurement is the command's.
 A probe maps names to arrays:
 
 - step 0, on the first training batch with the initial weights: `logits`, `x`, `y`, `grad/<name>`, with dropout
-  `dropout_grad/<name>` (under the step-0 masks), and the activation taps `tap/<name>` (harness/taps.py) on its
-  first rows; `lr`, the schedule's rate of every step (harness/schedule.py, what the runner hands `train_step`);
+  `dropout_grad/<name>` (under the step-0 masks), and the activation taps `tap/<name>` (harness/core/taps.py) on its
+  first rows, dropout off except at the attention probabilities of a model with attention dropout, where the
+  step-0 masks apply (harness.core.taps.tap_masks; those masks, on the tap rows, as `tap_mask/<site>`); `lr`, the
+  schedule's rate of every step (harness/core/schedule.py, what the runner hands `train_step`);
 - `lr_used`: the rate each of the backend's own training steps actually took, read from its parameters and AdamW
   moments before and after the step (harness.core.schedule.effective_rate), for every step of the run;
 - the optimizer state after training step k: `opt/<k>/param|adam_m|adam_v/<name>` and `opt/<k>/adam_t`
@@ -24,6 +26,7 @@ steps and `sync/reference` (a string array) names the reference.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,8 +34,9 @@ import numpy as np
 
 from harness.config.fields import Config
 from harness.core.schedule import effective_rate, learning_rate, learning_rates
+from harness.core.taps import MASK_PREFIX as TAP_MASK_PREFIX
 from harness.core.taps import PREFIX as TAP_PREFIX
-from harness.core.taps import tap_rows
+from harness.core.taps import tap_masks, tap_rows
 from harness.errors import UsageError
 
 # The probe's array names (docs/parity.md, "The probe"): defined here, where they are written; harness.parity
@@ -121,13 +125,29 @@ class Recorder:
         if self.masks:
             arrays.update({DROPOUT_GRAD_PREFIX + k: np.asarray(v)
                            for k, v in b.gradients(x, y, masks=self.masks(0)).items()})
-        if callable(getattr(b, "taps", None)):
-            arrays.update({TAP_PREFIX + k: np.asarray(v) for k, v in b.taps(x[:tap_rows(self.config)]).items()})
+        arrays.update(self.taps(x))
         self.before = b.parameters()  # copies (every backend's parameters() returns arrays the caller owns)
         arrays.update({opt_key(0, STATE_PARTS[0] + k): v for k, v in self.before.items()})
         arrays[opt_key(0, ADAM_T)] = np.array(0, dtype=np.int64)
         self.arrays = arrays
         return arrays
+
+    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The activation taps on the first rows of `x` (`tap/<name>`), taken with the step-0 masks of
+        harness.core.taps.tap_masks (the attention probabilities' with attention dropout), and those masks
+        (`tap_mask/<site>`, so that the probe says what its taps were taken with). None from a backend without
+        taps, or whose taps take no masks where the config needs them."""
+        b = self.backend
+        if not callable(getattr(b, "taps", None)):
+            return {}
+        masks = tap_masks(self.config, self.masks(0) if self.masks else None)
+        rows = x[:tap_rows(self.config)]
+        if not masks:
+            return {TAP_PREFIX + k: np.asarray(v) for k, v in b.taps(rows).items()}
+        if "masks" not in inspect.signature(b.taps).parameters:
+            return {}  # its taps would be taken without the attention masks: not comparable
+        out = {TAP_PREFIX + k: np.asarray(v) for k, v in b.taps(rows, masks=masks).items()}
+        return {**out, **{TAP_MASK_PREFIX + k: m for k, m in masks.items()}}
 
     def after_step(self, done: int) -> bool:
         """Record the rate the backend's own step `done` took and, up to step opt_steps, the optimizer state after

@@ -649,6 +649,26 @@ end
         _, g = loss_and_grads(s, x, y, masks)
         idx, onehot, mask = NG.device_batch(s, x, y)
         keeps = NG.keeps_for(s, masks, idx)
+        # the taps with masks: the model's own forward pass under them
+        @test taps(s, x, masks)["logits"] ≈ s.model(idx, mask, keeps) rtol = 1.0e-6
+        # with the attention mask alone (what parity hands): attn.probs before the dropout, attn.y
+        # the dropped probabilities times v, head by head
+        t0 = taps(s, x)
+        tp = taps(s, x, Dict{String, Any}("h.0.attn.probs" => masks["h.0.attn.probs"]))
+        @test tp["h.0.attn.probs"] == t0["h.0.attn.probs"]
+        α = tp["h.0.attn.probs"] .* masks["h.0.attn.probs"] ./ (1 - c.dropout)
+        v = tp["h.0.attn.v"] # (D, H, T, B)
+        yh = similar(v)
+        for b in axes(v, 4), h in axes(v, 2), i in axes(v, 3)
+            yh[:, h, i, b] = sum(α[j, i, h, b] .* v[:, h, j, b] for j in axes(v, 3))
+        end
+        @test tp["h.0.attn.y"] ≈ reshape(yh, :, size(v, 3), size(v, 4)) rtol = 1.0e-5
+        @test !(tp["h.0.attn.y"] ≈ t0["h.0.attn.y"])
+        @test_throws ArgumentError taps(
+            s_off,
+            x,
+            masks,
+        ) # no attention sites without the option
         f = () -> NG.loss(s.model, idx, onehot, mask, keeps)
         check_finite_differences(s, g, f, Random.Xoshiro(11), 3)
     end
