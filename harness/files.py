@@ -6,16 +6,22 @@ character device (`/dev/zero` never ends, `/dev/stdin` is whatever the terminal 
 refused here in one line that says what it is, before anything is read. `open_regular` opens with O_NONBLOCK and
 checks the opened file itself (fstat), so a path swapped for a FIFO between the check and the open cannot block
 either.
+
+`read_json` is the one door for every JSON file the harness reads back (run records and specs, paired timing,
+parity records, sweep and kit manifests): a regular file of at most its kind's cap, parsed with every way a parse
+can fail (not UTF-8, not JSON, a number past Python's digit limit, nesting too deep for the parser) turned into one
+line. docs/untrusted-input.md lists each file with its cap and its schema.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from harness.errors import UsageError
 
@@ -55,8 +61,14 @@ def _refuse(mode: int, path: Path, what: str, fix: str) -> UsageError:
     return UsageError(f"{what} {str(path)!r} is {kind_of(mode)}, not a regular file; {fix}")
 
 
-def check_regular(path: str | os.PathLike, what: str, fix: str) -> Path:
-    """`path` if it is a regular file (symlinks followed); else UsageError saying what it is, and `fix`."""
+def _too_big(size: int, path: Path, what: str, max_bytes: int, fix: str) -> UsageError:
+    return UsageError(f"{what} {str(path)!r} is {size:,} bytes, more than the {max_bytes:,} it can be; {fix}")
+
+
+def check_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | None = None,
+                  too_big: str = "") -> Path:
+    """`path` if it is a regular file (symlinks followed) of at most `max_bytes`; else UsageError saying what it is,
+    and `fix` (`too_big` when it is too big). A `stat` only: nothing is opened."""
     path = Path(path)
     try:
         st = os.stat(path)
@@ -64,6 +76,8 @@ def check_regular(path: str | os.PathLike, what: str, fix: str) -> Path:
         raise _os_error(exc, path, what, fix) from None
     if not stat.S_ISREG(st.st_mode):
         raise _refuse(st.st_mode, path, what, fix)
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise _too_big(st.st_size, path, what, max_bytes, too_big or fix)
     return path
 
 
@@ -84,8 +98,7 @@ def open_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
         if not stat.S_ISREG(st.st_mode):
             raise _refuse(st.st_mode, path, what, fix)
         if max_bytes is not None and st.st_size > max_bytes:
-            raise UsageError(f"{what} {str(path)!r} is {st.st_size:,} bytes, more than the {max_bytes:,} it can "
-                             f"be; {too_big or fix}")
+            raise _too_big(st.st_size, path, what, max_bytes, too_big or fix)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -104,6 +117,28 @@ def read_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
     if max_bytes is not None and len(blob) > max_bytes:  # it grew after the check
         raise UsageError(f"{what} {str(path)!r} is more than the {max_bytes:,} bytes it can be; {too_big or fix}")
     return blob
+
+
+def parse_json(blob: bytes, path: str | os.PathLike, what: str, fix: str) -> Any:
+    """`blob` parsed as JSON; UsageError in one line when it is not: not UTF-8, not JSON, a number past Python's
+    integer digit limit (a ValueError), or nested deeper than the parser's recursion allows (`[[[[...` 100,000
+    deep: RecursionError, or MemoryError), never a traceback."""
+    try:
+        return json.loads(blob.decode("utf-8"))
+    except RecursionError:
+        reason = "nested too deeply"
+    except MemoryError:
+        reason = "too large to parse"
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        reason = str(exc) or type(exc).__name__
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+    raise UsageError(f"{what} {str(path)!r} is corrupt, not valid JSON ({reason}); {fix}")
+
+
+def read_json(path: str | os.PathLike, what: str, fix: str, max_bytes: int, too_big: str = "") -> Any:
+    """The JSON document in regular file `path` of at most `max_bytes` (UsageError in one line otherwise: what the
+    path is, its size, or why it does not parse). Every JSON file the harness reads back comes through here."""
+    return parse_json(read_regular(path, what, fix, max_bytes, too_big), path, what, fix)
 
 
 def check_version(doc: dict, path: str | os.PathLike, version: int) -> None:
