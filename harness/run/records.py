@@ -30,7 +30,6 @@ import hashlib
 import io
 import json
 import math
-import operator
 import os
 import re
 import secrets
@@ -45,7 +44,8 @@ import numpy as np
 
 from harness.config.fields import NAME_RE
 from harness.errors import UsageError
-from harness.files import check_version
+from harness.files import check_types, check_version, column, validate
+from harness.timing.contention import check_chunks
 
 SCHEMA = "nanogpt-parity/run-record"
 # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
@@ -564,90 +564,31 @@ RECORD_JSON_SCHEMA: dict = {
     },
 }
 
-# The types of the list items `check_columns` checks: the per-step lists (one number per step), each evaluation's
-# fields, each chunk's (harness.timing.contention.chunk; the fields a report reads).
+# The types of the list items `check_columns` checks: the per-step lists (one number per step) and each evaluation's
+# fields; the chunks' are harness.timing.contention's (`check_chunks`).
 _INT, _FLOAT = (int,), (int, float, type(None))
 ITEMS: dict[str, dict[str, tuple[type, ...]]] = {
     "steps": {"step": _INT, "loss": _FLOAT, "time_s": _FLOAT},
     "evals": {"step": _INT, "train_loss": _FLOAT, "val_loss": _FLOAT, "time_s": _FLOAT},
-    "chunks": {"step": _INT, "n": _INT, "wall_s": _FLOAT, "cpu_s": _FLOAT},
 }
-# fields a chunk may leave out, typed when present
-CHUNK_OPTIONAL: dict[str, tuple[type, ...]] = {
-    **{k: _FLOAT for k in ("exec_s", "wait_s", "busy_s", "steal_s", "total_s", "others_cpu_s", "psi_some_s", "at")},
-    "threads": (int, type(None)), "ncpu": (int, type(None)), "load": (list, type(None)), "gpu": (list, type(None)),
-}
-_WORDS = {int: "a whole number", float: "a number", type(None): "null", list: "a list", dict: "an object",
-          str: "a string", bool: "true/false"}
-
-
-def type_words(kinds: tuple[type, ...]) -> str:
-    """'a whole number', 'a number or null', ... : the types of `kinds` as a person says them."""
-    names = list(dict.fromkeys("a number" if k is float else _WORDS.get(k, k.__name__) for k in kinds))
-    if "a number" in names and "a whole number" in names:
-        names.remove("a whole number")
-    return " or ".join(names)
-
-
-def _column(rows: list, key: str, path: Path, where: str, fix: str, kinds: tuple[type, ...],
-            optional: bool = False) -> list:
-    """The values of `key` in every object of `rows`, each of a type in `kinds` (UsageError naming the first item
-    that is not, or that lacks `key`); in C loops, not a Python loop over the rows."""
-    values = [r.get(key) for r in rows] if optional else None
-    if values is None:
-        try:
-            values = list(map(operator.itemgetter(key), rows))
-        except KeyError:
-            i = next(i for i, r in enumerate(rows) if key not in r)
-            raise UsageError(f"{str(path)!r} is invalid at field '{where}/{i}': {key!r} is a required property; "
-                             f"{fix}") from None
-    _types(values, path, f"{where}/{{}}/{key}", fix, kinds + ((type(None),) if optional else ()))
-    return values
-
-
-def _types(values: list, path: Path, where: str, fix: str, kinds: tuple[type, ...]) -> None:
-    """UsageError naming the first of `values` whose type is not in `kinds` (exact types: true is no number)."""
-    if set(map(type, values)) <= set(kinds):
-        return
-    i = next(i for i, v in enumerate(values) if type(v) not in kinds)
-    raise UsageError(f"{str(path)!r} is invalid at field {where.format(i)!r}: {_short_json(values[i])} is not "
-                     f"{type_words(kinds)}; {fix}")
-
-
-def _short_json(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_columns(record: dict, path: Path, fix: str) -> None:
-    """The items of a record's per-step, evaluation and chunk lists (`ITEMS`, `CHUNK_OPTIONAL`): linear in the
-    record's size, a few C-level passes over each list."""
+    """The items of a record's per-step, evaluation and chunk lists (`ITEMS`, harness.timing.contention's chunk
+    types): linear in the record's size, a few C-level passes over each list."""
     steps = record["steps"]
     for key, kinds in ITEMS["steps"].items():
-        _types(steps[key], path, f"steps/{key}/{{}}", fix, kinds)
-    for name in ("evals", "chunks"):
-        rows = record.get(name) or []
-        _types(rows, path, f"{name}/{{}}", fix, (dict,))
-        for key, kinds in ITEMS[name].items():
-            _column(rows, key, path, name, fix, kinds, optional=name == "evals" and key == "time_s")
-    chunks = record.get("chunks") or []
-    for key, kinds in CHUNK_OPTIONAL.items():
-        _column(chunks, key, path, "chunks", fix, kinds, optional=True)
-    if chunks and (min(c["step"] for c in chunks) < 0 or min(c["n"] for c in chunks) < 1):
-        raise UsageError(f"{str(path)!r} is invalid at field 'chunks': a chunk starts before step 0 or holds no "
-                         f"step; {fix}")
+        check_types(steps[key], path, f"steps/{key}/{{}}", fix, kinds)
+    evals = record["evals"]
+    check_types(evals, path, "evals/{}", fix, (dict,))
+    for key, kinds in ITEMS["evals"].items():
+        column(evals, key, path, "evals", fix, kinds, optional=key == "time_s")
+    check_chunks(record.get("chunks") or [], path, "chunks", fix)
     if (np.asarray(_nan(steps["time_s"]), dtype=np.float64) < 0).any():
         raise UsageError(f"{str(path)!r} is invalid at field 'steps/time_s': a step time is negative; {fix}")
 
 
-def _validate(doc: Any, schema: dict, path: Path, fix: str) -> None:
-    import jsonschema
-
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(doc))
-    if error is not None:
-        field = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        message = error.message if len(error.message) < 160 else error.message[:157] + "..."
-        raise UsageError(f"{str(path)!r} is invalid at field {field!r}: {message}; {fix}")
+_validate = validate  # the one jsonschema check (harness.files.validate), by its old name here
 
 
 # --- how big a record can be ---------------------------------------------------------------------------------------
@@ -660,6 +601,9 @@ STEP_BYTES = 96  # steps.step, .loss, .time_s: three numbers of at most 24 chara
 EVAL_BYTES = 320  # one evaluation: four numbers and their names
 CHUNK_BYTES = 4096  # one chunk of contention evidence, GPU states included (about 700 bytes measured); one a step
 RECORD_CEILING = 2**30  # the cap of a record whose spec cannot say how many steps its run has
+# parity.json (harness.parity.record): about 250 KB for medium at 50 steps, growing with the optimizer steps
+# compared, whose probes `harness.parity.record.PROBE_BUDGET` (1 GiB of states) bounds: its tables stay far below
+MAX_PARITY_BYTES = 64 * 2**20
 
 
 def steps_bound(spec: dict) -> int | None:
