@@ -24,16 +24,16 @@ from markupsafe import Markup, escape
 from harness.report.analysis import PairComparison, RunView, costs, step_losses
 
 MAX_POINTS = 1500
-# The largest magnitude drawn: a record may hold any finite number (a diverged run's loss of 1e308), but sums and
-# differences of values near the float64 limit overflow to inf, and an axis reaching inf cannot be labelled. Values
-# beyond this are left out of a figure as non-finite ones are (the tables still show them).
-PLOT_MAX = 1e100
 COLORS = {"torch": "#d9480f", "numpy": "#1c7ed6", "flux": "#9c36b5"}
 _EXTRA = ["#2b8a3e", "#e67700", "#495057", "#c2255c", "#0b7285"]
 RC = {"svg.fonttype": "none", "svg.hashsalt": "nanogpt-parity", "font.size": 10, "axes.titlesize": 11,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
       "legend.frameon": False, "font.family": "DejaVu Sans"}
 _ids = itertools.count(1)
+# The largest magnitude drawn: a record may hold any finite number (a diverged run's loss of 1e308), but sums and
+# differences of values near the float64 limit overflow to inf, and an axis reaching inf cannot be labelled. Values
+# beyond this are left out of a figure as non-finite ones are (the tables still show them).
+PLOT_MAX = 1e100
 
 
 def color(backend: str) -> str:
