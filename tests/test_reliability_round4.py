@@ -175,6 +175,20 @@ def test_4_a_timing_of_the_wrong_type_is_one_line(field, value, run, capsys):
     one_line(code, err, "torch.json' is invalid at field 'timings/")
 
 
+def test_4_a_contention_summary_with_nulls_gives_a_report(run, capsys):
+    """null is a valid value of every contention figure (not measured); the cost table must not format it."""
+    out, run_id = run
+    path = out / "runs" / run_id / "torch.json"
+    rec = json.loads(path.read_text())
+    rec["timings"]["contention"] = {"evidence": "schedstat", "wait_fraction_median": 0.1, "wait_fraction_max": None,
+                                    "load_range": [1.0, None]}
+    path.write_text(json.dumps(rec))
+    code, _, err = harness(capsys, "report", run_id, "--out", out)  # before: TypeError formatting None
+    assert code == 0 and "Traceback" not in err, err
+    page = next(out.glob(f"{run_id}*.html")).read_text()
+    assert "10.0% / —" in page and "1 – —" in page
+
+
 # --- item 5: run records have a cap from their spec; the report is linear in their size -------------------------------
 def test_5_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsys):
     out, run_id = run

@@ -306,16 +306,20 @@ def cost_table(view: RunView) -> Markup:
             "CPU time / wall time (median chunk)": DASH if cont.get("cpu_per_wall") is None
             else f"{cont['cpu_per_wall']:.2f} ({_cell(cont.get('threads_max'))} threads)",
             "waited for a CPU (median / worst chunk)": DASH if cont.get("wait_fraction_median") is None
-            else f"{cont['wait_fraction_median']:.1%} / {cont['wait_fraction_max']:.1%}",
+            else f"{_share(cont['wait_fraction_median'])} / {_share(cont.get('wait_fraction_max'))}",
             "other processes' CPU use (median, in CPUs)": DASH if cont.get("others_cpus_median") is None
             else f"{cont['others_cpus_median']:.2f} of {_cell(cont.get('ncpu'))}",
             "load average (1 min, range)": DASH if not cont.get("load_range")
-            else f"{cont['load_range'][0]:g} – {cont['load_range'][1]:g}",
+            else " – ".join(DASH if x is None else f"{x:g}" for x in cont["load_range"]),
             "recomputed from per-step data": ", ".join(c["recomputed"]) or "nothing",
         }
     df = pd.DataFrame(rows).fillna(DASH)
     df.index.name = "cost"
     return html_table(df, "costs")
+
+
+def _share(x: float | None) -> str:
+    return f"{x:.1%}" if _ok(x) else DASH
 
 
 def fmt_target(rec: dict) -> str:

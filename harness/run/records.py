@@ -520,7 +520,7 @@ CONTENTION_JSON_SCHEMA: dict = {
                    "reasons": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
                    "cpu_per_wall": _NUM, "wait_fraction_median": _NUM, "wait_fraction_max": _NUM,
                    "steal_fraction_max": _NUM, "others_cpus_median": _NUM,
-                   "load_range": {"type": ["array", "null"], "items": _NUM},
+                   "load_range": {"type": ["array", "null"], "items": _NUM, "minItems": 2, "maxItems": 2},
                    "threads_max": _COUNT, "ncpu": _COUNT, "gpu_evidence": {"type": "string"}},
 }
 
