@@ -120,7 +120,7 @@ def read_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
     return blob
 
 
-MAX_DIGITS = 20  # no whole number the harness writes has more digits (a seed, a count, a byte size: int64)
+MAX_DIGITS = 18  # no whole number the harness writes has more digits (a seed, a count, a byte size): each fits int64
 
 
 def _whole_number(text: str) -> int:

@@ -147,6 +147,16 @@ def test_3_a_number_of_hundreds_of_digits_is_one_line(run, capsys):
     one_line(code, err, "torch.json", "a whole number of 401 digits")
 
 
+def test_3_a_step_past_int64_is_one_line(run, capsys):
+    out, run_id = run
+    path = out / "runs" / run_id / "torch.json"
+    rec = json.loads(path.read_text())
+    rec["steps"]["step"][0] = 10**19  # 20 digits: numpy's int64 overflowed on it
+    path.write_text(json.dumps(rec))
+    code, _, err = harness(capsys, "report", run_id, "--out", out)
+    one_line(code, err, "torch.json", "a whole number of 20 digits")
+
+
 # --- item 4: values that pass the schema, then meet a float -----------------------------------------------------------
 def test_4_losses_of_1e308_give_a_report_not_a_traceback(run, capsys):
     out, run_id = run
