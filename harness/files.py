@@ -6,16 +6,23 @@ character device (`/dev/zero` never ends, `/dev/stdin` is whatever the terminal 
 refused here in one line that says what it is, before anything is read. `open_regular` opens with O_NONBLOCK and
 checks the opened file itself (fstat), so a path swapped for a FIFO between the check and the open cannot block
 either.
+
+`read_json` is the one door for every JSON file the harness reads back (run records and specs, paired timing,
+parity records, sweep and kit manifests): a regular file of at most its kind's cap, parsed with every way a parse
+can fail (not UTF-8, not JSON, a number past Python's digit limit, nesting too deep for the parser) turned into one
+line. docs/untrusted-input.md lists each file with its cap and its schema.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
+import operator
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from harness.errors import UsageError
 
@@ -55,8 +62,14 @@ def _refuse(mode: int, path: Path, what: str, fix: str) -> UsageError:
     return UsageError(f"{what} {str(path)!r} is {kind_of(mode)}, not a regular file; {fix}")
 
 
-def check_regular(path: str | os.PathLike, what: str, fix: str) -> Path:
-    """`path` if it is a regular file (symlinks followed); else UsageError saying what it is, and `fix`."""
+def _too_big(size: int, path: Path, what: str, max_bytes: int, fix: str) -> UsageError:
+    return UsageError(f"{what} {str(path)!r} is {size:,} bytes, more than the {max_bytes:,} it can be; {fix}")
+
+
+def check_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | None = None,
+                  too_big: str = "") -> Path:
+    """`path` if it is a regular file (symlinks followed) of at most `max_bytes`; else UsageError saying what it is,
+    and `fix` (`too_big` when it is too big). A `stat` only: nothing is opened."""
     path = Path(path)
     try:
         st = os.stat(path)
@@ -64,6 +77,8 @@ def check_regular(path: str | os.PathLike, what: str, fix: str) -> Path:
         raise _os_error(exc, path, what, fix) from None
     if not stat.S_ISREG(st.st_mode):
         raise _refuse(st.st_mode, path, what, fix)
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise _too_big(st.st_size, path, what, max_bytes, too_big or fix)
     return path
 
 
@@ -84,8 +99,7 @@ def open_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
         if not stat.S_ISREG(st.st_mode):
             raise _refuse(st.st_mode, path, what, fix)
         if max_bytes is not None and st.st_size > max_bytes:
-            raise UsageError(f"{what} {str(path)!r} is {st.st_size:,} bytes, more than the {max_bytes:,} it can "
-                             f"be; {too_big or fix}")
+            raise _too_big(st.st_size, path, what, max_bytes, too_big or fix)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -106,6 +120,68 @@ def read_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
     return blob
 
 
+MAX_DIGITS = 18  # no whole number the harness writes has more digits (a seed, a count, a byte size): each fits int64
+
+
+def _whole_number(text: str) -> int:
+    """A JSON integer; a ValueError past `MAX_DIGITS` digits: no count the harness writes is that long, and such a
+    number would overflow wherever it meets a float."""
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a whole number of {len(text.lstrip('-')):,} digits, more than any the harness writes")
+    return int(text)
+
+
+def parse_json(blob: bytes, path: str | os.PathLike, what: str, fix: str) -> Any:
+    """`blob` parsed as JSON; UsageError in one line when it is not: not UTF-8, not JSON, a whole number past
+    `MAX_DIGITS` digits (a ValueError), or nested deeper than the parser's recursion allows (`[[[[...` 100,000 deep:
+    RecursionError, or MemoryError), never a traceback."""
+    try:
+        return json.loads(blob.decode("utf-8"), parse_int=_whole_number)
+    except RecursionError:
+        reason = "nested too deeply"
+    except MemoryError:
+        reason = "too large to parse"
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        reason = str(exc) or type(exc).__name__
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+    raise UsageError(f"{what} {str(path)!r} is corrupt, not valid JSON ({reason}); {fix}")
+
+
+def read_json(path: str | os.PathLike, what: str, fix: str, max_bytes: int, too_big: str = "") -> Any:
+    """The JSON document in regular file `path` of at most `max_bytes` (UsageError in one line otherwise: what the
+    path is, its size, or why it does not parse). Every JSON file the harness reads back comes through here."""
+    return parse_json(read_regular(path, what, fix, max_bytes, too_big), path, what, fix)
+
+
+def lock_held(path: str | os.PathLike) -> bool | None:
+    """Whether a process holds an `fcntl.flock` on file `path` now, from the kernel's table (/proc/locks, matched on
+    the file's device and inode; nothing is locked or opened, so a holder is never disturbed): False when `path`
+    does not exist, None when this system has no such table."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    key = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    return any(key in line for line in table.splitlines())
+
+
+def pid_alive(pid_file: str | os.PathLike) -> bool:
+    """Whether the process whose id is the first line of `pid_file` (a lock file's) exists; False when the file
+    is missing, not a small regular file or holds no id."""
+    try:
+        text = read_regular(pid_file, "lock file", "", 64).decode("ascii", "replace").strip()
+        os.kill(int(text.split()[0]), 0)
+    except (UsageError, ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
 def check_version(doc: dict, path: str | os.PathLike, version: int) -> None:
     """The one schema-version check of every record kind the harness reads back (run record, spec, paired timing,
     sweep manifest, parity record): a record of another version is refused in one line, never read in an old format
@@ -118,3 +194,65 @@ def check_version(doc: dict, path: str | os.PathLike, version: int) -> None:
         raise UsageError(f"{str(path)!r} was written by an older nanogpt-parity (schema {found}); re-run it")
     raise UsageError(f"{str(path)!r} was written by a newer nanogpt-parity (schema {found}, this one reads "
                      f"{version}); upgrade nanogpt-parity")
+
+
+# --- checking what was read ----------------------------------------------------------------------------------------
+def validate(doc: Any, schema: dict, path: str | os.PathLike, fix: str) -> None:
+    """`doc` against JSON schema `schema` (Draft 2020-12): UsageError in one line naming the field and the problem
+    that best explains the failure (jsonschema's `best_match`)."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    if error is not None:
+        field = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        message = error.message if len(error.message) < 160 else error.message[:157] + "..."
+        raise UsageError(f"{str(path)!r} is invalid at field {field!r}: {message}; {fix}")
+
+
+# Long lists (a record's steps, a paired timing's step times) are type-checked here, not item by item by jsonschema
+# (about 60 µs an item: a minute for a record of a million steps): `check_types` is a few C-level passes.
+_WORDS = {int: "a whole number", float: "a number", type(None): "null", list: "a list", dict: "an object",
+          str: "a string", bool: "true/false"}
+
+
+def type_words(kinds: tuple[type, ...] | type) -> str:
+    """'a whole number', 'a number or null', ... : the types of `kinds` as a person says them (never `<class ...>`)."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    names = list(dict.fromkeys(_WORDS.get(k, k.__name__) for k in kinds))
+    if "a number" in names and "a whole number" in names:
+        names.remove("a whole number")
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def short_json(value: Any, width: int = 40) -> str:
+    """`value` as JSON, cut to `width` characters (for a message naming a bad value)."""
+    text = json.dumps(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def check_types(values: list, path: str | os.PathLike, where: str, fix: str, kinds: tuple[type, ...]) -> None:
+    """UsageError naming the first of `values` whose type is not in `kinds` (exact types: true is no number);
+    `where` is the field with `{}` for the item's index."""
+    if set(map(type, values)) <= set(kinds):
+        return
+    i = next(i for i, v in enumerate(values) if type(v) not in kinds)
+    raise UsageError(f"{str(path)!r} is invalid at field {where.format(i)!r}: {short_json(values[i])} is not "
+                     f"{type_words(kinds)}; {fix}")
+
+
+def column(rows: list, key: str, path: str | os.PathLike, where: str, fix: str, kinds: tuple[type, ...],
+           optional: bool = False) -> list:
+    """The values of `key` in every object of `rows` (`where`: the list's field), each of a type in `kinds`
+    (UsageError naming the first item that is not, or that lacks `key` unless `optional`); C loops, not a Python
+    loop over the rows."""
+    if optional:
+        values = [r.get(key) for r in rows]
+    else:
+        try:
+            values = list(map(operator.itemgetter(key), rows))
+        except KeyError:
+            i = next(i for i, r in enumerate(rows) if key not in r)
+            raise UsageError(f"{str(path)!r} is invalid at field '{where}/{i}': {key!r} is a required property; "
+                             f"{fix}") from None
+    check_types(values, path, f"{where}/{{}}/{key}", fix, kinds + ((type(None),) if optional else ()))
+    return values

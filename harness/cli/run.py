@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
              for size in sizes]
     for plan in plans:
         run_plan.preflight(plan)
+    say_if_busy(args.threads, [plans[0].device_of(b) for b in backends])
     worst = 0
     run_ids = []
     for plan in plans:
@@ -71,6 +72,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_report:
         write_reports(args.out, run_ids, quiet_disk_error=worst == 2)
     return worst
+
+
+def say_if_busy(threads: int | None, devices: list[str]) -> None:
+    """Print harness.run.processes.busy_machine_line when a backend trains on the CPU of a machine without the idle
+    CPUs its threads need (issue 29: a busy machine made a first run 100x slower without a word)."""
+    from harness.run.processes import busy_machine_line
+
+    line = busy_machine_line(threads) if "cpu" in devices else None
+    if line:
+        print(line, file=sys.stderr)
 
 
 def paired_rounds(args: argparse.Namespace, spec: dict | None = None) -> int:
@@ -97,6 +108,7 @@ def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
 def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
     """Print where the records are, check the backends saw identical inputs; returns the exit status."""
     from harness.run import records
+    from harness.timing import contention
 
     _, recs = records.load_run(out, run_id)
     directory = records.run_dir(out, run_id)
@@ -104,7 +116,9 @@ def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
         last = rec["evals"][-1] if rec["evals"] else None
         val = f", val loss {last['val_loss']:.4f} at step {last['step']}" if last else ""
         tps = rec["timings"].get("tokens_per_s")
-        speed = f", {tps:,.0f} tokens/s" if tps else ""
+        tag = contention.disturbed_tag(rec["timings"].get("contention"))
+        speed = f", {tps:,.0f} tokens/s" + (f" ({tag}: the machine was busy, not a speed to rely on)" if tag else
+                                             "") if tps else ""
         resumed = rec.get("resumed_from_step")
         since = f", resumed from step {', then '.join(map(str, resumed))}" if resumed else ""
         print(f"  {rec['backend']}: {rec['status']}{val}{speed}{since} -> {directory / (rec['backend'] + '.json')}",
@@ -235,6 +249,7 @@ def resume_run(args: argparse.Namespace, run_id: str) -> int:
         print(f"resume: using --threads {args.threads} (the run started with {threads or 'the default'})",
               file=sys.stderr)
         threads = args.threads
+    say_if_busy(threads, [(spec.get("devices") or {}).get(b, spec["device"]) for b in spec["backends"]])
     data = spec["data"]
     vocab = f", vocabulary of {data['vocab_size']} symbols" if "vocab_size" in data else ""
     print(f"resuming run {run_id}: data {data['path']}{vocab}", file=sys.stderr)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.config.fields import GELUS, short
+from harness.config.fields import GELUS
 from harness.config.presets import PRESETS
 from harness.errors import UsageError
 from harness.kit.export import FILES, MANIFEST, MAX_STEPS, SCHEMA, SCHEMA_VERSION
@@ -128,7 +128,7 @@ def validate_manifest(doc: Any, path: Path) -> dict[str, Any]:
 
 def load_manifest(kit: Path) -> dict[str, Any]:
     """The validated manifest.json of kit directory `kit` (UsageError naming what is wrong, read within a bound)."""
-    from harness.files import kind_of, read_regular
+    from harness.files import kind_of, read_json
 
     try:
         mode = os.stat(kit).st_mode
@@ -140,15 +140,7 @@ def load_manifest(kit: Path) -> dict[str, Any]:
     path = kit / MANIFEST
     if not os.path.lexists(path):
         raise UsageError(f"kit {str(kit)!r} has no {MANIFEST} (not a kit, or an interrupted export); {FIX}")
-    blob = read_regular(path, "kit manifest", FIX, MAX_MANIFEST_BYTES)
-    try:
-        doc = json.loads(blob.decode("utf-8"))
-    # JSONDecodeError is a ValueError, as is a number past Python's integer digit limit; deep nesting of [ or {
-    # runs out of recursion (RecursionError) or memory
-    except (UnicodeDecodeError, ValueError, MemoryError, RecursionError) as exc:
-        reason = short(str(exc), 120)[1:-1] if str(exc) else type(exc).__name__
-        raise UsageError(f"{path}: not valid JSON ({reason}); {FIX}") from None
-    return validate_manifest(doc, path)
+    return validate_manifest(read_json(path, "kit manifest", FIX, MAX_MANIFEST_BYTES), path)
 
 
 def kit_file(kit: Path, name: str) -> Path:

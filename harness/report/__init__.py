@@ -172,7 +172,8 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
             interval = (f" (median {which} step {tables.fmt_seconds(c['step_median_s'])}, 95 % interval "
                         f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c['steady_steps']:,} "
                         "steps)") if len(ci) == 2 and c.get("steady_steps") else ""
-            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}")
+            tag = contention.disturbed_tag(c["contention"])
+            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}" + (f" ({tag})" if tag else ""))
         lines.append("; ".join(parts) + ".")
     lines += [_pair_sentence(c, dropout) for c in comparisons]
     if view.spec.get("parity") and comparisons:
@@ -266,7 +267,7 @@ def _scaling(views: list[RunView]) -> dict[str, Any] | None:
             rows.append({"size": v.label, "backend": rec["backend"], "parameters": tables.fmt_int(c["n_params"]),
                          "median step": tables.fmt_seconds(c["step_median_s"]),
                          "p10 – p90": f"{tables.fmt_seconds(c['step_p10_s'])} – {tables.fmt_seconds(c['step_p90_s'])}",
-                         "tokens/s": tables.fmt_rate(c["tokens_per_s"]),
+                         "tokens/s": tables.fmt_speed(c["tokens_per_s"], c["contention"]),
                          "achieved FLOP/s": tables.fmt_flops(c["achieved_flops"]),
                          "peak memory": tables.fmt_bytes(c["peak_bytes"])})
     import pandas as pd
@@ -331,7 +332,8 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
         "speed": verdict["speed"],
         "status": _per_backend(head["status"], str),
         "val_loss": _per_backend(head["val_loss"], tables.fmt_loss),
-        "tokens_per_s": _per_backend(head["tokens_per_s"], tables.fmt_rate),
+        "tokens_per_s": [f"{b} {tables.fmt_speed(v, head['contention'][b])}" for b, v in head["tokens_per_s"].items()]
+        or [tables.DASH],
         "bleu": _per_backend(head["bleu"], tables.fmt_score),
         "chrf": _per_backend(head["chrf"], tables.fmt_score),
     }

@@ -7,8 +7,8 @@ and left as None where it cannot, never guessed.
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -65,7 +65,6 @@ class RunView:
     parity: dict | None = None
     parity_error: str | None = None
     paired: dict | None = None  # paired.json (harness.paired): the backends timed side by side
-    paired_error: str | None = None
     banners: list[Banner] = field(default_factory=list)
 
     @property
@@ -96,13 +95,10 @@ def load_view(out: Path, run_id: str, now: float | None = None) -> RunView:
             view.parity_error = str(exc)
         except (ValueError, UnicodeDecodeError) as exc:
             view.parity_error = f"{paths.parity.name} could not be read ({exc})"
-    if paths.paired_timing.exists():
+    if os.path.lexists(paths.paired_timing):  # a damaged one is bad input (UsageError), as a damaged record is
         from harness.timing import paired
 
-        try:
-            view.paired = paired.load(paths.paired_timing)
-        except UsageError as exc:
-            view.paired_error = str(exc)
+        view.paired = paired.load(paths.paired_timing)
     view.banners = banners(view)
     return view
 
@@ -112,7 +108,7 @@ def load_parity(path: Path) -> dict:
     of another schema version; ValueError when it is not JSON."""
     from harness.parity.record import SCHEMA, SCHEMA_VERSION
 
-    doc = json.loads(files.read_regular(path, "parity record", "run `harness parity` again"))
+    doc = files.read_json(path, "parity record", "run `harness parity` again", records.MAX_PARITY_BYTES)
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     if doc.get("schema") != SCHEMA:
@@ -183,8 +179,6 @@ def banners(view: RunView) -> list[Banner]:
         out.append(Banner(ERROR, f"{run}: {name} has no record (it never started, or failed before setup)"))
     for problem in fairness_problems(view.records):
         out.append(Banner(ERROR, f"{run}: {problem}: the comparison is not fair"))
-    if view.paired_error:
-        out.append(Banner(WARN, f"{run}: {view.paired_error}"))
     for rec in view.records:
         cont = costs(rec)["contention"] or {}
         if cont.get("mostly_disturbed"):
@@ -261,8 +255,10 @@ def last_eval(rec: dict) -> dict | None:
     return evals[-1] if evals else None
 
 
-def eval_at(rec: dict, step: int) -> dict | None:
-    return next((e for e in rec.get("evals") or [] if e.get("step") == step), None)
+def evals_by_step(rec: dict) -> dict[int, dict]:
+    """A record's evaluation points by step (the first where a step repeats): one pass, so that matching two
+    records' evaluations is linear in their length, not quadratic."""
+    return {e.get("step"): e for e in reversed(rec.get("evals") or [])}
 
 
 # --- comparisons between backends ------------------------------------------------------------------------------------
@@ -321,12 +317,12 @@ def compare_pair(ra: dict, rb: dict) -> PairComparison:
     common, ia, ib = np.intersect1d(sa, sb, return_indices=True)
     da, db = la[ia], lb[ib]
     cmp = PairComparison(a=ra["backend"], b=rb["backend"], common_steps=common, abs_dev=np.abs(da - db))
-    steps_a = {e.get("step") for e in ra.get("evals") or []}
-    shared = sorted(s for s in steps_a if eval_at(rb, s) is not None)
+    ea, eb = evals_by_step(ra), evals_by_step(rb)
+    shared = ea.keys() & eb.keys()
     if shared:
-        cmp.eval_step = int(shared[-1])
-        cmp.val_a = float(eval_at(ra, cmp.eval_step)["val_loss"])
-        cmp.val_b = float(eval_at(rb, cmp.eval_step)["val_loss"])
+        cmp.eval_step = int(max(shared))
+        cmp.val_a = float(ea[cmp.eval_step]["val_loss"])
+        cmp.val_b = float(eb[cmp.eval_step]["val_loss"])
     n = len(common)
     if n >= 2:
         k = min(n, max(TAIL_MIN_STEPS, round(n * TAIL_FRACTION)))
@@ -392,6 +388,7 @@ def headline(view: RunView) -> dict[str, Any]:
         "status": {r["backend"]: str(r.get("status")) for r in view.records},
         "val_loss": {r["backend"]: final_val(r) for r in view.records},
         "tokens_per_s": {r["backend"]: costs(r)["tokens_per_s"] for r in view.records},
+        "contention": {r["backend"]: costs(r)["contention"] for r in view.records},
         "bleu": {r["backend"]: (r.get("text") or {}).get("bleu") for r in view.records},
         "chrf": {r["backend"]: (r.get("text") or {}).get("chrf") for r in view.records},
     }

@@ -7,9 +7,12 @@ bins (mean line plus min-max band), which keeps the file small without hiding sp
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import re
+from collections.abc import Callable
+from typing import Any
 
 import matplotlib
 
@@ -27,6 +30,10 @@ RC = {"svg.fonttype": "none", "svg.hashsalt": "nanogpt-parity", "font.size": 10,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
       "legend.frameon": False, "font.family": "DejaVu Sans"}
 _ids = itertools.count(1)
+# The largest magnitude drawn: a record may hold any finite number (a diverged run's loss of 1e308), but sums and
+# differences of values near the float64 limit overflow to inf, and an axis reaching inf cannot be labelled. Values
+# beyond this are left out of a figure as non-finite ones are (the tables still show them).
+PLOT_MAX = 1e100
 
 
 def color(backend: str) -> str:
@@ -42,6 +49,27 @@ def plain(text: object) -> str:
     Only names read from records get this; the harness's own labels may use mathtext on purpose.
     """
     return str(text).replace("$", r"\$")
+
+
+def plottable(values: Any) -> np.ndarray:
+    """`values` as float64 with what no figure can draw (non-finite, or beyond `PLOT_MAX` in magnitude) as nan."""
+    y = np.array(values, dtype=np.float64)
+    y[~(np.abs(y) <= PLOT_MAX)] = np.nan
+    return y
+
+
+def drawn(figure: Callable[..., Markup | None]) -> Callable[..., Markup | None]:
+    """A figure function that never breaks the report: values that pass the records' schema yet cannot be drawn
+    (an axis matplotlib cannot scale) give a line saying that figure was not drawn, and why, in its place."""
+    @functools.wraps(figure)
+    def draw(*args: Any, **kwargs: Any) -> Markup | None:
+        try:
+            return figure(*args, **kwargs)
+        except (OverflowError, ValueError, FloatingPointError) as exc:
+            plt.close("all")
+            return Markup('<p class="note">This figure was not drawn: the records hold values it cannot show '
+                          "({}).</p>").format(f"{type(exc).__name__}: {exc}"[:200])
+    return draw
 
 
 def to_svg(fig: plt.Figure, title: str) -> Markup:
@@ -100,6 +128,7 @@ def smoothing_window(n: int) -> int:
     return int(min(200, max(1, min(5, n // 4), n // 25)))
 
 
+@drawn
 def loss_figure(view: RunView) -> Markup | None:
     """Training loss per step (left) and evaluation train/validation loss (right), every backend overlaid."""
     if not any(len(step_losses(r)[1]) or r.get("evals") for r in view.records):
@@ -109,6 +138,7 @@ def loss_figure(view: RunView) -> Markup | None:
         for rec in view.records:
             name, c = plain(rec["backend"]), color(rec["backend"])
             steps, loss = step_losses(rec)
+            loss = plottable(loss)
             finite = np.isfinite(loss)
             if finite.any():
                 steps, loss = steps[finite], loss[finite]
@@ -124,9 +154,9 @@ def loss_figure(view: RunView) -> Markup | None:
             if evals:
                 es = [e["step"] for e in evals]
                 ms = 3 if len(evals) <= 60 else 0  # markers only where they can be told apart
-                ax2.plot(es, [e["train_loss"] for e in evals], "--", marker="o", ms=ms, color=c, lw=1.2,
+                ax2.plot(es, plottable([e["train_loss"] for e in evals]), "--", marker="o", ms=ms, color=c, lw=1.2,
                          label=f"{name} train")
-                ax2.plot(es, [e["val_loss"] for e in evals], "-", marker="s", ms=ms, color=c, lw=1.6,
+                ax2.plot(es, plottable([e["val_loss"] for e in evals]), "-", marker="s", ms=ms, color=c, lw=1.6,
                          label=f"{name} validation")
         ax1.set(title="Training loss per step", xlabel="step", ylabel="cross-entropy (nats)")
         ax2.set(title="Evaluation on the fixed batches", xlabel="step")
@@ -139,6 +169,7 @@ def loss_figure(view: RunView) -> Markup | None:
         return to_svg(fig, "loss curves")
 
 
+@drawn
 def deviation_figure(comparisons: list[PairComparison]) -> Markup | None:
     """|loss_a - loss_b| per common step with its rolling mean, log scale, one colour per pair."""
     shown = [c for c in comparisons if c.abs_dev.size]
@@ -146,13 +177,14 @@ def deviation_figure(comparisons: list[PairComparison]) -> Markup | None:
         return None
     with plt.rc_context(RC):
         fig, ax = plt.subplots(figsize=(11, 3.6))
-        positive = np.concatenate([c.abs_dev[(c.abs_dev > 0) & np.isfinite(c.abs_dev)] for c in shown])
+        devs = [plottable(c.abs_dev) for c in shown]
+        positive = np.concatenate([d[(d > 0) & np.isfinite(d)] for d in devs])
         floor = float(positive.min()) / 10 if positive.size else 1e-12
         any_zero = False
-        for i, cmp in enumerate(shown):
+        for i, (cmp, dev) in enumerate(zip(shown, devs)):
             col = plt.get_cmap("tab10")(i % 10)
-            finite = np.isfinite(cmp.abs_dev)
-            steps, dev = cmp.common_steps[finite], cmp.abs_dev[finite]
+            finite = np.isfinite(dev)
+            steps, dev = cmp.common_steps[finite], dev[finite]
             if not dev.size:
                 continue
             any_zero |= bool((dev == 0).any())
@@ -171,6 +203,7 @@ def deviation_figure(comparisons: list[PairComparison]) -> Markup | None:
         return to_svg(fig, "per-step loss deviation")
 
 
+@drawn
 def cost_figure(view: RunView) -> Markup | None:
     """Steady step time (median, p10-p90), tokens/s and peak memory, one bar per backend."""
     if not view.records:
@@ -184,6 +217,7 @@ def cost_figure(view: RunView) -> Markup | None:
 
         def bars(ax: plt.Axes, values: list[float | None], title: str, unit: str,
                  err: list[tuple[float, float]] | None = None) -> None:
+            values = [None if v is None or not abs(v) <= PLOT_MAX else v for v in values]
             vals = [v if v is not None else 0.0 for v in values]
             yerr = None
             if err is not None:
@@ -213,6 +247,7 @@ def cost_figure(view: RunView) -> Markup | None:
         return to_svg(fig, "throughput and memory")
 
 
+@drawn
 def scaling_figure(views: list[RunView]) -> Markup | None:
     """Median step time and tokens/s against parameter count, one line per backend, across the report's runs."""
     series: dict[str, list[tuple[int, float, float, float, float, str]]] = {}

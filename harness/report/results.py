@@ -14,12 +14,12 @@ from this table and saves it beside itself.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness import files
 from harness.errors import UsageError
 from harness.run import records
 
@@ -68,7 +68,7 @@ def costs(rec: dict) -> dict[str, Any]:
         t["train_s"] = float(sum(times))
         recomputed.append("train time")
     if t.get("eval_s") is None and rec.get("evals"):
-        t["eval_s"] = float(sum(e.get("time_s", 0.0) for e in rec["evals"]))
+        t["eval_s"] = float(sum(e.get("time_s") or 0.0 for e in rec["evals"]))
         recomputed.append("eval time")
     flops_per_token = rec.get("flops_per_token")
     if flops_per_token is None:
@@ -161,15 +161,17 @@ def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
 
 def _sweep_cells(out: Path) -> dict[tuple[str, str], dict]:
     """(run id, backend) -> sweep membership, from every sweep manifest under `out` (unreadable ones skipped)."""
+    from harness.sweep.manifest import MAX_MANIFEST_BYTES
+
     found: dict[tuple[str, str], dict] = {}
     for path in [s.manifest for s in records.SweepPaths.under(out) if s.manifest.is_file()]:
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = files.read_json(path, "the sweep manifest", "", MAX_MANIFEST_BYTES)
             for cell in doc["cells"]:
                 if cell.get("run_id"):
                     found[(cell["run_id"], cell["backend"])] = {"sweep_id": doc["sweep_id"], "cell": cell["index"],
                                                                 "contended": cell.get("contended", False)}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (UsageError, KeyError, TypeError, AttributeError):
             continue
     return found
 

@@ -56,6 +56,13 @@ def fmt_rate(x: float | None) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
+def fmt_speed(x: float | None, summary: dict | None) -> str:
+    """`fmt_rate` of a run's speed, marked when the run was mostly disturbed (contention.disturbed_tag): no such
+    figure is shown without saying so."""
+    tag = contention.disturbed_tag(summary)
+    return fmt_rate(x) + (f" ({tag})" if tag and _ok(x) else "")
+
+
 def fmt_flops(x: float | None) -> str:
     """'767.8 MFLOP/s', '12.3 GFLOP/s', '1.2 TFLOP/s'."""
     if not _ok(x):
@@ -102,7 +109,7 @@ def summary_table(view: RunView) -> Markup:
             "final train loss": fmt_loss(last["train_loss"]) if last else DASH,
             "final val loss": fmt_loss(final_val(rec)),
             "at step": fmt_int(last["step"]) if last else DASH,
-            "tokens/s": fmt_rate(c["tokens_per_s"]),
+            "tokens/s": fmt_speed(c["tokens_per_s"], c["contention"]),
             "step (median)": fmt_seconds(c["step_median_s"]),
             "steps disturbed": fmt_disturbed(c["contention"]),
             "peak memory": fmt_bytes(c["peak_bytes"]),
@@ -284,7 +291,7 @@ def cost_table(view: RunView) -> Markup:
             f"steady step time, median{steady}": fmt_seconds(c["step_median_s"]),
             "steady step time, p10 – p90": f"{fmt_seconds(c['step_p10_s'])} – {fmt_seconds(c['step_p90_s'])}",
             "steady step time, IQR": fmt_seconds(c["step_iqr_s"]),
-            "training tokens/s (median step)": fmt_rate(c["tokens_per_s"]),
+            "training tokens/s (median step)": fmt_speed(c["tokens_per_s"], c["contention"]),
             "training time (sum of steps)": fmt_seconds(c["train_s"]),
             "time to target val loss (training time; step)": fmt_target(rec),
             "evaluation time": fmt_seconds(c["eval_s"]),
@@ -299,16 +306,20 @@ def cost_table(view: RunView) -> Markup:
             "CPU time / wall time (median chunk)": DASH if cont.get("cpu_per_wall") is None
             else f"{cont['cpu_per_wall']:.2f} ({_cell(cont.get('threads_max'))} threads)",
             "waited for a CPU (median / worst chunk)": DASH if cont.get("wait_fraction_median") is None
-            else f"{cont['wait_fraction_median']:.1%} / {cont['wait_fraction_max']:.1%}",
+            else f"{_share(cont['wait_fraction_median'])} / {_share(cont.get('wait_fraction_max'))}",
             "other processes' CPU use (median, in CPUs)": DASH if cont.get("others_cpus_median") is None
             else f"{cont['others_cpus_median']:.2f} of {_cell(cont.get('ncpu'))}",
             "load average (1 min, range)": DASH if not cont.get("load_range")
-            else f"{cont['load_range'][0]:g} – {cont['load_range'][1]:g}",
+            else " – ".join(DASH if x is None else f"{x:g}" for x in cont["load_range"]),
             "recomputed from per-step data": ", ".join(c["recomputed"]) or "nothing",
         }
     df = pd.DataFrame(rows).fillna(DASH)
     df.index.name = "cost"
     return html_table(df, "costs")
+
+
+def _share(x: float | None) -> str:
+    return f"{x:.1%}" if _ok(x) else DASH
 
 
 def fmt_target(rec: dict) -> str:

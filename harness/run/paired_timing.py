@@ -57,6 +57,7 @@ from harness.timing.paired import (
     clean_rounds,
     complete,
     load,
+    lock_path,
     round_clean,
 )
 from harness.units import utc_now
@@ -186,7 +187,7 @@ class RecordLock:
     (harness.run.records.RunLock is the same mechanism for a run directory, with its messages and clean-up.)"""
 
     def __init__(self, path: Path):
-        self.path = Path(path).with_name(f".{Path(path).name}.lock")
+        self.path = lock_path(path)
         self.record = Path(path)
         self.fd: int | None = None
 
@@ -252,6 +253,9 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
 def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None) -> dict:
     if path.exists():  # read under the lock: what another coordinator wrote before is kept
         doc = load(path)
+        for old in doc["sessions"]:  # we hold the lock: a session still "running" lost its coordinator (SIGKILL)
+            if old.get("status") == "running":
+                old["status"] = "interrupted"
     elif doc is None:
         raise UsageError(f"paired-timing record {str(path)!r} does not exist")
     if rounds and rounds > doc["plan"]["rounds"]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from harness.run.child import KINDS, PARENT_PID_ENV, WORKER_FLAG
 from harness.run.records import LOCK_FD_ENV, RunPaths
+from harness.timing import contention
 
 
 def child_command(kind: str, *args: str | os.PathLike) -> list[str]:
@@ -37,6 +38,29 @@ def thread_env(threads: int | None) -> dict[str, str]:
         return {}
     n = str(threads)
     return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
+
+
+def busy_machine_line(threads: int | None, probe: contention.Probe | None = None) -> str | None:
+    """One line saying what to do when the machine has fewer idle CPUs than a worker's threads (None when it has
+    enough, or cannot say): measured at the start, over a fifth of a second (contention.others_busy). The backends
+    train one after another and the paired timing runs one burst at a time, so one worker's threads (`threads`,
+    else the framework's default of one per usable CPU) are what must fit. Threads that find no idle CPU make every
+    step wait: a run on a busy 2-core machine was 100x slower (245 ms a step against 2.3 ms)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    got = contention.others_busy(probe or contention.Probe())
+    if got is None:
+        return None
+    others, ncpu = got
+    idle = max(0.0, min(float(usable), ncpu - others))
+    want = threads or usable
+    if want - idle < 0.5:
+        return None
+    fit = max(1, int(idle))
+    what = f"each backend would run {want} thread{'s' if want > 1 else ''}" + ("" if threads else " (its default)")
+    fix = (f"pass --threads {fit}, or run when the machine is quiet" if fit < want else
+           "run when the machine is quiet")
+    return (f"warning: the machine is busy: other processes keep about {others:.1f} of its {ncpu} CPUs busy and "
+            f"{what}, so the steps will wait for CPUs and the speed figures will be marked disturbed; {fix}")
 
 
 def compile_cache_env(directory: Path) -> dict[str, str]:

@@ -44,7 +44,8 @@ import numpy as np
 
 from harness.config.fields import NAME_RE
 from harness.errors import UsageError
-from harness.files import check_version
+from harness.files import check_types, check_version, column, validate
+from harness.timing.contention import check_chunks
 
 SCHEMA = "nanogpt-parity/run-record"
 # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
@@ -474,6 +475,8 @@ class RunLock:
 
 # --- schemas ------------------------------------------------------------------------------------------------------
 _NUM = {"type": ["number", "null"]}  # null: a non-finite value (NaN or infinity)
+_SECONDS = {"type": ["number", "null"], "minimum": 0}
+_COUNT = {"type": ["integer", "null"], "minimum": 0}
 # Names that reach file names and HTML pages are checked against the patterns they were made with: a record edited
 # to hold markup or a path in a name is refused where it is read, not shown.
 NAME_PATTERN = {"type": "string", "pattern": NAME_RE.pattern}
@@ -495,7 +498,8 @@ SPEC_JSON_SCHEMA: dict = {
         "device": {"enum": ["cpu", "cuda"]},
         "data": {"type": "object", "required": ["path", "sha256"],
                  "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                                "vocab": {"type": "string"}, "bom_stripped": {"type": "boolean"},
+                                "n_chars": {"type": "integer", "minimum": 0}, "vocab": {"type": "string"},
+                                "bom_stripped": {"type": "boolean"},
                                 "line_endings": {"enum": ["normalised", "kept"]}}},
         "backends": {"type": "array", "minItems": 1, "items": BACKEND_PATTERN},
         "backend_options": {"type": "object", "additionalProperties": {"type": "object"}},
@@ -506,6 +510,33 @@ SPEC_JSON_SCHEMA: dict = {
     },
 }
 
+# `timings.contention` (harness.timing.contention.summarize): the fields a report reads, typed
+CONTENTION_JSON_SCHEMA: dict = {
+    "type": ["object", "null"],
+    "properties": {"evidence": {"type": "string"}, "chunks": _COUNT, "steady_steps": _COUNT,
+                   "disturbed_steps": _COUNT, "contended_fraction": {"type": ["number", "null"], "minimum": 0,
+                                                                     "maximum": 1},
+                   "mostly_disturbed": {"type": "boolean"}, "disturbed_chunks": _COUNT,
+                   "reasons": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+                   "cpu_per_wall": _NUM, "wait_fraction_median": _NUM, "wait_fraction_max": _NUM,
+                   "steal_fraction_max": _NUM, "others_cpus_median": _NUM,
+                   "load_range": {"type": ["array", "null"], "items": _NUM, "minItems": 2, "maxItems": 2},
+                   "threads_max": _COUNT, "ncpu": _COUNT, "gpu_evidence": {"type": "string"}},
+}
+
+# `timings` (harness.run.worker: steady-state figures, harness.timing.steady.summarize_times, and the run's times)
+TIMINGS_JSON_SCHEMA: dict = {
+    "type": "object",
+    "properties": {**{k: _SECONDS for k in ("setup_s", "first_step_s", "compile_s", "step_median_s", "step_p10_s",
+                                            "step_p90_s", "step_iqr_s", "step_mean_s", "train_s", "eval_s",
+                                            "wall_s")},
+                   "tokens_per_s": _SECONDS, "achieved_flops": _SECONDS,
+                   **{k: _COUNT for k in ("warmup_steps", "steady_steps", "steady_steps_all", "disturbed_steps")},
+                   "figures_from": {"type": "string"}, "contention": CONTENTION_JSON_SCHEMA},
+}
+
+# The per-step and per-evaluation lists are checked by `check_columns`, not item by item here: jsonschema takes
+# about 60 µs per item, a minute for a record of a million steps; `ITEMS` gives their types.
 RECORD_JSON_SCHEMA: dict = {
     "type": "object",
     "required": ["schema", "run_id", "backend", "status", "config", "steps", "evals"],
@@ -518,49 +549,100 @@ RECORD_JSON_SCHEMA: dict = {
         "config": _CONFIG,
         "seed": {"type": "integer"},
         "total_steps": {"type": "integer", "minimum": 0},
+        "tokens_per_step": {"type": ["integer", "null"], "minimum": 0},
+        "n_params": _COUNT, "n_params_non_embedding": _COUNT, "flops_per_token": _COUNT,
         "steps": {"type": "object", "required": ["step", "loss", "time_s"],
-                  "properties": {"step": {"type": "array", "items": {"type": "integer"}},
-                                 "loss": {"type": "array", "items": _NUM},
-                                 "time_s": {"type": "array", "items": _NUM}}},
-        "evals": {"type": "array", "items": {
-            "type": "object", "required": ["step", "train_loss", "val_loss"],
-            "properties": {"step": {"type": "integer"}, "train_loss": _NUM, "val_loss": _NUM, "time_s": _NUM}}},
-        "timings": {"type": "object"}, "memory": {"type": "object"},
+                  "properties": {"step": {"type": "array"}, "loss": {"type": "array"}, "time_s": {"type": "array"}}},
+        "evals": {"type": "array"},
+        "timings": TIMINGS_JSON_SCHEMA,
+        "memory": {"type": "object", "properties": {"peak_bytes": _COUNT, "kind": {"type": ["string", "null"]}}},
         "fingerprints": {"type": "object"}, "data": {"type": "object"},
         "checkpoint": {"type": ["object", "null"]},
-        "text": {"type": ["object", "null"]},
-        "chunks": {"type": "array", "items": {"type": "object", "required": ["step", "n", "wall_s", "cpu_s"],
-                                              "properties": {"step": {"type": "integer", "minimum": 0},
-                                                             "n": {"type": "integer", "minimum": 1}}}},
+        "text": {"type": ["object", "null"], "properties": {"chrf": _NUM, "bleu": _NUM}},
+        "chunks": {"type": "array"},
         "resumed_from_step": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     },
 }
 
-
-def _validate(doc: Any, schema: dict, path: Path, fix: str) -> None:
-    import jsonschema
-
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(doc))
-    if error is not None:
-        field = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        message = error.message if len(error.message) < 160 else error.message[:157] + "..."
-        raise UsageError(f"{str(path)!r} is invalid at field {field!r}: {message}; {fix}")
+# The types of the list items `check_columns` checks: the per-step lists (one number per step) and each evaluation's
+# fields; the chunks' are harness.timing.contention's (`check_chunks`).
+_INT, _FLOAT = (int,), (int, float, type(None))
+ITEMS: dict[str, dict[str, tuple[type, ...]]] = {
+    "steps": {"step": _INT, "loss": _FLOAT, "time_s": _FLOAT},
+    "evals": {"step": _INT, "train_loss": _FLOAT, "val_loss": _FLOAT, "time_s": _FLOAT},
+}
 
 
-def _read_json(path: Path, what: str, fix: str) -> Any:
-    from harness.files import read_regular
+def check_columns(record: dict, path: Path, fix: str) -> None:
+    """The items of a record's per-step, evaluation and chunk lists (`ITEMS`, harness.timing.contention's chunk
+    types): linear in the record's size, a few C-level passes over each list."""
+    steps = record["steps"]
+    for key, kinds in ITEMS["steps"].items():
+        check_types(steps[key], path, f"steps/{key}/{{}}", fix, kinds)
+    evals = record["evals"]
+    check_types(evals, path, "evals/{}", fix, (dict,))
+    for key, kinds in ITEMS["evals"].items():
+        column(evals, key, path, "evals", fix, kinds, optional=key == "time_s")
+    check_chunks(record.get("chunks") or [], path, "chunks", fix)
+    if (np.asarray(_nan(steps["time_s"]), dtype=np.float64) < 0).any():
+        raise UsageError(f"{str(path)!r} is invalid at field 'steps/time_s': a step time is negative; {fix}")
 
-    blob = read_regular(path, what, fix)  # a FIFO or a device put where a record belongs must not block
+
+_validate = validate  # the one jsonschema check (harness.files.validate), by its old name here
+
+
+# --- how big a record can be ---------------------------------------------------------------------------------------
+# Every JSON file of a run is read within a cap (harness.files.read_json), so a device, a FIFO or a file of gigabytes
+# put where a record belongs is refused before it is read. The caps are bytes of JSON as `json_bytes` writes it
+# (indent 1), bounded from above item by item, for the steps and evaluations the run's spec lets it have:
+MAX_SPEC_BYTES = 16 * 2**20  # config, options, data provenance; the vocabulary: at most 0x110000 symbols x 12 bytes
+RECORD_BASE_BYTES = 16 * 2**20  # a record without its lists: the vocabulary again, the text samples, a traceback
+STEP_BYTES = 96  # steps.step, .loss, .time_s: three numbers of at most 24 characters, one line each
+EVAL_BYTES = 320  # one evaluation: four numbers and their names
+CHUNK_BYTES = 4096  # one chunk of contention evidence, GPU states included (about 700 bytes measured); one a step
+RECORD_CEILING = 2**30  # the cap of a record whose spec cannot say how many steps its run has
+# parity.json (harness.parity.record): about 250 KB for medium at 50 steps, growing with the optimizer steps
+# compared, whose probes `harness.parity.record.PROBE_BUDGET` (1 GiB of states) bounds: its tables stay far below
+MAX_PARITY_BYTES = 64 * 2**20
+
+
+def steps_bound(spec: dict) -> int | None:
+    """The most training steps the run of `spec` can have: its config's `steps`, else `epochs` times the batches of
+    its corpus (no more than n_chars // (block_size x batch_size) per epoch); None when the spec cannot say."""
+    config, data = spec.get("config") or {}, spec.get("data") or {}
+    steps, epochs = config.get("steps"), config.get("epochs")
+    if isinstance(steps, int) and steps > 0:
+        return steps
     try:
-        return json.loads(blob.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{what} {str(path)!r} is corrupt ({exc}); {fix}") from None
+        per_epoch = int(data["n_chars"]) // (int(config["block_size"]) * int(config["batch_size"])) + 1
+        return int(epochs) * per_epoch
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def record_cap(spec: dict | None) -> int:
+    """The most bytes a backend's record of the run of `spec` can hold: `RECORD_BASE_BYTES` plus, per step, its
+    numbers and a chunk (a chunk holds one step or more), per evaluation (every `eval_interval` steps, and at the
+    first and the last) its numbers; `RECORD_CEILING` when the spec cannot say how many steps there are."""
+    steps = steps_bound(spec or {})
+    if steps is None:
+        return RECORD_CEILING
+    interval = (spec.get("config") or {}).get("eval_interval")
+    evals = steps // interval + 2 if isinstance(interval, int) and interval > 0 else steps + 2
+    return RECORD_BASE_BYTES + steps * (STEP_BYTES + CHUNK_BYTES) + evals * EVAL_BYTES
+
+
+def _read_json(path: Path, what: str, fix: str, max_bytes: int) -> Any:
+    from harness.files import read_json
+
+    # a FIFO or a device put where a record belongs must not block; nothing bigger than a run can write is read
+    return read_json(path, what, fix, max_bytes, f"no run writes so much; {fix}")
 
 
 def load_spec_file(path: Path) -> dict:
     """Read and validate a spec.json; any problem is a UsageError naming the file and the field."""
     fix = "that run cannot be used; delete it or start a new run"
-    spec = _read_json(path, "run spec", fix)
+    spec = _read_json(path, "run spec", fix, MAX_SPEC_BYTES)
     if isinstance(spec, dict) and spec.get("schema") != SPEC_SCHEMA:
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity run spec; that run cannot be used")
     if isinstance(spec, dict):
@@ -576,17 +658,24 @@ def _nan(values: list) -> list:
     return [math.nan if v is None else v for v in values]
 
 
-def load_record(path: Path, backend: str | None = None) -> dict:
+def load_record(path: Path, backend: str | None = None, spec: dict | None = None) -> dict:
     """Read and validate one RunRecord; a missing, corrupt or invalid file is a UsageError naming it and the field.
 
-    Non-finite numbers (stored as null) come back as nan in the loss curves.
+    It is read within the cap of its run (`record_cap` of `spec`; without one, of the spec beside it). Non-finite
+    numbers (stored as null) come back as nan in the loss curves.
     """
     fix = "rerun or delete that run"
-    record = _read_json(path, "run record", fix)
+    if spec is None:
+        try:
+            spec = load_spec_file(Path(path).parent / "spec.json")
+        except UsageError:
+            spec = None  # the record alone: the ceiling
+    record = _read_json(path, "run record", fix, record_cap(spec))
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity run record; pass a run id from <out>/runs")
     check_version(record, path, SCHEMA_VERSION)
     _validate(record, RECORD_JSON_SCHEMA, path, fix)
+    check_columns(record, path, fix)
     if backend is not None and record["backend"] != backend:
         raise UsageError(f"{str(path)!r} is invalid at field 'backend': {record['backend']!r} in the file of "
                          f"backend {backend!r}; {fix}")
@@ -610,7 +699,7 @@ def load_run(out: Path, run_id: str) -> tuple[dict, list[dict]]:
     if not paths.spec.exists():
         raise UsageError(f"run {run_id!r} has no spec.json; it is not a complete run directory")
     spec = load_spec_file(paths.spec)
-    recs = [load_record(paths.record(b), b) for b in spec["backends"] if os.path.lexists(paths.record(b))]
+    recs = [load_record(paths.record(b), b, spec) for b in spec["backends"] if os.path.lexists(paths.record(b))]
     return spec, recs
 
 

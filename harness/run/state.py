@@ -8,27 +8,17 @@ process is gone and the run was interrupted.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 from pathlib import Path
 
+from harness import files
 from harness.errors import UsageError
 from harness.run import records
 
 
 def lock_held(paths: records.RunPaths) -> bool | None:
     """Whether a process holds the run's lock now (None: this system cannot say)."""
-    try:
-        st = os.stat(paths.lock)
-    except OSError:
-        return False  # never locked: nothing has written the run yet
-    try:
-        table = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    key = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    return any(key in line for line in table.splitlines())
+    return files.lock_held(paths.lock)  # never locked (no .lock yet): False, nothing has written the run
 
 
 def backend_row(backend: str, rec: dict | None, held: bool | None) -> dict[str, str]:
@@ -66,9 +56,9 @@ def parity_line(paths: records.RunPaths) -> str | None:
     if not paths.parity.is_file():
         return None
     try:
-        doc = json.loads(paths.parity.read_text(encoding="utf-8"))
+        doc = files.read_json(paths.parity, "parity record", "run `harness parity` again", records.MAX_PARITY_BYTES)
         verdict = str(doc["verdict"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (UsageError, KeyError, TypeError):
         return "parity: parity.json is unreadable"
     return f"parity: {verdict}" + (f" ({doc['failures'][0]})" if verdict != "pass" and doc.get("failures") else "")
 

@@ -12,7 +12,6 @@ trusted: on SLURM, submitit's pickles under `<out>/sweeps/<id>/slurm/` are what 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -22,7 +21,7 @@ from typing import Any
 
 from harness.config.fields import SEED_MAX, config_from_dict
 from harness.errors import UsageError
-from harness.files import check_version, read_regular
+from harness.files import check_version, read_json
 from harness.run import records
 from harness.run.records import RunPaths, SweepPaths
 from harness.sweep.settings import check_executor
@@ -34,7 +33,9 @@ SCHEMA_VERSION = 1
 DONE = "completed"
 RERUNNABLE = ("pending", "interrupted", "failed")
 STATES = ("pending", "queued", "running", "completed", "interrupted", "failed")
-MAX_MANIFEST_BYTES = 1 << 30  # some 10 kB a cell: far above any sweep this harness would write, yet bounded
+# sweep.json: about 1 KB a cell measured (its config, state and job), 10 MB at MAX_CELLS (10,000) cells; a cell's
+# error text and the paired entries add little. 256 MiB is far above any sweep the harness writes, yet bounded.
+MAX_MANIFEST_BYTES = 256 * 2**20
 SWEEP_ID_RE = records.SWEEP_ID_RE
 # the sweep's name, as harness.sweep.spec.build_spec accepts it at creation: it goes into sweep ids and into the SLURM
 # job name (#SBATCH --job-name=harness-NAME), so a stored one is held to the same plain text (no newline, no markup)
@@ -158,11 +159,7 @@ class Manifest:
             raise UsageError(f"no sweep {sweep_id!r} under {str(sweeps_dir(out))!r}; pass an existing sweep id "
                              "and the --out it was written to")
         # a regular file of bounded size only: a named pipe put at sweep.json must not hang --status
-        blob = read_regular(path, "the sweep manifest", fix, MAX_MANIFEST_BYTES)
-        try:
-            doc = json.loads(blob.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{path} is corrupt ({exc}); that sweep cannot be read") from None
+        doc = read_json(path, "the sweep manifest", fix, MAX_MANIFEST_BYTES)
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise UsageError(f"{path} is not a nanogpt-parity sweep manifest")
         check_version(doc, path, SCHEMA_VERSION)

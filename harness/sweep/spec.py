@@ -29,6 +29,7 @@ from harness.config.fields import SEED_MAX, Config, short
 from harness.config.load import load_config
 from harness.config.presets import PRESETS
 from harness.errors import UsageError
+from harness.files import type_words
 from harness.sweep.manifest import SWEEP_NAME_RE
 from harness.sweep.settings import check_slurm
 from harness.timing.paired import ROUNDS
@@ -106,7 +107,7 @@ def _list(value: Any, what: str, kind: type | tuple[type, ...] = str) -> list:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     for v in values:
         if not isinstance(v, kind) or (isinstance(v, bool) and bool not in kinds):
-            raise UsageError(f"sweep axis {what}: {v!r} is not a {getattr(kind, '__name__', kind)}; fix the value")
+            raise UsageError(f"sweep axis {what}: {v!r} is not {type_words(kinds)}; fix the value")
     if len(set(map(repr, values))) != len(values):
         raise UsageError(f"sweep axis {what} lists a value twice ({values}); name each value once")
     return values

@@ -42,6 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from harness.errors import UsageError
+from harness.files import check_types, column, short_json
+
 RULE_VERSION = 1
 CHUNK_S = 0.5  # seconds of training per chunk (the machine state is read at its two ends)
 WAIT_MAX = 0.10  # a chunk whose threads waited for a CPU more than this share of their runnable time is disturbed
@@ -176,6 +179,20 @@ class Probe:
 
 
 # --- GPU (NVML) --------------------------------------------------------------------------------------------------
+def others_busy(probe: Probe, seconds: float = 0.2, sleep: Callable[[float], None] = time.sleep
+                ) -> tuple[float, int] | None:
+    """(CPUs kept busy by other processes, CPUs of the machine) over `seconds` while this process sleeps: /proc/stat
+    busy time less this process's own CPU time, per second of wall time; None where /proc/stat cannot say."""
+    a = probe.snapshot()
+    sleep(seconds)
+    b = probe.snapshot()
+    wall = b.wall - a.wall
+    if a.machine is None or b.machine is None or not b.ncpu or wall <= 0:
+        return None
+    busy = (b.machine[0] - a.machine[0]) - max(0.0, b.cpu - a.cpu)
+    return min(float(b.ncpu), max(0.0, busy / wall)), b.ncpu
+
+
 class NvmlProbe:
     """The state of one GPU through NVML (`pynvml`, from the `nvidia-ml-py` package): SM clock, clock-event
     reasons, other compute processes. `nvml` is the module (a stub in tests); `device` an index or a "GPU-..."
@@ -305,6 +322,45 @@ def chunk(a: Snapshot, b: Snapshot, first_step: int, steps: int) -> dict:
     return out
 
 
+# The types of a chunk's fields as `chunk` writes them, against which a chunk read back from disk is checked
+# (`check_chunks`): the four every chunk has, then the ones it may leave out. null: not measured, or not finite.
+_NUMBER = (int, float, type(None))
+CHUNK_REQUIRED: dict[str, tuple[type, ...]] = {"step": (int,), "n": (int,), "wall_s": _NUMBER, "cpu_s": _NUMBER}
+CHUNK_OPTIONAL: dict[str, tuple[type, ...]] = {
+    **{k: _NUMBER for k in ("exec_s", "wait_s", "busy_s", "steal_s", "total_s", "others_cpu_s", "psi_some_s", "at",
+                            "threads", "ncpu")},
+    "load": (list, type(None)), "gpu": (list, type(None)),
+}
+GPU_STATE: dict[str, tuple[type, ...]] = {"sm_mhz": _NUMBER, "reasons": (int, type(None)),
+                                          "others": (int, type(None)), "own_listed": (bool, type(None))}
+
+
+def check_chunks(chunks: Any, path: str | os.PathLike, where: str, fix: str) -> None:
+    """UsageError (harness.files' one line, naming the field) unless `chunks` is a list of chunks of the types
+    `chunk` writes (`CHUNK_REQUIRED`, `CHUNK_OPTIONAL`, the GPU states of `GPU_STATE`), none starting before step 0
+    or holding no step: what `summarize` and `reasons` read cannot fail on them. Linear in the chunks: C-level
+    passes, a Python loop only over chunks that hold GPU states."""
+    if not isinstance(chunks, list):
+        raise UsageError(f"{str(path)!r} is invalid at field {where!r}: {short_json(chunks)} is not a list; {fix}")
+    check_types(chunks, path, f"{where}/{{}}", fix, (dict,))
+    for key, kinds in CHUNK_REQUIRED.items():
+        column(chunks, key, path, where, fix, kinds)
+    for key, kinds in CHUNK_OPTIONAL.items():
+        column(chunks, key, path, where, fix, kinds, optional=True)
+    if chunks and (min(c["step"] for c in chunks) < 0 or min(c["n"] for c in chunks) < 1):
+        raise UsageError(f"{str(path)!r} is invalid at field {where!r}: a chunk starts before step 0 or holds no "
+                         f"step; {fix}")
+    loads = [(i, c["load"]) for i, c in enumerate(chunks) if c.get("load")]
+    for i, load in loads:
+        check_types(load, path, f"{where}/{i}/load/{{}}", fix, _NUMBER)
+    for i, c in ((i, c) for i, c in enumerate(chunks) if c.get("gpu")):
+        states = c["gpu"]
+        check_types(states, path, f"{where}/{i}/gpu/{{}}", fix, (dict, type(None)))
+        for j, state in enumerate(states):
+            for key, kinds in GPU_STATE.items() if state else ():
+                check_types([state.get(key)], path, f"{where}/{i}/gpu/{j}/{key}", fix, kinds)
+
+
 def wait_fraction(c: dict) -> float | None:
     """Share of the threads' runnable time spent waiting for a CPU: wait / (wait + exec)."""
     w, e = c.get("wait_s"), c.get("exec_s")
@@ -401,6 +457,15 @@ def summarize(chunks: list[dict], n_steps: int, first: int) -> dict:
     out["threads_max"] = max((c["threads"] for c in chunks if c.get("threads")), default=None)
     out["ncpu"] = next((c["ncpu"] for c in reversed(chunks) if c.get("ncpu")), None)
     return out
+
+
+def disturbed_tag(summary: dict | None) -> str:
+    """"mostly disturbed, 87% of steps" for a run whose `timings.contention` (`summarize`) is mostly disturbed,
+    else "": every console line and table cell that shows such a run's speed carries it."""
+    if not isinstance(summary, dict) or not summary.get("mostly_disturbed"):
+        return ""
+    frac = summary.get("contended_fraction")
+    return "mostly disturbed" + (f", {frac:.0%} of steps" if isinstance(frac, (int, float)) else "")
 
 
 def sentence(contention: dict | None, name: str = "") -> str:

@@ -6,15 +6,16 @@ Pure: the reports and sweeps read it; the coordinator that writes it is harness.
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness.errors import UsageError
-from harness.files import check_version
+from harness.files import check_types, check_version, column, lock_held, pid_alive, read_json, validate
 from harness.timing import contention, stats
 
 SCHEMA = "nanogpt-parity/paired-timing"
@@ -38,18 +39,111 @@ MIN_USABLE_ROUNDS = 3  # fewer undisturbed rounds than this (and than half the w
 CV_MAX = 0.10  # a coefficient of variation of the paired ratios above this is said in the verdict
 
 
+# --- the record on disk --------------------------------------------------------------------------------------------
+# The most bytes a paired.json can hold: the longest session (MAX_ROUNDS undisturbed rounds asked, MAX_ROUNDS_FACTOR
+# times as many made) of two contenders at MAX_BURST steps a burst, at about 36 bytes a step time as
+# harness.run.records.json_bytes writes it, is 4,000 x 2 x 500 x 36 bytes = 144 MB plus 4 KB of evidence a burst;
+# twice that leaves room for a resumed session. Anything bigger is no paired timing the harness wrote.
+MAX_BYTES = 320 * 2**20
+
+SESSION_STATES = ["running", "completed", "incomplete", "interrupted", "failed"]
+_NUMBER = (int, float, type(None))  # null: a non-finite time
+_COUNT = {"type": "integer", "minimum": 1}
+_SECONDS = {"type": "number", "minimum": 0}
+_STEPS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+# The record without its rounds (`check_rounds` checks those: one jsonschema pass per item would take seconds on
+# a long session). Every field a reader or the coordinator takes from it is typed; contenders may carry more
+# fields (a sweep's: the cell and its run id).
+JSON_SCHEMA: dict = {
+    "type": "object",
+    "required": ["schema", "contenders", "plan", "sessions"],
+    "properties": {
+        "schema": {"const": SCHEMA}, "schema_version": {"type": "integer"},
+        "label": {"type": ["string", "null"]}, "seed": {"type": ["integer", "null"]},
+        "contenders": {"type": "array", "minItems": 2, "items": {
+            "type": "object", "required": ["name", "backend"],
+            "properties": {"name": {"type": "string", "minLength": 1}, "backend": {"type": "string"},
+                           "run_dir": {"type": "string"}, "run_id": {"type": ["string", "null"]},
+                           "cell": {"type": ["integer", "null"]}, "options": {"type": ["object", "null"]},
+                           "device": {"type": ["string", "null"]}}}},
+        "threads": {"type": ["integer", "null"], "minimum": 1},
+        "plan": {"type": "object",
+                 "required": ["rounds", "max_rounds", "burst_s", "min_burst", "max_burst", "gap_s", "warmup_s"],
+                 "properties": {"rounds": _COUNT, "max_rounds": _COUNT, "burst_s": {"type": "number",
+                                                                                     "exclusiveMinimum": 0},
+                                "min_burst": _COUNT, "max_burst": _COUNT, "gap_s": _SECONDS,
+                                "warmup_steps": {"type": "integer", "minimum": 0}, "warmup_s": _SECONDS,
+                                "order": {"type": "string"}}},
+        "rule": {"type": ["object", "null"]},
+        "status": {"enum": ["pending", *SESSION_STATES]},
+        "created_at": {"type": "string"},
+        "sessions": {"type": "array", "items": {
+            "type": "object",
+            "properties": {"status": {"enum": SESSION_STATES}, "started_at": {"type": "string"},
+                           "finished_at": {"type": "string"}, "host": {"type": "string"},
+                           "failure": {"type": "string"}, "ready": {"type": "object"},
+                           "burst_steps": _STEPS, "burst_steps_after_first_round": _STEPS,
+                           "rounds": {"type": "array"}}}},
+    },
+}
+
+
+def check_rounds(doc: dict, path: Path, fix: str) -> None:
+    """Every round of every session: an object whose `bursts` map a name to {"start": step, "times": [seconds],
+    "chunk": contention evidence}, typed as the coordinator writes them (UsageError naming the field). Linear in
+    the record: C-level passes over each burst's times."""
+    for i, session in enumerate(doc["sessions"]):
+        where = f"sessions/{i}/rounds"
+        rounds = session.get("rounds") or []
+        check_types(rounds, path, where + "/{}", fix, (dict,))
+        column(rounds, "order", path, where, fix, (list,), optional=True)
+        for j, bursts in enumerate(column(rounds, "bursts", path, where, fix, (dict,))):
+            for name, burst in bursts.items():
+                at = f"{where}/{j}/bursts/{name}"
+                check_types([burst], path, at, fix, (dict,))
+                check_types([burst.get("start")], path, at + "/start", fix, (int, type(None)))
+                times = burst.get("times")
+                check_types([times], path, at + "/times", fix, (list,))
+                check_types(times, path, at + "/times/{}", fix, _NUMBER)
+                contention.check_chunks([burst.get("chunk")], path, at + "/chunk", fix)
+
+
 def load(path: Path) -> dict:
-    """A paired-timing record; UsageError naming the file when it is unreadable or not one."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"paired-timing record {str(path)!r} does not exist") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"paired-timing record {str(path)!r} is unreadable ({exc}); delete it to time again"
-                         ) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("sessions"), list):
+    """A paired-timing record, read within `MAX_BYTES`, checked against `JSON_SCHEMA` and `check_rounds`; a session
+    left "running" by a coordinator that is gone (killed, its disk full) reads as "interrupted" (`abandoned`).
+    UsageError in one line naming the file (and the field) when it is unreadable or not one."""
+    fix = "delete it to time again"
+    if not os.path.lexists(path):
+        raise UsageError(f"paired-timing record {str(path)!r} does not exist")
+    doc = read_json(path, "paired-timing record", fix, MAX_BYTES, f"no paired timing writes so much; {fix}")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity paired-timing record")
     check_version(doc, path, SCHEMA_VERSION)
+    validate(doc, JSON_SCHEMA, path, fix)
+    check_rounds(doc, path, fix)
+    return abandoned(doc, path)
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file beside paired-timing record `path` (harness.run.paired_timing.RecordLock holds it)."""
+    return Path(path).with_name(f".{Path(path).name}.lock")
+
+
+def abandoned(doc: dict, path: Path) -> dict:
+    """`doc` with a session marked "running" whose coordinator is gone marked "interrupted" (`gone` True), and the
+    record's status with it; in memory only (a reader writes nothing). Gone: the session ran on this host and no
+    process holds the record's lock (harness.files.lock_held; the kernel drops the lock when its holder dies,
+    however it dies). A session of another host is left as it is: this host cannot see its locks."""
+    running = [s for s in doc["sessions"] if s.get("status") == "running"]
+    held = lock_held(lock_path(path)) if running else True
+    if held or (held is None and pid_alive(lock_path(path))):
+        return doc
+    here = socket.gethostname()
+    for session in running:
+        if session.get("host") in (None, here):
+            session.update(status="interrupted", gone=True)
+    if doc.get("status") == "running" and not any(s.get("status") == "running" for s in doc["sessions"]):
+        doc["status"] = "interrupted"
     return doc
 
 
@@ -236,7 +330,8 @@ def status_text(doc: dict) -> str:
     failure = last.get("failure")
     if failure:
         return f"paired timing failed: {failure}"
-    return f"{len(doc.get('sessions') or [])} session(s), {n} rounds, {clean} undisturbed"
+    gone = "; the last session was interrupted (its process is gone)" if last.get("gone") else ""
+    return f"{len(doc.get('sessions') or [])} session(s), {n} rounds, {clean} undisturbed{gone}"
 
 
 def complete(doc: dict) -> bool:
