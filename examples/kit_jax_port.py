@@ -103,9 +103,9 @@ def build(c: dict, plant: str | None) -> tuple:
             out[0][n], out[1][n], out[2][n] = w - step_size * (m_n / (jnp.sqrt(v_n) / bc2_sqrt + eps)), m_n, v_n
         return out
 
-    def taps(p, x):
+    def taps(p, x, masks):
         out = {}
-        forward(p, x, {}, out)
+        forward(p, x, masks, out)
         return out
 
     grad = jax.jit(jax.value_and_grad(loss))
@@ -140,7 +140,9 @@ def main() -> None:
 
     rows = manifest["taps"]["rows"]
     out = {"logits": logits(p, x[0])}
-    out.update({f"tap/{n}": v for n, v in taps(p, x[0][:rows]).items() if n in manifest["taps"]["names"]})
+    # the taps: dropout off except at the sites of taps.masks (the attention probabilities), with their step-0 masks
+    tap_masks = {site: jax.numpy.asarray(all_masks[site][0][:rows]) for site in manifest["taps"].get("masks", [])}
+    out.update({f"tap/{n}": v for n, v in taps(p, x[0][:rows], tap_masks).items() if n in manifest["taps"]["names"]})
     out.update({f"grad/{n}": g for n, g in grad(p, x[0], y[0], {})[1].items()})
     if all_masks:
         out.update({f"dropout_grad/{n}": g for n, g in grad(p, x[0], y[0], masks(0))[1].items()})

@@ -149,6 +149,23 @@ def test_attention_probability_dropout_is_applied_as_att_times_keep_over_1_minus
                                (probs @ v).transpose(0, 2, 1, 3).reshape(B, T, -1), rtol=1e-12, atol=1e-15)
 
 
+def test_the_backends_taps_take_the_attention_masks_as_the_oracles_do(corpus) -> None:
+    """Parity takes the taps under the step-0 attention masks (harness.core.taps.tap_masks): the JAX backend's
+    taps(x, masks=) equal the oracle's under the same masks, and differ from its taps without them."""
+    from harness.core.taps import tap_masks, tap_rows
+
+    config = load_config("small").replace(dropout=0.2, attn_dropout=True)
+    oracle, jb, stream = setup_pair(corpus, config)
+    x, _ = stream.batch(0)
+    rows = x[:tap_rows(config)]
+    masks = tap_masks(config, dropout_masks(config, SEED, 0))
+    assert set(masks) == {"h.0.attn.probs"}
+    want, got = oracle.taps(rows, masks=masks), jb.taps(rows, masks=masks)
+    for name in ("h.0.attn.probs", "h.0.attn.y", "logits"):
+        assert rel(got[name], want[name]) < 1e-12, name
+    assert rel(jb.taps(rows)["h.0.attn.y"], got["h.0.attn.y"]) > 1e-2  # the masks were applied
+
+
 def test_own_dropout_depends_on_seed_and_step_only_and_checkpoints_resume_exactly(corpus) -> None:
     config = load_config("small").replace(dropout=0.2)
     _, jb, stream = setup_pair(corpus, config)

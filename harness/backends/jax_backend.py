@@ -137,9 +137,9 @@ class JaxBackend:
                                                                            config.dropout)
             return m.train_step(state, x, y, scalars, masks, config)
 
-        def taps(p: Any, x: Any) -> dict:
+        def taps(p: Any, x: Any, masks: Any) -> dict:
             out: dict = {}
-            m.forward(p, x, config, taps=out)
+            m.forward(p, x, config, masks, taps=out)
             return out
 
         self._step = jax.jit(step, donate_argnums=0)  # the state is replaced by the step's output
@@ -227,9 +227,10 @@ class JaxBackend:
         g = self._grads(self.state[0], self._tokens(x), self._tokens(y), self._masks(masks))
         return {n: np.array(g[n]) for n in self.names}
 
-    def taps(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The named intermediate activations of the forward pass of `x` (harness/core/taps.py), dropout off."""
-        return {n: np.array(v) for n, v in self._taps(self.state[0], self._tokens(x)).items()}
+    def taps(self, x: np.ndarray, masks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The named intermediate activations of the forward pass of `x` (harness/core/taps.py): dropout off except
+        at the sites of `masks` (parity's step-0 attention masks, harness.core.taps.tap_masks)."""
+        return {n: np.array(v) for n, v in self._taps(self.state[0], self._tokens(x), self._masks(masks)).items()}
 
     def parameters(self) -> dict[str, np.ndarray]:
         return {n: np.array(self.state[0][n]) for n in self.names}
