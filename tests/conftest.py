@@ -18,7 +18,7 @@ import pytest
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-# Paired timing (harness.paired) in short bursts: tests check its mechanism, never a speed.
+# Paired timing (harness.run.paired_timing) in short bursts: tests check its mechanism, never a speed.
 os.environ.setdefault("HARNESS_PAIRED_BURST_S", "0.02")
 
 ROOT = Path(__file__).resolve().parent.parent

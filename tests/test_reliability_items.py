@@ -1,6 +1,6 @@
 """Issue 12, one test per numbered item (and the run-id and provenance findings).
 
-Timing-dependent cases use the worker's HARNESS_TEST_PAUSE_AT hook (see harness/worker.py), so every signal
+Timing-dependent cases use the worker's HARNESS_TEST_PAUSE_AT hook (see harness/run/worker.py), so every signal
 lands at a named point instead of "after about two seconds". Validation cases call the CLI in-process (fast);
 anything about processes runs the real CLI in a fresh interpreter.
 """

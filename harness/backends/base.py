@@ -80,7 +80,7 @@ class Backend(Protocol):
         """Model and optimizer state as flat arrays (for checkpoints); `load_state_dict` restores it.
 
         The arrays are the caller's own (copies, never views of live state), and `load_state_dict` copies what it
-        is given: the parity probe (harness/probe.py) keeps them without copying again."""
+        is given: the parity probe (harness/run/probe.py) keeps them without copying again."""
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore what `state_dict` returned. The "param/", "adam_m/", "adam_v/" arrays and "adam_t" of another

@@ -445,7 +445,7 @@ class FluxBackend:
             # the model options (harness.config.OPTION_DEFAULTS); which parameters exist follows from them
             "tie_embeddings": bool(config.tie_embeddings), "gelu": config.gelu, "bias": bool(config.bias),
             "lm_head_bias": bool(config.lm_head_bias), "attn_dropout": bool(config.attn_dropout),
-            # which parameters AdamW decays: harness/weights.py decides, Julia only reads the list
+            # which parameters AdamW decays: harness/core/weights.py decides, Julia only reads the list
             "decay": ",".join(name for name, w in weights.items()
                               if decays(name, tuple(np.shape(w)), config.decay)),
         })

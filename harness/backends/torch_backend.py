@@ -142,7 +142,8 @@ class TorchBackend:
     global-norm clipping."""
 
     name = "torch"
-    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.devices.parity_options)
+    # what `harness parity` passes (harness.cli.parity.parity_options)
+    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}
 
     def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool | str = False,
                  parity: bool = False, cuda_graphs: bool = False):

@@ -23,10 +23,10 @@ SCHEMES = ("epochs", "random")
 GELUS = ("tanh", "exact")  # GELU forms: the tanh approximation, or exact x * Phi(x) with erf (nanoGPT's nn.GELU())
 
 
-DECAYS = ("nanogpt", "mingpt")  # weight-decay conventions (harness.weights.decays)
+DECAYS = ("nanogpt", "mingpt")  # weight-decay conventions (harness.core.weights.decays)
 
 
-LR_SCHEDULES = ("constant", "cosine")  # harness.schedule.learning_rate: nanoGPT's get_lr
+LR_SCHEDULES = ("constant", "cosine")  # harness.core.schedule.learning_rate: nanoGPT's get_lr
 
 
 # The fields added after records existed (their defaults, in Config, mean the original model and optimizer: see
@@ -119,7 +119,7 @@ class Config:
     bias: bool = True
     lm_head_bias: bool = True
     attn_dropout: bool = False
-    # [train] options: which parameters AdamW decays; the learning-rate schedule (harness.schedule)
+    # [train] options: which parameters AdamW decays; the learning-rate schedule (harness.core.schedule)
     decay: str = "nanogpt"
     lr_schedule: str = "constant"
     warmup_steps: int = 0

@@ -1,4 +1,4 @@
-"""Cost formulas of the model, beside its shapes (harness/weights.py): what a token of training costs.
+"""Cost formulas of the model, beside its shapes (harness/core/weights.py): what a token of training costs.
 
 Kept apart from the worker and the report so that both (and sweeps) read one definition, as nanoGPT keeps
 `estimate_mfu` with the model.

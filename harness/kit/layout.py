@@ -54,7 +54,7 @@ def describe(group: str, key: str, shape: tuple[int, ...]) -> dict[str, Any]:
         out.update(axes=["batch", "time", "vocab"],
                    flux_shape=list(flux_layout.logits_to_flux(np.zeros(shape, dtype=np.float32)).shape),
                    flux="Flux logits are (V, T, B): permutedims(l, (3, 2, 1)) (flux_layout.logits_from_flux)")
-    elif key.startswith(TAP_PREFIX):  # an activation tap (harness/taps.py)
+    elif key.startswith(TAP_PREFIX):  # an activation tap (harness/core/taps.py)
         name = key[len(TAP_PREFIX):]
         out.update(axes=tap_axes(name),
                    flux_shape=list(flux_layout.taps_to_flux({name: np.zeros(shape, dtype=np.float32)})[name].shape),

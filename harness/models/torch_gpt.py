@@ -5,14 +5,14 @@ model); the options `bias`, `lm_head_bias`, `tie_embeddings`, `gelu="exact"` and
 (bias=False, no lm_head bias, tied, nn.GELU(), dropout on the attention probabilities too), with nanoGPT's operations
 in nanoGPT's order (docs/nanogpt.md has the bitwise comparison).
 
-Parameter names equal the harness's canonical names (harness/weights.py), so canonical weights load with
+Parameter names equal the harness's canonical names (harness/core/weights.py), so canonical weights load with
 `load_state_dict` and gradients come back under the same names without any mapping.
 
 `forward(idx, targets, masks)` takes optional dropout keep-masks drawn by the harness (harness/core/masks.py), so that
 two backends drop the same activations in `harness parity --dropout P`; without them, nn.Dropout's own RNG, and at
 the attention probabilities SDPA's `dropout_p` (its fused kernels; with a given mask the probabilities are written
 out, as nanoGPT's non-flash path).
-`forward(..., taps=dict)` fills the dict with the named intermediate activations of harness/taps.py (parity's
+`forward(..., taps=dict)` fills the dict with the named intermediate activations of harness/core/taps.py (parity's
 depth 0).
 """
 

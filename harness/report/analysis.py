@@ -64,7 +64,7 @@ class RunView:
     age_s: dict[str, float]  # seconds since each record was last written
     parity: dict | None = None
     parity_error: str | None = None
-    paired: dict | None = None  # paired.json (harness.paired): the backends timed side by side
+    paired: dict | None = None  # paired.json (harness.timing.paired): the backends timed side by side
     banners: list[Banner] = field(default_factory=list)
 
     @property
@@ -277,7 +277,7 @@ class PairComparison:
     tail_mean: float | None = None  # mean of loss_a - loss_b over the tail window
     tail_ci: float | None = None  # 95 % half-width of that mean
     training_time_ratio: float | None = None  # time per token of a over b (< 1: a is faster), separate runs
-    paired: dict | None = None  # harness.paired.pair_summary of (a, b): time ratio a / b from the paired timing
+    paired: dict | None = None  # harness.timing.paired.pair_summary of (a, b): time ratio a / b from the paired timing
     paired_failure: str | None = None  # why the paired timing has no round of (a, b), when it was tried
     paired_crashed: bool = False  # the paired timing's last session failed (not merely unfinished)
 

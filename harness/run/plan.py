@@ -109,8 +109,9 @@ MEMORY_FIX = {"parameters": "make the model smaller (n_embd, n_layer, d_hidden)"
 
 
 def probe_bytes(config: Config, vocab_size: int, opt_steps: int) -> int:
-    """What `harness parity`'s optimizer states take in one worker (harness/probe.py): parameters, m and v after each
-    of `opt_steps` steps, in float64, in its own probe and, for the backend that re-synchronises, the reference's."""
+    """What `harness parity`'s optimizer states take in one worker (harness/run/probe.py): parameters, m and v
+    after each of `opt_steps` steps, in float64, in its own probe and, for the backend that re-synchronises, the
+    reference's."""
     return 2 * opt_steps * 3 * 8 * count_parameters(config, vocab_size)
 
 

@@ -1,6 +1,6 @@
 """What one backend records for `harness parity`: its probe (docs/parity.md, "The probe").
 
-The same code runs in the parity worker (harness/worker.py) and in process (tests, tools/planted_bugs.py), so an
+The same code runs in the parity worker (harness/run/worker.py) and in process (tests, tools/planted_bugs.py), so an
 in-process measurement is the command's.
 
 A probe maps names to arrays:

@@ -207,7 +207,7 @@ class Worker:
             self.persist()
 
     def save_probe(self, parity: dict) -> None:
-        """`harness parity`: the step-0 probe (harness/probe.py: logits, gradients, taps, initial parameters),
+        """`harness parity`: the step-0 probe (harness/run/probe.py: logits, gradients, taps, initial parameters),
         written now and again once the optimizer states are in (`save_opt_step`). A backend that is not the
         run's reference re-synchronises its optimizer steps from the reference's probe, which its worker (run
         first) wrote."""

@@ -254,8 +254,8 @@ def cell_summary(cell: dict, rec: dict | None) -> dict[str, Any]:
 
 
 # --- paired timing entries -----------------------------------------------------------------------------------------
-# A sweep's speed comparisons rest on paired timing (harness.paired): per config, seed, device and dtype option, one
-# entry whose contenders are that block's cells (two or more backends), timed side by side after the block's
+# A sweep's speed comparisons rest on paired timing (harness.timing.paired): per config, seed, device and dtype
+# option, one entry whose contenders are that block's cells (two or more backends), timed side by side after the block's
 # training. The entries live in the manifest's `paired` list (never among the cells: a cell is one training run),
 # their records in `<out>/sweeps/<id>/paired/<n>.json`.
 PAIRED_RERUNNABLE = (*RERUNNABLE, "incomplete")  # incomplete: its sessions ended without enough undisturbed rounds

@@ -45,7 +45,7 @@ TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "backend
 # Config fields a sweep may not list: the name is the cell's label, steps/epochs are the schedule (top level)
 NOT_SWEEPABLE = {"name", "steps", "epochs"}
 FIELDS = {f.name for f in dataclasses.fields(Config)} - NOT_SWEEPABLE
-# nanoGPT's names, accepted as on `harness run --set` (harness.nanogpt.apply_overrides): an alias of a field, or
+# nanoGPT's names, accepted as on `harness run --set` (harness.config.nanogpt.apply_overrides): an alias of a field, or
 # decay_lr (true: the cosine schedule the config describes; false: a constant rate)
 NANOGPT_NAMES = {**nanogpt.ALIASES, "decay_lr": "lr_schedule"}
 

@@ -82,7 +82,7 @@ function parse_config(cfg::AbstractDict)
     return c
 end
 
-# "decay": the comma-separated names of the parameters AdamW decays (harness/weights.py decides);
+# "decay": the comma-separated names of the parameters AdamW decays (harness/core/weights.py decides);
 # empty or absent: nanoGPT's rule, every parameter with two or more dimensions.
 parse_decay(s::AbstractString) = isempty(strip(s)) ?
     nothing :
@@ -101,7 +101,7 @@ end
 """
     param_specs(c::Config) -> Vector{ParamSpec}
 
-Every parameter in the canonical order of `harness/weights.py`, with its Flux-layout size:
+Every parameter in the canonical order of `harness/core/weights.py`, with its Flux-layout size:
 embedding tables transposed ((d, V), (d, block_size)), Dense weights (out, in), vectors unchanged.
 The options leave parameters out as there: `bias = false` the biases of the blocks and `ln_f`,
 `lm_head_bias = false` the head's bias, `tie_embeddings` the head's weight (it is `wte.weight`).
@@ -258,7 +258,7 @@ end
     decays(c::Config, spec::ParamSpec) -> Bool
 
 Whether AdamW decays this parameter: listed in `c.decay` when the harness gave the list (from
-harness/weights.py `decays`), else nanoGPT's rule (two or more dimensions).
+harness/core/weights.py `decays`), else nanoGPT's rule (two or more dimensions).
 """
 decays(c::Config, spec::ParamSpec) = c.decay === nothing ?
     length(spec.shape) >= 2 :
@@ -302,7 +302,7 @@ end
 comma-separated names of the parameters AdamW decays; default: those with two or more
 dimensions); `gc_every` (optional Int, `GC.gc(false)` after every `gc_every`-th training step on
 CUDA so that the memory figures count little garbage; default 1 on CUDA, 0 = never); the model
-options (harness/config.py), each optional with the original model as default:
+options (harness/config/fields.py), each optional with the original model as default:
 `tie_embeddings` (Bool, false: the output layer uses `wte.weight`, see [`TiedHead`](@ref)),
 `gelu` ("tanh" or "exact", see [`gelu_function`](@ref)), `bias` (Bool, true: biases in the
 blocks' Dense layers and LayerNorms and in `ln_f`), `lm_head_bias` (Bool, true) and

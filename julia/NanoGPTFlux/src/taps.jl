@@ -1,4 +1,4 @@
-# Activation taps: the named intermediate tensors of the forward pass (harness/taps.py), for parity's depth 0.
+# Activation taps: the named intermediate tensors of the forward pass (harness/core/taps.py), for parity's depth 0.
 
 """
     tap_keeps(c::Config, masks) -> function (key, shape) -> KeepMask or nothing
