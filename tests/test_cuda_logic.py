@@ -668,7 +668,7 @@ def test_generation_copies_only_the_last_position() -> None:
 
 def test_precision_refused_on_cpu_and_before_ampere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture) -> None:
-    from harness.backends.torch_backend import check_precision
+    from harness.backends.torch_options import check_precision
     from harness.cli.main import main
 
     check_precision("fp32", "cpu")

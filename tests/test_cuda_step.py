@@ -203,17 +203,43 @@ def test_the_step_mode_is_recorded_in_backend_info() -> None:
 def test_the_parent_asks_nvidia_smi_not_torch_for_the_capability(monkeypatch: pytest.MonkeyPatch) -> None:
     """The preflight of `harness run` (the coordinator of a paired timing) must create no CUDA context: the GPU's
     compute capability for --precision comes from nvidia-smi. Planted bug: asking torch.cuda in the parent."""
-    from harness.backends import torch_backend
+    from harness.backends import torch_options
 
     def no_context(*a, **k):
         raise AssertionError("the parent asked torch.cuda for the capability")
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", no_context)
-    monkeypatch.setattr(torch_backend, "gpu_capability", lambda: (7, 5))
+    monkeypatch.setattr(torch_options, "gpu_capability", lambda: (7, 5))
     with pytest.raises(UsageError, match=r"compute capability 8\.0\+.*7\.5"):
         TorchBackend(precision="bf16").check_device("cuda")
-    monkeypatch.setattr(torch_backend, "gpu_capability", lambda: (9, 0))
+    monkeypatch.setattr(torch_options, "gpu_capability", lambda: (9, 0))
     TorchBackend(precision="bf16").check_device("cuda")
+
+
+PARENT = """
+import sys
+from harness.cli.main import main
+code = main(sys.argv[1:])
+print("torch imported" if "torch" in sys.modules else "no torch", code)
+"""
+
+
+def test_the_parent_of_a_torch_run_and_parity_never_imports_torch(tmp_path: Path) -> None:
+    """The parent checks torch's options with TorchOptions (harness.backends.torch_options, through
+    harness.backends.options_class), so it never imports torch: a second of CPU per command, and no CUDA runtime in
+    the coordinator of a paired timing. Planted bug: the preflight using the backend class (torch_backend)."""
+    import subprocess
+    import sys
+
+    from conftest import data_path
+
+    env = {**__import__("os").environ, "HARNESS_DATA": str(data_path())}
+    for args in (["run", "--size", "small", "--backend", "torch", "--steps", "1", "--paired-rounds", "0",
+                  "--no-text", "--no-report"],
+                 ["parity", "--size", "small", "--backend", "torch,numpy", "--steps", "1"]):
+        done = subprocess.run([sys.executable, "-c", PARENT, *args, "--quiet", "--out", str(tmp_path / args[0])],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.stdout.strip().splitlines()[-1] == "no torch 0", (args[0], done.stdout[-500:], done.stderr[-2000:])
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (the capture itself; everything around it is tested above)")

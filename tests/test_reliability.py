@@ -85,7 +85,7 @@ def losses(run: Path) -> list[float]:
     return read_json(run / "torch.json")["steps"]["loss"]
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("dropout", [pytest.param(0.0, marks=pytest.mark.slow), 0.2])
 def test_resume_is_bit_exact(tmp_path, tiny_config, dropout):
     """Interrupt after a checkpoint, resume: the losses equal an uninterrupted run's, bit for bit."""
     config = str(tiny_config(dropout=dropout))
@@ -113,6 +113,7 @@ def test_resume_is_bit_exact(tmp_path, tiny_config, dropout):
     assert [e["step"] for e in resumed["evals"]] == [*range(0, 200, 20), 200]
 
 
+@pytest.mark.slow  # every named moment is killed deterministically in test_reliability_kill.py
 def test_sigkill_at_random_moments_leaves_parseable_files_and_resumes(tmp_path, tiny_config):
     config = str(tiny_config())
     common = ["run", "--config", config, "--steps", "200", "--quiet", "--no-text", "--checkpoint-every", "25"]

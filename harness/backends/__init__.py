@@ -15,12 +15,19 @@ REGISTRY: dict[str, str] = {
     "jax": "harness.backends.jax_backend:JaxBackend",
 }
 
+# name -> "module:Class" of a class with the backend's option checks (its constructor, check_available,
+# check_device) that imports no framework, where the backend's own module would: what the parent's preflight uses
+# (harness.run.plan.preflight). Elsewhere the backend class itself.
+OPTIONS: dict[str, str] = {
+    "torch": "harness.backends.torch_options:TorchOptions",
+}
+
 # torch.compile's modes, as `--compile MODE` takes them (here, not in torch_backend: the CLI reads them without
 # importing torch)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
-__all__ = ["COMPILE_MODES", "REGISTRY", "Backend", "BackendUnavailable", "backend_class", "check_names",
-           "create_backend"]
+__all__ = ["COMPILE_MODES", "OPTIONS", "REGISTRY", "Backend", "BackendUnavailable", "backend_class", "check_names",
+           "create_backend", "options_class"]
 
 
 def check_names(names: list[str]) -> None:
@@ -34,6 +41,14 @@ def backend_class(name: str) -> type:
     """Import and return the class of backend `name`."""
     check_names([name])
     module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def options_class(name: str) -> type:
+    """The class that checks backend `name`'s options and device in the parent (OPTIONS), importing no framework
+    where it can: TorchOptions for torch, the backend class for the others."""
+    check_names([name])
+    module, cls = OPTIONS.get(name, REGISTRY[name]).split(":")
     return getattr(importlib.import_module(module), cls)
 
 

@@ -10,35 +10,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from harness.backends import COMPILE_MODES
-from harness.backends.base import BackendUnavailable
+from harness.backends.torch_options import TorchOptions, check_precision
 from harness.backends.torch_step import CudaGraphCapture, PinnedBatches, StaticStep
 from harness.config.fields import Config
 from harness.core.weights import decays
-from harness.environment import cpu_model, gpu_capability, peak_rss_bytes
-from harness.errors import UsageError
+from harness.environment import cpu_model, peak_rss_bytes
 from harness.models.torch_gpt import GPT
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-PRECISIONS = ("fp32", "tf32", "bf16")
-MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
-
-
-def compile_mode(value: object) -> str | None:
-    """The torch.compile mode of the `compile` option: None (eager) for False/None; "default" for True (`--compile`
-    alone, and records written before modes existed); else one of COMPILE_MODES (UsageError otherwise)."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return "default"
-    if value not in COMPILE_MODES:
-        raise UsageError(f"torch backend: --compile {value!r}: choose one of {', '.join(COMPILE_MODES)}")
-    return str(value)
 
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -107,23 +91,6 @@ def reset_device_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def check_precision(precision: str, device: str, capability: tuple[int, int] | None = None) -> None:
-    """UsageError unless `precision` can run on `device`: tf32/bf16 need a CUDA GPU of compute capability 8.0+.
-    `capability`: the GPU's, when the caller knows it (else torch is asked: in a worker, which holds a CUDA context
-    anyway)."""
-    need = MIN_CAPABILITY.get(precision)
-    if need is None:
-        return
-    if device != "cuda":
-        raise UsageError(f"torch backend: --precision {precision} needs a CUDA GPU (Ampere or newer); on the "
-                         f"{device} use --precision fp32")
-    cap = tuple(capability or torch.cuda.get_device_capability(0))
-    if cap < need:
-        raise UsageError(f"torch backend: --precision {precision} needs compute capability "
-                         f"{need[0]}.{need[1]}+ (Ampere or newer), this GPU has {cap[0]}.{cap[1]}; "
-                         "use --precision fp32")
-
-
 class CudaEventClock:
     """Step timing with CUDA events on the current stream: recorded without a sync, read after one."""
 
@@ -137,66 +104,19 @@ class CudaEventClock:
         return start.elapsed_time(end) / 1e3
 
 
-class TorchBackend:
+class TorchBackend(TorchOptions):
     """nanoGPT in PyTorch: SDPA attention (its dropout_p with attention dropout), AdamW with decay on >= 2-D weights,
-    global-norm clipping."""
-
-    name = "torch"
-    # what `harness parity` passes (harness.cli.parity.parity_options)
-    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}
+    global-norm clipping. Its options and their checks are TorchOptions' (harness.backends.torch_options)."""
 
     def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool | str = False,
                  parity: bool = False, cuda_graphs: bool = False):
-        if dtype not in DTYPES:
-            raise UsageError(f"torch backend: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if precision not in PRECISIONS:
-            raise UsageError(f"torch backend: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        if precision != "fp32" and dtype != "float32":
-            raise UsageError("torch backend: --precision tf32/bf16 needs --dtype float32")
-        self.dtype, self.precision, self.compile = DTYPES[dtype], precision, compile_mode(compile)
-        if cuda_graphs and self.compile:
-            raise UsageError(f"torch backend: --cuda-graphs captures the eager step and does not combine with "
-                             f"--compile {self.compile} (torch.compile's own CUDA graphs are --compile "
-                             "reduce-overhead); choose one")
-        self.cuda_graphs = bool(cuda_graphs)
-        self.parity = parity  # `harness parity`: single-tensor AdamW, math attention on CUDA
+        super().__init__(dtype, precision, compile, parity, cuda_graphs)
+        self.dtype = DTYPES[dtype]
         # built once before step 0 by warm_up() (harness.run.loop.warm_up): torch.compile's graphs, or the captured
         # step (in parity mode the capture waits for the first step, which may bring dropout masks)
         self.needs_warm_up = bool(self.compile) or (self.cuda_graphs and not parity)
         self.step: StaticStep | None = None  # the captured step (--cuda-graphs)
         self.batches: PinnedBatches | None = None  # the eager step's batch staging on CUDA
-
-    def check_modes(self, device: str) -> None:
-        """UsageError when the step's mode cannot run on `device`: CUDA graphs replay GPU work only, and
-        reduce-overhead is torch.compile's CUDA graphs."""
-        if self.cuda_graphs and device != "cuda":
-            raise UsageError(f"torch backend: --cuda-graphs needs --device cuda (a CUDA graph replays GPU work); "
-                             f"on the {device} drop --cuda-graphs")
-        if self.compile == "reduce-overhead" and device != "cuda":
-            raise UsageError(f"torch backend: --compile reduce-overhead is torch.compile with CUDA graphs and needs "
-                             f"--device cuda; on the {device} use --compile or --compile max-autotune")
-
-    def check_device(self, device: str) -> None:
-        """UsageError when this configuration cannot run on `device` (tf32/bf16 on the CPU or before Ampere, CUDA
-        graphs off CUDA). Called by the parent before anything is written: the GPU's compute capability comes from
-        nvidia-smi, never from torch, so that the parent creates no CUDA context (it may coordinate a paired timing
-        next; harness.backends.numpy_backend.cupy_ready_in_child says why that matters); where nvidia-smi cannot
-        tell, the worker checks it with torch."""
-        self.check_modes(device)
-        if device == "cuda" and self.precision in MIN_CAPABILITY:
-            capability = gpu_capability()
-            if capability is not None:
-                check_precision(self.precision, device, capability)
-            return
-        check_precision(self.precision, device)
-
-    @classmethod
-    def check_available(cls, device: str) -> None:
-        if device == "cuda" and not torch.cuda.is_available():
-            raise BackendUnavailable("torch backend: --device cuda but PyTorch sees no CUDA GPU "
-                                     f"(torch {torch.__version__}); use --device cpu or install a CUDA build of torch")
-        if device not in ("cpu", "cuda"):
-            raise BackendUnavailable(f"torch backend: unknown device {device!r}; use cpu or cuda")
 
     # --- setup -------------------------------------------------------------------------------------------------
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,

@@ -217,9 +217,9 @@ class BareTorch:
             adamw_flags,
             adamw_groups,
             build_model,
-            compile_mode,
             to_device,
         )
+        from harness.backends.torch_options import compile_mode
         from harness.backends.torch_step import CudaGraphCapture, StaticStep
 
         self.torch, self.to_device = torch, to_device

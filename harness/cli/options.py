@@ -336,12 +336,12 @@ def pick_sizes(values: str | list[str] | None, default: tuple[str, ...] = ("smal
 def available_backends(device: str = "cpu") -> tuple[list[str], dict[str, str]]:
     """What `--backend all` means: every registered backend that can run on `device` here without installing
     anything first (flux only where Julia and Flux are installed), and why each other one cannot."""
-    from harness.backends import REGISTRY, BackendUnavailable, backend_class
+    from harness.backends import REGISTRY, BackendUnavailable, options_class
 
     ready, missing = [], {}
     for name in REGISTRY:
         try:
-            cls = backend_class(name)
+            cls = options_class(name)
             check = getattr(cls, "check_installed", None) or getattr(cls, "check_available", None)
             if check is not None:
                 check(device)

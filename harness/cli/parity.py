@@ -125,11 +125,11 @@ def backend_dtype(name: str, requested: str | None) -> tuple[str, dict]:
 
     --dtype applies to every backend whose constructor takes a dtype; the others keep their own default.
     """
-    from harness.backends import backend_class
+    from harness.backends import options_class
 
     default = FALLBACK_DTYPES.get(name, "float32")
     try:
-        params = inspect.signature(backend_class(name).__init__).parameters
+        params = inspect.signature(options_class(name).__init__).parameters
     except Exception:  # an unavailable backend: preflight reports it
         return (requested or default), ({"dtype": requested} if requested else {})
     if "dtype" not in params:
@@ -306,10 +306,10 @@ def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> 
 def parity_options(name: str) -> dict:
     """Constructor options backend `name` takes in parity mode (its class's PARITY_OPTIONS; torch: the
     single-tensor AdamW and, on CUDA, the math attention kernel)."""
-    from harness.backends import backend_class
+    from harness.backends import options_class
 
     try:
-        cls = backend_class(name)
+        cls = options_class(name)
     except Exception:  # an unavailable backend: preflight reports it
         return {}
     return dict(getattr(cls, "PARITY_OPTIONS", {}))

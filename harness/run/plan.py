@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends import BackendUnavailable, backend_class, check_names
+from harness.backends import BackendUnavailable, check_names, options_class
 from harness.config.fields import Config, check_seed
 from harness.core.data import Corpus, check_fits
 from harness.core.weights import count_parameters
@@ -169,7 +169,7 @@ def preflight(plan: Plan) -> None:
     records.check_writable(plan.out)
     check_memory(plan)
     for name in plan.backends:
-        cls = backend_class(name)
+        cls = options_class(name)  # torch: TorchOptions, so the parent never imports torch
         try:
             cls.check_available(plan.device_of(name))
             instance = cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision)

@@ -1,0 +1,122 @@
+"""The torch backend's options and the checks on them, importable without torch.
+
+`harness run`, `parity`, `sweep` and `bench` check every backend's options in the parent before anything is written
+(harness.run.plan.preflight). For torch that check needs no tensor: the dtype, precision and step-mode names, what
+they need of the device, and whether CUDA is there. Keeping them here, apart from `harness.backends.torch_backend`
+(which imports torch at once), spares the parent the import of torch (about 1.5 s of CPU per command) and keeps
+torch's CUDA runtime out of the process that may coordinate a paired timing next. `TorchBackend` inherits these
+checks, so they are written once. torch itself is imported only for a question only torch can answer (is there a
+CUDA GPU, the capability where nvidia-smi cannot tell).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from harness.backends import COMPILE_MODES
+from harness.backends.base import BackendUnavailable
+from harness.environment import gpu_capability
+from harness.errors import UsageError
+
+DTYPE_NAMES = ("float32", "float64")
+PRECISIONS = ("fp32", "tf32", "bf16")
+MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
+
+
+def compile_mode(value: object) -> str | None:
+    """The torch.compile mode of the `compile` option: None (eager) for False/None; "default" for True (`--compile`
+    alone, and records written before modes existed); else one of COMPILE_MODES (UsageError otherwise)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "default"
+    if value not in COMPILE_MODES:
+        raise UsageError(f"torch backend: --compile {value!r}: choose one of {', '.join(COMPILE_MODES)}")
+    return str(value)
+
+
+def check_precision(precision: str, device: str, capability: tuple[int, int] | None = None) -> None:
+    """UsageError unless `precision` can run on `device`: tf32/bf16 need a CUDA GPU of compute capability 8.0+.
+    `capability`: the GPU's, when the caller knows it (else torch is asked: in a worker, which holds a CUDA context
+    anyway)."""
+    need = MIN_CAPABILITY.get(precision)
+    if need is None:
+        return
+    if device != "cuda":
+        raise UsageError(f"torch backend: --precision {precision} needs a CUDA GPU (Ampere or newer); on the "
+                         f"{device} use --precision fp32")
+    if capability is None:
+        import torch
+
+        capability = torch.cuda.get_device_capability(0)
+    cap = tuple(capability)
+    if cap < need:
+        raise UsageError(f"torch backend: --precision {precision} needs compute capability "
+                         f"{need[0]}.{need[1]}+ (Ampere or newer), this GPU has {cap[0]}.{cap[1]}; "
+                         "use --precision fp32")
+
+
+class TorchOptions:
+    """The torch backend's options, checked: what the parent's preflight instantiates, and what TorchBackend is
+    built on."""
+
+    name = "torch"
+    # what `harness parity` passes (harness.cli.parity.parity_options)
+    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}
+
+    def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool | str = False,
+                 parity: bool = False, cuda_graphs: bool = False):
+        if dtype not in DTYPE_NAMES:
+            raise UsageError(f"torch backend: dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+        if precision not in PRECISIONS:
+            raise UsageError(f"torch backend: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if precision != "fp32" and dtype != "float32":
+            raise UsageError("torch backend: --precision tf32/bf16 needs --dtype float32")
+        self.dtype_name, self.precision, self.compile = dtype, precision, compile_mode(compile)
+        if cuda_graphs and self.compile:
+            raise UsageError(f"torch backend: --cuda-graphs captures the eager step and does not combine with "
+                             f"--compile {self.compile} (torch.compile's own CUDA graphs are --compile "
+                             "reduce-overhead); choose one")
+        self.cuda_graphs = bool(cuda_graphs)
+        self.parity = parity  # `harness parity`: single-tensor AdamW, math attention on CUDA
+
+    def check_modes(self, device: str) -> None:
+        """UsageError when the step's mode cannot run on `device`: CUDA graphs replay GPU work only, and
+        reduce-overhead is torch.compile's CUDA graphs."""
+        if self.cuda_graphs and device != "cuda":
+            raise UsageError(f"torch backend: --cuda-graphs needs --device cuda (a CUDA graph replays GPU work); "
+                             f"on the {device} drop --cuda-graphs")
+        if self.compile == "reduce-overhead" and device != "cuda":
+            raise UsageError(f"torch backend: --compile reduce-overhead is torch.compile with CUDA graphs and needs "
+                             f"--device cuda; on the {device} use --compile or --compile max-autotune")
+
+    def check_device(self, device: str) -> None:
+        """UsageError when this configuration cannot run on `device` (tf32/bf16 on the CPU or before Ampere, CUDA
+        graphs off CUDA). Called by the parent before anything is written: the GPU's compute capability comes from
+        nvidia-smi, never from torch, so that the parent creates no CUDA context (it may coordinate a paired timing
+        next; harness.backends.numpy_backend.cupy_ready_in_child says why that matters); where nvidia-smi cannot
+        tell, the worker checks it with torch."""
+        self.check_modes(device)
+        if device == "cuda" and self.precision in MIN_CAPABILITY:
+            capability = gpu_capability()
+            if capability is not None:
+                check_precision(self.precision, device, capability)
+            return
+        check_precision(self.precision, device)
+
+    @classmethod
+    def check_available(cls, device: str) -> None:
+        """BackendUnavailable unless torch is installed and, for `--device cuda`, sees a CUDA GPU."""
+        if device not in ("cpu", "cuda"):
+            raise BackendUnavailable(f"torch backend: unknown device {device!r}; use cpu or cuda")
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise BackendUnavailable("torch backend: PyTorch is not installed; pip install torch (README, Install)")
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BackendUnavailable("torch backend: --device cuda but PyTorch sees no CUDA GPU "
+                                         f"(torch {torch.__version__}); use --device cpu or install a CUDA build of "
+                                         "torch")
