@@ -251,6 +251,10 @@ def run(path: Path, doc: dict | None = None, progress: bool = True, rounds: int 
 
 
 def _run_locked(path: Path, doc: dict | None, progress: bool, rounds: int | None) -> dict:
+    """One session, under the record's lock: start the contenders, time rounds of alternating bursts until enough
+    are undisturbed, and write the record. One function, a little over 80 lines, because its `finally` must hold
+    every round measured so far and the children it started: a stop or a signal then loses nothing measured and
+    leaves no timed process behind."""
     if path.exists():  # read under the lock: what another coordinator wrote before is kept
         doc = load(path)
         for old in doc["sessions"]:  # we hold the lock: a session still "running" lost its coordinator (SIGKILL)
