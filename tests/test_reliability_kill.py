@@ -37,7 +37,9 @@ def read(path: Path) -> dict | None:
         return None
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+# torch's checkpoints resume bit-exact in test_reliability.py::test_resume_is_bit_exact too; every moment for torch
+# as well: `pytest -m slow`
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("torch", marks=pytest.mark.slow)])
 def test_kill_at_every_point_then_resume_bit_exact(tmp_path, tiny_config, backend):
     config = str(tiny_config(dropout=0.1 if backend == "torch" else 0.0))
     common = ["--config", config, "--steps", str(STEPS), "--backend", backend, "--quiet", "--no-text",
