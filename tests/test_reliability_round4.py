@@ -9,10 +9,8 @@ not draw, never a traceback, a hang or an unbounded read.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 from test_paired import planted
 from test_report import make_run
+from test_untrusted_input import deadline
 
 from harness.cli.main import main
 from harness.errors import UsageError
@@ -27,21 +26,6 @@ from harness.run import records
 from harness.timing import contention, paired
 
 DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fail (not hang) where a read blocks: a FIFO opened for reading waits for a writer forever."""
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def harness(capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, str]:
