@@ -428,7 +428,7 @@ def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     from test_report import make_sweep
 
     from harness.bench import noise
-    from harness.run import records
+    from harness import store
     from harness.sweep import manifest as mf
     from harness.timing import paired
 
@@ -438,18 +438,18 @@ def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     # plant calendar times: hogs from t = 1000 to 1010. Each cell's 120 steps in 4 chunks of 30 steps, 2 s each,
     # starting at 990 (before), 1000 and 1005 (during), 1020 (after); a torch cell's chunk at 1000 waited (disturbed)
     for cell in m.cells:
-        path = records.run_dir(out, cell["run_id"]) / f"{cell['backend']}.json"
+        path = store.RunPaths(out, cell["run_id"]).dir / f"{cell['backend']}.json"
         rec = json.loads(path.read_text())
         rec["chunks"] = [dict(BUSY if cell["backend"] == "torch" and at == 1000.0 else QUIET, step=30 * i, n=30,
                               at=at, wall_s=2.0) for i, at in enumerate((990.0, 1000.0, 1005.0, 1020.0))]
-        records.atomic_write_json(path, rec)
+        store.atomic_write_json(path, rec)
     # paired bursts of 0.25 s: round r at 995 + r s, so rounds 5..9 ran during the hogs; torch's burst of round 6 waited
     for entry in m.doc["paired"]:
         doc = paired.load(out / entry["path"])
         for r, rnd in enumerate(paired.rounds_of(doc)):
             for name, burst in rnd["bursts"].items():
                 burst["chunk"] = dict(BUSY if (r, name) == (6, "torch") else QUIET, at=995.0 + r)
-        records.atomic_write_json(out / entry["path"], doc)
+        store.atomic_write_json(out / entry["path"], doc)
     result = noise.sweep_result(out, [1000.0, 1010.0])
     assert result["paired"]["time_ratio"] and len(result["cells"]) == 6
     during = result["during_hogs"]

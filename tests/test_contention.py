@@ -16,7 +16,8 @@ import pytest
 from harness.run.loop import Curves, LoopOptions, train
 from harness.timing import contention
 from harness.timing.contention import Probe, Sampler, Snapshot, chunk, judge
-from harness.timing.steady import summarize_times, truncate_chunks
+from harness.store.contention import truncate_chunks
+from harness.timing.steady import summarize_times
 
 
 # --- a fake /proc -------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from test_untrusted_input import deadline
 
 from harness.cli.main import main
 from harness.errors import UsageError
-from harness.run import records
+from harness import store
 from harness.timing import contention, paired
 
 DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
@@ -190,9 +190,9 @@ def test_5_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsy
     path = out / "runs" / run_id / "torch.json"
     rec = json.loads(path.read_text())
     rec["evals"] = [{"step": i, "train_loss": 1.0, "val_loss": 1.0, "time_s": 0.1} for i in range(200_000)]
-    rec["text"] = {"samples": ["x" * records.RECORD_BASE_BYTES]}  # a 120-step run writes nothing like this
+    rec["text"] = {"samples": ["x" * store.record.RECORD_BASE_BYTES]}  # a 120-step run writes nothing like this
     path.write_text(json.dumps(rec))
-    assert path.stat().st_size > records.record_cap(spec)
+    assert path.stat().st_size > store.record.record_cap(spec)
     code, _, err = harness(capsys, "report", run_id, "--out", out)
     one_line(code, err, "torch.json", "no run writes so much")
 

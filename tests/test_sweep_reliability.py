@@ -22,7 +22,7 @@ import pytest
 
 from harness.errors import UsageError
 from harness.run import plan as run_plan
-from harness.run import records
+from harness import store
 from tests.conftest import (
     children,
     data_path,
@@ -559,7 +559,7 @@ def test_14_failed_cells_name_the_resume_command_and_resumes_record_their_step(t
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("numpy: resuming from step 20 of 30 (checkpoint numpy.ckpt.npz)") == 2, again.stderr
     for cell in json.loads(path.read_text())["cells"]:
-        rec = records.load_record(out / "runs" / cell["run_id"] / "numpy.json")
+        rec = store.RunRecord.load(out / "runs" / cell["run_id"] / "numpy.json")
         assert rec["status"] == "completed" and rec["resumed_from_step"] == [20]
 
 
@@ -575,16 +575,16 @@ def test_14_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_pa
     third = run_cli("resume", run.name, *args)
     assert third.returncode == 0 and "resuming from step 40" in third.stderr, third.stderr
     assert "resumed from step 20, then 40" in third.stderr
-    rec = records.load_record(run / "numpy.json")
-    assert rec["resumed_from_step"] == [20, 40] and rec["schema_version"] == records.SCHEMA_VERSION == 3
+    rec = store.RunRecord.load(run / "numpy.json")
+    assert rec["resumed_from_step"] == [20, 40] and rec["schema_version"] == store.record.SCHEMA_VERSION == 3
     report = run_cli("report", run.name, "--out", str(out))
     assert report.returncode == 0 and "resumed from step" in (out / f"{run.name}.html").read_text()
     edit(run / "numpy.json", lambda d: d.update(resumed_from_step=["x"]))
     with pytest.raises(UsageError, match="resumed_from_step/0"):
-        records.load_record(run / "numpy.json")
+        store.RunRecord.load(run / "numpy.json")
     edit(run / "numpy.json", lambda d: (d.update(schema_version=2), d.pop("resumed_from_step")))
     with pytest.raises(UsageError, match=r"older nanogpt-parity \(schema 2\); re-run it"):  # never read as version 2
-        records.load_record(run / "numpy.json")
+        store.RunRecord.load(run / "numpy.json")
 
 
 def test_an_out_path_with_a_newline_never_reaches_a_job_script(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def test_a_dollar_in_a_name_is_drawn_not_parsed_as_mathtext(tmp_path: Path) -> N
 @pytest.mark.parametrize("field, value", [("config/name", SCRIPT), ("backend", "torch<script>"),
                                           ("run_id", 'r"><img src=x>'), ("config/name", "a$b")])
 def test_a_record_with_markup_in_a_name_is_refused_by_the_report(tmp_path: Path, field: str, value: str) -> None:
-    """Names are checked against the patterns they were made with (records.RECORD_JSON_SCHEMA), not rendered."""
+    """Names are checked against the patterns they were made with (store.record.RECORD_JSON_SCHEMA), not rendered."""
     from test_report import make_run
 
     from harness.report import write_report
@@ -457,15 +457,15 @@ def test_no_verdict_is_written_when_the_page_fails(kit: Path, good: Path, tmp_pa
 
 KILL_ON_SECOND_WRITE = """
 import os, signal, sys
-from harness.run import records
+from harness import store
 calls = []
-real = records.atomic_write_bytes
+real = store.atomic_write_bytes
 def write(path, blob, before_rename=None):
     calls.append(path)
     if len(calls) == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # killed with one kit file written
     return real(path, blob, before_rename)
-records.atomic_write_bytes = write
+store.atomic_write_bytes = write
 from harness.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
