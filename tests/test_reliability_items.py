@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UsageError
 from harness import store
+from harness.errors import UsageError
 from tests.conftest import (
     TINY,
     children,
@@ -211,7 +211,7 @@ def test_4_a_running_run_is_locked(tmp_path, config_file):
 def test_4_lock_dies_with_its_holder(tmp_path):
     paths = store.RunPaths(tmp_path, "r1")
     paths.dir.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness.run import records; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness import store; "
                                f"store.RunLock(store.RunPaths({str(tmp_path)!r}, 'r1')).acquire(); "
                                "print('held', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -266,7 +266,7 @@ def test_7_worker_killed_by_a_signal_is_marked(tmp_path, config_file):
     assert rec["status"] == "failed: killed by SIGKILL" and rec["signal"] == "SIGKILL"
     from harness.report.analysis import ERROR, status_of
 
-    assert status_of(rec)[0] == ERROR  # the report no longer says "running"
+    assert status_of(store.RunRecord.from_dict(rec))[0] == ERROR  # the report no longer says "running"
 
 
 @pytest.mark.parametrize("point", ["final-persist", "end"])
@@ -419,7 +419,7 @@ def test_14_compile_caches_go_into_out(tmp_path, monkeypatch):
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    env = processes.compile_cache_env(tmp_path / "out" / "runs" / "r1")
+    env = processes.compile_cache_env(store.RunPaths(tmp_path / "out", "r1"))
     assert all(Path(v).is_relative_to((tmp_path / "out" / "cache").resolve()) for v in env.values())
     assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
@@ -503,7 +503,7 @@ def test_16_non_finite_numbers_are_null(tmp_path, done_run):
     _, run = copy_run(done_run, tmp_path)
     _edit(run / "numpy.json", lambda d: d["steps"]["loss"].__setitem__(3, None))
     loaded = store.RunRecord.load(run / "numpy.json")
-    assert math.isnan(loaded["steps"]["loss"][3]) and math.isfinite(loaded["steps"]["loss"][2])
+    assert math.isnan(loaded.curves.loss[3]) and math.isfinite(loaded.curves.loss[2])
 
 
 def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, config_file):
@@ -546,16 +546,15 @@ def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config
     plan = run_plan.Plan(config=load_config(path=config_file).replace(steps=10), corpus=load_corpus(data_path()),
                        backends=["numpy"], out=tmp_path / "out", text=False, progress=False)
     run_plan.preflight(plan)
-    paths = store.RunPaths(plan.out, run_plan.write_spec(plan))
+    paths = run_plan.write_spec(plan)
     with store.RunLock(paths):  # someone else writes the run: refused, nothing touched
-        assert supervise.run_backend(paths.dir, "numpy", progress=False) == 2
+        assert supervise.run_backend(paths, "numpy", progress=False) == 2
         assert "being written by another process" in capsys.readouterr().err
     assert not paths.record("numpy").exists()
-    assert supervise.run_backend(paths.dir, "numpy", progress=False) == 0
+    assert supervise.run_backend(paths, "numpy", progress=False) == 0
     rec = store.RunRecord.load(paths.record("numpy"), "numpy")
-    assert rec["status"] == "completed" and len(rec["steps"]["loss"]) == 10
-    assert store.Status.of(rec["status"]) is store.Status.COMPLETED
-    assert store.Status.of("failed: x") is store.Status.FAILED and store.Status.FAILED.text("x") == "failed: x"
+    assert rec.status is store.Status.COMPLETED and len(rec.curves.loss) == 10
+    assert store.Status.of("failed: x") is store.Status.FAILED and store.Status.FAILED.stored("x") == "failed: x"
 
 
 def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from conftest import data_path
 
+from harness import store
 from harness.config.load import load_config
 from harness.core.weights import count_parameters
 from harness.errors import UsageError
 from harness.report import report_name, write_index, write_report
-from harness import store
-from harness.store.paired import PairedRecord
 from harness.run.worker import flops_per_token
+from harness.store.paired import PairedRecord
 from harness.timing.steady import summarize_times
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,8 +86,8 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
                            train_s=float(times.sum()), eval_s=0.05 * len(evals), wall_s=float(times.sum()) + 2)
             timings["achieved_flops"] = timings["tokens_per_s"] * flops_per_token(config, VOCAB)
         rec = {
-            "schema": store.record.SCHEMA, "schema_version": store.record.SCHEMA_VERSION, "run_id": run_id, "backend": b,
-            "backend_options": {}, "status": status, "started_at": "2026-01-01T00:00:01Z",
+            "schema": store.record.SCHEMA, "schema_version": store.record.SCHEMA_VERSION, "run_id": run_id,
+            "backend": b, "backend_options": {}, "status": status, "started_at": "2026-01-01T00:00:01Z",
             "finished_at": None if status == "running" else "2026-01-01T00:01:00Z",
             "error": "Traceback (most recent call last):\n  RuntimeError: boom" if status.startswith("failed")
             else None,
@@ -350,8 +350,8 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
     """A parity.json as `harness parity` writes it, from harness.parity.compare.compare on the run's records."""
     from harness.parity.compare import compare
-    from harness.store.parity import SCHEMA, SCHEMA_VERSION
     from harness.parity.tolerances import default_tolerances
+    from harness.store.parity import SCHEMA, SCHEMA_VERSION
 
     recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
     rng = np.random.default_rng(0)
@@ -627,7 +627,6 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
     (default 3, with a little spread). Returns the sweep id."""
     from test_paired import planted
 
-    from harness.sweep import manifest as mf
 
     sweep_id = store.SweepPaths.new(out, "synthetic").sweep_id
     cells, entries = [], []
@@ -657,7 +656,8 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
             store.atomic_write_json(out / entry["path"], doc)
             entries.append(entry)
     store.atomic_write_json(store.SweepPaths(out, sweep_id).manifest, {
-        "schema": "nanogpt-parity/sweep", "schema_version": 1, "sweep_id": sweep_id, "created_at": "2026-01-01T00:00:00Z",
+        "schema": "nanogpt-parity/sweep", "schema_version": 1, "sweep_id": sweep_id,
+        "created_at": "2026-01-01T00:00:00Z",
         "spec": {"backends": ["torch", "numpy"], "checkpoint_every": 0, "text": False},
         "executor": {"kind": "local", "jobs": 1}, "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32},
         "cells": cells, "paired": entries})

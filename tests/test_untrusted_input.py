@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from conftest import data_path, run_cli
 
+from harness import store
 from harness.cli.main import main
 from harness.errors import UsageError
 
@@ -95,10 +96,10 @@ def test_a_dollar_in_a_name_is_drawn_not_parsed_as_mathtext(tmp_path: Path) -> N
     from harness.report import analysis, figures
 
     out = tmp_path / "out"
-    view = analysis.load_view(out, make_run(out, steps=40))
+    view = analysis.load_view(store.RunPaths(out, make_run(out, steps=40)))
     for i, rec in enumerate(view.records):  # names as a record from elsewhere could hold them (past the schema)
-        rec["backend"] = ["a$\\frac{$b", "c$^$d"][i]
-    view.spec["label"] = "x$_$y"
+        rec.backend = ["a$\\frac{$b", "c$^$d"][i]
+    view.spec.label = "x$_$y"
     for fig in (figures.loss_figure(view), figures.cost_figure(view), figures.scaling_figure([view]),
                 figures.deviation_figure(analysis.pairs(view))):
         assert fig is not None and "$" in str(fig)

@@ -234,7 +234,7 @@ def resume_run(args: argparse.Namespace, run_id: str) -> int:
     from harness.store import RunPaths, check_writable, load_run
 
     paths = RunPaths(Path(args.out), run_id)
-    spec, _ = load_run(paths)  # the spec and every stored record are checked here, before a worker starts
+    spec, _ = load_run(paths, runnable=True)  # the spec and every record checked here, before a worker starts
     conflicts = resume_conflicts(args, spec)
     if conflicts:
         raise UsageError(f"resuming {run_id} continues the run as it was started, but these options differ: "

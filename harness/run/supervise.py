@@ -171,6 +171,10 @@ def execute(paths: RunPaths, backends: list[str], resume: bool = False, progress
     backend reads what the one before wrote): a backend that does not complete ends the run there.
     """
     codes: dict[str, int] = {}
+    try:
+        spec: RunSpec | None = RunSpec.load(paths)  # read once here, for every worker and the paired timing
+    except UsageError:
+        spec = None  # each worker reports a bad spec itself
     with RunLock(paths) as lock:
         for i, name in enumerate(backends, 1):
             path = paths.record(name)
@@ -183,25 +187,24 @@ def execute(paths: RunPaths, backends: list[str], resume: bool = False, progress
                     pass
             print(f"[{i}/{len(backends)}] {name}: training in its own process", file=sys.stderr, flush=True)
             codes[name] = code = run_worker(paths, name, resume=resume, progress=progress, threads=threads,
-                                            lock=lock)
+                                            lock=lock, spec=spec)
             if code == 130 or (chained and code != 0):  # interrupted, or the next one needs this one's results
                 return codes
         done = [b for b in backends if codes.get(b) == 0]
-        if paired_rounds and len(done) >= 2:
+        if paired_rounds and len(done) >= 2 and spec is not None:
             try:
-                run_paired(paths, done, paired_rounds, threads, progress)
+                run_paired(paths, spec, done, paired_rounds, threads, progress)
             except KeyboardInterrupt:
                 print("paired timing interrupted; the rounds measured so far are kept", file=sys.stderr)
                 codes[PAIRED] = 130
     return codes
 
 
-def run_paired(paths: RunPaths, backends: list[str], rounds: int, threads: int | None = None,
+def run_paired(paths: RunPaths, spec: RunSpec, backends: list[str], rounds: int, threads: int | None = None,
                progress: bool = True) -> PairedRecord:
     """The paired timing of `backends` of run `paths` (the caller holds the run-directory lock)."""
     from harness.run import paired_timing
 
-    spec = RunSpec.load(paths)
     run_dir = str(paths.dir.resolve())
     contenders = [Contender(name=b, run_dir=run_dir, backend=b, options=spec.options_of(b), device=spec.device_of(b))
                   for b in backends]

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.config.fields import Config, config_from_dict
+from harness.config.fields import Config
 from harness.store.paths import RunPaths
-from harness.store.spec import DataInfo
+from harness.store.spec import DataInfo, stored_config
 from harness.store.stored import Stored, read_document, typed
 from harness.store.writes import atomic_write_json
 
@@ -34,6 +34,7 @@ PARITY_JSON_SCHEMA: dict = {
     },
 }
 VERDICTS = ("pass", "fail", "error")
+_EMPTY = ("devices", "dtypes", "tolerance_source", "failures")  # null in a hand-written record: read as empty
 
 
 @dataclass(kw_only=True)
@@ -102,11 +103,9 @@ class ParityRecord(Stored):
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ParityRecord:
         config = doc.get("config")
-        doc = dict(doc, devices=doc.get("devices") or {}, dtypes=doc.get("dtypes") or {},
-                   tolerance_source=doc.get("tolerance_source") or {}, failures=doc.get("failures") or [])
         if isinstance(config, dict):
-            doc["config"] = config_from_dict(config, "parity.json")
-        return super().from_dict(doc)
+            doc = dict(doc, config=stored_config(config, "parity.json"))
+        return super().from_dict({k: v for k, v in doc.items() if v is not None or k not in _EMPTY})
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.fields import Config, config_from_dict
+from harness.config.fields import Config
 from harness.errors import UsageError
 from harness.files import check_types, column
 from harness.store.contention import CONTENTION_JSON_SCHEMA, Contention, check_chunks, truncate_chunks
@@ -35,6 +35,7 @@ from harness.store.spec import (
     DataInfo,
     RunSpec,
     load_spec_at,
+    stored_config,
 )
 from harness.store.stored import Stored, read_document, typed
 from harness.store.writes import atomic_write_csv, atomic_write_json
@@ -456,24 +457,30 @@ class RunRecord(Stored):
     def from_dict(cls, doc: dict[str, Any]) -> RunRecord:
         stored = str(doc.get("status", Status.RUNNING.value))
         config = doc["config"]
+        keys = tuple(doc)
         curves = Curves.from_json(doc) if "steps" in doc else Curves()
-        # the curves take the place of `steps`, `evals` and `chunks` (written back there)
-        doc = {("curves" if k == "steps" else k): v for k, v in doc.items() if k not in ("evals", "chunks")}
+        doc = {k: v for k, v in doc.items() if k not in ("steps", "evals", "chunks")}
         doc.update(status=Status.of(stored), curves=curves,
-                   config=config if isinstance(config, Config) else config_from_dict(config, "run record"))
+                   config=config if isinstance(config, Config) else stored_config(config, "run record"))
         if doc.get("failure") is None and failure_of(stored) is not None:
             doc["failure"] = failure_of(stored)
-        return super().from_dict(doc)
+        record = super().from_dict(doc)
+        record._json_keys = keys  # written back as read: `steps`, `evals`, `chunks` where they were
+        return record
 
     def to_dict(self) -> dict[str, Any]:
+        read = getattr(self, "_json_keys", None)
+        curves = self.curves.to_json()
+        if read and "chunks" not in read and not self.curves.chunks:
+            del curves["chunks"]  # a record without contention evidence stays without
         out: dict[str, Any] = {}
         for key, value in super().to_dict().items():
             if key == "curves":
-                out.update(self.curves.to_json())
+                out.update(curves)
             else:
                 out[key] = value
         out.update(status=self.status_text, config=self.config.to_dict())
-        return out
+        return {**{k: out[k] for k in read if k in out}, **out} if read else out
 
     @classmethod
     def load(cls, path: Path, backend: str | None = None, spec: RunSpec | None = None) -> RunRecord:
@@ -484,7 +491,7 @@ class RunRecord(Stored):
         path = Path(path)
         if spec is None:
             try:
-                spec = RunSpec.load(RunPaths.of_dir(path.parent))
+                spec = RunSpec.load(RunPaths.of_dir(path.parent), runnable=False)
             except UsageError:
                 spec = None  # the record alone: the ceiling
         doc = read_document(path, SCHEMA, "run record", fix, record_cap(spec), SCHEMA_VERSION, RECORD_JSON_SCHEMA,
@@ -493,7 +500,7 @@ class RunRecord(Stored):
         if backend is not None and doc["backend"] != backend:
             raise UsageError(f"{str(path)!r} is invalid at field 'backend': {doc['backend']!r} in the file of "
                              f"backend {backend!r}; {fix}")
-        doc["config"] = config_from_dict(doc["config"], str(path))  # unknown or invalid keys: named with the file
+        doc["config"] = stored_config(doc["config"], str(path))
         return typed(cls, doc, path, fix)
 
     def dump(self, paths: RunPaths) -> None:
@@ -501,9 +508,10 @@ class RunRecord(Stored):
         atomic_write_json(paths.record(self.backend), self.to_dict())
 
 
-def load_run(paths: RunPaths) -> tuple[RunSpec, list[RunRecord]]:
-    """The spec and the backend records of run `paths` (UsageError naming what is wrong)."""
-    spec = load_spec_at(paths)
+def load_run(paths: RunPaths, runnable: bool = False) -> tuple[RunSpec, list[RunRecord]]:
+    """The spec and the backend records of run `paths` (UsageError naming what is wrong); `runnable`: its config
+    checked as a run needs it (RunSpec.load)."""
+    spec = load_spec_at(paths, runnable)
     recs = [RunRecord.load(paths.record(b), b, spec) for b in spec.backends if os.path.lexists(paths.record(b))]
     return spec, recs
 

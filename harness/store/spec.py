@@ -5,6 +5,7 @@ acts on the run.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,10 +112,12 @@ class RunSpec(Stored):
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RunSpec:
         config = doc.get("config")
-        doc = dict(doc, config=config if isinstance(config, Config) else config_from_dict(config, "spec.json"),
-                   devices=doc.get("devices") or {})
+        doc = dict(doc, config=config if isinstance(config, Config) else stored_config(config, "spec.json"))
+        if doc.get("devices") is None and "devices" in doc:
+            doc["devices"] = {}
         parity = doc.get("parity")
-        doc["parity"] = ({} if parity is True else parity) or None  # true: parity with every option at its default
+        if "parity" in doc:  # false: an ordinary run; true: parity with every option at its default
+            doc["parity"] = {} if parity is True else parity if isinstance(parity, dict) else None
         return super().from_dict(doc)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,17 +146,19 @@ class RunSpec(Stored):
         return c.epochs * (self.data.n_chars // (c.block_size * c.batch_size) + 1)
 
     @classmethod
-    def load(cls, paths: RunPaths) -> RunSpec:
-        """The run's spec.json, read within MAX_SPEC_BYTES and checked (schema, version, its config, its run id
-        against its directory); any problem is a UsageError naming the file and the field."""
+    def load(cls, paths: RunPaths, runnable: bool = True) -> RunSpec:
+        """The run's spec.json, read within MAX_SPEC_BYTES and checked (schema, version, its run id against its
+        directory, and with `runnable` its config as a run needs it: unknown or invalid keys refused); any problem
+        is a UsageError naming the file and the field. A reader that runs nothing (a report) passes `runnable`
+        False: a config the harness cannot run is still shown."""
         path = paths.spec
         fix = "that run cannot be used; delete it or start a new run"
         doc = read_document(path, SPEC_SCHEMA, "run spec", fix, MAX_SPEC_BYTES, SPEC_SCHEMA_VERSION,
-                            SPEC_JSON_SCHEMA, f"no run writes so much; {fix}", "that run cannot be used")
+                            SPEC_JSON_SCHEMA, f"no run writes so much; {fix}", "schema")
         if doc["run_id"] != paths.run_id:
             raise UsageError(f"{str(path)!r} is invalid at field 'run_id': {doc['run_id']!r} is not its "
                              f"directory's name; {fix}")
-        doc["config"] = config_from_dict(doc["config"], str(path))  # unknown or invalid keys: named with the file
+        doc["config"] = stored_config(doc["config"], str(path), strict=runnable)
         return typed(cls, doc, path, fix)
 
     def dump(self, paths: RunPaths) -> None:
@@ -161,7 +166,18 @@ class RunSpec(Stored):
         atomic_write_json(paths.spec, self.to_dict())
 
 
-def load_spec_at(paths: RunPaths) -> RunSpec:
+def stored_config(doc: dict[str, Any], source: str, strict: bool = False) -> Config:
+    """The Config of a stored config `doc`: `strict`, checked as a run needs it (harness.config.fields.
+    config_from_dict: unknown, missing or invalid keys are a UsageError naming `source`); else as far as it can be
+    read, for a reader that runs nothing (a report of a damaged run): keys this harness does not know left out,
+    missing ones None, values unchecked."""
+    if strict:
+        return config_from_dict(doc, source)
+    fields = dataclasses.fields(Config)
+    return Config(**{f.name: doc.get(f.name) for f in fields if f.name in doc or f.default is dataclasses.MISSING})
+
+
+def load_spec_at(paths: RunPaths, runnable: bool = True) -> RunSpec:
     """The spec of run `paths`, with "no such run" said as such (UsageError naming --out) when the directory or its
     spec.json is missing."""
     if not paths.dir.is_dir():
@@ -169,5 +185,5 @@ def load_spec_at(paths: RunPaths) -> RunSpec:
                          "(and the same --out as the run)")
     if not paths.spec.exists() and not paths.spec.is_symlink():
         raise UsageError(f"run {paths.run_id!r} has no spec.json; it is not a complete run directory")
-    return RunSpec.load(paths)
+    return RunSpec.load(paths, runnable)
 

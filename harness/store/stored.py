@@ -10,7 +10,8 @@ as it is (numbers, strings, lists and dicts of plain values). Keys a class does 
 of the harness, or added by hand) are kept in `extra`, so a record read and written again never knows less than
 before. A field named in a class's `OMIT_NONE` is left out of the JSON while it is None (a key the harness writes only
 sometimes, e.g. `failure` beside a failed status); every other field is always written, None as null. An object read
-from JSON is written back as it was read: its keys in their order, a key it lacked left out while still None.
+from JSON is written back as it was read: its keys in their order, a key it lacked left out while the field still
+holds its default.
 """
 
 from __future__ import annotations
@@ -53,13 +54,21 @@ class Stored:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "extra" or (value is None and (f.name in self.OMIT_NONE or (read and f.name not in read))):
+            if f.name == "extra" or (value is None and f.name in self.OMIT_NONE) or \
+                    (read is not None and f.name not in read and value == _default(f)):
                 continue
             out[f.name] = _dump(value)
         out.update((k, v) for k, v in self.extra.items() if k not in out)
         if read:
             out = {**{k: out[k] for k in read if k in out}, **out}
         return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default value (None when it has none)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -114,10 +123,13 @@ def read_document(path: Path, kind: str, what: str, fix: str, max_bytes: int, ve
     """The JSON object in `path`, read within `max_bytes` (harness.files.read_json), of schema `kind` at `version`
     (harness.files.check_version) and valid against JSON schema `schema`: UsageError in one line naming the file
     (and the field) otherwise. `what` names the file in messages ("run record"), `label` the kind it is not (default
-    `what`); `foreign` says what to do with a file of another kind (default `fix`, "." nothing)."""
+    `what`); `foreign` says what to do with a file of another kind (default `fix`, "." nothing; "schema": a file
+    that is no JSON object is refused by `schema`, naming its top level)."""
     doc = read_json(path, what, fix, max_bytes, too_big or f"no harness writes so much; {fix}")
+    if foreign == "schema" and not isinstance(doc, dict) and schema is not None:
+        validate(doc, schema, path, fix)
     if not isinstance(doc, dict) or doc.get("schema") != kind:
-        tail = "" if foreign == "." else f"; {foreign or fix}"
+        tail = "" if foreign == "." else f"; {fix if foreign in ('', 'schema') else foreign}"
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity {label or what}{tail}")
     check_version(doc, path, version)
     if schema is not None:
