@@ -162,3 +162,16 @@ def test_no_record_is_read_by_string_key_outside_the_store() -> None:
                     found.setdefault(rel, []).append(f"{node.lineno}: reads a record through its JSON form")
     assert not found, found
     assert set(JSON_READERS) <= {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")}, "a stale entry"
+
+
+def test_the_store_imports_nothing_above_it() -> None:
+    """The store sits right above the config (docs/development.md, "The tree"): of the harness it may import only
+    itself, files.py, errors.py and the Config type; an allowlist, so a new import of a layer above is refused."""
+    allowed = ("harness.store", "harness.files", "harness.errors", "harness.config.fields")
+    for path in (ROOT / "store").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name == "harness" or name.startswith("harness."):
+                    assert name.startswith(allowed), (path.name, name)
