@@ -128,7 +128,7 @@ def test_non_finite_loss_keeps_curves_aligned_with_device_markers() -> None:
     curves = loop.Curves()
     outcome = loop.train(Diverges(device, [0.01] * 10), config, stream_for(config), {}, curves, 10,
                          loop.LoopOptions(progress=False))
-    assert outcome.status == "failed: non-finite loss at step 3"
+    assert outcome.text == "failed: non-finite loss at step 3"
     assert len(curves.loss) == len(curves.time_s) == len(curves.step) == 4
 
 
@@ -184,7 +184,7 @@ def test_a_non_finite_loss_found_a_flush_late_still_ends_the_curves_at_it() -> N
     backend = AsyncBackend(device, [0.01] * 200, nan_at=60)
     curves = loop.Curves()
     outcome = loop.train(backend, config, stream_for(config), {}, curves, 200, loop.LoopOptions(progress=False))
-    assert outcome.status == "failed: non-finite loss at step 60"
+    assert outcome.text == "failed: non-finite loss at step 60"
     assert backend.k == 150 and len(curves.loss) == len(curves.time_s) == len(curves.step) == 61
     assert math.isnan(curves.loss[-1]) and curves.step[-1] == 60
 
@@ -342,7 +342,7 @@ def test_parity_spec_carries_devices_and_parity_options(tmp_path: Path, monkeypa
     from there (falling back to spec["device"])."""
     from harness.cli.main import main
     from harness.run import supervise
-    from harness.run.worker import Worker
+    from harness.store import RunPaths, RunSpec
 
     monkeypatch.setattr(supervise, "execute", lambda directory, backends, **kw: {b: 1 for b in backends})
     out = tmp_path / "out"
@@ -354,10 +354,11 @@ def test_parity_spec_carries_devices_and_parity_options(tmp_path: Path, monkeypa
     assert record["devices"] == {"torch": "cpu", "numpy": "cpu"}
     spec["devices"]["torch"] = "cuda"
     spec_path.write_text(json.dumps(spec))
-    assert Worker(spec_path.parent, "torch").device == "cuda" and Worker(spec_path.parent, "numpy").device == "cpu"
+    paths = RunPaths.of_dir(spec_path.parent)
+    assert RunSpec.load(paths).device_of("torch") == "cuda" and RunSpec.load(paths).device_of("numpy") == "cpu"
     del spec["devices"]
     spec_path.write_text(json.dumps(spec))
-    assert Worker(spec_path.parent, "torch").device == spec["device"]  # specs written before per-backend devices
+    assert RunSpec.load(paths).device_of("torch") == spec["device"]  # specs written before per-backend devices
     capsys.readouterr()
 
 

@@ -62,13 +62,16 @@ from harness.errors import UsageError
 from harness.run import loop as run_loop
 from harness.run.loop import Curves, LoopOptions, train
 from harness.run.processes import spawn
+from harness.store.bench import (
+    BenchCheck,
+    HarnessOnly,
+    LoopTiming,
+    OverheadResult,
+    ProbeCost,
+    StreamTiming,
+)
+from harness.store.record import Environment, Memory
 from harness.timing.stats import median_ci as _median_ci
-
-SCHEMA = "nanogpt-parity/bench"
-
-
-SCHEMA_VERSION = 1
-
 
 # always measured in a child process: flux (juliacall must be imported before torch), jax (jax_enable_x64 and the
 # platform are fixed for the life of a process, so a float64 job must not follow a float32 one in it)
@@ -162,7 +165,7 @@ def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int,
     wall = time.perf_counter() - t0 - outcome.eval_s - (outcome.compile_s or 0.0)
     cpu = time.process_time() - c0
     if outcome.status != "completed":
-        raise RuntimeError(f"runner-driven {backend.name} did not complete: {outcome.status}")
+        raise RuntimeError(f"runner-driven {backend.name} did not complete: {outcome.text}")
     return Timed(wall, list(curves.time_s), list(curves.loss), cpu, outcome.compile_s)
 
 
@@ -395,14 +398,15 @@ def _current_rss() -> int | None:
         return None
 
 
-def _timing(repeats: list[Timed], steps: int, tokens_per_step: int) -> dict:
+def _timing(repeats: list[Timed], steps: int, tokens_per_step: int) -> LoopTiming:
     """Per-step median and p90 over every timed step, and the loop's wall time per step (median over repeats)."""
     pooled = np.asarray([t for r in repeats for t in r.step_s], dtype=np.float64)
     loop = [r.wall_s / steps for r in repeats]
     loop_median = float(np.median(loop))
-    return {"step_ms_median": float(np.median(pooled) * 1e3), "step_ms_p90": float(np.percentile(pooled, 90) * 1e3),
-            "loop_ms_per_step_median": loop_median * 1e3, "loop_ms_per_step": [v * 1e3 for v in loop],
-            "tokens_per_s": tokens_per_step / loop_median if loop_median > 0 else None}
+    return LoopTiming(step_ms_median=float(np.median(pooled) * 1e3),
+                      step_ms_p90=float(np.percentile(pooled, 90) * 1e3), loop_ms_per_step_median=loop_median * 1e3,
+                      loop_ms_per_step=[v * 1e3 for v in loop],
+                      tokens_per_s=tokens_per_step / loop_median if loop_median > 0 else None)
 
 
 def _say(job: Job, text: str) -> None:
@@ -421,7 +425,7 @@ def reset_compiler() -> None:
     torch._dynamo.reset()
 
 
-def measure(job: Job) -> dict:
+def measure(job: Job) -> OverheadResult:
     """Measure (a) runner, (b) bare, (c) stream and (d) harness only for one backend and size, in this process."""
     gc.collect()  # the previous measurement's models go now, so their cached device blocks can be released
     if job.options.get("compile"):
@@ -438,7 +442,7 @@ def measure(job: Job) -> dict:
     return _measure(job)
 
 
-def _measure(job: Job) -> dict:
+def _measure(job: Job) -> OverheadResult:
     """The four measurements of `measure`, one job each: set up (a), build the floor (b), run the paired rounds,
     summarise."""
     runner = _set_up(job)
@@ -460,7 +464,7 @@ class _Runner:
     compile_s: float | None
     first_step_s: float
     first_round: Timed | None  # --warmup 0: the first timed runner round, run before the bare model existed
-    memory: dict
+    memory: Memory
 
 
 def _set_up(job: Job) -> _Runner:
@@ -483,13 +487,13 @@ def _set_up(job: Job) -> _Runner:
     else:  # no warm-up: the first timed runner round runs now, so that memory is read after steps, not before any
         first_round = runner_repeat(backend, config, stream, 0, job.steps)
         first_step_s = first_round.step_s[0]
-    memory = dict(backend.memory())
+    memory = Memory.from_dict(backend.memory())
     rss_after = _current_rss()
-    if memory.get("kind") == "rss":
-        memory["scope"] = "this configuration's process" if job.isolated else \
+    if memory.kind == "rss":
+        memory.extra["scope"] = "this configuration's process" if job.isolated else \
             "process-wide high-water mark so far (in-process measurement; --isolate gives per-configuration figures)"
     if rss_before is not None and rss_after is not None:
-        memory["rss_growth_bytes"] = rss_after - rss_before
+        memory.extra["rss_growth_bytes"] = rss_after - rss_before
     return _Runner(config, corpus, weights, stream, backend, setup_s, compile_s, first_step_s, first_round, memory)
 
 
@@ -564,7 +568,7 @@ def _rounds(job: Job, r: _Runner, bare_repeat: Callable[..., Timed]) -> _Rounds:
     return out
 
 
-def _result(job: Job, r: _Runner, rounds: _Rounds) -> dict:
+def _result(job: Job, r: _Runner, rounds: _Rounds) -> OverheadResult:
     """The result of one measurement: per-loop timings, the overhead ratios with their interval, the stream, the
     harness's own cost, the contention probe's cost, memory, and the checks against TARGETS."""
     tokens = r.config.batch_size * r.config.block_size
@@ -578,45 +582,43 @@ def _result(job: Job, r: _Runner, rounds: _Rounds) -> dict:
     ratios = cpu_ratios if basis == "cpu_time" else wall_ratios
     ratio = float(np.median(ratios))
     batch_s = float(np.median(rounds.stream_s))
-    step_s = bare_t["step_ms_median"] / 1e3
+    step_s = bare_t.step_ms_median / 1e3
     for t, runs in ((runner_t, runs_a), (bare_t, runs_b)):  # loop time not inside a timed step, per step
-        t["outside_step_us_median"] = float(np.median([(x.wall_s - sum(x.step_s)) / job.steps for x in runs]) * 1e6)
+        t.outside_step_us_median = float(np.median([(x.wall_s - sum(x.step_s)) / job.steps for x in runs]) * 1e6)
     # a third estimate, from per-step medians (which ignore a preempted step) plus the time between steps
-    robust = ((runner_t["step_ms_median"] + runner_t["outside_step_us_median"] / 1e3)
-              / (bare_t["step_ms_median"] + bare_t["outside_step_us_median"] / 1e3))
+    robust = ((runner_t.step_ms_median + runner_t.outside_step_us_median / 1e3)
+              / (bare_t.step_ms_median + bare_t.outside_step_us_median / 1e3))
     null_s = float(np.median(rounds.harness_only_s))
-    result = {
-        "backend": job.backend, "size": job.size, "device": job.device, "status": "completed",
-        "config": job.config, "tokens_per_step": tokens, "steps": job.steps, "warmup": job.warmup,
-        "repeats": job.repeats, "isolated": job.isolated, "options": job.options,
-        "setup_s": r.setup_s, "compile_s": r.compile_s, "first_step_s": r.first_step_s,
-        "step_timing": "cuda events, no per-step sync" if job.device == "cuda" and job.backend == "torch"
+    result = OverheadResult(
+        backend=job.backend, size=job.size, device=job.device, config=job.config, tokens_per_step=tokens,
+        steps=job.steps, warmup=job.warmup, repeats=job.repeats, isolated=job.isolated, options=job.options,
+        setup_s=r.setup_s, compile_s=r.compile_s, first_step_s=r.first_step_s,
+        step_timing="cuda events, no per-step sync" if job.device == "cuda" and job.backend == "torch"
         else "host clock",
-        "runner": runner_t, "bare": bare_t,
-        "overhead_ratio": ratio, "overhead_pct": (ratio - 1) * 100, "overhead_basis": basis,
-        "overhead_ratio_ci95": _median_ci(ratios),
-        "overhead_ratios": ratios, "overhead_ratio_wall": float(np.median(wall_ratios)),
-        "overhead_ratios_wall": wall_ratios, "overhead_ratio_cpu_time": float(np.median(cpu_ratios)),
-        "overhead_ratio_of_medians": runner_t["loop_ms_per_step_median"] / bare_t["loop_ms_per_step_median"],
-        "overhead_ratio_step_medians": robust,
-        "stream": {"batches_timed": len(rounds.stream_s), "ms_per_batch_median": batch_s * 1e3,
-                   "ms_per_batch_p90": float(np.percentile(rounds.stream_s, 90) * 1e3),
-                   "batches_per_s": 1.0 / batch_s if batch_s > 0 else None,
-                   "x_step": step_s / batch_s if batch_s > 0 else None},
-        "contention_probe": contention_probe_cost(step_s, job.device),
-        "harness_only": {"us_per_step_median": null_s * 1e6, "pct_of_step": null_s / step_s * 100,
-                         "steps_timed": rounds.n_stream * job.repeats},
-        "memory": r.memory, "backend_info": r.backend.describe(),
-    }
+        runner=runner_t, bare=bare_t, overhead_ratio=ratio, overhead_pct=(ratio - 1) * 100, overhead_basis=basis,
+        overhead_ratio_ci95=_median_ci(ratios), overhead_ratios=ratios,
+        overhead_ratio_wall=float(np.median(wall_ratios)), overhead_ratios_wall=wall_ratios,
+        overhead_ratio_cpu_time=float(np.median(cpu_ratios)),
+        overhead_ratio_of_medians=runner_t.loop_ms_per_step_median / bare_t.loop_ms_per_step_median,
+        overhead_ratio_step_medians=robust,
+        stream=StreamTiming(batches_timed=len(rounds.stream_s), ms_per_batch_median=batch_s * 1e3,
+                            ms_per_batch_p90=float(np.percentile(rounds.stream_s, 90) * 1e3),
+                            batches_per_s=1.0 / batch_s if batch_s > 0 else None,
+                            x_step=step_s / batch_s if batch_s > 0 else None),
+        contention_probe=contention_probe_cost(step_s, job.device),
+        harness_only=HarnessOnly(us_per_step_median=null_s * 1e6, pct_of_step=null_s / step_s * 100,
+                                 steps_timed=rounds.n_stream * job.repeats),
+        memory=r.memory, backend_info=r.backend.describe())
     if rounds.bare_sync:
-        result["bare_sync_each_step"] = _timing(rounds.bare_sync, job.steps, tokens)
+        result.bare_sync_each_step = _timing(rounds.bare_sync, job.steps, tokens)
     if job.backend == "torch" and job.device == "cuda":
-        result["backend_info"]["sdpa"] = _sdpa_flags()
-    result["checks"] = checks(result)
+        result.backend_info["sdpa"] = _sdpa_flags()
+    result.checks = checks(result)
     return result
 
 
-def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 200, ticks: int = 20000) -> dict:
+def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 200,
+                          ticks: int = 20000) -> ProbeCost:
     """What the contention evidence (harness.timing.contention) costs a training loop with steps of `step_s` seconds.
 
     Per step the loop only calls `Sampler.tick` (a clock read and a comparison); the machine's state is read
@@ -640,9 +642,9 @@ def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 2
         sampler.tick(k)
     tick_s = (time.perf_counter() - t0) / ticks
     per_step_s = tick_s + snapshot_s * step_s / contention.CHUNK_S
-    return {"snapshot_us": snapshot_s * 1e6, "tick_us": tick_s * 1e6, "chunk_s": contention.CHUNK_S,
-            "per_step_us": per_step_s * 1e6, "pct_of_step": per_step_s / step_s * 100,
-            "per_step_snapshot_pct": snapshot_s / step_s * 100}
+    return ProbeCost(snapshot_us=snapshot_s * 1e6, tick_us=tick_s * 1e6, chunk_s=contention.CHUNK_S,
+                     per_step_us=per_step_s * 1e6, pct_of_step=per_step_s / step_s * 100,
+                     per_step_snapshot_pct=snapshot_s / step_s * 100)
 
 
 def _sdpa_flags() -> dict:
@@ -655,45 +657,45 @@ def _sdpa_flags() -> dict:
             "float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
-def checks(result: dict) -> list[dict]:
+def checks(result: OverheadResult) -> list[BenchCheck]:
     """The targets that apply to this result, each with its measured value and whether it was met."""
     out = []
-    target = TARGETS["overhead"][result["device"]]
-    if result["size"] in target["sizes"]:
-        value = result["overhead_ratio"] - 1
-        ci = [c - 1 for c in result.get("overhead_ratio_ci95") or []]
-        out.append({"name": "overhead", "value": value, "max": target["max"], "ok": bool(value <= target["max"]),
-                    "ci95": ci})
-    x_step = result["stream"]["x_step"]
-    out.append({"name": "stream_x_step", "value": x_step, "min": TARGETS["stream_x_step_min"],
-                "ok": bool(x_step is not None and x_step >= TARGETS["stream_x_step_min"])})
+    target = TARGETS["overhead"][result.device]
+    if result.size in target["sizes"] and result.overhead_ratio is not None:
+        value = result.overhead_ratio - 1
+        ci = [c - 1 for c in result.overhead_ratio_ci95 or []]
+        out.append(BenchCheck(name="overhead", value=value, max=target["max"], ok=bool(value <= target["max"]),
+                              ci95=ci))
+    x_step = result.stream.x_step if result.stream is not None else None
+    out.append(BenchCheck(name="stream_x_step", value=x_step, min=TARGETS["stream_x_step_min"],
+                          ok=bool(x_step is not None and x_step >= TARGETS["stream_x_step_min"])))
     return out
 
 
-def misses(results: list[dict]) -> list[str]:
+def misses(results: list[OverheadResult]) -> list[str]:
     """One line per missed target (or failed measurement)."""
     lines = []
     for r in results:
-        where = f"{r['backend']}/{r['size']} on {r['device']}"
-        if r["status"] != "completed":
-            lines.append(f"{where}: {r['status']}")
+        where = f"{r.backend}/{r.size} on {r.device}"
+        if r.status != "completed":
+            lines.append(f"{where}: {r.status_text}")
             continue
-        for c in r["checks"]:
-            if c["ok"]:
+        for c in r.checks:
+            if c.ok:
                 continue
-            if c["name"] == "overhead":
-                ci = c.get("ci95")
+            if c.name == "overhead":
+                ci = c.ci95
                 noise = f" (95% interval {ci[0] * 100:+.1f}% to {ci[1] * 100:+.1f}%)" if ci else ""
-                lines.append(f"{where}: harness overhead {c['value'] * 100:+.1f}%{noise} exceeds "
-                             f"{c['max'] * 100:.0f}%")
+                lines.append(f"{where}: harness overhead {c.value * 100:+.1f}%{noise} exceeds "
+                             f"{c.max * 100:.0f}%")
             else:
-                lines.append(f"{where}: batch stream only {c['value']:.0f}x faster than a step (target "
-                             f"{c['min']:.0f}x)")
+                lines.append(f"{where}: batch stream only {c.value:.0f}x faster than a step (target "
+                             f"{c.min:.0f}x)")
     return lines
 
 
 # --- child processes ---------------------------------------------------------------------------------------------
-def measure_isolated(job: Job) -> dict:
+def measure_isolated(job: Job) -> OverheadResult:
     """Run `measure(job)` in a fresh interpreter (`python -m harness --worker bench JOB_JSON`, started as every child
     of the harness is: harness.run.processes.spawn), its CPU threads capped to `job.threads` as every backend
     process's are (harness.run.processes.thread_env); its progress goes to our stderr."""
@@ -707,10 +709,9 @@ def measure_isolated(job: Job) -> dict:
         raise
     lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    return {"backend": job.backend, "size": job.size, "device": job.device,
-            "status": f"failed: child process exited with status {proc.returncode} (its message is above)",
-            "checks": []}
+        return OverheadResult.from_dict(json.loads(lines[-1]))
+    return OverheadResult.failed(job.backend, job.size, job.device, f"child process exited with status "
+                                 f"{proc.returncode} (its message is above)")
 
 
 def child_main(argv: list[str]) -> int:
@@ -724,28 +725,28 @@ def child_main(argv: list[str]) -> int:
     except (UsageError, BackendUnavailable) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    print(json.dumps(result.to_dict()))
     return 0
 
 
 # --- environment, table, command ---------------------------------------------------------------------------------
-def bench_environment(device: str, results: list[dict]) -> dict:
+def bench_environment(device: str, results: list[OverheadResult]) -> Environment:
     """environment.capture() plus the torch version and the device's name (from the backends' own description)."""
-    env = environment.capture()
+    env = Environment.from_dict(environment.capture())
     try:
         from importlib.metadata import version
 
-        env["torch"] = version("torch")
+        env.extra["torch"] = version("torch")
     except Exception:  # torch not installed: nothing to record
-        env["torch"] = None
-    env["device"] = device
-    described = [r["backend_info"] for r in results if r.get("backend_info")]
-    env["device_name"] = next((d["device_name"] for d in described if d.get("device_name")), None) \
+        env.extra["torch"] = None
+    env.extra["device"] = device
+    described = [r.backend_info for r in results if r.backend_info]  # each backend's own describe()
+    env.extra["device_name"] = next((d["device_name"] for d in described if d.get("device_name")), None) \
         or environment.cpu_model()
     for d in described:
         if d.get("framework") == "pytorch":
-            env["torch_threads"] = d.get("threads")
-            env.update({k: d[k] for k in ("cuda", "cudnn") if k in d})
+            env.extra["torch_threads"] = d.get("threads")
+            env.extra.update({k: d[k] for k in ("cuda", "cudnn") if k in d})
             break
     return env
 

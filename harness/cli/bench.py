@@ -4,22 +4,25 @@
 from __future__ import annotations
 
 import argparse
-import math
 import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from harness.backends import BackendUnavailable, backend_class
 from harness.bench import overhead
-from harness.bench.noise import Hogs, _harness, _leg_failed, checks, format_result, run_result, sweep_result
+from harness.bench.noise import (
+    Hogs,
+    _harness,
+    _leg_failed,
+    checks,
+    failed_leg,
+    format_result,
+    run_result,
+    sweep_result,
+)
 from harness.bench.overhead import (
     ISOLATED,
-    SCHEMA,
-    SCHEMA_VERSION,
     TARGETS,
     TIMED_STEPS,
     Job,
@@ -57,7 +60,8 @@ from harness.config.load import load_config
 from harness.core.data import check_fits, load_corpus
 from harness.environment import usable_cores
 from harness.errors import UsageError
-from harness.run import records
+from harness.store import check_writable
+from harness.store.bench import LegTiming, NoiseOptions, NoiseRecord, OverheadOptions, OverheadRecord, OverheadResult
 from harness.units import utc_now
 
 OVERHEAD_EXIT = {0: "measured (with --check: and every target met)",
@@ -178,7 +182,7 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
     configs = {size: load_config(size) for size in sizes}
     for config in configs.values():
         check_fits(corpus, config.block_size, config.batch_size)
-    records.check_writable(args.out)
+    check_writable(args.out)
     # --threads caps the CPU threads of a process through its environment, as for every backend process of `run`:
     # only a fresh process can take it, so each measurement then runs in one
     return [Job(backend=name, size=size, config=configs[size].to_dict(), data=corpus.path, device=devices[name],
@@ -189,21 +193,21 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
             for name in backends for size in sizes]
 
 
-def format_table(results: list[dict]) -> str:
+def format_table(results: list[OverheadResult]) -> str:
     """The human-readable summary: one row per backend and size."""
     head = ("backend", "size", "device", "runner ms/step", "p90", "bare ms/step", "p90", "tokens/s", "overhead",
             "harness us/step", "batches/s", "stream x step", "peak memory")
     rows = [head]
     for r in results:
-        if r["status"] != "completed":
-            rows.append((r["backend"], r["size"], r["device"], r["status"], *[""] * (len(head) - 4)))
+        if r.status != "completed":
+            rows.append((r.backend, r.size, r.device, r.status_text, *[""] * (len(head) - 4)))
             continue
-        a, b, s, m = r["runner"], r["bare"], r["stream"], r["memory"]
-        rows.append((r["backend"], r["size"], r["device"], f"{a['step_ms_median']:.2f}", f"{a['step_ms_p90']:.2f}",
-                     f"{b['step_ms_median']:.2f}", f"{b['step_ms_p90']:.2f}", f"{a['tokens_per_s']:,.0f}",
-                     f"{r['overhead_pct']:+.2f}%", f"{r['harness_only']['us_per_step_median']:.0f}",
-                     f"{s['batches_per_s']:,.0f}", f"{s['x_step']:,.0f}x",
-                     f"{_mib(m.get('peak_bytes'))} {m.get('kind', '')}".strip()))
+        a, b, s, m = r.runner, r.bare, r.stream, r.memory
+        rows.append((r.backend, r.size, r.device, f"{a.step_ms_median:.2f}", f"{a.step_ms_p90:.2f}",
+                     f"{b.step_ms_median:.2f}", f"{b.step_ms_p90:.2f}", f"{a.tokens_per_s:,.0f}",
+                     f"{r.overhead_pct:+.2f}%", f"{r.harness_only.us_per_step_median:.0f}",
+                     f"{s.batches_per_s:,.0f}", f"{s.x_step:,.0f}x",
+                     f"{_mib(m.peak_bytes if m else None)} {(m.kind if m else None) or ''}".strip()))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
@@ -228,31 +232,29 @@ def command(args: argparse.Namespace) -> int:
     for job in jobs:
         results.append(measure_isolated(job) if job.isolated else overhead.measure(job))
     missed = misses(results)
-    doc = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_at": started,
-        "finished_at": utc_now(),
-        "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": device,
-                    "steps": jobs[0].steps if len({j.steps for j in jobs}) == 1 else sorted({j.steps for j in jobs}),
-                    "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
-                    "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check,
-                    # per backend, only where --device NAME=DEVICE put one elsewhere
-                    **({"devices": devices} if set(devices.values()) != {device} else {})},
-        "targets": TARGETS,
-        "environment": {**bench_environment(device, results), "loadavg_1min_start": load_start,
-                        "loadavg_1min_end": _loadavg()},
-        "results": results, "misses": missed,
-    }
+    environment = bench_environment(device, results)
+    environment.extra.update(loadavg_1min_start=load_start, loadavg_1min_end=_loadavg())
+    doc = OverheadRecord(
+        started_at=started, finished_at=utc_now(),
+        options=OverheadOptions(
+            backends=backends, sizes=list(dict.fromkeys(j.size for j in jobs)), device=device,
+            steps=jobs[0].steps if len({j.steps for j in jobs}) == 1 else sorted({j.steps for j in jobs}),
+            warmup=args.warmup, repeats=args.repeats, seed=args.seed, data=jobs[0].data, threads=args.threads,
+            isolate=args.isolate, check=args.check,
+            # per backend, only where --device NAME=DEVICE put one elsewhere
+            devices=devices if set(devices.values()) != {device} else None),
+        targets=TARGETS, environment=environment, results=results, misses=missed)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     path = Path(args.out) / "bench" / f"bench-{stamp}-{secrets.token_hex(3)}.json"
-    records.atomic_write_json(path, _jsonable(doc))
+    doc.dump(path)
     print(format_table(results))
     for r in results:
-        cp = r.get("contention_probe")
+        cp = r.contention_probe
         if cp:
-            print(f"contention evidence, {r['backend']}/{r['size']}: {cp['tick_us']:.2f} us per step + a "
-                  f"{cp['snapshot_us']:.0f} us reading of the machine once every {cp['chunk_s']:g} s = "
-                  f"{cp['pct_of_step']:.3f}% of a step (reading it at every step would cost "
-                  f"{cp['per_step_snapshot_pct']:.1f}%)")
+            print(f"contention evidence, {r.backend}/{r.size}: {cp.tick_us:.2f} us per step + a "
+                  f"{cp.snapshot_us:.0f} us reading of the machine once every {cp.chunk_s:g} s = "
+                  f"{cp.pct_of_step:.3f}% of a step (reading it at every step would cost "
+                  f"{cp.per_step_snapshot_pct:.1f}%)")
     clock = ("process CPU time" if used == {"cpu"} else "wall time" if "cpu" not in used
              else "process CPU time on the CPU, wall time on CUDA")
     steps = "/".join(str(n) for n in sorted({j.steps for j in jobs}))
@@ -263,22 +265,8 @@ def command(args: argparse.Namespace) -> int:
     if not missed:
         print("targets: all met", file=sys.stderr)
     print(f"bench: {path}", file=sys.stderr)
-    failed = any(r["status"] != "completed" for r in results)
+    failed = any(r.status != "completed" for r in results)
     return 1 if failed or (args.check and missed) else 0
-
-
-def _jsonable(obj: Any) -> Any:
-    """Tuples to lists, NumPy scalars to Python, non-finite floats to None (strict JSON for other tools)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
 
 
 def noise_command(args: argparse.Namespace) -> int:
@@ -293,7 +281,7 @@ def noise_command(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.data)  # bad data is one line before any leg starts (each leg reads it again)
     config = load_config(sizes[0])
     check_fits(corpus, config.block_size, config.batch_size)
-    records.check_writable(args.out)
+    check_writable(args.out)
     hogs = args.hogs or usable_cores()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
@@ -302,11 +290,10 @@ def noise_command(args: argparse.Namespace) -> int:
     sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.seeds),
              "--steps", str(args.steps), *common]
     run = ["run", "--size", sizes[0], "--steps", str(args.run_steps), "--backend", backends[0], *common]
-    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends, "seeds": args.seeds,
-                                          "steps": args.steps, "run_steps": args.run_steps,
-                                          "hogs": hogs, "cores": usable_cores(), "threads": args.threads},
-                              "started_at": stamp, "dir": str(root)}
-    timing: dict[str, Any] = {}
+    result = NoiseRecord(options=NoiseOptions(size=sizes[0], backends=backends, seeds=args.seeds, steps=args.steps,
+                                              run_steps=args.run_steps, hogs=hogs, cores=usable_cores(),
+                                              threads=args.threads),
+                         started_at=stamp, dir=str(root))
     for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
         if code != 0:
@@ -317,17 +304,16 @@ def noise_command(args: argparse.Namespace) -> int:
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
         if code_d != 0:
             return _leg_failed(argv, code_d, root)
-        timing[kind] = {"quiet_s": quiet_s, "disturbed_s": disturbed_s, "hogs_window_s": h.window,
-                        "hogs_epochs": h.epochs, "exit_status": [code, code_d]}
+        result.timing[kind] = LegTiming(quiet_s=quiet_s, disturbed_s=disturbed_s, hogs_window_s=h.window,
+                                        hogs_epochs=h.epochs, exit_status=[code, code_d])
         for leg, out in (("quiet", root / f"{kind}-quiet"), ("disturbed", root / f"{kind}-disturbed")):
             try:
-                result[f"{kind}_{leg}"] = reader(out, h.epochs if leg == "disturbed" else None)
+                setattr(result, f"{kind}_{leg}", reader(out, h.epochs if leg == "disturbed" else None))
             except (UsageError, OSError, ValueError) as exc:
-                result[f"{kind}_{leg}"] = {"error": f"{type(exc).__name__}: {exc}"}
-    result["timing"] = timing
-    result["checks"] = checks(result)
+                setattr(result, f"{kind}_{leg}", failed_leg(kind, f"{type(exc).__name__}: {exc}"))
+    result.checks = checks(result)
     path = root / "noise.json"
-    records.atomic_write_json(path, result)
+    result.dump(path)
     print(format_result(result))
     print(f"bench: {path}", file=sys.stderr)
-    return 1 if args.check and not all(c["ok"] for c in result["checks"]) else 0
+    return 1 if args.check and not all(c.ok for c in result.checks) else 0

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a process killed by SIGPIPE
     except OSError as exc:  # the file system said no (full disk, read-only, a name too long, ...): not a bug
-        from harness.run.records import os_error_message
+        from harness.store import os_error_message
 
         print(f"harness: error: {os_error_message(exc, 'cannot write')}", file=sys.stderr)
         return 2

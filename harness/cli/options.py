@@ -476,8 +476,7 @@ def stored_kind(out: Path, ident: str) -> str:
     import os
     import re
 
-    from harness.run.records import RUN_ID_RE
-    from harness.sweep.manifest import SWEEP_ID_RE
+    from harness.store import RUN_ID_RE, SWEEP_ID_RE
 
     if not ident:
         raise UsageError("the id is empty (an unset shell variable?); pass a run id or a sweep id from "

@@ -8,7 +8,6 @@ import inspect
 import math
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from harness.cli.options import (
@@ -46,6 +45,8 @@ from harness.parity.tolerances import (
     reference_backend,
     tolerances_for,
 )
+from harness.store import ParityOptions, RunPaths, RunRecord
+from harness.store.parity import ParityRecord
 
 DEFAULT_BACKENDS = "torch,numpy"
 
@@ -169,34 +170,33 @@ def command(args: argparse.Namespace) -> int:
     records and probes, compare, write parity.json, print. The exit status says how it ended (0 pass, 1 numerical
     FAIL, 2 bad input, 3 a backend crashed, 130 interrupted; --help lists them)."""
     from harness.run import plan as run_plan
-    from harness.run import records, supervise
+    from harness.run import supervise
+    from harness.store import load_run
 
     pp = plan_parity(args)
-    run_id = run_plan.write_spec(pp.plan)
-    paths = records.RunPaths(Path(pp.plan.out), run_id)
-    print(_headline(pp, run_id), file=sys.stderr)
+    paths = run_plan.write_spec(pp.plan)
+    print(_headline(pp, paths.run_id), file=sys.stderr)
     # the reference first: the other backend reads its states from the reference's probe
-    codes = supervise.execute(paths.dir, [pp.reference, pp.other], progress=pp.plan.progress,
+    codes = supervise.execute(paths, [pp.reference, pp.other], progress=pp.plan.progress,
                               threads=pp.plan.threads, chained=True)
-    record = parity_record.new_record(pp, run_id, codes)
-    path = paths.parity
+    record = parity_record.new_record(pp, paths, codes)
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
-        return _error(path, record, reason, status, "; nothing compared (see the messages above)")
+        return _error(paths, record, reason, status, "; nothing compared (see the messages above)")
 
-    _, recs = records.load_run(pp.plan.out, run_id)
-    workers = {rec["backend"]: rec for rec in recs}
+    _, recs = load_run(paths)
+    workers = {rec.backend: rec for rec in recs}
     _adopt_dtypes(args, pp, workers, record)
     missing = [n for n in pp.backends if not paths.probe(n).is_file()]
     if missing:
-        return _error(path, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
-    result = parity_record.compare_workers(pp, workers, paths.dir)
+        return _error(paths, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
+    result = parity_record.compare_workers(pp, workers, paths)
     parity_record.finish_record(record, pp, result, workers)
-    records.atomic_write_json(path, record)
+    record.dump(paths)
 
     _print_result(result, pp, getattr(args, "per_parameter", False))
-    print(f"parity record: {path}")
+    print(f"parity record: {paths.parity}")
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 
@@ -222,7 +222,7 @@ def plan_parity(args: argparse.Namespace) -> ParityPlan:
     opt_k = parity_record.optimizer_steps(config, corpus.vocab_size, args.steps, asked)
     plan = run_plan.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
                          out=args.out, backend_options=options, text=False,
-                         parity={"opt_steps": opt_k, "reference": reference_backend(backends)},
+                         parity=ParityOptions(opt_steps=opt_k, reference=reference_backend(backends)),
                          progress=not getattr(args, "quiet", False), threads=threads, devices=devices)
     try:
         run_plan.preflight(plan)
@@ -260,28 +260,28 @@ def _headline(pp: ParityPlan, run_id: str) -> str:
             f"({pp.dtypes[b]}) on {' / '.join(pp.plan.devices[n] for n in pp.backends)}; {sync}")
 
 
-def _error(path: Path, record: dict, reason: str, status: int, said: str) -> int:
+def _error(paths: RunPaths, record: ParityRecord, reason: str, status: int, said: str) -> int:
     """Nothing compared: parity.json with verdict "error", the reason on stderr (`said` after it), `status`."""
-    from harness.run import records
-
     parity_record.mark_error(record, reason)
-    records.atomic_write_json(path, record)
+    record.dump(paths)
     print(f"ERROR: {reason}{said}", file=sys.stderr)
-    print(f"parity record: {path}")
+    print(f"parity record: {paths.parity}")
     return status
 
 
-def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, dict], record: dict) -> None:
+def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, RunRecord],
+                  record: ParityRecord) -> None:
     """What each backend says it computed in wins over what it was asked for; a precision pair that changes so
     brings its own tolerances (command-line ones stay), into `pp` and `record`."""
     for name in pp.backends:
-        actual = (workers[name].get("backend_info") or {}).get("dtype")
+        actual = workers[name].backend_info.get("dtype")
         if isinstance(actual, str) and actual != pp.dtypes[name]:
             pp.dtypes[name] = actual
     if precision_pair(*(pp.dtypes[n] for n in pp.backends)) != pp.pair:
         pp.pair = precision_pair(*(pp.dtypes[n] for n in pp.backends))
         pp.tolerances, pp.tol_source = resolve_tolerances(args, pp.pair, pp.plan.config)
-        record.update(precision_pair=pp.pair, tolerances=asdict(pp.tolerances), tolerance_source=pp.tol_source)
+        record.precision_pair, record.tolerances = pp.pair, asdict(pp.tolerances)
+        record.tolerance_source = pp.tol_source
 
 
 def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> None:

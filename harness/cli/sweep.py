@@ -45,6 +45,7 @@ from harness.cli.options import (
     shared,
 )
 from harness.errors import UsageError
+from harness.store import check_sweep_id
 from harness.sweep.settings import check_executor, check_text
 from harness.sweep.spec import MAX_CELLS_WITHOUT_YES, SweepSpec, build_spec, load_toml, parse_seed_flag, parse_set
 
@@ -236,7 +237,7 @@ def command(args: argparse.Namespace) -> int:
     if chosen and args.spec:
         raise UsageError(f"--{chosen[0]} takes a sweep id, not a sweep file; drop {args.spec}")
     for option in chosen:  # an empty id (an unset shell variable) is an error, never a new sweep
-        mf.check_sweep_id(getattr(args, option), args.out)
+        check_sweep_id(getattr(args, option), args.out)
     if args.status is not None:
         from harness.sweep.state import print_status
 

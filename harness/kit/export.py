@@ -96,7 +96,7 @@ def check_out(out: Path) -> None:
 def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     """Write the kit files, then manifest.json last. A failure (a full disk, Ctrl-C) removes what was written, and
     the marker file left by a kill lets the next export into the same KIT_DIR start again."""
-    from harness.run import records
+    from harness.store import atomic_write_bytes, os_error_message
 
     created = not out.exists()
     out.mkdir(exist_ok=True)
@@ -104,15 +104,15 @@ def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     try:
         marker.touch()
         for name, blob in blobs.items():
-            records.atomic_write_bytes(out / name, blob)
-        records.atomic_write_bytes(out / MANIFEST, manifest)
+            atomic_write_bytes(out / name, blob)
+        atomic_write_bytes(out / MANIFEST, manifest)
     except BaseException as exc:
         _remove_unfinished(out)
         if created:
             with contextlib.suppress(OSError):
                 out.rmdir()
         if isinstance(exc, OSError):
-            raise UsageError(records.os_error_message(exc, f"cannot write the kit into {str(out)!r}")
+            raise UsageError(os_error_message(exc, f"cannot write the kit into {str(out)!r}")
                              + " (nothing of it was left)") from None
         raise
     marker.unlink()
@@ -326,10 +326,11 @@ def check_memory(config: Any, corpus: Any, seed: int, out: Path, steps: int, all
     parameters and AdamW moments after each of the `steps` steps are kept (in the arrays and again in their NPZ
     bytes), as a parity probe keeps them for its optimizer steps."""
     from harness.run import plan
+    from harness.store import ParityOptions
 
     plan.check_memory(plan.Plan(config=config, corpus=corpus, backends=["numpy"], seed=seed, out=out,
                                 backend_options={"numpy": {"dtype": "float64"}},
-                                parity={"opt_steps": steps}, probe_fix="export fewer steps (--steps N)",
+                                parity=ParityOptions(opt_steps=steps), probe_fix="export fewer steps (--steps N)",
                                 allow_large=allow_large))
 
 

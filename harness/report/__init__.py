@@ -26,7 +26,9 @@ from harness.errors import UsageError
 from harness.report import analysis, tables
 from harness.report.analysis import ERROR, NEUTRAL, OK, WARN, RunView
 from harness.report.results import costs, step_median_interval
-from harness.run import records
+from harness.store import RunPaths, Status, atomic_write_bytes
+from harness.store.parity import ParityRecord
+from harness.store.record import TextProtocol
 from harness.timing import contention
 from harness.timing.steady import FIGURES_ALL
 
@@ -42,6 +44,7 @@ def _env() -> Environment:
     env.filters["loss"] = tables.fmt_loss
     env.filters["rate"] = tables.fmt_rate
     env.filters["score"] = tables.fmt_score
+    env.filters["known"] = lambda v: "?" if v is None else v  # a value a record left out
     return env
 
 
@@ -97,7 +100,7 @@ def speed_verdict(c: analysis.PairComparison) -> dict[str, Any]:
 
 def _contention_sentence(view: RunView) -> str:
     """One line: how disturbed each backend's training was, and the paired timing's rounds."""
-    parts = [contention.sentence(costs(r)["contention"], r["backend"]) for r in view.records]
+    parts = [contention.sentence(costs(r).contention, r.backend) for r in view.records]
     if view.paired is not None:
         from harness.timing import paired
 
@@ -112,7 +115,7 @@ def _worse(a: str, b: str) -> str:
 
 def _speed(view: RunView, comparisons: list[analysis.PairComparison]) -> list[dict[str, Any]]:
     """A speed verdict per pair; none in a parity run (its exactness settings trade speed away)."""
-    if view.spec.get("parity") and comparisons:
+    if view.spec.parity is not None and comparisons:
         return []
     return [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
 
@@ -131,7 +134,7 @@ def _headline(view: RunView, comparisons: list[analysis.PairComparison]) -> dict
         level, label = ERROR, "not a fair comparison"
     elif view.parity is not None:
         level, label = {True: (OK, "parity: pass"), False: (ERROR, "parity: FAIL"),
-                        None: (WARN, "parity: no verdict")}[analysis.parity_passed(view.parity)]
+                        None: (WARN, "parity: no verdict")}[view.parity.passed]
     elif view.parity_error:
         level, label = ERROR, "parity: unreadable"
     elif len(view.records) == 1:
@@ -144,7 +147,7 @@ def _headline(view: RunView, comparisons: list[analysis.PairComparison]) -> dict
         level, label = WARN, "losses not comparable"
     for banner in view.banners:
         level = _worse(level, banner.level)
-    if view.missing or any(r.get("status") != "completed" for r in view.records):
+    if view.missing or any(r.status is not Status.COMPLETED for r in view.records):
         label += ", incomplete"
     return {"level": level, "label": label, "speed": _speed(view, comparisons)}
 
@@ -153,7 +156,7 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
     """The headline (`_headline`) and the sentences of one run's summary."""
     head = _headline(view, comparisons)
     lines: list[str] = []
-    dropout = (view.spec.get("config") or {}).get("dropout")
+    dropout = view.spec.config.dropout
     unfair = analysis.fairness_problems(view.records)
     if unfair:
         lines.append("Not a fair comparison: " + "; ".join(unfair) + ".")
@@ -163,29 +166,30 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
         rec = view.records[0]
         c = analysis.costs(rec)
         last = analysis.last_eval(rec)
-        parts = [f"Only {rec['backend']} ran, so there is nothing to compare"]
+        parts = [f"Only {rec.backend} ran, so there is nothing to compare"]
         if last:
-            parts.append(f"final validation loss {last['val_loss']:.4f} at step {last['step']:,}")
-        if c["tokens_per_s"]:
+            parts.append(f"final validation loss {last.val_loss:.4f} at step {last.step:,}")
+        if c.tokens_per_s:
             ci = step_median_interval(rec)
-            which = "undisturbed" if c.get("figures_from") != FIGURES_ALL else "steady"
-            interval = (f" (median {which} step {tables.fmt_seconds(c['step_median_s'])}, 95 % interval "
-                        f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c['steady_steps']:,} "
-                        "steps)") if len(ci) == 2 and c.get("steady_steps") else ""
-            tag = contention.disturbed_tag(c["contention"])
-            parts.append(f"{c['tokens_per_s']:,.0f} tokens/s{interval}" + (f" ({tag})" if tag else ""))
+            which = "undisturbed" if c.figures_from != FIGURES_ALL else "steady"
+            interval = (f" (median {which} step {tables.fmt_seconds(c.step_median_s)}, 95 % interval "
+                        f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c.steady_steps:,} "
+                        "steps)") if len(ci) == 2 and c.steady_steps else ""
+            tag = contention.disturbed_tag(c.contention)
+            parts.append(f"{c.tokens_per_s:,.0f} tokens/s{interval}" + (f" ({tag})" if tag else ""))
         lines.append("; ".join(parts) + ".")
     lines += [_pair_sentence(c, dropout) for c in comparisons]
-    if view.spec.get("parity") and comparisons:
+    if view.spec.parity is not None and comparisons:
         lines.append("Speed: not compared in a parity run (it trades speed for exactness); use `harness run`.")
     lines += [v["text"] for v in head["speed"]]
     if view.records:
         lines.append(_contention_sentence(view))
-    scored = [r for r in view.records if (r.get("text") or {}).get("chrf") is not None]
+    scored = [r for r in view.records if r.text is not None and r.text.chrf is not None]
     if scored:
-        temp = (scored[0]["text"].get("protocol") or {}).get("temperature")
+        protocol = scored[0].text.protocol
+        temp = protocol.temperature if protocol is not None else None
         lines.append(f"Text (chrF / BLEU of continuations at temperature {temp}): " + "; ".join(
-            f"{r['backend']} {r['text']['chrf']:.1f} / {r['text']['bleu']:.2f}" for r in scored) + ".")
+            f"{r.backend} {r.text.chrf:.1f} / {r.text.bleu:.2f}" for r in scored) + ".")
     return dict(head, lines=lines)
 
 
@@ -195,38 +199,35 @@ def _temperature_label(t: Any) -> str:
 
 
 def _samples(view: RunView) -> dict[str, Any] | None:
-    with_text = [r for r in view.records if (r.get("text") or {}).get("samples")]
+    with_text = [r for r in view.records if r.text is not None and r.text.samples]
     if not with_text:
         return None
     rows: dict[str, dict[str, str]] = {}
     for rec in with_text:
-        for s in rec["text"]["samples"]:
-            rows.setdefault(_temperature_label(s.get("temperature")), {})[rec["backend"]] = s.get("text", "")
-    prompts = {r["text"].get("sample_prompt") for r in with_text}
+        for s in rec.text.samples:
+            rows.setdefault(_temperature_label(s.temperature), {})[rec.backend] = s.text
+    prompts = {r.text.sample_prompt for r in with_text}
     conts = []
-    first = with_text[0]["text"].get("continuations") or []
-    for i, c in enumerate(first[:SAMPLE_CONTINUATIONS]):
+    first = with_text[0].text
+    for i, c in enumerate(first.continuations[:SAMPLE_CONTINUATIONS]):
         hyps = {}
         for rec in with_text:
-            cc = rec["text"].get("continuations") or []
+            cc = rec.text.continuations
             if i < len(cc):
-                hyps[rec["backend"]] = cc[i].get("hypothesis", "")
-        conts.append({"prompt": c.get("prompt", ""), "reference": c.get("reference", ""), "hypotheses": hyps})
-    protocol = with_text[0]["text"].get("protocol") or {}
-    return {"backends": [r["backend"] for r in with_text], "rows": rows,
+                hyps[rec.backend] = cc[i].hypothesis
+        conts.append({"prompt": c.prompt, "reference": c.reference, "hypotheses": hyps})
+    return {"backends": [r.backend for r in with_text], "rows": rows,
             "prompt": next(iter(prompts)) if len(prompts) == 1 else None, "continuations": conts,
-            "protocol": protocol,
-            "signatures": {k: with_text[0]["text"].get(f"{k}_signature") for k in ("bleu", "chrf")}}
+            "protocol": first.protocol or TextProtocol(),
+            "signatures": {"bleu": first.bleu_signature, "chrf": first.chrf_signature}}
 
 
-def _parity_note(doc: dict) -> str:
-    dtypes = doc.get("dtypes") or {}
-    source = doc.get("tolerance_source") or {}
+def _parity_note(doc: ParityRecord) -> str:
     parts = []
-    if dtypes:
-        parts.append("computed in " + ", ".join(f"{k} {v}" for k, v in dtypes.items()))
-    if source:
-        parts.append("tolerances: " + ", ".join(f"{k} {v}" for k, v in source.items()))
+    if doc.dtypes:
+        parts.append("computed in " + ", ".join(f"{k} {v}" for k, v in doc.dtypes.items()))
+    if doc.tolerance_source:
+        parts.append("tolerances: " + ", ".join(f"{k} {v}" for k, v in doc.tolerance_source.items()))
     return "; ".join(parts)
 
 
@@ -236,7 +237,7 @@ def _run_model(view: RunView) -> dict[str, Any]:
     comparisons = analysis.pairs(view)
     return {
         "id": view.run_id, "label": view.label, "anchor": f"run-{view.run_id}",
-        "device": view.spec.get("device"), "created_at": view.spec.get("created_at"),
+        "device": view.spec.device, "created_at": view.spec.created_at,
         "backends": view.backends, "missing": view.missing,
         "banners": view.banners, "verdict": _verdict(view, comparisons),
         "summary_table": tables.summary_table(view) if view.records or view.missing else None,
@@ -249,7 +250,7 @@ def _run_model(view: RunView) -> dict[str, Any]:
         "n_pairs": len(comparisons),
         "cost_fig": figures.cost_figure(view), "cost_table": tables.cost_table(view) if view.records else None,
         "text_table": tables.text_table(view), "samples": _samples(view),
-        "errors": {r["backend"]: r["error"] for r in view.records if r.get("error")},
+        "errors": {r.backend: r.error for r in view.records if r.error},
     }
 
 
@@ -264,12 +265,12 @@ def _scaling(views: list[RunView]) -> dict[str, Any] | None:
     for v in views:
         for rec in v.records:
             c = analysis.costs(rec)
-            rows.append({"size": v.label, "backend": rec["backend"], "parameters": tables.fmt_int(c["n_params"]),
-                         "median step": tables.fmt_seconds(c["step_median_s"]),
-                         "p10 – p90": f"{tables.fmt_seconds(c['step_p10_s'])} – {tables.fmt_seconds(c['step_p90_s'])}",
-                         "tokens/s": tables.fmt_speed(c["tokens_per_s"], c["contention"]),
-                         "achieved FLOP/s": tables.fmt_flops(c["achieved_flops"]),
-                         "peak memory": tables.fmt_bytes(c["peak_bytes"])})
+            rows.append({"size": v.label, "backend": rec.backend, "parameters": tables.fmt_int(c.n_params),
+                         "median step": tables.fmt_seconds(c.step_median_s),
+                         "p10 – p90": f"{tables.fmt_seconds(c.step_p10_s)} – {tables.fmt_seconds(c.step_p90_s)}",
+                         "tokens/s": tables.fmt_speed(c.tokens_per_s, c.contention),
+                         "achieved FLOP/s": tables.fmt_flops(c.achieved_flops),
+                         "peak memory": tables.fmt_bytes(c.peak_bytes)})
     import pandas as pd
 
     return {"fig": figures.scaling_figure(views), "table": tables.html_table(pd.DataFrame(rows), "scaling",
@@ -278,7 +279,7 @@ def _scaling(views: list[RunView]) -> dict[str, Any] | None:
 
 def _title(views: list[RunView]) -> str:
     sizes = ", ".join(dict.fromkeys(v.label for v in views))
-    backends = list(dict.fromkeys(b for v in views for b in (v.spec.get("backends") or v.backends)))
+    backends = list(dict.fromkeys(b for v in views for b in (v.spec.backends or v.backends)))
     return f"nanogpt-parity: {sizes} — {' vs '.join(backends) or 'no backends'}"
 
 
@@ -291,7 +292,7 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
     if not run_ids:
         raise UsageError("no run id given; pass one or more run ids from <out>/runs")
     run_ids = list(dict.fromkeys(run_ids))
-    views = [analysis.load_view(out, run_id) for run_id in run_ids]
+    views = [analysis.load_view(RunPaths(out, run_id)) for run_id in run_ids]
     runs = [_run_model(v) for v in views]
     page = _env().get_template("report.html.j2").render(
         title=_title(views), generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
@@ -300,7 +301,7 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
         rule=contention.RULE_SENTENCE,
         tail_fraction=f"{analysis.TAIL_FRACTION:.0%}", stale=analysis.human_age(analysis.STALE_AFTER_S))
     path = out / f"{report_name(run_ids)}.html"
-    records.atomic_write_bytes(path, page.encode("utf-8"))
+    atomic_write_bytes(path, page.encode("utf-8"))
     return path
 
 
@@ -319,7 +320,7 @@ def _per_backend(values: dict[str, Any], fmt: Any) -> list[str]:
 def _index_row(out: Path, run_id: str) -> dict[str, Any]:
     """Headline numbers of one run, read from its records now (so the index never shows stale numbers)."""
     try:
-        view = analysis.load_view(out, run_id)
+        view = analysis.load_view(RunPaths(out, run_id))
         head = analysis.headline(view)
         verdict = _headline(view, analysis.pairs(view))
     except UsageError as exc:
@@ -396,14 +397,12 @@ def write_index(out: Path) -> Path:
             entry["runs"] = [_index_row(out, run_id) for run_id in run_ids]
         entries.append(entry)
     entries.sort(key=lambda e: e["mtime"], reverse=True)
-    runs_dir = records.RunPaths.root(out)
-    uncovered = sorted((p.name for p in runs_dir.iterdir() if p.is_dir() and p.name not in covered
-                        and records.RUN_ID_RE.match(p.name) and records.RunPaths.of_dir(p).spec.exists()),
-                       reverse=True) if runs_dir.is_dir() else []
+    uncovered = sorted((p.run_id for p in RunPaths.under(out) if p.run_id not in covered and p.spec.exists()),
+                       reverse=True)
     _clean_old_tmp(out)
     page = _env().get_template("index.html.j2").render(
         entries=entries, uncovered=uncovered, out=str(out), version=harness.__version__,
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()))
     path = out / "index.html"
-    records.atomic_write_bytes(path, page.encode("utf-8"))
+    atomic_write_bytes(path, page.encode("utf-8"))
     return path

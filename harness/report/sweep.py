@@ -25,7 +25,9 @@ import pandas as pd
 import harness
 from harness.report import tables
 from harness.report.analysis import CONVENTION, NEUTRAL, WARN
-from harness.run import records
+from harness.store import RunPaths, RunRecord, atomic_write_bytes
+from harness.store.paired import PairedRecord
+from harness.store.sweep import PairedEntry
 from harness.sweep import manifest as mf
 from harness.timing import contention, stats
 
@@ -120,17 +122,17 @@ def comparison_name(label: str, device: str, dtype: Any, precision: Any, g: pd.D
     return name
 
 
-def _paired_index(paired_docs: list[dict]) -> dict[tuple[str, str], tuple[dict, str]]:
+def _paired_index(paired_docs: list[PairedRecord]) -> dict[tuple[str, str], tuple[PairedRecord, str]]:
     """(run id, backend) -> (paired-timing record, the contender's name in it)."""
     index = {}
     for doc in paired_docs:
-        for c in doc.get("contenders") or []:
-            if c.get("run_id"):
-                index[(c["run_id"], c["backend"])] = (doc, c["name"])
+        for c in doc.contenders:
+            if c.run_id:
+                index[(c.run_id, c.backend)] = (doc, c.name)
     return index
 
 
-def comparisons(df: pd.DataFrame, paired_docs: list[dict] | None = None) -> list[dict[str, Any]]:
+def comparisons(df: pd.DataFrame, paired_docs: list[PairedRecord] | None = None) -> list[dict[str, Any]]:
     """Paired backend comparisons, one per (label, device, dtype option, precision option) and pair of backends,
     matched by seed. A backend without a precision axis (numpy) enters every precision's comparison.
 
@@ -324,17 +326,17 @@ def scaling_figure(sc: dict[str, Any]) -> Any:
         return figures.to_svg(fig, "step time and tokens/s against FLOPs per token")
 
 
-def _wall_curve(rec: dict) -> tuple[np.ndarray, np.ndarray]:
+def _wall_curve(rec: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     """(elapsed training + evaluation seconds at each evaluation, val loss there) of one record."""
-    steps = rec.get("steps") or {}
-    step_idx = np.asarray(steps.get("step", []), dtype=np.int64)
-    cum = np.concatenate([[0.0], np.cumsum(np.asarray(steps.get("time_s", []), dtype=np.float64))])
+    cv = rec.curves
+    step_idx = np.asarray(cv.step, dtype=np.int64)
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(cv.time_s, dtype=np.float64))])
     xs, ys, eval_s = [], [], 0.0
-    for e in rec.get("evals") or []:
-        k = int(np.searchsorted(step_idx, e["step"]))  # steps before this evaluation
-        eval_s += e.get("time_s") or 0.0
+    for e in cv.evals:
+        k = int(np.searchsorted(step_idx, e.step))  # steps before this evaluation
+        eval_s += e.time_s or 0.0
         xs.append(cum[min(k, len(cum) - 1)] + eval_s)
-        ys.append(e["val_loss"])
+        ys.append(e.val_loss)
     return np.asarray(xs), np.asarray(ys)
 
 
@@ -351,7 +353,7 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
             for backend, gb in g.groupby("backend", sort=False):
                 curves = []
                 for _, r in gb.iterrows():
-                    rec = records.load_record(records.RunPaths(out, r["run_id"]).record(backend))
+                    rec = RunRecord.load(RunPaths(out, r["run_id"]).record(backend))
                     curves.append((r["final_val_loss"], *_wall_curve(rec)))
                 curves.sort(key=lambda c: c[0])
                 _, mx, my = curves[len(curves) // 2]  # the median seed (by final val loss)
@@ -374,24 +376,23 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
     return result
 
 
-def paired_records(out: Path, m: mf.Manifest) -> list[tuple[dict, dict | str]]:
+def paired_records(out: Path, m: mf.Manifest) -> list[tuple[PairedEntry, PairedRecord | str]]:
     """Each paired entry of the sweep with its record, or why it has none ("not run yet", the one-line error)."""
     from harness.errors import UsageError
-    from harness.timing import paired
 
-    found: list[tuple[dict, dict | str]] = []
-    for entry in m.doc.get("paired") or []:
-        path = mf.paired_record(out, entry)
+    found: list[tuple[PairedEntry, PairedRecord | str]] = []
+    for entry in m.paired:
+        path = entry.record(out)
         try:
-            found.append((entry, paired.load(path) if path.exists() else "not run yet"))
+            found.append((entry, PairedRecord.load(path) if path.exists() else "not run yet"))
         except UsageError as exc:
             found.append((entry, str(exc)))
     return found
 
 
-def paired_docs(out: Path, m: mf.Manifest) -> list[dict]:
+def paired_docs(out: Path, m: mf.Manifest) -> list[PairedRecord]:
     """The sweep's paired-timing records (an unreadable or missing one is left out: its comparison says so)."""
-    return [doc for _, doc in paired_records(out, m) if isinstance(doc, dict)]
+    return [doc for _, doc in paired_records(out, m) if isinstance(doc, PairedRecord)]
 
 
 def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
@@ -401,7 +402,7 @@ def sweep_verdict(out: Path, sweep_id: str) -> dict[str, Any]:
     m = mf.Manifest.load(out, sweep_id)
     df = load_runs(out, sweep_id=sweep_id).sort_values("cell", kind="stable")
     comps = comparisons(df, paired_docs(out, m))
-    done = sum(1 for c in m.cells if c.get("status") == "completed")
+    done = sum(1 for c in m.cells if c.status == "completed")
     items = [{"name": f"{c['name']}, {c['a']} vs {c['b']}", "level": c["speed_level"], "label": c["speed_label"],
               "loss_label": c["loss_label"], "loss_level": c["loss_level"]} for c in comps]
     return {"cells": len(m.cells), "completed": done, "comparisons": items}
@@ -418,9 +419,9 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
     df = load_runs(out, sweep_id=sweep_id).sort_values("cell", kind="stable")  # the spec's order of backends
     states: dict[str, int] = {}
     for cell in m.cells:
-        states[cell["status"]] = states.get(cell["status"], 0) + 1
+        states[cell.status] = states.get(cell.status, 0) + 1
     found = paired_records(out, m)
-    comps = comparisons(df, [doc for _, doc in found if isinstance(doc, dict)])
+    comps = comparisons(df, [doc for _, doc in found if isinstance(doc, PairedRecord)])
     sc = scaling(df)
     banners = []
     if df["contended"].any():
@@ -439,24 +440,24 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         done = states.get("completed", 0)
         banners.append({"level": "warn", "text": f"Incomplete sweep: {done} of {len(m.cells)} cells completed; "
                                                   f"`harness resume {sweep_id}` runs the rest."})
-    run_ids = [c["run_id"] for c in m.cells if c.get("run_id")]
+    run_ids = [c.run_id for c in m.cells if c.run_id]
     page = _env().get_template("sweep.html.j2").render(
         title=f"nanogpt-parity sweep {sweep_id}", sweep_id=sweep_id, version=harness.__version__,
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), run_ids=run_ids, banners=banners,
-        spec=m.doc["spec"], executor=m.doc["executor"], states=states, n_cells=len(m.cells),
+        spec=m.doc.spec.to_dict(), executor=m.doc.executor, states=states, n_cells=len(m.cells),
         groups=tables.html_table(group_table(df), "summary", index=False) if len(df) else None,
         comparisons=comps, pairs=tables.html_table(pair_table(comps), "pairs", index=False) if comps else None,
         convention=CONVENTION, rule=contention.RULE_SENTENCE,
-        paired=[{"key": e["key"], "status": e.get("status"),
-                 "line": paired.headline(doc) if isinstance(doc, dict) else doc} for e, doc in found],
+        paired=[{"key": e.key, "status": e.status,
+                 "line": paired.headline(doc) if isinstance(doc, PairedRecord) else doc} for e, doc in found],
         scaling=None if sc is None else {"fig": scaling_figure(sc), "crossings": sc["crossings"],
                                          "table": tables.html_table(sc["table"], "scaling", index=False)},
         wallclock=wallclock_figures(out, df), csv_name=f"sweep-{sweep_id}.csv",
-        cells=tables.html_table(pd.DataFrame([{"cell": c["index"], "key": c["key"], "status": c["status"],
-                                               "run": c.get("run_id") or "", "jobs": " ".join(c.get("job_ids", []))}
+        cells=tables.html_table(pd.DataFrame([{"cell": c.index, "key": c.key, "status": c.status,
+                                               "run": c.run_id or "", "jobs": " ".join(c.job_ids)}
                                               for c in m.cells]), "cells", index=False))
     csv_path = out / f"sweep-{sweep_id}.csv"
-    records.atomic_write_bytes(csv_path, df.to_csv(index=False).encode("utf-8"))
+    atomic_write_bytes(csv_path, df.to_csv(index=False).encode("utf-8"))
     path = out / f"sweep-{sweep_id}.html"
-    records.atomic_write_bytes(path, page.encode("utf-8"))
+    atomic_write_bytes(path, page.encode("utf-8"))
     return path

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,8 +36,9 @@ from harness.backends.base import Backend
 from harness.config.fields import Config
 from harness.core.data import BatchStream
 from harness.core.schedule import learning_rate
+from harness.store.contention import truncate_chunks
+from harness.store.record import Curves, Eval, Status
 from harness.timing.contention import Sampler
-from harness.timing.steady import truncate_chunks
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart
 
@@ -75,25 +76,6 @@ class Interrupted(Exception):
     """Raised by the SIGTERM handler (SIGINT raises KeyboardInterrupt) to stop the loop cleanly."""
 
 
-@dataclass
-class Curves:
-    """What training measured so far: per-step losses and times, the evaluation points, and the contention
-    evidence of each chunk of steps (harness.timing.contention)."""
-
-    step: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    time_s: list[float] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-    chunks: list[dict] = field(default_factory=list)
-
-    def truncate(self, steps: int) -> None:
-        """Keep what was measured before training step `steps` (for resuming from a checkpoint)."""
-        keep = sum(1 for s in self.step if s < steps)
-        del self.step[keep:], self.loss[keep:], self.time_s[keep:]
-        self.evals[:] = [e for e in self.evals if e["step"] < steps]
-        self.chunks[:] = truncate_chunks(self.chunks, steps)
-
-
 def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, float]:
     """Mean loss over each split's fixed evaluation batches, dropout off."""
     return {f"{split}_loss": float(np.mean([backend.eval_loss(x, y) for x, y in batches]))
@@ -102,11 +84,24 @@ def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.nd
 
 @dataclass
 class Outcome:
-    status: str  # "completed", "interrupted" or "failed: ..."
+    """How a loop ended: completed, interrupted, or failed for `reason` (a non-finite loss), after `steps_done`
+    steps, with the seconds it spent evaluating, training and warming up."""
+
+    status: Status
     steps_done: int
     eval_s: float
     train_s: float
     compile_s: float | None = None  # the backend's warm-up (torch --compile), before step 0; None: none
+    reason: str | None = None  # why it failed
+
+    @property
+    def text(self) -> str:
+        """"completed", "interrupted" or "failed: <reason>"."""
+        return self.status.stored(self.reason)
+
+    def stop(self, reason: str | None) -> None:
+        """End as failed for `reason`, or as interrupted when there is none."""
+        self.status, self.reason = (Status.FAILED, reason) if reason else (Status.INTERRUPTED, None)
 
 
 @dataclass
@@ -181,7 +176,7 @@ class StepTimer:
         self.times: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
         self.first = first_step  # the step of losses[0]
         self.flying: list[_Group] = []  # fetched, not yet completed (at most one after a flush)
-        self.failed: str | None = None
+        self.failed: str | None = None  # why the loop must stop: the first non-finite loss
         self.train_s = 0.0
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float, kw: dict) -> Any:
@@ -200,8 +195,8 @@ class StepTimer:
         return loss
 
     def flush(self, wait: bool = True) -> str | None:
-        """Move the pending steps into the curves; a failure status at the first non-finite loss (the steps before
-        it and the bad one itself are kept for the record; nothing after it). `wait=False` (the periodic flush):
+        """Move the pending steps into the curves; the reason of a failure at the first non-finite loss (the steps
+        before it and the bad one itself are kept for the record; nothing after it). `wait=False` (the periodic flush):
         where the backend fetches asynchronously, start fetching the pending steps and complete only the groups
         fetched before (their copies are done); else, and with `wait`, complete everything."""
         if self.losses:
@@ -224,7 +219,7 @@ class StepTimer:
         n_ok = len(values)
         for k, v in enumerate(values):
             if not math.isfinite(v):
-                n_ok, self.failed = k + 1, f"failed: non-finite loss at step {group.first + k}"
+                n_ok, self.failed = k + 1, f"non-finite loss at step {group.first + k}"
                 break
         curves.step.extend(range(group.first, group.first + n_ok))
         curves.loss.extend(values[:n_ok])
@@ -244,7 +239,7 @@ def _evaluate_at(step: int, backend: Backend, eval_sets: dict, curves: Curves, s
     point = evaluate(backend, eval_sets)
     dt = time.perf_counter() - t0
     sampler.open(step)
-    curves.evals.append({"step": step, **point, "time_s": dt})
+    curves.evals.append(Eval(step, point.get("train_loss", math.nan), point.get("val_loss", math.nan), dt))
     if bar is not None:
         bar.write(f"{label} step {step}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}")
     return dt
@@ -268,7 +263,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     bar = tqdm(total=total_steps, initial=opts.start_step, desc=opts.label, unit="step", dynamic_ncols=True,
                mininterval=0.5) if opts.progress else None
     timer = StepTimer(backend, curves, opts.start_step, bar, config.batch_size * config.block_size)
-    out = Outcome(status="completed", steps_done=0, eval_s=0.0, train_s=0.0)
+    out = Outcome(status=Status.COMPLETED, steps_done=0, eval_s=0.0, train_s=0.0)
     every, ckpt_every, masks, after_step, tick = (config.eval_interval, opts.checkpoint_every, opts.masks,
                                                   opts.after_step, sampler.tick)
     try:
@@ -279,7 +274,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             if step % every == 0:
                 failure = timer.flush()  # never evaluate a model that already diverged
                 if failure:
-                    out.status = failure
+                    out.stop(failure)
                     break
                 out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label)
             x, y = stream.batch(step)
@@ -298,7 +293,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             if isinstance(loss, float) or len(timer.losses) >= FLUSH_EVERY or done == total_steps or checkpoint:
                 failure = timer.flush(wait=isinstance(loss, float) or done == total_steps or bool(checkpoint))
                 if failure:
-                    out.status = failure
+                    out.stop(failure)
                     break
                 if opts.on_flush:
                     opts.on_flush(done)
@@ -308,10 +303,10 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                     sampler.open(done)
         else:
             sampler.close(total_steps)
-            if not curves.evals or curves.evals[-1]["step"] != total_steps:
+            if not curves.evals or curves.evals[-1].step != total_steps:
                 out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
     except (KeyboardInterrupt, Interrupted):
-        out.status = timer.flush() or "interrupted"  # keep what was measured
+        out.stop(timer.flush())  # keep what was measured
     finally:
         if bar is not None:
             bar.close()

@@ -30,7 +30,7 @@ from harness.config.load import load_config
 from harness.config.presets import PRESETS
 from harness.errors import UsageError
 from harness.files import type_words
-from harness.sweep.manifest import SWEEP_NAME_RE
+from harness.store.sweep import SWEEP_NAME_RE
 from harness.sweep.settings import check_slurm
 from harness.timing.paired import ROUNDS
 
