@@ -337,3 +337,60 @@ def test_a_failed_check_says_why_and_a_stop_leaves_a_summary(tmp_path: Path, mon
     assert "| boom: the reason" in capsys.readouterr().err
     assert "boom: the reason" in (tmp_path / "summary.md").read_text()
     assert not processes_under(tmp_path / "checks")
+
+
+def test_a_check_still_running_at_the_end_of_the_budget_is_stopped_and_left_for_the_next_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check whose estimate fit but which runs past the budget is stopped with its process group at the budget's
+    end and recorded "not run" (it runs again in the next call), not as a failure; its time is kept as a lower bound
+    for the next plan."""
+    slow = plan.Check("slow", 2, [sys.executable, "-c", "import time; time.sleep(60)"], 1.0, 60, judges.exit_status)
+    pre = plan.Check("preflight", 1, [], 1.0, 60)
+    monkeypatch.setattr(runner.pre, "preflight", lambda args, checks: (True, "ok", {"missing": [], "parts": {}}, []))
+    args = SimpleNamespace(out=tmp_path, dry_run=True, budget=5.0, argv=[], data=data_path(), jobs=1, skip_long=False)
+    t0 = time.perf_counter()
+    assert runner.run_all(args, [pre, slow], [pre, slow], set()) == 0
+    assert time.perf_counter() - t0 < 15
+    row = results(summary.load(tmp_path, True))["slow"]
+    assert row["result"] == "not run" and row["stopped"] and "end of the budget" in row["summary"]
+    assert summary.measured_times(summary.load(tmp_path, True))["slow"] >= row["wall_s"] > 0.5
+
+
+def tiny_wheel(where: Path) -> Path:
+    """A wheel of one module, made here (the test runs offline)."""
+    import zipfile
+
+    files = {"gcprobe/__init__.py": "VALUE = 42\n",
+             "gcprobe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: gcprobe\nVersion: 1.0\n",
+             "gcprobe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                             "Tag: py3-none-any\n"}
+    where.mkdir()
+    path = where / "gcprobe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        record = "gcprobe-1.0.dist-info/RECORD"
+        z.writestr(record, "".join(f"{n},,\n" for n in [*files, record]))
+    return path
+
+
+def test_the_carried_folder_is_prepared_installed_and_used_by_the_check(tmp_path: Path) -> None:
+    """tools/gpu_carry.py: `prepare` downloads the wheels with pip (here from a local folder: offline) and copies the
+    data file and nanoGPT's files (no .git); `check` installs them with `pip install --no-index --no-deps --target`
+    and runs gpu_check.py with them on PYTHONPATH, the data and the checkout from the folder (here its --plan)."""
+    carry, wheels = tmp_path / "carry", tiny_wheel(tmp_path / "wheels").parent
+    layout = nanogpt_layout(tmp_path / "nanoGPT")
+    (layout / ".git").mkdir()
+    tool = [sys.executable, str(ROOT / "tools" / "gpu_carry.py"), "--dest", str(carry)]
+    done = subprocess.run([*tool, "prepare", "--package", "gcprobe==1.0", "--find-links", str(wheels), "--data",
+                           str(data_path()), "--nanogpt", str(layout)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in (carry / "wheels").iterdir()] == ["gcprobe-1.0-py3-none-any.whl"]
+    assert (carry / "data" / "tinyshakespeare.txt").read_bytes() == data_path().read_bytes()
+    assert (carry / "nanoGPT" / "train.py").is_file() and not (carry / "nanoGPT" / ".git").exists()
+    done = subprocess.run([*tool, "check", "--plan", "--budget", "420"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and "tier 6" in done.stdout, done.stderr
+    probe = subprocess.run([sys.executable, "-c", "import gcprobe; print(gcprobe.VALUE)"], capture_output=True,
+                           text=True, env=dict(os.environ, PYTHONPATH=str(carry / "site")))
+    assert probe.stdout.strip() == "42"

@@ -49,12 +49,14 @@ OPTIONAL_MODULES = ("juliacall", "submitit")
 PROBE = r"""
 import importlib, importlib.util, json, sys
 out = {"missing": {}, "optional_missing": {}}
-for group, names in (("missing", MODULES), ("optional_missing", OPTIONAL)):
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            out[group][name] = f"{type(exc).__name__}: {exc}"[:200]
+for name in MODULES:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        out["missing"][name] = f"{type(exc).__name__}: {exc}"[:200]
+for name in OPTIONAL:  # found, not imported (importing juliacall looks for Julia)
+    if importlib.util.find_spec(name) is None:
+        out["optional_missing"][name] = "not installed"
 try:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
