@@ -226,7 +226,9 @@ def test_a_run_records_compile_s_apart_from_the_first_step_and_a_second_run_read
                        threads="1")
     cache = again["backend_info"]["compile_cache"]
     assert cache["hit"] is True and cache["hits"] == cache["requests"] >= 1, cache
-    assert again["timings"]["compile_s"] < 1.0, again["timings"]
+    # under a second where the first compile took seconds (4.6 s here when quiet: 0.42 s); a loaded machine slows
+    # both alike (a load of 10 on 2 cores: 16.3 s and 1.2 s), so the bound scales with the first compile
+    assert again["timings"]["compile_s"] < max(1.0, timings["compile_s"] / 5), (timings, again["timings"])
     assert step_losses(tmp_path / "b")[:3] == step_losses(tmp_path / "a")  # the cached step trains bit for bit
     contention = again["timings"]["contention"]
     assert again["backend_info"]["threads"] == 1 and contention["cpu_per_wall"] <= 1.2, contention

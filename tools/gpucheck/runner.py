@@ -198,6 +198,7 @@ def run_all(args: Any, checks: list[Any], selected: list[Any], explicit: set[str
     in order; the summary after each. Returns 1 when any check of the summary failed, else 0 (128 + the signal
     when stopped)."""
     s = Session(args, checks)
+    STOPPING.clear()
     handlers = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         s.save()
