@@ -401,3 +401,43 @@ def test_the_carried_folder_is_prepared_installed_and_used_by_the_check(tmp_path
     probe = subprocess.run([sys.executable, "-c", "import gcprobe; print(gcprobe.VALUE)"], capture_output=True,
                            text=True, env=dict(os.environ, PYTHONPATH=str(carry / "site")))
     assert probe.stdout.strip() == "42"
+
+
+def test_the_preflight_on_a_gpu_machine_names_each_missing_part_and_what_it_skips(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU paths of the preflight, with a stand-in nvidia-smi (CUDA 13.0) and probe: CUDA torch found; CuPy for
+    CUDA 12 not ready on it (its line names the fix for CUDA 13 and the checks it skips); no JAX plugin; the
+    preflight passes (optional parts) and fails only when CUDA itself is missing."""
+    from gpucheck import preflight
+
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\nif [ -n "$1" ]; then echo "NVIDIA H100 80GB HBM3, 580.159.04"; else '
+                   'echo "| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 13.0 |"; fi\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    found = {"missing": {}, "optional_missing": {}, "nvml": {"driver": "580.159.04", "gpus": 1},
+             "torch": {"version": "2.11.0+cu130", "cuda": "13.0", "available": True, "device": "NVIDIA H100"}}
+    monkeypatch.setattr(preflight, "probe", lambda: dict(found))
+    monkeypatch.setattr(preflight, "_version", lambda d: "13.6.0" if d == "cupy-cuda12x" else None)
+    from harness.backends import jax_backend, numpy_backend
+    from harness.backends.base import BackendUnavailable
+
+    def not_ready(timeout_s: float) -> None:
+        raise BackendUnavailable("numpy backend: CuPy cannot run a kernel: libnvrtc.so.12 not found")
+
+    monkeypatch.setattr(numpy_backend, "cupy_ready_in_child", not_ready)
+    monkeypatch.setattr(jax_backend, "installed", lambda module: module == "jax")
+    checks = plan.plan(SimpleNamespace(dry_run=False, recipe_mode="eager", recipe_target=1.48))
+    args = SimpleNamespace(nanogpt=None, data=data_path())
+    ok, text, figs, lines = preflight.preflight(args, checks[1:])
+    assert text.startswith("missing ")
+    cupy = next(ln for ln in lines if "CuPy" in ln)
+    assert ok and "CUDA 13.0" in figs["environment"] + figs["parts"]["cuda"]["status"]
+    assert cupy.lstrip().startswith("MISSING") and "cupy-cuda12x 13.6.0 not ready on CUDA 13.0" in cupy
+    assert "skips paired-torch-numpy, sweep-3-seeds" in cupy and "cupy-cuda13x" in cupy
+    assert {"cupy", "jax-cuda", "nanogpt"} <= set(figs["missing"]) and "cuda" not in figs["missing"]
+    assert "skips paired-torch-jax" in next(ln for ln in lines if "JAX" in ln)
+    found["torch"] = {"version": "2.13.0+cpu", "cuda": None, "available": False}
+    ok, _, figs, lines = preflight.preflight(args, checks[1:])
+    assert not ok and "CPU build" in figs["parts"]["cuda"]["status"]
