@@ -91,12 +91,15 @@ def join_mode(argv: list[str]) -> list[str]:
     return out
 
 
-def resolve_out(text: str) -> Path:
-    """--out against the caller's directory, absolute; an existing non-directory is refused."""
+def resolve_out(text: str, write: bool = True) -> Path:
+    """--out against the caller's directory, absolute; an existing non-directory is refused, and (to `write`) one
+    that cannot be created."""
     out = Path(os.path.abspath(os.path.expanduser(text)))
     if out.exists() and not out.is_dir():
         fail(f"--out {text}: {out} exists and is not a directory; give a directory (it is created when missing)")
     parent = next((p for p in (out, *out.parents) if p.exists()), None)
+    if not write:
+        return out
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         fail(f"--out {text}: cannot create {out} ({parent} is not a writable directory)")
     return out
@@ -112,7 +115,7 @@ def validate(args: argparse.Namespace, argv: list[str]) -> None:
         fail(f"--recipe-mode {args.recipe_mode!r}: give one of {', '.join(plans.RECIPE_MODES)} (or --cuda-graphs, "
              "--compile, --compile reduce-overhead)")
     args.recipe_mode, args.argv = mode, argv
-    args.out = resolve_out(args.out)
+    args.out = resolve_out(args.out, write=not args.plan)
     if not args.plan and (args.data is None or not Path(args.data).is_file()):
         fail("no data file: set HARNESS_DATA or pass --data PATH (Tiny Shakespeare)")
     if args.data is not None:
