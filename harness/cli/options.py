@@ -125,7 +125,7 @@ COMPILE_HELP = ("torch: torch.compile the model with mode MODE: default (`--comp
                 "CUDA graphs, CUDA only) or max-autotune (compiled before step 0, recorded as compile_s)")
 CUDA_GRAPHS_HELP = ("torch on CUDA: capture the whole training step (forward, backward, clipping, AdamW) once as a "
                     "CUDA graph and replay it, one launch per step (captured before step 0, recorded as compile_s)")
-THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
+THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia, XLA)"
 STEPS_HELP = "train exactly N steps"
 EPOCHS_HELP = "train N epochs (preset: 20)"
 OUT_HELP = "the output directory"

@@ -32,11 +32,13 @@ def child_command(kind: str, *args: str | os.PathLike) -> list[str]:
 
 
 def thread_env(threads: int | None) -> dict[str, str]:
-    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia)."""
+    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia, and XLA:
+    PJRT_NPROC sizes its intra-op pool, which OMP_NUM_THREADS does not reach)."""
     if not threads:
         return {}
     n = str(threads)
-    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n,
+            "PJRT_NPROC": n}
 
 
 def busy_machine_line(threads: int | None, probe: contention.Probe | None = None) -> str | None:
