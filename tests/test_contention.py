@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.backends.declaration import Declaration
 from harness.run.loop import Curves, LoopOptions, train
 from harness.timing import contention
 from harness.timing.contention import Probe, Sampler, Snapshot, chunk, judge
@@ -217,7 +218,7 @@ class TickingBackend:
     hold our CPU (the fake /proc's run-queue wait grows as fast as our exec time)."""
 
     name = "ticking"
-    needs_warm_up = False
+    declaration = Declaration(name="ticking", dtypes=("float32",))
 
     def __init__(self, proc: FakeProc, wall: Clock, cpu: Clock):
         self.proc, self.wall, self.cpu, self.step = proc, wall, cpu, 0
