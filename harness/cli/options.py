@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -121,7 +120,6 @@ def shared(sentence: str, detail: str | None = None) -> str:
 
 
 # --- the backends named in the help, from their declarations (harness.backends.declaration) --------------------
-@functools.cache
 def _declared() -> dict:
     from harness.backends import declarations
 

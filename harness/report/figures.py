@@ -35,7 +35,6 @@ _ids = itertools.count(1)
 PLOT_MAX = 1e100
 
 
-@functools.lru_cache(maxsize=None)
 def color(backend: str) -> str:
     """The colour a backend declares (harness.backends.declaration); any other name (a port's, a backend no longer
     installed, one that declares none) gets a stable colour from a small palette."""
