@@ -222,6 +222,18 @@ def test_the_shipped_declarations_are_sound_and_match_their_classes() -> None:
             assert cls.declaration is backends.declaration(name) and not cls.declaration.problems()
 
 
+def test_the_docs_table_is_what_the_shipped_backends_declare() -> None:
+    """docs/backends.md's table of the shipped backends says what their declarations say (dtypes default first,
+    devices, precisions, compile modes)."""
+    rows = {}
+    for line in (ROOT / "docs" / "backends.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0].strip("`") in backends.REGISTRY:
+            rows[cells[0].strip("`")] = [tuple(v for v in c.split(", ") if v) for c in cells[1:5]]
+    assert rows == {name: [d.dtypes, d.devices, d.precisions, d.compile_modes]
+                    for name, d in backends.declarations(list(backends.REGISTRY)).items()}
+
+
 def test_entry_points_are_read_lazily_and_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building the parser and naming shipped backends read no entry point; listing every backend reads them once."""
     import importlib.metadata
