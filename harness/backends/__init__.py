@@ -257,6 +257,13 @@ def check_backend(name: str, device: str, options: dict, config_options: dict | 
             instance.check_device(device)  # options that need a device (--precision bf16)
     except BackendUnavailable as exc:
         raise UsageError(str(exc)) from None
+    except Exception as exc:
+        if name in REGISTRY or isinstance(exc, UsageError):
+            raise
+        # a backend from outside whose own checks break: its name and the error, never a traceback
+        text = " ".join(str(exc).split())[:200]
+        raise UsageError(f"{name} backend: its checks before the run failed ({type(exc).__name__}"
+                         f"{': ' + text if text else ''}); fix the backend or leave it out") from None
 
 
 def check_declared(decl: Declaration, options: dict, config_options: dict) -> None:

@@ -133,5 +133,7 @@ def _subset_problems(what: str, values: object, allowed: tuple[str, ...]) -> lis
 
 
 def listing(names: list[str]) -> str:
-    """"a", "a and b", "a, b and c": backends named in a sentence."""
+    """"a", "a and b", "a, b and c": backends named in a sentence ("no backend" for none)."""
+    if not names:
+        return "no backend"
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -66,6 +66,8 @@ def backend_rows(name: str) -> list[tuple[str, str, str]]:
     except (BackendUnavailable, ImportError) as exc:
         out.append((f"{name} backend (cpu)", "unavailable", str(exc).splitlines()[0] if str(exc) else
                     (f"{decl.needs}: {decl.install}" if decl.install else type(exc).__name__)))
+    except Exception as exc:  # a backend's check that breaks is reported, never raised
+        out.append((f"{name} backend (cpu)", f"its check failed ({type(exc).__name__})", str(exc)[:160]))
     return out
 
 

@@ -392,7 +392,7 @@ def available_backends(device: str = "cpu") -> tuple[list[str], dict[str, str]]:
     """What `--backend all` means: every backend (shipped, and installed from outside) that can run on `device`
     here without installing anything first (flux only where Julia and Flux are installed), and why each other one
     cannot (a plugin that is refused: the line that says why)."""
-    from harness.backends import BackendUnavailable, PluginRefused, declared, names, options_class, refusals
+    from harness.backends import REGISTRY, BackendUnavailable, PluginRefused, declared, names, options_class, refusals
 
     ready, missing = [], {}
     for name in names():
@@ -404,6 +404,10 @@ def available_backends(device: str = "cpu") -> tuple[list[str], dict[str, str]]:
             ready.append(name)
         except (BackendUnavailable, ImportError, PluginRefused) as exc:
             missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        except Exception as exc:  # a backend from outside whose check breaks: left out, saying why
+            if name in REGISTRY:
+                raise
+            missing[name] = f"{name} backend: its check failed ({type(exc).__name__}: {str(exc)[:120]})"
     missing.update({name: why for name, why in refusals().items() if name not in missing and name not in ready})
     return ready, missing
 
