@@ -36,7 +36,7 @@ DEFAULT_OUT = Path("reports")
 
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's, but the "exit status" section keeps one line per status (wrapped under its text), and a help text
-    may name the backends through the placeholders of `backend_facts` (`%(backends)s`, ...): filled from the
+    may name the backends through the placeholders of BACKEND_FACTS (`%(backends)s`, ...): filled from the
     backends' declarations only when the help is printed, so that building the parser reads no declaration."""
 
     def _expand_help(self, action: argparse.Action) -> str:
