@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.backends import torch_bare
+from harness.backends.torch_bare import BareTorch
 from harness.bench import overhead as bench_overhead
 from harness.cli.main import main
 from harness.config.load import load_config
@@ -187,7 +189,7 @@ def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
     backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
     runner = bench_overhead.runner_repeat(backend, config, stream, 0, steps)
 
-    bare = bench_overhead.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare = BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
     floor = bare.repeat([stream.batch(k) for k in range(steps)])
 
     assert len(runner.losses) == len(floor.losses) == steps
@@ -260,7 +262,7 @@ def test_floor_and_runner_make_the_same_copy(text_file: Path, monkeypatch: pytes
     backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
     bench_overhead.runner_repeat(backend, config, stream, 0, 3)
     runner_copies, copies[:] = list(copies), []
-    bare = bench_overhead.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare = BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
     bare.repeat([stream.batch(k) for k in range(3)])
     assert copies == runner_copies == [(config.batch_size, config.block_size)] * 6
 
@@ -283,13 +285,13 @@ def test_warmup_0_reads_memory_after_steps(text_file: Path, monkeypatch: pytest.
             order.append(f"memory after {Counting.steps} steps")
             return super().memory()
 
-    class Bare(bench_overhead.BareTorch):
+    class Bare(BareTorch):
         def __init__(self, *a, **kw):
             order.append("bare model")
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(bench_overhead, "create_backend", lambda name, **opts: Counting(**opts))
-    monkeypatch.setattr(bench_overhead, "BareTorch", Bare)
+    monkeypatch.setattr(torch_bare, "BareTorch", Bare)  # the loop the torch declaration names
     config = load_config("small")
     job = bench_overhead.Job("torch", "small", config.to_dict(), str(text_file), "cpu", SEED, steps=2, warmup=0,
                              repeats=1, progress=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.backends.declaration import Declaration
 from harness.run.loop import Curves, LoopOptions, train
 from harness.store.contention import truncate_chunks
 from harness.timing import contention
@@ -218,7 +219,7 @@ class TickingBackend:
     hold our CPU (the fake /proc's run-queue wait grows as fast as our exec time)."""
 
     name = "ticking"
-    needs_warm_up = False
+    declaration = Declaration(name="ticking", dtypes=("float32",))
 
     def __init__(self, proc: FakeProc, wall: Clock, cpu: Clock):
         self.proc, self.wall, self.cpu, self.step = proc, wall, cpu, 0

@@ -235,16 +235,17 @@ def test_a_run_records_compile_s_apart_from_the_first_step_and_a_second_run_read
 
 
 def test_the_bench_floor_is_a_bare_jitted_loop_doing_the_backends_work(corpus) -> None:
-    """`harness bench --backend jax`'s bare loop (harness.bench.overhead.BareJax): the same steps as the backend,
-    dropout included, so its losses are the backend's bit for bit, and every step waited for."""
-    from harness.bench.overhead import BareJax
+    """`harness bench --backend jax`'s bare loop (harness.backends.jax_bare.BareJax, the jax declaration's
+    bare_loop): the same steps as the backend, dropout included, so its losses are the backend's bit for bit, and
+    every step waited for."""
+    from harness.backends.jax_bare import BareJax
 
     config = load_config("small").replace(n_layer=1, dropout=0.2)
     _, jb, stream = setup_pair(corpus, config, dtype="float32")
     weights = jb.parameters()
     batches = [stream.batch(k) for k in range(3)]
     expected = jb.losses_to_floats([jb.train_step(x, y, config.learning_rate) for x, y in batches])
-    bare = BareJax(config, weights, "cpu", SEED, dtype="float32")
+    bare = BareJax(config, weights, corpus.vocab_size, "cpu", SEED, dtype="float32")
     timed = bare.repeat(batches)
     assert timed.losses == expected and len(timed.step_s) == 3 and bare.t == 3
     assert all(np.array_equal(np.asarray(bare.state[0][n]), w) for n, w in jb.parameters().items())
@@ -312,9 +313,9 @@ def test_the_worker_environment_is_set_before_jax_starts(device: str, variable: 
 
 
 def test_doctor_shows_the_jax_version_and_its_devices() -> None:
-    from harness.cli import doctor
+    from harness.backends import jax_options
 
-    name, status, _ = doctor._jax_row()
+    name, status, _ = jax_options.jax_row()
     assert name == "jax" and status.startswith(f"{jax.__version__} (jaxlib ") and "devices: cpu 0" in status, status
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import data_path
 
+from harness.backends.declaration import Declaration
 from harness.config.fields import OPTION_DEFAULTS, config_from_dict
 from harness.config.load import load_config
 from harness.config.presets import PRESETS
@@ -85,6 +86,7 @@ def test_the_runner_hands_each_step_its_rate() -> None:
     from harness.run.loop import Curves, LoopOptions, train
 
     class Recorder:  # the least of the Backend protocol the loop uses
+        declaration = Declaration(name="recorder", dtypes=("float32",))
         def __init__(self) -> None:
             self.lrs: list[float] = []
 

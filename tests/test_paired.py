@@ -15,6 +15,7 @@ from typing import ClassVar
 import pytest
 from conftest import run_cli
 
+from harness.backends.declaration import Declaration
 from harness.run import paired_timing
 from harness.store.paired import SCHEMA, Contender, PairedRecord
 from harness.timing import paired, stats
@@ -294,6 +295,7 @@ def test_a_timed_process_ends_each_burst_synchronised_and_takes_its_partners_as_
 
     class FakeBackend:
         name = "fake"
+        declaration = Declaration(name="fake", dtypes=("float32",), methods=frozenset({"device_clock"}))
 
         def train_step(self, x, y, lr):
             events.append("step")

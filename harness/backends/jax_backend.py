@@ -38,14 +38,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
+from harness.backends.declaration import Declaration
+from harness.backends.jax_options import CUDA_INSTALL, DECLARATION, INSTALL
 from harness.config.fields import Config
 from harness.core.weights import param_shapes
 from harness.environment import cpu_model, peak_rss_bytes
 from harness.errors import UsageError
 
 DTYPES = ("float32", "float64")
-INSTALL = "pip install -e '.[jax]' (or pip install jax)"
-CUDA_INSTALL = "pip install 'jax[cuda12]' (or 'jax[cuda13]')"
 # the modules of JAX's CUDA plugin (jax-cuda12/13-plugin and -pjrt); any one of them means it is installed
 CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
 
@@ -114,7 +114,7 @@ class JaxBackend:
     """nanoGPT in plain JAX (harness/models/jax_gpt.py): one jitted, donated training step; AdamW as torch's."""
 
     name = "jax"
-    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.cli.parity)
+    declaration: ClassVar[Declaration] = DECLARATION  # what the parent reads (harness.backends.jax_options)
 
     def __init__(self, dtype: str = "float32", parity: bool = False) -> None:
         if dtype not in DTYPES:

@@ -36,11 +36,10 @@ configuration's own, not this process's high-water mark).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
+import importlib
 import itertools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -52,7 +51,9 @@ from typing import Any
 import numpy as np
 
 from harness import environment
-from harness.backends import BackendUnavailable, create_backend
+from harness.backends import BackendUnavailable, create_backend, declaration
+from harness.backends.base import Timed
+from harness.backends.declaration import Declaration
 from harness.config.fields import Config
 from harness.config.presets import SIZES
 from harness.core.data import BatchStream, load_corpus
@@ -72,11 +73,6 @@ from harness.store.bench import (
 )
 from harness.store.record import Environment, Memory
 from harness.timing.stats import median_ci as _median_ci
-
-# always measured in a child process: flux (juliacall must be imported before torch), jax (jax_enable_x64 and the
-# platform are fixed for the life of a process, so a float64 job must not follow a float32 one in it)
-ISOLATED = ("flux", "jax")
-
 
 # timed steps per repeat by default: on the CPU short rounds pair the two loops closely in time; on CUDA a repeat is
 # one flush interval of the runner (harness.run.loop.FLUSH_EVERY), so its flushes count at the rate a run has them
@@ -142,18 +138,7 @@ class Job:
     isolated: bool = False
 
 
-# --- the loops ---------------------------------------------------------------------------------------------------
-@dataclass
-class Timed:
-    """One repeat of one loop: wall and process CPU time for the whole repeat, per-step times, the losses."""
-
-    wall_s: float
-    step_s: list[float]
-    losses: list[float]
-    cpu_s: float = math.nan
-    compile_s: float | None = None
-
-
+# --- the loops (Timed: harness.backends.base, where a backend's own floor returns it too) ---------------------
 def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int, steps: int) -> Timed:
     """(a): `harness.run.loop.train` over steps [start, start + steps), progress off, no evaluation batches.
 
@@ -196,169 +181,6 @@ def backend_repeat(backend: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]
     return Timed(wall, step_s, values, time.process_time() - c_start)
 
 
-class BareTorch:
-    """(b) for torch: the hand-written floor. No harness code runs between its steps.
-
-    harness.models.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
-    tensors of 2 or more dimensions) with the same implementation flags, global-norm clipping. Each step copies its
-    batch to the device exactly as the torch backend's step does (on CUDA through a ring of pinned buffers,
-    `torch_backend.PinnedBatches`; on the CPU `torch_backend.to_device`), and steps are timed as the runner times
-    them (CUDA events, no per-step sync, on CUDA). With `cuda_graphs` the step is the backend's own captured step
-    (`torch_step.StaticStep` with `CudaGraphCapture`) called directly, so that the runner's and the floor's steps
-    are the same replay and the difference is the harness's loop. Numerics flags (TF32) are process-global and were
-    set by the torch backend's setup, so both loops share them.
-    """
-
-    def __init__(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str, seed: int,
-                 dtype: str = "float32", precision: str = "fp32", compile: bool | str = False, parity: bool = False,
-                 cuda_graphs: bool = False):
-        import torch
-
-        from harness.backends.torch_backend import (
-            CudaEventClock,
-            PinnedBatches,
-            adamw_flags,
-            adamw_groups,
-            build_model,
-            to_device,
-        )
-        from harness.backends.torch_options import compile_mode
-        from harness.backends.torch_step import CudaGraphCapture, StaticStep
-
-        self.torch, self.to_device = torch, to_device
-        self.device = torch.device(device)
-        self.clock = CudaEventClock() if self.device.type == "cuda" else None
-        torch.manual_seed(seed)
-        model = build_model(config, weights, vocab_size)  # the config's model options, as the backend's
-        self.model = model.to(device=self.device, dtype=getattr(torch, dtype))
-        self.params = list(self.model.parameters())
-        self.lr = config.learning_rate
-        lr = StaticStep.make_lr(self.lr, getattr(torch, dtype), self.device) if cuda_graphs else self.lr
-        groups = adamw_groups(self.model, config)
-        self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=(config.beta1, config.beta2), eps=config.eps,
-                                           **adamw_flags(self.device.type, parity, cuda_graphs))
-        self.clip = config.grad_clip
-        mode = compile_mode(compile)
-        self.forward = torch.compile(self.model, mode=mode) if mode else self.model
-        self.clone = mode == "reduce-overhead"  # a CUDA-graph output is overwritten by the next replay
-        self.bf16 = precision == "bf16"
-        shape = (config.batch_size, config.block_size)
-        self.batches = PinnedBatches(shape, self.device) if self.device.type == "cuda" else None
-        self.step = (StaticStep(self.model, self.optimizer, self.params, lr, self.clip, shape, self.device,
-                                self._autocast, capture=CudaGraphCapture()) if cuda_graphs else None)
-
-    def _autocast(self):
-        torch = self.torch
-        return (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
-                               cache_enabled=self.step is None) if self.bf16  # as the backend's (no cache if captured)
-                else contextlib.nullcontext())
-
-    def _eager_step(self, x: np.ndarray, y: np.ndarray) -> Any:
-        """Copy, forward, backward, clip, AdamW; the loss stays on the device."""
-        torch = self.torch
-        if self.batches is not None:
-            both = self.batches(x, y)
-            tx, ty = both[0], both[1]
-        else:
-            tx, ty = self.to_device(x, self.device), self.to_device(y, self.device)
-        if self.clone:
-            torch.compiler.cudagraph_mark_step_begin()
-        with self._autocast():
-            _, loss = self.forward(tx, ty)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.optimizer.step()
-        return loss.detach().clone() if self.clone else loss.detach()
-
-    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
-        """The step over `batches`; losses stay on the device until the end (a captured step's ring is read every
-        half ring). On CUDA steps are timed with events (no per-step sync) unless `sync_each_step`, which
-        synchronises after every step and times on the host (what the per-step sync costs)."""
-        torch, device, step = self.torch, self.device, self.step
-        cuda = device.type == "cuda"
-        clock = None if sync_each_step else self.clock
-        self.model.train()
-        losses: list = []
-        values: list[float] = []
-        times: list[Any] = []
-        c_start, t_start = time.process_time(), time.perf_counter()
-        for x, y in batches:
-            start = clock.mark() if clock is not None else None
-            t0 = time.perf_counter()
-            losses.append(step(x, y, self.lr) if step is not None else self._eager_step(x, y))
-            if clock is not None:
-                times.append((start, clock.mark()))
-            else:
-                if cuda:
-                    torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
-            if step is not None and len(losses) >= step.ring // 2:
-                values += step.read(losses)
-                losses = []
-        if step is not None:
-            values += step.read(losses)
-        elif losses:
-            values += [float(v) for v in torch.stack(losses).double().cpu().tolist()]
-        wall = time.perf_counter() - t_start
-        step_s = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in times]
-        return Timed(wall, step_s, values, time.process_time() - c_start)
-
-
-class BareJax:
-    """(b) for jax: the hand-written jitted floor. No harness code runs between its steps.
-
-    The same weights and dtype, harness.models.jax_gpt.train_step (forward, backward, clipping, AdamW) under one
-    `jax.jit` with the state donated, dropout masks drawn inside the step from JAX's PRNG keyed by the step (as the
-    backend draws them), the AdamW scalars computed on the host; each batch is put on the device as int32 in the
-    step, and every step is waited for (`block_until_ready`) and timed on the host clock, as the runner times the
-    jax backend. Compiled by the first call, which `_bare_loop` makes before any timed round.
-    """
-
-    def __init__(self, config: Config, weights: dict[str, np.ndarray], device: str, seed: int,
-                 dtype: str = "float32"):
-        from harness.backends.jax_backend import import_jax
-        from harness.core.masks import mask_shapes
-
-        jax = self.jax = import_jax(device, dtype)
-        from harness.models import jax_gpt
-
-        self.model, self.config, self.dtype = jax_gpt, config, dtype
-        self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
-        params = {n: jax.device_put(np.asarray(w, dtype=dtype), self.device) for n, w in weights.items()}
-        self.state = (params, jax_gpt.zeros_like(params), jax_gpt.zeros_like(params))
-        self.key = jax.device_put(np.asarray(jax.random.PRNGKey(seed)), self.device)
-        self.t = 0
-        sites = mask_shapes(config)
-
-        def step(state: Any, x: Any, y: Any, scalars: Any, key: Any, t: Any) -> Any:
-            masks = jax_gpt.draw_masks(jax.random.fold_in(key, t), sites, config.dropout)
-            return jax_gpt.train_step(state, x, y, scalars, masks, config)
-
-        self.step = jax.jit(step, donate_argnums=0)
-
-    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
-        """One jitted step per batch, each waited for; the losses stay on the device until the end.
-        (`sync_each_step` changes nothing: every step is already waited for.)"""
-        jax, put, lr, config = self.jax, self.jax.device_put, self.config.learning_rate, self.config
-        losses, times = [], []
-        c_start, t_start = time.process_time(), time.perf_counter()
-        for x, y in batches:
-            t0 = time.perf_counter()
-            t = self.t + 1
-            scalars = np.asarray(self.model.adamw_scalars(lr, t, config), dtype=self.dtype)
-            self.state, loss = self.step(self.state, put(x.astype(np.int32), self.device),
-                                         put(y.astype(np.int32), self.device), scalars, self.key, np.int32(t))
-            self.t = t
-            jax.block_until_ready(self.state)
-            losses.append(loss)
-            times.append(time.perf_counter() - t0)
-        values = [float(v) for v in jax.device_get(losses)]
-        wall = time.perf_counter() - t_start
-        return Timed(wall, times, values, time.process_time() - c_start)
-
-
 class NullBackend:
     """A backend whose step does no work: driving it measures the runner's own cost per step.
 
@@ -366,6 +188,7 @@ class NullBackend:
     """
 
     name = "null"
+    declaration = Declaration(name="null", dtypes=("float32",))  # no optional method: the loop's plainest path
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """Nothing to train."""
@@ -430,15 +253,7 @@ def measure(job: Job) -> OverheadResult:
     gc.collect()  # the previous measurement's models go now, so their cached device blocks can be released
     if job.options.get("compile"):
         reset_compiler()  # each compiled measurement starts as a fresh process would
-    if job.backend == "torch" and job.threads:
-        import torch
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(job.threads)
-        try:
-            return _measure(job)
-        finally:
-            torch.set_num_threads(threads)  # measured in-process: leave the caller's setting as it was
+    # (--threads: the measurement runs in a process of its own, capped through its environment: measure_isolated)
     return _measure(job)
 
 
@@ -446,9 +261,9 @@ def _measure(job: Job) -> OverheadResult:
     """The four measurements of `measure`, one job each: set up (a), build the floor (b), run the paired rounds,
     summarise."""
     runner = _set_up(job)
-    bare_repeat = _bare_loop(job, runner)
+    bare_repeat, bare_info = _bare_loop(job, runner)
     rounds = _rounds(job, runner, bare_repeat)
-    return _result(job, runner, rounds)
+    return _result(job, runner, rounds, bare_info)
 
 
 @dataclass
@@ -497,30 +312,28 @@ def _set_up(job: Job) -> _Runner:
     return _Runner(config, corpus, weights, stream, backend, setup_s, compile_s, first_step_s, first_round, memory)
 
 
-def _bare_loop(job: Job, r: _Runner) -> Callable[..., Timed]:
+def _bare_loop(job: Job, r: _Runner) -> tuple[Callable[..., Timed], Callable[[], dict]]:
     """(b): the floor, over pre-built NumPy batches (the first `steps` of the stream), copied to the device per step,
-    warmed up as the runner was; returns one repeat of it (`sync_each_step`: what a per-step sync would cost)."""
+    warmed up as the runner was; returns one repeat of it (`sync_each_step`: what a per-step sync would cost) and
+    what it adds to the backend's description. The floor is the backend's own where its declaration names one
+    (`bare_loop`: torch's hand-written loop, jax's bare jitted step), else `backend_repeat`."""
     batches = [r.stream.batch(k) for k in range(job.steps)]
-    if job.backend == "jax":
-        jax_bare = BareJax(r.config, r.weights, job.device, job.seed, dtype=job.options.get("dtype", "float32"))
-        jax_bare.repeat([r.stream.batch(k) for k in range(max(job.warmup, 1))])  # compiles: never in a timed round
-        return lambda sync_each_step=False: jax_bare.repeat(batches, sync_each_step)
-    if job.backend != "torch":
+    decl = declaration(job.backend)
+    if not decl.bare_loop:
         lr = r.config.learning_rate
         if job.warmup:
             backend_repeat(r.backend, list(itertools.islice(itertools.cycle(batches), job.warmup)), lr)
-        return lambda sync_each_step=False: backend_repeat(r.backend, batches, lr, sync_each_step)
-    opts = job.options
-    bare = BareTorch(r.config, r.weights, r.corpus.vocab_size, job.device, job.seed,
-                     dtype=opts.get("dtype", "float32"), precision=opts.get("precision", "fp32"),
-                     compile=opts.get("compile") or False, parity=bool(opts.get("parity")),
-                     cuda_graphs=bool(opts.get("cuda_graphs")))
+        return (lambda sync_each_step=False: backend_repeat(r.backend, batches, lr, sync_each_step)), dict
+    module, _, cls = decl.bare_loop.partition(":")
+    options = {**job.options, "dtype": job.options.get("dtype") or decl.default_dtype}
+    bare = getattr(importlib.import_module(module), cls)(r.config, r.weights, r.corpus.vocab_size, job.device,
+                                                         job.seed, **options)
     warm_batches = [r.stream.batch(k) for k in range(job.warmup)]
-    if (opts.get("compile") or opts.get("cuda_graphs")) and not warm_batches:
+    if bare.compiles and not warm_batches:
         warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile or capture
     if warm_batches:
         bare.repeat(warm_batches)
-    return lambda sync_each_step=False: bare.repeat(batches, sync_each_step)
+    return (lambda sync_each_step=False: bare.repeat(batches, sync_each_step)), bare.info
 
 
 @dataclass
@@ -568,7 +381,7 @@ def _rounds(job: Job, r: _Runner, bare_repeat: Callable[..., Timed]) -> _Rounds:
     return out
 
 
-def _result(job: Job, r: _Runner, rounds: _Rounds) -> OverheadResult:
+def _result(job: Job, r: _Runner, rounds: _Rounds, bare_info: Callable[[], dict] = dict) -> OverheadResult:
     """The result of one measurement: per-loop timings, the overhead ratios with their interval, the stream, the
     harness's own cost, the contention probe's cost, memory, and the checks against TARGETS."""
     tokens = r.config.batch_size * r.config.block_size
@@ -593,7 +406,7 @@ def _result(job: Job, r: _Runner, rounds: _Rounds) -> OverheadResult:
         backend=job.backend, size=job.size, device=job.device, config=job.config, tokens_per_step=tokens,
         steps=job.steps, warmup=job.warmup, repeats=job.repeats, isolated=job.isolated, options=job.options,
         setup_s=r.setup_s, compile_s=r.compile_s, first_step_s=r.first_step_s,
-        step_timing="cuda events, no per-step sync" if job.device == "cuda" and job.backend == "torch"
+        step_timing="cuda events, no per-step sync" if run_loop.device_clock(r.backend) is not None
         else "host clock",
         runner=runner_t, bare=bare_t, overhead_ratio=ratio, overhead_pct=(ratio - 1) * 100, overhead_basis=basis,
         overhead_ratio_ci95=_median_ci(ratios), overhead_ratios=ratios,
@@ -611,8 +424,7 @@ def _result(job: Job, r: _Runner, rounds: _Rounds) -> OverheadResult:
         memory=r.memory, backend_info=r.backend.describe())
     if rounds.bare_sync:
         result.bare_sync_each_step = _timing(rounds.bare_sync, job.steps, tokens)
-    if job.backend == "torch" and job.device == "cuda":
-        result.backend_info["sdpa"] = _sdpa_flags()
+    result.backend_info.update(bare_info())  # torch on CUDA: the attention kernels it may pick
     result.checks = checks(result)
     return result
 
@@ -645,16 +457,6 @@ def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 2
     return ProbeCost(snapshot_us=snapshot_s * 1e6, tick_us=tick_s * 1e6, chunk_s=contention.CHUNK_S,
                      per_step_us=per_step_s * 1e6, pct_of_step=per_step_s / step_s * 100,
                      per_step_snapshot_pct=snapshot_s / step_s * 100)
-
-
-def _sdpa_flags() -> dict:
-    """Which scaled_dot_product_attention kernels torch may pick (flash needs bf16/fp16; fp32 gets mem-efficient)."""
-    import torch
-
-    return {"flash": torch.backends.cuda.flash_sdp_enabled(),
-            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-            "math": torch.backends.cuda.math_sdp_enabled(),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
 def checks(result: OverheadResult) -> list[BenchCheck]:

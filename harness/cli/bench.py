@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.backends import BackendUnavailable, backend_class
+from harness.backends import DEFAULT_BACKEND, PARITY_DEFAULT, check_backend, declaration
 from harness.bench import overhead
 from harness.bench.noise import (
     Hogs,
@@ -22,7 +22,6 @@ from harness.bench.noise import (
     sweep_result,
 )
 from harness.bench.overhead import (
-    ISOLATED,
     TARGETS,
     TIMED_STEPS,
     Job,
@@ -49,6 +48,8 @@ from harness.cli.options import (
     add_size,
     add_threads,
     alias,
+    backend_options,
+    check_option_targets,
     common_device,
     exit_statuses,
     parse_devices,
@@ -72,7 +73,7 @@ NOISE_EXIT = {0: "every leg ran (with --check: and every check passed)",
 
 def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness bench overhead` (and of plain `harness bench`, its old spelling)."""
-    add_backend(p, "default torch")
+    add_backend(p, f"default {DEFAULT_BACKEND}")
     add_size(p, "one or more, repeated or comma-separated (default small,medium)")
     add_device(p)
     p.add_argument("--timed-steps", type=_count(1), default=None, metavar="N",
@@ -89,11 +90,11 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p)
     add_dtype(p)
     add_compile(p, "the runner's and the bare loop's")
-    add_precision(p, "torch (default fp32)")
+    add_precision(p, "%(precision_backends)s (default fp32)")
     add_threads(p, "each measurement then runs in a process of its own, so that the cap applies to it (as "
                 "--isolate); default: the frameworks' own choice", type=_count(1))
     p.add_argument("--isolate", action="store_true",
-                   help="measure every backend and size in a fresh child process (flux and jax always are)")
+                   help="measure every backend and size in a fresh child process (%(own_process_backends)s always are)")
     p.add_argument("--check", action="store_true",
                    help=shared(CHECK_HELP, "a target missed: overhead > 3%% on CPU for medium/large, > 1%% on "
                                            "CUDA, or a batch stream < 50x faster than a step"))
@@ -103,7 +104,7 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_noise_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness bench noise` (formerly `harness bench --noise`)."""
-    add_backend(p, "exactly two, e.g. torch,numpy")
+    add_backend(p, f"exactly two, e.g. {','.join(PARITY_DEFAULT)}")
     add_size(p, "one, e.g. small", one=True)
     add_data(p)
     add_out(p, "default reports/; the legs and noise.json go to DIR/bench/noise-*/")
@@ -146,38 +147,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     n.set_defaults(func=noise_command)
 
 
-def backend_options(args: argparse.Namespace, name: str) -> dict:
-    """Constructor options of backend `name` from the command line (dtype; torch: compile, precision)."""
-    opts: dict = {}
-    if args.dtype:
-        opts["dtype"] = args.dtype
-    if name == "torch":
-        if args.compile:
-            opts["compile"] = args.compile  # the mode
-        if args.cuda_graphs:
-            opts["cuda_graphs"] = True
-        if args.precision:
-            opts["precision"] = args.precision
-    return opts
-
-
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
     """Validate every input (nothing is written on failure) and return the measurements to make."""
-    backends = pick_backends(args.backend, default=("torch",), device=common_device(args.device))
+    backends = pick_backends(args.backend, default=(DEFAULT_BACKEND,), device=common_device(args.device))
     _, devices = parse_devices(args.device, backends)
     sizes = pick_sizes(args.size, default=("small", "medium"))
-    if (args.compile or args.precision or args.cuda_graphs) and "torch" not in backends:
-        raise UsageError("--compile, --cuda-graphs and --precision apply to the torch backend only; add torch to "
-                         "--backend")
-    for name in backends:
-        cls = backend_class(name)  # importing a backend module imports no framework (flux: juliacall is lazy)
-        try:
-            cls.check_available(devices[name])
-            instance = cls(**backend_options(args, name))  # validates dtype / precision without a device
-            if hasattr(instance, "check_device"):
-                instance.check_device(devices[name])  # e.g. --precision bf16 on the CPU or a pre-Ampere GPU
-        except BackendUnavailable as exc:
-            raise UsageError(str(exc)) from None
+    check_option_targets(args, backends, "bench")
+    options = backend_options(args, backends)
+    for name in backends:  # what each declares, and its own checks (dtype, precision, the device), no framework
+        check_backend(name, devices[name], options[name])
     corpus = load_corpus(args.data)
     configs = {size: load_config(size) for size in sizes}
     for config in configs.values():
@@ -187,9 +165,8 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
     # only a fresh process can take it, so each measurement then runs in one
     return [Job(backend=name, size=size, config=configs[size].to_dict(), data=corpus.path, device=devices[name],
                 seed=args.seed, steps=args.timed_steps or TIMED_STEPS[devices[name]], warmup=args.warmup,
-                repeats=args.repeats,
-                options=backend_options(args, name), threads=args.threads, progress=not args.quiet,
-                isolated=args.isolate or name in ISOLATED or args.threads is not None)
+                repeats=args.repeats, options=options[name], threads=args.threads, progress=not args.quiet,
+                isolated=args.isolate or declaration(name).own_process or args.threads is not None)
             for name in backends for size in sizes]
 
 
@@ -274,7 +251,8 @@ def noise_command(args: argparse.Namespace) -> int:
     backends = pick_backends(args.backend, default=())
     sizes = pick_sizes(args.size, default=())
     if len(backends) != 2 or len(sizes) != 1:
-        raise UsageError("bench noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
+        raise UsageError(f"bench noise compares two backends at one size; pass e.g. --backend "
+                         f"{','.join(PARITY_DEFAULT)} --size small")
     from harness.config.load import load_config
     from harness.core.data import check_fits, load_corpus
 

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import sys
 from dataclasses import asdict
 from typing import Any
 
+from harness.backends import PARITY_DEFAULT
 from harness.cli.options import (
     DROPOUT_HELP,
     PER_PARAMETER_HELP,
@@ -37,7 +37,6 @@ from harness.parity.record import (
 )
 from harness.parity.result import ParityResult
 from harness.parity.tolerances import (
-    FALLBACK_DTYPES,
     TOL_KEYS,
     Tolerances,
     default_tolerances,
@@ -48,7 +47,7 @@ from harness.parity.tolerances import (
 from harness.store import ParityOptions, RunPaths, RunRecord
 from harness.store.parity import ParityRecord
 
-DEFAULT_BACKENDS = "torch,numpy"
+DEFAULT_BACKENDS = ",".join(PARITY_DEFAULT)
 
 
 PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
@@ -72,8 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `harness parity` (the common --size/--config/--set/--data/--device/--seed/--out/--dtype are added
     by the CLI), and the exit statuses in its --help."""
     exit_statuses(p, PARITY_EXIT)
-    add_backend(p, f"exactly two, in the order the report names them, e.g. --backend torch --backend numpy "
-                f"(default {DEFAULT_BACKENDS})")
+    add_backend(p, f"exactly two, in the order the report names them, e.g. --backend {PARITY_DEFAULT[0]} --backend "
+                f"{PARITY_DEFAULT[1]} (default {DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                    help=shared(STEPS_HELP, f"every step's loss is compared ({DEFAULT_STEPS})"))
     p.add_argument("--tol-logits", type=_float, metavar="X",
@@ -114,7 +113,7 @@ def parse_backends(values: str | list[str] | None) -> list[str]:
     text = ",".join(names)
     if len(names) != 2:
         raise UsageError(f"--backend {text}: parity compares exactly two backends, got {len(names)}; "
-                         "pass two, e.g. --backend torch --backend numpy")
+                         f"pass two, e.g. --backend {PARITY_DEFAULT[0]} --backend {PARITY_DEFAULT[1]}")
     if names[0] == names[1]:
         raise UsageError(f"--backend {text}: the same backend twice; compare two different backends "
                          "(use --dtype to vary precision)")
@@ -122,22 +121,13 @@ def parse_backends(values: str | list[str] | None) -> list[str]:
 
 
 def backend_dtype(name: str, requested: str | None) -> tuple[str, dict]:
-    """The dtype backend `name` will compute in and the options that ask for it.
+    """The dtype backend `name` will compute in and the options that ask for it: --dtype where given (the preflight
+    refuses a dtype the backend does not declare), else the default its declaration names."""
+    from harness.backends import declaration
 
-    --dtype applies to every backend whose constructor takes a dtype; the others keep their own default.
-    """
-    from harness.backends import options_class
-
-    default = FALLBACK_DTYPES.get(name, "float32")
-    try:
-        params = inspect.signature(options_class(name).__init__).parameters
-    except Exception:  # an unavailable backend: preflight reports it
-        return (requested or default), ({"dtype": requested} if requested else {})
-    if "dtype" not in params:
-        return default, {}
-    own = params["dtype"].default
-    own = own if isinstance(own, str) else default
-    return (requested, {"dtype": requested}) if requested else (own, {})
+    if requested:
+        return requested, {"dtype": requested}
+    return declaration(name).default_dtype, {}
 
 
 def resolve_tolerances(args: argparse.Namespace, pair: str, config: Any = None) -> tuple[Tolerances, dict[str, str]]:
@@ -208,6 +198,7 @@ def plan_parity(args: argparse.Namespace) -> ParityPlan:
     from harness.run import plan as run_plan
 
     backends = parse_backends(args.backend)
+    check_parity_methods(backends)
     args.size = pick_sizes(args.size, one=True)[0]
     asked, dropout, threads = _check_numbers(args)
     dtypes, options = {}, {}
@@ -304,12 +295,18 @@ def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> 
 
 
 def parity_options(name: str) -> dict:
-    """Constructor options backend `name` takes in parity mode (its class's PARITY_OPTIONS; torch: the
-    single-tensor AdamW and, on CUDA, the math attention kernel)."""
-    from harness.backends import options_class
+    """Constructor options backend `name` takes in parity mode: parity=True where it declares the option "parity"
+    (torch: the single-tensor AdamW and, on CUDA, the math attention kernel)."""
+    from harness.backends import declaration
 
-    try:
-        cls = options_class(name)
-    except Exception:  # an unavailable backend: preflight reports it
-        return {}
-    return dict(getattr(cls, "PARITY_OPTIONS", {}))
+    return {"parity": True} if "parity" in declaration(name).options else {}
+
+
+def check_parity_methods(backends: list[str]) -> None:
+    """UsageError unless every backend declares what parity calls beyond the protocol: its step-0 gradients."""
+    from harness.backends import declaration
+
+    for name in backends:
+        if "gradients" not in declaration(name).methods:
+            raise UsageError(f"{name} backend: parity compares step-0 gradients and it declares no gradients "
+                             "method (docs/backends.md); compare it by its loss curves with `harness run`")

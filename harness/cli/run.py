@@ -7,8 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.backends import BOTH, DEFAULT_BACKEND
 from harness.cli.options import (
     backend_options,
+    check_option_targets,
     common_device,
     configure,
     parse_devices,
@@ -23,6 +25,7 @@ from harness.store import RunPaths, RunSpec
 
 # --- run ---------------------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.backends import taking
     from harness.core.data import load_corpus
     from harness.run import plan as run_plan
     from harness.run import supervise
@@ -33,8 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.seed = 1337 if args.seed is None else args.seed
     backends = pick_backends(args.backend, default=(), device=common_device(args.device), repeats=True)
     if args.both:
-        backends += [b for b in ("torch", "flux") if b not in backends]
-    backends = list(dict.fromkeys(backends)) or ["torch"]  # --backend torch --both: torch once
+        backends += [b for b in BOTH if b not in backends]
+    backends = list(dict.fromkeys(backends)) or [DEFAULT_BACKEND]  # --backend torch --both: torch once
     device, devices = parse_devices(args.device, backends)
     sizes = pick_sizes(args.size)
     if len(sizes) > 1 and args.config:
@@ -61,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  ", ".join(f"{b} on {plan.device_of(b)}" for b in backends))
         print(f"run {paths.run_id}: {plan.config.name} on {where}, backends {', '.join(backends)}", file=sys.stderr)
         print(f"  {corpus.summary()}", file=sys.stderr)
-        if args.compile and "torch" in backends:
+        if args.compile and taking("compile", backends):
             where = compile_cache_env(paths).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
             print(f"  torch.compile caches go to {where}", file=sys.stderr)
         codes = supervise.execute(paths, backends, progress=plan.progress, threads=plan.threads,
@@ -93,17 +96,6 @@ def paired_rounds(args: argparse.Namespace, spec: RunSpec | None = None) -> int:
         return args.paired_rounds
     stored = spec.paired_rounds if spec is not None else None
     return ROUNDS if stored is None else stored
-
-
-def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
-    """Options that apply to some backends only must apply to one of this run's backends, not be ignored."""
-    for option, given in (("--compile", args.compile), ("--cuda-graphs", getattr(args, "cuda_graphs", False))):
-        if given and "torch" not in backends:
-            raise UsageError(f"{option} applies to the torch backend only, and this run has {', '.join(backends)}; "
-                             f"drop {option} or add --backend torch")
-    if args.precision and not {"torch", "flux"} & set(backends):
-        raise UsageError(f"--precision applies to torch and flux only, and this run has {', '.join(backends)}; "
-                         "drop --precision")
 
 
 def finish(paths: RunPaths, codes: dict[str, int]) -> int:
@@ -167,6 +159,8 @@ _RESUME_FIXED = ("size", "config", "set", "data", "device", "seed", "dtype", "st
 
 def resume_conflicts(args: argparse.Namespace, spec: RunSpec) -> list[str]:
     """The options given with --resume that differ from what the run was started with (one phrase each)."""
+    from harness.backends import taking
+
     config = spec.config
     opts = {b: o or {} for b, o in spec.backend_options.items()}
     stored_backends = list(spec.backends)
@@ -203,7 +197,7 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec) -> list[str]:
             differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {getattr(config, key)}")
     # read as a new run reads them: `all` is every backend available on the run's device
     wanted = (pick_backends(given["backend"], default=(), device=spec.device, repeats=True)
-              if given["backend"] else []) + (["torch", "flux"] if given["both"] else [])
+              if given["backend"] else []) + (list(BOTH) if given["both"] else [])
     if wanted and set(wanted) != set(stored_backends):
         differ("--backend", ", ".join(stored_backends))
     if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.checkpoint_every:
@@ -217,8 +211,9 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec) -> list[str]:
             differ(f"--compile {given['compile']}", f"--compile {stored_mode}" if stored_mode else "no --compile")
     if given["cuda_graphs"] and not any(o.get("cuda_graphs") for o in opts.values()):
         differ("--cuda-graphs", "no --cuda-graphs")
+    takers = taking("precision", list(opts))
     if given["precision"] is not None and any(o.get("precision", "fp32") != given["precision"]
-                                              for b, o in opts.items() if b in ("torch", "flux")):
+                                              for b, o in opts.items() if b in takers):
         differ("--precision", {b: o.get("precision", "fp32") for b, o in opts.items()})
     if given["keep_line_endings"] and spec.data.line_endings != "kept":
         differ("--keep-line-endings", "line endings normalised")

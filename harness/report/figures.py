@@ -24,8 +24,7 @@ from markupsafe import Markup, escape
 from harness.report.analysis import PairComparison, RunView, costs, step_losses
 
 MAX_POINTS = 1500
-COLORS = {"torch": "#d9480f", "numpy": "#1c7ed6", "flux": "#9c36b5", "jax": "#2b8a3e"}
-_EXTRA = ["#e67700", "#495057", "#c2255c", "#0b7285", "#5c940d"]  # none of COLORS' own
+_EXTRA = ["#e67700", "#495057", "#c2255c", "#0b7285", "#5c940d"]  # none of the shipped backends' own
 RC = {"svg.fonttype": "none", "svg.hashsalt": "nanogpt-parity", "font.size": 10, "axes.titlesize": 11,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
       "legend.frameon": False, "font.family": "DejaVu Sans"}
@@ -37,10 +36,12 @@ PLOT_MAX = 1e100
 
 
 def color(backend: str) -> str:
-    """A fixed colour per backend name (others get a stable colour from a small palette)."""
-    if backend in COLORS:
-        return COLORS[backend]
-    return _EXTRA[sum(map(ord, backend)) % len(_EXTRA)]
+    """The colour a backend declares (harness.backends.declaration); any other name (a port's, a backend no longer
+    installed, one that declares none) gets a stable colour from a small palette."""
+    from harness.backends import declarations
+
+    declared = declarations([backend]).get(backend)
+    return declared.color if declared and declared.color else _EXTRA[sum(map(ord, backend)) % len(_EXTRA)]
 
 
 def plain(text: object) -> str:

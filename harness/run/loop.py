@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from harness.backends import declared
 from harness.backends.base import Backend
 from harness.config.fields import Config
 from harness.core.data import BatchStream
@@ -54,18 +55,19 @@ class DeviceClock(Protocol):
 
 
 def device_clock(backend: Backend) -> DeviceClock | None:
-    """The backend's device clock (`backend.device_clock()`), or None: then steps are timed on the host."""
-    get = getattr(backend, "device_clock", None)
-    return get() if callable(get) else None
+    """The backend's device clock (`backend.device_clock()`, where it declares one), or None: then steps are timed
+    on the host."""
+    return backend.device_clock() if declared(backend, "device_clock") else None
 
 
 def warm_up(backend: Backend, stream: BatchStream, step: int) -> float | None:
     """Run the backend's one-off warm-up (torch --compile: compile the training and evaluation graphs) on batch
     `step` without changing its parameters, optimizer or dropout stream; returns its seconds, or None when the
-    backend has nothing to warm up (`backend.needs_warm_up` false or absent: then not even the batch is fetched).
+    backend has nothing to warm up (no warm_up declared, or `backend.needs_warm_up` false: then not even the batch
+    is fetched).
     `harness run` and `harness bench` both call it once before step 0, so that neither the step-0 evaluation nor
     the first step absorbs the compile, and both record it as `compile_s`."""
-    if not getattr(backend, "needs_warm_up", False):
+    if not declared(backend, "warm_up") or not backend.needs_warm_up:
         return None
     t0 = time.perf_counter()
     backend.warm_up(*stream.batch(step))
@@ -170,8 +172,8 @@ class StepTimer:
     def __init__(self, backend: Backend, curves: Curves, first_step: int, bar: tqdm | None, tokens_per_step: int):
         self.backend, self.curves, self.bar, self.tokens_per_step = backend, curves, bar, tokens_per_step
         self.clock = device_clock(backend)
-        fetch = getattr(backend, "fetch_losses", None)
-        self.fetch = fetch if callable(fetch) and self.clock is not None else None
+        fetch = backend.fetch_losses if declared(backend, "fetch_losses") else None
+        self.fetch = fetch if self.clock is not None else None
         self.losses: list = []  # losses still on the device
         self.times: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
         self.first = first_step  # the step of losses[0]

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends import BackendUnavailable, check_names, options_class
+from harness.backends import check_backend, check_names, declaration
 from harness.config.fields import Config, check_seed
 from harness.core.data import Corpus, check_fits
 from harness.core.weights import count_parameters
@@ -49,8 +49,8 @@ class Plan:
 
 # --- memory estimate ------------------------------------------------------------------------------------------
 def float_bytes(backend: str, options: dict) -> int:
-    """Bytes per float a backend computes in (its dtype option, else its default: numpy float64, others float32)."""
-    dtype = options.get("dtype") or ("float64" if backend == "numpy" else "float32")
+    """Bytes per float a backend computes in (its dtype option, else the default its declaration names)."""
+    dtype = options.get("dtype") or declaration(backend).default_dtype
     return 8 if dtype == "float64" else 4
 
 
@@ -167,15 +167,8 @@ def preflight(plan: Plan) -> None:
     check_fits(plan.corpus, plan.config.block_size, plan.config.batch_size)
     check_writable(plan.out)
     check_memory(plan)
-    for name in plan.backends:
-        cls = options_class(name)  # torch: TorchOptions, so the parent never imports torch
-        try:
-            cls.check_available(plan.device_of(name))
-            instance = cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision)
-            if hasattr(instance, "check_device"):
-                instance.check_device(plan.device_of(name))  # options that need a device (--precision bf16)
-        except BackendUnavailable as exc:
-            raise UsageError(str(exc)) from None
+    for name in plan.backends:  # what each declares and checks, never importing a framework (torch: TorchOptions)
+        check_backend(name, plan.device_of(name), plan.backend_options.get(name, {}), plan.config.options())
 
 
 def _copy_corpus(out: Path, corpus: Corpus) -> None:
