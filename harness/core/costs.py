@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from harness.config.fields import Config
 from harness.core.weights import count_parameters
-from harness.store.record import Eval, TimeToTarget
+from harness.store.curves import Eval
+from harness.store.record import TimeToTarget
 
 
 def flops_per_token(config: Config, vocab_size: int) -> int:

@@ -20,9 +20,9 @@ import numpy as np
 from harness.errors import UsageError
 from harness.report.results import costs
 from harness.store import RunPaths, RunRecord, RunSpec, Status, compare_fingerprints, load_run
+from harness.store.curves import Eval
 from harness.store.paired import PairedRecord
 from harness.store.parity import ParityCheck, ParityRecord
-from harness.store.record import Eval
 from harness.timing import stats
 
 # Loss agreement with dropout on (docs/design.md, "Parity"): the frameworks' dropout streams differ, so the final

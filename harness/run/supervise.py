@@ -166,7 +166,8 @@ def execute(paths: RunPaths, backends: list[str], resume: bool = False, progress
     backend alive at once, timed in alternating bursts), into `<run>/paired.json`; an existing record there gets a
     new session only while it lacks undisturbed rounds.
 
-    The run directory is locked for the whole time (UsageError when another process holds it). Returns each
+    The run directory is locked for the whole time (UsageError when another process holds it); a `resume` checks
+    the spec, every record and checkpoint first (harness.run.resumable: UsageError, nothing written). Returns each
     backend's exit status, and under `PAIRED` 130 when the paired timing was interrupted. `chained` (parity: each
     backend reads what the one before wrote): a backend that does not complete ends the run there.
     """
@@ -174,8 +175,14 @@ def execute(paths: RunPaths, backends: list[str], resume: bool = False, progress
     try:
         spec: RunSpec | None = RunSpec.load(paths)  # read once here, for every worker and the paired timing
     except UsageError:
+        if resume:
+            raise
         spec = None  # each worker reports a bad spec itself
     with RunLock(paths) as lock:
+        if resume and spec is not None:  # every backend's files checked before any worker starts or writes
+            from harness.run import resumable
+
+            resumable.check_run(paths, spec, backends)
         for i, name in enumerate(backends, 1):
             path = paths.record(name)
             if resume and path.exists():

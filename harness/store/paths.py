@@ -2,9 +2,10 @@
 the one form of a location, made once where an id or a directory enters (the command line, a worker's argv) and
 passed down, never rebuilt.
 
-`--out` holds `runs/<run_id>/` (spec.json, per backend `<backend>.json`, `.steps.csv`, `.evals.csv`, `.ckpt.npz`,
-`.probe.npz`, and parity.json, paired.json, .lock), `sweeps/<sweep_id>/` (sweep.json, paired/<n>.json, slurm/) and
-`data/<sha256>.txt`, the content-addressed copy of every corpus a run trains on (shared by the runs of --out).
+`--out` holds `runs/<run_id>/` (spec.json, per backend `<backend>.json`, `.steps.csv`, `.evals.csv`, `.chunks.jsonl`,
+`.ckpt.npz`, `.probe.npz`, and parity.json, paired.json, .lock), `sweeps/<sweep_id>/` (sweep.json, paired/<n>.json,
+slurm/) and `data/<sha256>.txt`, the content-addressed copy of every corpus a run trains on (shared by the runs of
+--out).
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ class RunPaths:
 
     def evals_csv(self, backend: str) -> Path:
         return self.dir / f"{backend}.evals.csv"
+
+    def chunks_jsonl(self, backend: str) -> Path:
+        """The contention chunks of `backend`'s steps, one JSON object a line (harness.store.curves)."""
+        return self.dir / f"{backend}.chunks.jsonl"
 
     def checkpoint(self, backend: str) -> Path:
         return self.dir / f"{backend}.ckpt.npz"

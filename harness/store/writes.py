@@ -102,6 +102,11 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(_finite(obj), indent=1, allow_nan=False) + "\n").encode()
 
 
+def json_line(obj: Any) -> bytes:
+    """Strict JSON on one line (non-finite numbers as null), with its newline: a row of a JSON-lines file."""
+    return (json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json_bytes(obj))
 
