@@ -28,7 +28,7 @@ import numpy as np
 
 from harness.errors import UsageError
 from harness.store import RunPaths, RunRecord, RunSpec
-from harness.store.curves import Curves, EvalTable, eval_columns
+from harness.store.curves import Curves, eval_array, eval_columns
 
 FIX = "restore it, or start a new run"
 
@@ -115,11 +115,7 @@ def _first_difference(a: Sequence[float], b: Sequence[float]) -> int | None:
 def _eval_rows(evals: Sequence, upto: int) -> np.ndarray:
     """The evaluations of `evals` before step `upto` as rows (step, train loss, val loss, seconds): the one at
     `upto` itself may have been taken after a record that lags its checkpoint was written."""
-    if isinstance(evals, EvalTable):
-        rows = evals.rows
-    else:
-        rows = np.array([[e.step, e.train_loss, e.val_loss, np.nan if e.time_s is None else e.time_s]
-                         for e in evals], dtype=np.float64).reshape(-1, 4)
+    rows = eval_array(evals)
     return rows[rows[:, 0] < upto]
 
 

@@ -99,13 +99,19 @@ def _eval(row: Sequence[float]) -> Eval:
     return Eval(int(step), train, val, time_s)
 
 
-def eval_columns(evals: Sequence[Eval]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, train losses, validation losses) of `evals` as arrays, without making an Eval per row where they were
-    read from a file."""
+def eval_array(evals: Sequence[Eval]) -> np.ndarray:
+    """`evals` as an (n, 4) float64 array (step, train loss, val loss, seconds; an unknown time as nan), without
+    making an Eval per row where they were read from a file."""
     if isinstance(evals, EvalTable):
-        return evals.rows[:, 0].astype(np.int64), evals.rows[:, 1], evals.rows[:, 2]
-    return (np.array([e.step for e in evals], dtype=np.int64), np.array([e.train_loss for e in evals], dtype=float),
-            np.array([e.val_loss for e in evals], dtype=float))
+        return evals.rows
+    return np.array([(e.step, e.train_loss, e.val_loss, math.nan if e.time_s is None else e.time_s) for e in evals],
+                    dtype=np.float64).reshape(-1, 4)
+
+
+def eval_columns(evals: Sequence[Eval]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, train losses, validation losses) of `evals` as arrays (`eval_array`)."""
+    rows = eval_array(evals)
+    return rows[:, 0].astype(np.int64), rows[:, 1], rows[:, 2]
 
 
 @dataclass(kw_only=True)
