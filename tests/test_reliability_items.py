@@ -121,7 +121,8 @@ def test_2_bad_checkpoint_is_one_line_and_changes_nothing(tmp_path, killed_run, 
     files = {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")}
     result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr and "numpy.ckpt.npz" in result.stderr and "unreadable" in result.stderr
+    assert "Traceback" not in result.stderr and "numpy.ckpt.npz" in result.stderr
+    assert "not a readable .npz archive" in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(errors) == 1, result.stderr
     assert {p.name: p.read_bytes() for p in run.iterdir() if not p.name.startswith(".")} == files
@@ -589,14 +590,16 @@ def test_a_checkpoint_of_an_older_harness_is_refused(tmp_path):
     from the record's curves."""
     import numpy as np
 
-    from harness.run.worker import read_checkpoint
+    from harness.run import checkpoint
 
     path = tmp_path / "numpy.ckpt.npz"
-    np.savez(path, **{"harness/step": np.array(2), "wte.weight": np.zeros((2, 2))})
+    state = {"param/w": np.zeros((2, 2)), "adam_m/w": np.zeros((2, 2)), "adam_v/w": np.zeros((2, 2)),
+             "adam_t": np.array(2)}
+    np.savez(path, **{"harness/step": np.array(2), **state})
     with pytest.raises(UsageError, match=r"older nanogpt-parity \(no curves in it\); delete it"):
-        read_checkpoint(path, 10, "delete it")
+        checkpoint.read(path, state, {"w": (2, 2)}, 10, "delete it")
     curves = {"harness/loss": np.ones(2), "harness/time_s": np.ones(2), "harness/evals": np.zeros((0, 4)),
               "harness/chunks": np.frombuffer(b"[]", dtype=np.uint8)}
-    np.savez(path, **{"harness/step": np.array(2), "wte.weight": np.zeros((2, 2)), **curves})
-    step, got, state = read_checkpoint(path, 10, "delete it")
-    assert step == 2 and got.loss == [1.0, 1.0] and list(state) == ["wte.weight"]
+    np.savez(path, **{"harness/step": np.array(2), **state, **curves})
+    step, got, read = checkpoint.read(path, state, {"w": (2, 2)}, 10, "delete it")
+    assert step == 2 and got.loss == [1.0, 1.0] and sorted(read) == sorted(state)

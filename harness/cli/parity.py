@@ -170,6 +170,7 @@ def command(args: argparse.Namespace) -> int:
     FAIL, 2 bad input, 3 a backend crashed, 130 interrupted; --help lists them)."""
     from harness.run import plan as run_plan
     from harness.run import records, supervise
+    from harness.run.probe import ProbeUnreadable
 
     pp = plan_parity(args)
     run_id = run_plan.write_spec(pp.plan)
@@ -183,6 +184,9 @@ def command(args: argparse.Namespace) -> int:
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
+        broken = None if status == EXIT_INTERRUPTED else parity_record.unreadable_probe(pp, paths.dir, codes)
+        if broken:  # the backend after it could not read it: the one before left no usable result
+            reason, status = broken, EXIT_CRASH
         return _error(path, record, reason, status, "; nothing compared (see the messages above)")
 
     _, recs = records.load_run(pp.plan.out, run_id)
@@ -191,7 +195,10 @@ def command(args: argparse.Namespace) -> int:
     missing = [n for n in pp.backends if not paths.probe(n).is_file()]
     if missing:
         return _error(path, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
-    result = parity_record.compare_workers(pp, workers, paths.dir)
+    try:
+        result = parity_record.compare_workers(pp, workers, paths.dir)
+    except ProbeUnreadable as exc:  # a backend that left no usable result: a crash, never a FAIL of the model
+        return _error(path, record, str(exc), EXIT_CRASH, "; nothing compared")
     parity_record.finish_record(record, pp, result, workers)
     records.atomic_write_json(path, record)
 

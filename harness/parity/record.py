@@ -123,10 +123,27 @@ def mark_error(record: dict[str, Any], reason: str) -> None:
     record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
 
 
-def load_probe(path: Path) -> dict[str, np.ndarray]:
-    """A worker's `<backend>.probe.npz`, every array read."""
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+def load_probe(pp: ParityPlan, directory: Path, backend: str) -> dict[str, np.ndarray]:
+    """Worker `backend`'s `<backend>.probe.npz` in run directory `directory`, every array read and checked against
+    the run (harness.run.probe.read); ProbeUnreadable ("backend X's probe is unreadable: ...") otherwise."""
+    from harness.run.probe import read
+
+    config = pp.plan.config
+    return read(records.RunPaths.of_dir(directory).probe(backend), backend, config, pp.plan.corpus.vocab_size,
+                pp.steps, pp.opt_steps)
+
+
+def unreadable_probe(pp: ParityPlan, directory: Path, codes: dict[str, int]) -> str | None:
+    """Why the probe of a worker that completed cannot be read (the cause when the worker after it failed), None
+    when each such probe reads."""
+    from harness.run.probe import ProbeUnreadable
+
+    for name in (n for n in pp.backends if codes.get(n) == 0):
+        try:
+            load_probe(pp, directory, name)
+        except ProbeUnreadable as exc:
+            return str(exc)
+    return None
 
 
 def final_val(rec: dict) -> float | None:
@@ -149,8 +166,7 @@ def compare_workers(pp: ParityPlan, workers: dict[str, dict], directory: Path) -
     ra, rb = workers[a], workers[b]
     va, vb = final_val(ra), final_val(rb)
     config, seed = pp.plan.config, pp.plan.seed
-    paths = records.RunPaths.of_dir(directory)
-    result = compare(load_probe(paths.probe(a)), load_probe(paths.probe(b)),
+    result = compare(load_probe(pp, directory, a), load_probe(pp, directory, b),
                      ra["steps"]["loss"], rb["steps"]["loss"], pp.tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
                      backends=(a, b), config=config, masks=step_masks(config, seed))

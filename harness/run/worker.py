@@ -29,17 +29,13 @@ The test hook `HARNESS_TEST_PAUSE_AT` (harness.run.child.pause_at) names the poi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
 import time
 import traceback
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-
-import numpy as np
 
 from harness import environment
 from harness.backends import create_backend
@@ -50,13 +46,14 @@ from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, loa
 from harness.core.masks import dropout_masks
 from harness.core.weights import count_parameters, fingerprint, init_weights
 from harness.errors import UsageError
-from harness.run import records
+from harness.run import checkpoint, records
 from harness.run.child import pause_at
 from harness.run.loop import Curves, Interrupted, LoopOptions, train
-from harness.run.probe import Recorder
+from harness.run.probe import OPT_PREFIX, Recorder
+from harness.run.probe import read as read_probe
 from harness.run.records import RunLock, RunPaths, Status
 from harness.timing import contention
-from harness.timing.steady import steady_start, summarize_times, truncate_chunks
+from harness.timing.steady import steady_start, summarize_times
 from harness.units import utc_now
 
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
@@ -188,17 +185,8 @@ class Worker:
 
     def checkpoint(self, done: int) -> None:
         """Model, optimizer and the curves up to `done`, in one file: resume needs nothing else."""
-        cv = self.curves
         with critical():
-            state = self.backend.state_dict()
-            state["harness/step"] = np.array(done, dtype=np.int64)
-            state["harness/loss"] = np.array(cv.loss[:done], dtype=np.float64)
-            state["harness/time_s"] = np.array(cv.time_s[:done], dtype=np.float64)
-            state["harness/evals"] = np.array([[e["step"], e["train_loss"], e["val_loss"], e["time_s"]]
-                                               for e in cv.evals if e["step"] <= done], dtype=np.float64
-                                              ).reshape(-1, 4)
-            state["harness/chunks"] = np.frombuffer(json.dumps(truncate_chunks(cv.chunks, done)).encode(),
-                                                    dtype=np.uint8)  # JSON bytes: no pickle needed to read them
+            state = checkpoint.contents(self.backend.state_dict(), done, self.curves)
             path = self.paths.checkpoint(self.name)
             records.atomic_write_bytes(path, records.npz_bytes(state),
                                        before_rename=lambda: pause_at("mid-checkpoint"))
@@ -206,20 +194,15 @@ class Worker:
             self.record["checkpoint"] = {"step": done, "file": path.name}
             self.persist()
 
-    def save_probe(self, parity: dict) -> None:
+    def save_probe(self, parity: dict, vocab_size: int) -> None:
         """`harness parity`: the step-0 probe (harness/run/probe.py: logits, gradients, taps, initial parameters),
         written now and again once the optimizer states are in (`save_opt_step`). A backend that is not the
         run's reference re-synchronises its optimizer steps from the reference's probe, which its worker (run
         first) wrote."""
         reference, ref_name = None, parity.get("reference")
         if ref_name and ref_name != self.name:
-            path = self.paths.probe(ref_name)
-            try:
-                with np.load(path, allow_pickle=False) as f:
-                    reference = {k: f[k] for k in f.files if k.startswith("opt/")}
-            except (OSError, ValueError, zipfile.BadZipFile) as exc:
-                raise UsageError(f"parity: cannot read the reference's probe {str(path)!r} ({type(exc).__name__}); "
-                                 f"the {ref_name} worker must complete before {self.name} starts") from None
+            reference = read_probe(self.paths.probe(ref_name), ref_name, self.config, vocab_size, self.total_steps,
+                                   self.opt_steps, only=lambda key: key.startswith(OPT_PREFIX))
         self.probe = Recorder(self.backend, self.config, self.stream, self.opt_steps, self.total_steps,
                               masks=self.masks, reference=reference, reference_name=ref_name or "")
         records.atomic_write_npz(self.paths.probe(self.name), self.probe.start())
@@ -245,7 +228,8 @@ class Worker:
         if not os.path.lexists(ckpt):
             return 0, carry  # nothing saved: start again from the initial weights (the old curves stay as a tail)
         fix = f"delete {ckpt.name} to restart {self.name} from step 0, or start a new run"
-        step, self.curves, state = read_checkpoint(ckpt, self.total_steps, fix)
+        shapes = {n: w.shape for n, w in self.weights.items()}  # canonical (harness.core.weights)
+        step, self.curves, state = checkpoint.read(ckpt, self.backend.state_dict(), shapes, self.total_steps, fix)
         try:
             self.backend.load_state_dict(state)
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -283,7 +267,7 @@ class Worker:
         self.masks = ((lambda step: dropout_masks(self.config, self.seed, step))
                       if parity and self.config.dropout > 0 else None)  # the harness draws every mask
         if parity and start == 0:
-            self.save_probe(parity if isinstance(parity, dict) else {})
+            self.save_probe(parity if isinstance(parity, dict) else {}, corpus.vocab_size)
         timings = self.record["timings"]
         timings["setup_s"] = setup_s
         self.persist()
@@ -349,39 +333,6 @@ class Worker:
         self.record["error"] = traceback.format_exc()
         self.record["finished_at"] = utc_now()
         self.persist()
-
-
-CHECKPOINT_CURVES = ("harness/loss", "harness/time_s", "harness/evals", "harness/chunks")  # beside harness/step
-
-
-def read_checkpoint(ckpt: Path, total_steps: int, fix: str) -> tuple[int, Curves, dict[str, np.ndarray]]:
-    """A checkpoint's step, the curves up to it (losses, step times, evaluations, contention chunks) and the model's
-    and optimizer's state; UsageError (ending in `fix`) when it is unreadable, outside 1..`total_steps`, or written by
-    an older nanogpt-parity (without the curves)."""
-    try:
-        with np.load(ckpt) as f:
-            state = {k: f[k] for k in f.files}
-        step = int(state.pop("harness/step"))
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
-                         f"{str(exc) or 'truncated'}); {fix}") from None
-    if not 0 < step <= total_steps:
-        raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{total_steps}; {fix}")
-    if any(k not in state for k in CHECKPOINT_CURVES):
-        raise UsageError(f"checkpoint {str(ckpt)!r} was written by an older nanogpt-parity (no curves in it); {fix}")
-    loss, times, evals, chunks_blob = (state.pop(k) for k in CHECKPOINT_CURVES)
-    try:
-        chunks = json.loads(chunks_blob.tobytes().decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
-    if not (isinstance(chunks, list) and all(isinstance(c, dict) for c in chunks)):
-        raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
-    if len(loss) != step or len(times) != step:
-        raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
-    curves = Curves(step=list(range(step)), loss=[float(v) for v in loss], time_s=[float(t) for t in times],
-                    evals=[{"step": int(s), "train_loss": float(a), "val_loss": float(b), "time_s": float(t)}
-                           for s, a, b, t in evals], chunks=chunks)
-    return step, curves, state
 
 
 def run_backend(directory: Path, name: str, resume: bool = False, progress: bool = True,
