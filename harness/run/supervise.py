@@ -27,11 +27,9 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.run import records
-from harness.run.processes import spawn
+from harness.run.processes import KILL_GRACE_S, spawn
 from harness.run.records import RunLock, RunPaths, Status
 from harness.units import utc_now
-
-KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # SIGTERM -> SIGKILL for a wedged worker
 
 
 # --- the executor seam ------------------------------------------------------------------------------------------
@@ -118,7 +116,9 @@ def run_worker(directory: Path, backend: str, resume: bool = False, progress: bo
         mark_ended(directory, backend, -code, stopped_by=asked[0] if asked else None, killed_by_us=killed,
                    lock=lock)
         return 130 if asked else 128 - code
-    return code
+    # asked to stop, a worker that did not complete was interrupted, whatever its status says (one stopped while its
+    # interpreter was still starting exits 1): the caller (a sweep) must not go on to the next cell
+    return 130 if asked and code != 0 else code
 
 
 def mark_ended(directory: Path, backend: str, signum: int, stopped_by: str | None = None,
