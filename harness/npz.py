@@ -8,11 +8,12 @@ An `.npz` is a zip archive of `.npy` files. `read_npz` reads one as untrusted in
   a zip archive is refused by its first bytes, and an archive declaring more than `MAX_MEMBERS` members by its
   end-of-central-directory record, before the directory is parsed;
 - only the arrays asked for are opened (`only`): nothing under another name is inflated, whatever it declares;
-- each array's declared sizes are checked before any of its data is read: the zip member's uncompressed size
-  (from the central directory) and its `.npy` header's shape x itemsize against the per-array cap and against
-  each other, so an 8 TB array header on a tiny file, or a zip bomb, is refused by what it declares;
-- the header's shape and dtype against what the caller expects (`Want`: exact shapes or free axes, dtypes or
-  kinds; or a `Check` of the caller's own), every required array present, none it may not hold;
+- each array's `.npy` header is read alone (numpy reads at most 10,000 bytes of it; inflating it costs a few KiB,
+  whatever the member declares), and before any of its data: its shape and dtype against what the caller expects
+  (`Want`: exact shapes or free axes, dtypes or kinds; or a `Check` of the caller's own), its shape x itemsize
+  against the per-array cap, and the zip member's uncompressed size (from the central directory) equal to the
+  header plus that: so an 8 TB array header on a tiny file, or a zip bomb, is refused by what it declares; every
+  required array must be present, and none the caller does not know;
 - no pickles: object and structured dtypes are refused in words of our own;
 - the data read with a bounded stream: exactly the declared bytes into an array allocated for them, so a member
   that holds more than it declares inflates no further (and fails its CRC).
@@ -239,10 +240,7 @@ def _header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, name: str, fix
         raise UsageError(f"{name}: array {key!r} is encrypted; {fix}")
     if stored_only and info.compress_type != zipfile.ZIP_STORED:
         raise UsageError(f"{name}: array {key!r} is compressed, but these files are written uncompressed; {fix}")
-    if info.file_size > cap + MEMBER_OVERHEAD:
-        raise UsageError(f"{name}: array {key!r} declares {_size(info.file_size)} uncompressed, more than "
-                         f"the {_size(cap)} it can hold; {fix}")
-    fmt = np.lib.format
+    fmt = np.lib.format  # the header first: its read inflates at most a few KiB, whatever the member declares
     try:
         with zf.open(info) as member:
             version = fmt.read_magic(member)
@@ -266,7 +264,7 @@ def _header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, name: str, fix
     if nbytes > cap:
         raise UsageError(f"{name}: array {key!r} declares shape {shape} of {describe_dtype(dtype)} "
                          f"({_size(nbytes)}), more than the {_size(cap)} it can hold; {fix}")
-    if info.file_size != header_len + nbytes:
+    if info.file_size != header_len + nbytes:  # so the member declares no more than the cap either
         raise UsageError(f"{name}: array {key!r} declares shape {shape} of {describe_dtype(dtype)} ({nbytes:,} "
                          f"bytes) but its member holds {max(0, info.file_size - header_len):,} bytes of data; {fix}")
     return shape, dtype, bool(fortran), header_len

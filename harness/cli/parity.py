@@ -184,8 +184,10 @@ def command(args: argparse.Namespace) -> int:
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
-        broken = None if status == EXIT_INTERRUPTED else parity_record.unreadable_probe(pp, paths.dir, codes)
-        if broken:  # the backend after it could not read it: the one before left no usable result
+        # a worker that refused its input (exit 2): if that was the probe of the one before, that one left no usable
+        # result, a crash of that backend
+        broken = parity_record.unreadable_probe(pp, paths.dir, codes) if status == EXIT_USAGE else None
+        if broken:
             reason, status = broken, EXIT_CRASH
         return _error(path, record, reason, status, "; nothing compared (see the messages above)")
 
