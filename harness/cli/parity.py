@@ -54,8 +54,8 @@ PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
                EXIT_FAIL: "FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say "
                           "where)",
                EXIT_USAGE: "bad input: one line on stderr, nothing run (or a backend refused its input)",
-               EXIT_CRASH: "a backend crashed or left no result: nothing was compared (parity.json: verdict "
-                           "\"error\")",
+               EXIT_CRASH: "a backend crashed or left no result, or its probe is unreadable: nothing was compared "
+                           "(parity.json: verdict \"error\")",
                EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)"}
 
 
