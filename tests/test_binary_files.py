@@ -237,7 +237,8 @@ def test_an_archive_declaring_millions_of_members_is_refused_before_its_director
     (lambda a: a.update(free=np.zeros(2, dtype=[("a", "u1")])), "has a structured dtype"),
     (lambda a: a.pop("w"), "lacks array 'w'"),
     (lambda a: a.update(extra=np.zeros(1)), "holds array 'extra', which no such file holds"),
-])
+], ids=["shape", "float16", "complex", "float for an integer", "text", "ragged shape", "objects", "structured",
+        "missing", "unknown"])
 def test_shapes_and_dtypes_are_checked_against_what_the_reader_expects(change, words: str, tmp_path: Path) -> None:
     arrays = dict(GOOD)
     change(arrays)
@@ -553,7 +554,7 @@ def small_kit(tmp_path_factory, config_file) -> Path:
     (lambda b: b["y"].__setitem__((0, 1, 2), -1), "array 'y' holds token id -1 at index (0, 1, 2), outside"),
     (lambda b: b["lr"].__setitem__(0, -0.001), "array 'lr' holds the negative learning rate -0.001 at step 0"),
     (lambda b: b["lr"].__setitem__(0, np.inf), "array 'lr' holds inf at index (0,)"),
-])
+], ids=["an id past the vocabulary", "a negative id", "a negative rate", "an infinite rate"])
 def test_a_kit_whose_batches_are_impossible_is_malformed(change, words: str, small_kit: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture) -> None:
     import hashlib
