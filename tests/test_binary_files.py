@@ -497,29 +497,50 @@ def test_a_worker_that_could_not_read_the_reference_s_probe_is_a_crash_of_the_re
     assert why.startswith("backend numpy's probe is unreadable: probe ") and "not a readable .npz" in why
 
 
+def test_parity_names_the_reference_s_probe_the_other_backend_could_not_read(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """The reference (numpy) completed, the other (torch) refused its input, exit 2: the reference's probe is
+    unreadable, so `harness parity` says so, exit 3 (the reference left no usable result), in parity.json too."""
+    from harness.cli.main import main
+    from harness.run import records, supervise
+
+    def execute(directory, backends, **kw):
+        records.RunPaths.of_dir(directory).probe("numpy").write_bytes(b"PK\x03\x04 cut short")
+        return {"numpy": 0, "torch": 2}
+    monkeypatch.setattr(supervise, "execute", execute)
+    code = main(["parity", "--data", str(data_path()), "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 3 and "ERROR: backend numpy's probe is unreadable: probe " in err, err
+    (path,) = tmp_path.glob("runs/*/parity.json")
+    doc = json.loads(path.read_text())
+    assert doc["verdict"] == "error" and doc["failures"][0].startswith("ERROR: backend numpy's probe is unreadable")
+
+
 def test_parity_with_a_broken_probe_exits_3_and_says_so_in_parity_json(tmp_path: Path, config_file: Path) -> None:
     """Each worker stops at its end: the reference goes on untouched, the other's probe is truncated. The parent
-    reads it: "backend jax's probe is unreadable", exit 3, parity.json with verdict error; no FAIL blames the model."""
+    reads it: "backend torch's probe is unreadable", exit 3, parity.json with verdict error; no FAIL blames the
+    model (before: a traceback, and no parity.json)."""
     out = tmp_path / "out"
     env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1", HARNESS_TEST_PAUSE_AT="end:stop")
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "parity", "--backend", "numpy,jax", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "parity", "--backend", "numpy,torch", "--config",
                              str(config_file), "--steps", "2", "--out", str(out), "--quiet"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for backend in ("numpy", "jax"):
+        for backend in ("numpy", "torch"):
             worker = _stopped_child(proc.pid)
-            if backend == "jax":
-                (probe,) = out.glob("runs/*/jax.probe.npz")
+            if backend == "torch":
+                (probe,) = out.glob("runs/*/torch.probe.npz")
                 probe.write_bytes(probe.read_bytes()[:500])
             os.kill(worker, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 3, stderr
-    assert "ERROR: backend jax's probe is unreadable: probe " in stderr and "Traceback" not in stderr, stderr
+    assert "ERROR: backend torch's probe is unreadable: probe " in stderr and "Traceback" not in stderr, stderr
     (record,) = out.glob("runs/*/parity.json")
     doc = json.loads(record.read_text())
-    assert doc["verdict"] == "error" and "backend jax's probe is unreadable" in doc["failures"][0], doc["failures"]
+    assert doc["verdict"] == "error" and "backend torch's probe is unreadable" in doc["failures"][0], doc["failures"]
     assert not any(f.startswith("FAIL") for f in doc["failures"])
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import data_path, run_cli
+from tests.conftest import data_path
 
 QUIET = ["--quiet", "--no-text"]
 
@@ -188,14 +188,13 @@ def test_bench_overhead_leaves_nothing_running(sig: int, tmp_path: Path) -> None
 
 
 @pytest.fixture(scope="module")
-def two_backends(tmp_path_factory, config_file) -> tuple[Path, str]:
-    """(out, run id) of a completed numpy + torch run without its paired timing."""
+def two_backends(tmp_path_factory) -> tuple[Path, str]:
+    """(out, run id) of a completed torch + numpy run (synthetic records) without its paired timing: its timing
+    processes stop before they import anything, so nothing of it is ever trained."""
+    from tests.test_report import make_run
+
     out = tmp_path_factory.mktemp("paired")
-    result = run_cli("run", "--config", str(config_file), "--steps", "2", "--backend", "numpy,torch",
-                     "--paired-rounds", "0", *QUIET, "--no-report", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    (run,) = (out / "runs").iterdir()
-    return out, run.name
+    return out, make_run(out, steps=10)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])

@@ -132,20 +132,28 @@ def stop(procs: Sequence[subprocess.Popen], sig: int = signal.SIGINT, grace_s: f
     try:
         running = [p for p in procs if p.poll() is None]
         for proc in running:
-            for each in (sig, signal.SIGCONT):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, each)
+            _send(proc, sig)
+            _send(proc, signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             time.sleep(0.02)
         for proc in running:
             if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                _send(proc, signal.SIGKILL)
             proc.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _send(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to `proc`'s process group when it leads one (started by `start`), else to `proc` alone (never to a
+    group it shares with us)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
 
 
 @contextlib.contextmanager
