@@ -49,7 +49,6 @@ def css() -> Markup:
             f".verdict.{lv} {{ border-left: 8px solid var(--{lv}); background: var(--{lv}-bg); }}",
             f".verdict.{lv} > .label {{ color: var(--{lv}); }}",
             f"tr.{lv} > td {{ background: var(--{lv}-bg); }}",
-            f"td.{lv} {{ color: var(--{lv}); font-weight: 600; }}",
         ]
     rules.append(".num { white-space: nowrap; font-variant-numeric: tabular-nums; }")
     return Markup("\n".join(rules))

@@ -16,9 +16,11 @@ _ROW_LEVEL = {"ok": OK, "FAIL": ERROR, "not given": NEUTRAL}  # a check's result
 def _row(r: dict[str, Any]) -> str:
     """One check of the table: its row in the colour of its result, numbers never broken across lines."""
     value = "-" if r["result"] == "not given" else e(format(r["value"], ".2e"))
-    return (f"<tr class='{_ROW_LEVEL.get(r['result'], NEUTRAL)}'><td>{e(r['check'])}</td>"
+    level = _ROW_LEVEL.get(r["result"], NEUTRAL)
+    return (f"<tr class='{level}'><td>{e(r['check'])}</td>"
             f"<td class='num'>{value}</td><td class='num'>{e(format(r['tolerance'], 'g'))}</td>"
-            f"<td>{e(r['result'])}</td><td>{e(str(r['first_broken']))}</td><td>{e(str(r['worst']))}</td></tr>")
+            f"<td><span class='pill {level}'>{e(r['result'])}</span></td><td>{e(str(r['first_broken']))}</td>"
+            f"<td>{e(str(r['worst']))}</td></tr>")
 
 
 def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str) -> str:
@@ -51,6 +53,7 @@ def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str)
 {css()}
 body {{ font: 15px/1.45 system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }}
 .banner {{ padding: .6rem 1rem; border-left: 6px solid; border-radius: 6px; font-weight: 600; }}
+.pill {{ display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: .85em; font-weight: 600; }}
 table {{ border-collapse: collapse; margin: 1rem 0; }} td, th {{ border: 1px solid #ccc; padding: .25rem .6rem; }}
 tr.neutral td {{ color: #5c636a; }} td.num {{ white-space: nowrap; }}
 code, pre {{ font-family: ui-monospace, monospace; }}

@@ -108,8 +108,9 @@ def load_view(paths: RunPaths, now: float | None = None) -> RunView:
 
 
 def is_parity(view: RunView) -> bool:
-    """Whether the run is a parity check (`harness parity`): a correctness check, whose page shows no speed."""
-    return view.spec.parity is not None
+    """Whether the run is a parity check (`harness parity`, which writes parity.json): a correctness check, whose
+    page shows no speed."""
+    return view.spec.parity is not None or view.parity is not None or view.parity_error is not None
 
 
 # --- status and fairness -------------------------------------------------------------------------------------------

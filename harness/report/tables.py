@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 import pandas as pd
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
+from harness.pages import ERROR, OK
 from harness.report.analysis import (
     PairComparison,
     RunView,
@@ -394,4 +395,7 @@ def parity_table(doc: ParityRecord) -> Markup | None:
     df = pd.DataFrame(rows).fillna(DASH)
     if "value" in df:
         df["value"] = df["value"].map(lambda v: f"{v:.2e}" if isinstance(v, float) else _cell(v))
-    return html_table(df.map(_cell), "parity", index=False)
+    df = df.map(lambda v: str(escape(_cell(v))))
+    if "result" in df:  # drawn as every page draws a check's result (harness.pages)
+        df["result"] = df["result"].map(lambda r: f'<span class="pill {OK if r == "ok" else ERROR}">{r}</span>')
+    return html_table(df, "parity", index=False, escape=False)
