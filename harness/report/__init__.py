@@ -363,8 +363,8 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
         "val_loss": _per_backend(head["val_loss"], tables.fmt_loss),
         "tokens_per_s": ["— (a parity check times nothing)"] if analysis.is_parity(view) else
         [f"{b} {tables.fmt_speed(v, head['contention'][b])}" for b, v in head["tokens_per_s"].items()] or [tables.DASH],
-        "bleu": _per_backend(head["bleu"], tables.fmt_score),
-        "chrf": _per_backend(head["chrf"], tables.fmt_score),
+        "bleu": [tables.DASH] if analysis.is_parity(view) else _per_backend(head["bleu"], tables.fmt_score),
+        "chrf": [tables.DASH] if analysis.is_parity(view) else _per_backend(head["chrf"], tables.fmt_score),
     }
 
 
