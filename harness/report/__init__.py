@@ -7,6 +7,10 @@ several (the same ids always give the same name, so rebuilding replaces the file
 file to be read. `write_index(out)` lists every report in `<out>` with its runs' headline numbers, read afresh
 from the records. Every write is atomic. A missing or corrupt record raises UsageError before anything is
 written.
+
+Every verdict is drawn in the colour of its own meaning (harness.pages: green pass, amber caveat, red failure, grey no
+verdict), the headline first; a page of parity checks only (`harness parity` writes it) is a correctness page: its
+own title, and no speed at all.
 """
 
 from __future__ import annotations
