@@ -187,7 +187,19 @@ def command(args: argparse.Namespace) -> int:
 
     _print_result(result, pp, getattr(args, "per_parameter", False))
     print(f"parity record: {paths.parity}")
+    _write_page(paths)
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _write_page(paths: RunPaths) -> None:
+    """The parity check's page and the index, as `harness run` writes its report (its path on stderr). The exit
+    status stays the parity verdict's: a page that cannot be written is a note."""
+    from harness.cli.run import write_reports
+
+    try:
+        write_reports(paths.out, [paths.run_id], quiet_disk_error=True)
+    except UsageError as exc:
+        print(f"  no report: {exc}", file=sys.stderr)
 
 
 def plan_parity(args: argparse.Namespace) -> ParityPlan:
@@ -257,6 +269,7 @@ def _error(paths: RunPaths, record: ParityRecord, reason: str, status: int, said
     record.dump(paths)
     print(f"ERROR: {reason}{said}", file=sys.stderr)
     print(f"parity record: {paths.parity}")
+    _write_page(paths)
     return status
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.pages import NEUTRAL, OK, WARN
 from harness.store.paired import Burst, PairedRecord, Round
 from harness.timing import contention, stats
 
@@ -156,11 +157,11 @@ def speed_words(s: dict, a: str | None = None, b: str | None = None) -> dict:
 
 def judge(s: dict) -> dict:
     """The speed verdict a summary (`pair_summary`, or `combine` over a sweep's seeds) can carry: one rule for
-    every report. `level` is "ok" only for a usable timing whose interval excludes 1, from 3 or more seeds, whose
-    ratios vary by at most CV_MAX (one pair of processes cannot show how much a process's own speed varies:
-    docs/benchmarks.md); "neutral" for an inconclusive, thin or noisy one; "warn" for a timing mostly disturbed.
-    Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is over) and `notes` (what
-    the verdict must say plainly)."""
+    every report, in the levels of harness.pages. `level` is OK only for a usable timing whose interval excludes 1,
+    from 3 or more seeds, whose ratios vary by at most CV_MAX (one pair of processes cannot show how much a
+    process's own speed varies: docs/benchmarks.md); NEUTRAL for an inconclusive, thin or noisy one; WARN for a
+    timing mostly disturbed. Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is
+    over) and `notes` (what the verdict must say plainly)."""
     w = speed_words(s)
     seeds, cv = s.get("seeds", 1), s.get("cv")
     noisy = cv is not None and cv > CV_MAX
@@ -182,15 +183,15 @@ def judge(s: dict) -> dict:
     elif cv is not None:
         over += f", coefficient of variation {cv:.1%}"
     if not s["usable"]:
-        return {"level": "warn", "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
+        return {"level": WARN, "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
             f"no verdict: {s['disturbed_rounds']} of {s['rounds']} paired rounds were disturbed by other work on the "
             f"machine, too many to rely on (all of them together say {w['text']})")}
     if not w["conclusive"]:
-        return {"level": "neutral", "label": "speed: no clear difference", "over": over, "notes": notes,
+        return {"level": NEUTRAL, "label": "speed: no clear difference", "over": over, "notes": notes,
                 "claim": f"{w['text']}: the interval includes 1, so no clear difference"}
     label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "") + (
         f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds < 3 else "")
-    return {"level": "neutral" if noisy or seeds < 3 else "ok", "label": label, "over": over, "notes": notes,
+    return {"level": NEUTRAL if noisy or seeds < 3 else OK, "label": label, "over": over, "notes": notes,
             "claim": w["text"]}
 
 
