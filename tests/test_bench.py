@@ -420,9 +420,8 @@ def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch,
     for argv, words in ((["--data", str(tmp_path / "nope.txt")], "does not exist"),
                         (["--backend", "torch"], "two backends at one size"),
                         (["--data", str(short)], "too short")):
-        args = ["bench", "noise", "--backend", "torch,numpy", "--size", "small", "--out", str(out), *argv]
-        if "--backend" in argv:
-            args = ["bench", "--noise", "--size", "small", "--out", str(out), *argv]  # its old spelling
+        args = ["bench", "noise", *([] if "--backend" in argv else ["--backend", "torch,numpy"]), "--size", "small",
+                "--out", str(out), *argv]
         assert main(args) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err

@@ -416,7 +416,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from harness.cli.main import main
 
     out = tmp_path_factory.mktemp("kit") / "kit"
-    assert main(["kit", "export", str(out), "--data", str(data_path()), "--size", "small", "--steps", "3",
+    assert main(["kit", "export", "--out", str(out), "--data", str(data_path()), "--size", "small", "--steps", "3",
                  "--dropout", "0.2", "--set", "attn_dropout=true"]) == 0
     return out
 

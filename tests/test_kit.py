@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 
 
 def export(out: Path, *args: str) -> Path:
-    code = main(["kit", "export", str(out), "--data", str(data_path()), *args])
+    code = main(["kit", "export", "--out", str(out), "--data", str(data_path()), *args])
     assert code == 0
     return out
 

@@ -2,7 +2,7 @@
 
 Each test is the attack or the accident: markup in the names of a record reaching a report page (the browser half
 is in test_browser.py), a kit manifest pointing outside the kit or of the wrong shape, an .npz declaring gigabytes,
-a FIFO or a device where a file belongs, a big-endian or pickled results file, an --html path that is a directory,
+a FIFO or a device where a file belongs, a big-endian or pickled results file, a --page path that is a directory,
 a full disk under `kit export`, a backend that crashes in `harness parity`. The answer is always one line naming
 the problem and the fix, exit status 2 (or the documented status), nothing written, nothing blocked, nothing run.
 """
@@ -366,8 +366,8 @@ def test_a_path_that_is_no_regular_file_says_what_it_is(option: str, kind: str, 
 @pytest.mark.parametrize("kind", KINDS)
 def test_results_that_are_no_regular_file_are_refused_at_once(kind: str, kit: Path, tmp_path: Path) -> None:
     path, words = special(kind, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "kit", "check", str(kit), path, "--html",
-                           str(tmp_path / "c.html"), "--json", str(tmp_path / "c.json")], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "kit", "check", str(kit), path, "--page",
+                           str(tmp_path / "c.html"), "--verdict", str(tmp_path / "c.json")], capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     one_line(proc.returncode, proc.stderr, f"results file {path!r} {words}")
 
@@ -427,18 +427,18 @@ def test_pickles_are_refused_in_our_words(how: str, kit: Path, tmp_path: Path, c
     assert ("holds Python objects" in line) if how == "object array" else ("not a readable .npz" in line)
 
 
-def test_html_path_that_is_a_directory_writes_nothing(kit: Path, good: Path, tmp_path: Path,
+def test_a_page_path_that_is_a_directory_writes_nothing(kit: Path, good: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture) -> None:
     results = tmp_path / "results.npz"
     shutil.copy(good, results)
     (tmp_path / "pages").mkdir()
-    code, out, err = harness(capsys, "kit", "check", kit, results, "--html", tmp_path / "pages")
-    line = one_line(code, err, f"--html {str(tmp_path / 'pages')!r} is a directory, not a file")
+    code, out, err = harness(capsys, "kit", "check", kit, results, "--page", tmp_path / "pages")
+    line = one_line(code, err, f"--page {str(tmp_path / 'pages')!r} is a directory, not a file")
     assert ".tmp" not in line and out == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pages", "results.npz"]
     assert not list((tmp_path / "pages").iterdir())
-    code, _, err = harness(capsys, "kit", "check", kit, results, "--json", "/dev/null")
-    one_line(code, err, "--json '/dev/null' is a character device, not a file")
+    code, _, err = harness(capsys, "kit", "check", kit, results, "--verdict", "/dev/null")
+    one_line(code, err, "--verdict '/dev/null' is a character device, not a file")
 
 
 def test_no_verdict_is_written_when_the_page_fails(kit: Path, good: Path, tmp_path: Path,
@@ -480,7 +480,7 @@ def test_an_export_killed_midway_does_not_block_the_next(tmp_path: Path, capsys:
     assert (out / "weights.npz").exists() and not (out / "manifest.json").exists()  # an unfinished kit
     code, out_text, err = harness(capsys, "kit", "export", "--data", data_path(), "--steps", "1", "--out", out)
     assert code == 0, err
-    assert "removing the unfinished kit" in err and "kit written" in out_text
+    assert "removing the unfinished kit" in err and "kit written" in err and out_text == f"{out}\n"
     assert (out / "manifest.json").exists() and not list(out.glob(".*"))
 
 
