@@ -267,7 +267,7 @@ def test_failed_report_shows_banner_first(browser: str, tmp_path: Path) -> None:
     assert all(f["width"] > 200 and f["height"] > 100 for f in result["figures"])
 
 
-# --- markup planted in what a record holds must never run (issue 21) -------------------------------------------------
+# --- markup planted in what a record holds must never run ------------------------------------------------------------
 PWNED = "PWNED"
 PAYLOADS = [f'x"><script>document.title="{PWNED}"</script>', f"<img src=x onerror=\"document.title='{PWNED}'\">",
             f"</pre><script>document.title='{PWNED}'</script>"]
@@ -281,7 +281,7 @@ def _unexecuted(result: dict) -> None:
 
 
 def test_markup_in_a_sweep_record_does_not_run(browser: str, tmp_path: Path) -> None:
-    """The attack of issue 21: a sweep cell's record whose config name is `x"><script>...`; also markup in the
+    """The attack: a sweep cell's record whose config name is `x"><script>...`; also markup in the
     sweep manifest's cell keys and spec."""
     from conftest import run_cli
 

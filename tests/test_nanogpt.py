@@ -1,4 +1,4 @@
-"""nanoGPT's options, schedule, presets and config files (issue 19; docs/nanogpt.md).
+"""nanoGPT's options, schedule, presets and config files (docs/nanogpt.md).
 
 The options' defaults keep the original model (config hashes pinned from before the options existed; old stored
 configs load); the schedule is nanoGPT's get_lr and reaches every train_step; the NumPy oracle's hand-written backward
@@ -534,7 +534,7 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
 
 KIT_PLANTS = {  # plant in the port: (dtype, what `kit check` must print)
     "tie-no-sum": ("float32", "likely cause: tied embeddings: only the shared wte.weight gradient differs"),
-    # the activation taps name it first, at h.0.mlp.act (issue 20): the oracle follows the config (exact)
+    # the activation taps name it first, at h.0.mlp.act: the oracle follows the config (exact)
     "gelu-tanh": ("float64", "likely cause: GELU form: oracle computes the exact (erf) GELU, port the "
                              "tanh-approximation GELU"),
     "warmup-off-by-one": ("float32", "likely cause: learning-rate schedule: the warm-up is off by one step"),

@@ -1,4 +1,4 @@
-"""Files the harness did not write itself, read as an attacker or an accident would shape them (issue 21).
+"""Files the harness did not write itself, read as an attacker or an accident would shape them.
 
 Each test is the attack or the accident: markup in the names of a record reaching a report page (the browser half
 is in test_browser.py), a kit manifest pointing outside the kit or of the wrong shape, an .npz declaring gigabytes,
@@ -66,7 +66,7 @@ def deadline(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-# --- item 2: nothing a record holds can inject markup into a page --------------------------------------------------
+# --- nothing a record holds can inject markup into a page ----------------------------------------------------------
 class Elements(HTMLParser):
     """Every start tag with its attributes, as a browser's tokenizer splits them."""
 
@@ -139,7 +139,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def plant_in_sweep(out: Path, sweep_id: str, name: str) -> None:
-    """The attack of issue 21: a cell's record whose config name is markup."""
+    """The attack: a cell's record whose config name is markup."""
     for path in (out / "runs").glob("*/numpy.json"):
         rec = json.loads(path.read_text())
         rec["config"]["name"] = name
@@ -157,7 +157,7 @@ def test_sweep_page_holds_no_markup_from_a_record(sweep: tuple[Path, str], tmp_p
     assert "PWNED" not in page.replace("&#34;PWNED&#34;", "")  # at most shown as text, never as markup
 
 
-# --- item 3: a kit reads only its own files ------------------------------------------------------------------------
+# --- a kit reads only its own files --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("kit") / "kit"
@@ -217,7 +217,7 @@ def test_kit_files_stay_inside_the_kit(how: str, kit: Path, good: Path, tmp_path
     assert out == "" and not (good.parent / "results.check.json").exists()
 
 
-# --- item 7: a manifest of the wrong shape is one line naming the field ------------------------------------------
+# --- a manifest of the wrong shape is one line naming the field --------------------------------------------------
 MANIFESTS = {
     "files a list": (lambda m: m.update(files=list(m["files"])), "'files' is a list, expected an object"),
     "files entry a string": (lambda m: m["files"].update({"weights.npz": "abc"}), "'files/weights.npz' is a string"),
@@ -254,7 +254,7 @@ def test_the_exported_manifest_is_what_its_schema_describes(kit: Path) -> None:
     assert set(manifest) <= set(MANIFEST_SCHEMA["properties"]) and MANIFEST_SCHEMA["additionalProperties"] is False
 
 
-# --- item 4: every read is bounded ----------------------------------------------------------------------------------
+# --- every read is bounded ------------------------------------------------------------------------------------------
 def bomb_npz(path: Path, key: str, shape: tuple[int, ...], chunk: int = 1 << 20) -> None:
     """An .npz whose one member declares `shape` (float64) and inflates to that many bytes, written in a few MB:
     the deflate stream of one zero chunk after a full flush is the same bytes every time, so it is repeated."""
@@ -336,7 +336,7 @@ def test_a_kit_file_declaring_more_than_its_manifest_is_refused(kit: Path, good:
     one_line(code, err, "kit file batches.npz: array 'x' is float64 (1000000, 1000000)", "export the kit again")
 
 
-# --- item 11 (and 4): only regular files are read, and a FIFO never blocks ------------------------------------------
+# --- only regular files are read, and a FIFO never blocks -----------------------------------------------------------
 def special(kind: str, tmp_path: Path) -> tuple[str, str]:
     """(path, what the message must call it) of a file that exists but is not a regular file."""
     if kind == "fifo":
@@ -398,7 +398,7 @@ def test_a_fifo_as_a_run_record_does_not_block_the_report(tmp_path: Path) -> Non
         write_report(out, [run_id])
 
 
-# --- item 12: kit check's dtypes, messages and outputs --------------------------------------------------------------
+# --- kit check's dtypes, messages and outputs -----------------------------------------------------------------------
 def test_big_endian_float64_results_are_graded_as_float64(kit: Path, good: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "be.npz"
@@ -507,7 +507,7 @@ def test_export_on_a_full_disk_leaves_nothing_behind(tmp_path: Path) -> None:
     assert "manifest.json" in third
 
 
-# --- item 14: a crashed backend is not a numerical FAIL -------------------------------------------------------------
+# --- a crashed backend is not a numerical FAIL ----------------------------------------------------------------------
 CRASH = """
     # Loaded by every Python process of the test: the numpy backend crashes at its first training step.
     from harness.backends import numpy_backend

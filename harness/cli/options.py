@@ -174,8 +174,8 @@ CONFIG_HELP = ("a TOML config of your own instead of a preset (see `harness size
                "config .py (read, never run: docs/nanogpt.md)")
 SET_HELP = ("override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, lr_schedule=cosine, "
             "...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
-DATA_HELP = ("UTF-8 text to train on (default: $HARNESS_DATA, else Tiny Shakespeare, downloaded once into the user "
-             "cache)")
+DATA_HELP = ("UTF-8 text to train on, or `sample`: the harness's own sample text, made offline (default: "
+             "$HARNESS_DATA, else Tiny Shakespeare, downloaded once into the user cache)")
 DEVICE_HELP = (f"cpu or cuda for every backend, or NAME=DEVICE for one backend (repeatable), e.g. --device "
                f"{DEFAULT_BACKEND}=cuda: {DEFAULT_BACKEND} on the GPU, the others on the CPU")
 SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**32-1"
