@@ -81,6 +81,7 @@ def done_run(tmp_path_factory, config_file) -> Path:
     result = run_cli("run", "--config", str(config_file), "--steps", "20", "--checkpoint-every", "10",
                      "--out", str(out), *NUMPY)
     assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{only_run(out).name}\n"  # `ID=$(harness run ... --quiet)`: the id alone on stdout
     return only_run(out)
 
 

@@ -50,7 +50,18 @@ def done_sweep(tmp_path_factory, config_file) -> Path:
     result = run_cli("sweep", "--configs", str(config_file), "--backends", "numpy", "--steps", "2", "--no-text",
                      "--no-report", "--quiet", "--out", str(out))
     assert result.returncode == 0, result.stderr
+    (sweep,) = (out / "sweeps").iterdir()
+    assert result.stdout == f"{sweep.name}\n"  # `ID=$(harness sweep ... --quiet)`: the id alone on stdout
     return out
+
+
+def test_status_lists_a_sweep_as_one_row_with_its_cells_under_it(done_sweep, capsys):
+    """`harness status` with no id: the sweep, its cells' states counted, and not its cells' runs one by one."""
+    from harness.cli.main import main
+
+    assert main(["status", "--out", str(done_sweep), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["recent"]
+    assert row["kind"] == "sweep" and row["state"] == "1 cell: 1 completed" and row["backends"] == "numpy"
 
 
 def copy_sweep(out: Path, tmp_path: Path) -> tuple[Path, Path]:

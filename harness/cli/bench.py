@@ -251,6 +251,26 @@ def command(args: argparse.Namespace) -> int:
     return code
 
 
+class Legs:
+    """The progress of `bench noise`'s four legs on stderr (not with --quiet): "leg 2 of 4: sweep, with 2 hogs; 1:10
+    elapsed, about 1:05 for this leg" (a disturbed leg is expected to take about what its quiet leg took)."""
+
+    TOTAL = 4
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.n, self.start = quiet, 0, time.monotonic()
+
+    def next(self, what: str, expected_s: float | None = None) -> None:
+        from harness.units import fmt_duration
+
+        self.n += 1
+        if self.quiet:
+            return
+        guess = f", about {fmt_duration(expected_s)} for this leg" if expected_s is not None else ""
+        print(f"noise: leg {self.n} of {self.TOTAL}: {what}; {fmt_duration(time.monotonic() - self.start)} "
+              f"elapsed{guess}", file=sys.stderr, flush=True)
+
+
 def noise_command(args: argparse.Namespace) -> int:
     """`harness bench noise`: the four legs, the table, the JSON."""
     backends = pick_backends(args.backend, default=())
@@ -277,13 +297,16 @@ def noise_command(args: argparse.Namespace) -> int:
                                               run_steps=args.run_steps, hogs=hogs, cores=usable_cores(),
                                               threads=args.threads),
                          started_at=stamp, dir=str(root))
+    legs = Legs(args.quiet)
     for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):
+        legs.next(f"{kind}, quiet")
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
         if code != 0:
             return _leg_failed(argv, code, root)
         # the sweep: hogs in its middle third (disturbed cells among quiet ones, as on a shared machine); the run (a
         # few seconds, most of it start-up): hogs for the whole invocation, so that its training is disturbed
         h = Hogs(hogs, quiet_s / 3, 2 * quiet_s / 3) if kind == "sweep" else Hogs(hogs, 0.0, None)
+        legs.next(f"{kind}, with {hogs} hogs", expected_s=quiet_s)
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
         if code_d != 0:
             return _leg_failed(argv, code_d, root)

@@ -112,7 +112,9 @@ def run_summary(paths: RunPaths) -> dict[str, str]:
     elif paths.paired_timing.is_file() and len(spec.backends) > 1:
         try:
             doc = paired.load(paths.paired_timing)
-            verdict = paired.judge(paired.pair_summary(doc, *doc.names[:2]))["label"] if paired.rounds_of(doc) else ""
+            last = doc.last_session
+            verdict = (paired.judge(paired.pair_summary(doc, *doc.names[:2]))["label"] if paired.rounds_of(doc) else
+                       "paired timing failed" if last is not None and last.failure else "")
         except (UsageError, KeyError, TypeError, ValueError):
             verdict = "paired timing unreadable"
     return {"id": paths.run_id, "kind": "parity" if spec.parity is not None else "run", "size": spec.label or "?",

@@ -13,6 +13,7 @@ import errno
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class Events:
     def __init__(self, m: mf.Manifest, total: int):
         self.m, self.total = m, total
         self.done = self.started = 0
+        self.start = time.monotonic()
         self.begun: set[int] = set()  # cells an executor started or submitted
         self.contended = m.doc.executor.contended
 
@@ -86,7 +88,17 @@ class Events:
             self.done += 1
             info = mf.cell_summary(rec)
             print(f"  {cell.key}: {cell.status} {info['steps']} val {info['val_loss']} "
-                  f"({self.done}/{self.total} done)", file=sys.stderr, flush=True)
+                  f"({self.pace()})", file=sys.stderr, flush=True)
+
+    def pace(self) -> str:
+        """"3/10 done, 1:23 elapsed, about 3:14 left": the cells done, and the rest at the pace so far."""
+        from harness.progress import left_s
+        from harness.units import fmt_duration
+
+        elapsed = time.monotonic() - self.start
+        left = left_s(elapsed, self.done, self.total) if self.done < self.total else None
+        return (f"{self.done}/{self.total} done, {fmt_duration(elapsed)} elapsed"
+                + (f", about {fmt_duration(left)} left" if left is not None else ""))
 
     def entry(self, entry: PairedEntry, event: str) -> None:
         if event in ("started", "queued"):

@@ -142,5 +142,6 @@ def sweep_summary(out: Path, sweep_id: str) -> tuple[dict[str, str], set[str]]:
     sizes = dict.fromkeys(str(c.label or c.config.get("name") or "?") for c in doc.cells)
     return ({"id": sweep_id, "kind": "sweep", "size": ",".join(sizes) or "?",
              "backends": ",".join(dict.fromkeys(c.backend for c in doc.cells)),
-             "state": f"{len(states)} cells: " + ", ".join(f"{n} {s}" for s, n in tally.items()), "verdict": ""},
+             "state": f"{len(states)} cell{'s' if len(states) != 1 else ''}: "
+                      + ", ".join(f"{n} {s}" for s, n in tally.items()), "verdict": ""},
             {c.run_id for c in doc.cells if c.run_id})
