@@ -281,18 +281,18 @@ def test_sigterm_at_the_end_keeps_completed(tmp_path, config_file, point):
 
 
 # --- validation before anything is created ------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["run", "parity", "bench"])
+@pytest.mark.parametrize("command", ["run", "parity", "bench overhead"])
 def test_empty_out_refused_everywhere(tmp_path, capsys, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
-    code, err = harness(capsys, command, "--out", "")
+    code, err = harness(capsys, *command.split(), "--out", "")
     one_line_error(code, err, "--out is empty")
     assert tree(tmp_path) == []
 
 
-@pytest.mark.parametrize("command", ["run", "parity", "bench"])
+@pytest.mark.parametrize("command", ["run", "parity", "bench overhead"])
 @pytest.mark.parametrize("seed", ["-1", str(2**64), str(2**32)])
 def test_seed_range(tmp_path, capsys, command, seed):
-    code, err = harness(capsys, command, "--seed", seed, "--out", tmp_path / "out")
+    code, err = harness(capsys, *command.split(), "--seed", seed, "--out", tmp_path / "out")
     one_line_error(code, err, "seed", "out of range")
     assert tree(tmp_path) == []
 

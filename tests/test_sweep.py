@@ -220,7 +220,8 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
     # speed: from the paired timing of each seed's block (torch and numpy alive at once), one verdict naming it.
     # Each entry ran once, in one session that ended by itself (never failed or interrupted): completed as soon as
     # it had its 3 undisturbed rounds, or incomplete (other load on the machine disturbs rounds) after all of its
-    # 3 x 4 rounds; the entry says what its record says
+    # 3 x 4 rounds, or before them where the rounds left could no longer give a verdict (`stopped` says so); the
+    # entry says what its record says
     assert len(doc["paired"]) == 2 and sorted(e["seed"] for e in doc["paired"]) == sorted({c["seed"] for c in
                                                                                             doc["cells"]})
     for e in doc["paired"]:
@@ -229,8 +230,8 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
                                                             if c["seed"] == e["seed"]}
         (session,) = rec["sessions"]
         assert e["attempts"] == 1 and e["status"] == session["status"] == rec["status"], (e, session["status"])
-        assert session["status"] == "completed" or (session["status"] == "incomplete"
-                                                    and len(session["rounds"]) == 3 * 4), session.get("failure")
+        assert session["status"] == "completed" or (session["status"] == "incomplete" and (
+            len(session["rounds"]) == 3 * 4 or "a verdict needs" in session.get("stopped", ""))), session
         assert all(set(r["bursts"]) == {"torch", "numpy"} for r in session["rounds"])
     assert "tiny-target_val_loss3.3 on cpu, dtypes torch float32, numpy float64: torch vs numpy" in page
     assert "faster than" in page

@@ -73,7 +73,7 @@ def cupy_ready(cupy: Any) -> None:
         try:
             ok = check()
         except Exception as exc:  # CompileException, CUDARuntimeError, ImportError, ...
-            raise BackendUnavailable(f"numpy backend: CuPy cannot {what}: {_one_line(exc)}; {no_gpu_fix()}") from None
+            raise BackendUnavailable(f"numpy backend: CuPy cannot {what}: {_one_line(exc)}; {CUPY_FIX}") from None
         if not ok:
             raise BackendUnavailable(f"numpy backend: CuPy can {what.split(' (')[0][4:]} but got a wrong result; "
                                      f"{CUPY_FIX}")
