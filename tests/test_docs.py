@@ -232,12 +232,12 @@ def run_offline() -> int:
             continue
         start = time.monotonic()
         load = os.getloadavg()[0]
-        done = subprocess.run(c.argv, env={**os.environ, **c.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+        done = subprocess.run(c.argv, env={**os.environ, **c.env}, capture_output=True, text=True)
         took = time.monotonic() - start
         print(f"exit {done.returncode} in {took:.1f} s (load {load:.1f}): {c.line}", flush=True)
-        if done.returncode:
-            print("  " + "\n  ".join(done.stderr.strip().splitlines()[-3:]), flush=True)
+        if done.returncode:  # the last lines of each stream (pytest's summary is on stdout)
+            tail = done.stdout.strip().splitlines()[-5:] + done.stderr.strip().splitlines()[-3:]
+            print("  " + "\n  ".join(tail), flush=True)
             worst = max(worst, done.returncode)
     return worst
 
