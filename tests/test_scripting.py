@@ -15,7 +15,6 @@ import pytest
 from conftest import TINY
 
 from harness.cli.main import main
-from harness.units import text_table
 
 
 def test_run_json_is_one_object_on_stdout_and_nothing_else(tmp_path: Path, capfd: pytest.CaptureFixture):
@@ -63,6 +62,8 @@ def assert_lines_up(text: str, right: tuple[int, ...] = ()) -> None:
 
 
 def test_a_long_cell_wraps_within_its_column_and_the_columns_line_up():
+    from harness.units import text_table
+
     rows = [("Python", "3.11", ""), ("  Julia packages", "not installed (Flux, NNlib, Optimisers, Zygote, "
             "OneHotArrays, CUDA, and the rest of what NanoGPTFlux needs)", "run `harness setup julia`, or install "
             "Julia 1.10+ and set PYTHON_JULIAPKG_EXE=/path/to/julia")]
