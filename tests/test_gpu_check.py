@@ -100,7 +100,12 @@ def dry(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     while processes_under(out) and time.time() < deadline:
         time.sleep(0.2)
     orphans = processes_under(out)
-    second = tool("--out", str(out), "--budget", "40", *common, cwd=ROOT)
+    # every check estimated at 30 s (as a slower machine's summary would say): a budget of 40 s then starts one or
+    # two of the checks left, however fast this machine is, and passes over the rest
+    slow = base / "slow-estimates.json"
+    slow.write_text(json.dumps({**after_kill, "checks": [{"name": r["name"], "result": "PASS", "wall_s": 30.0}
+                                           for r in after_kill["checks"]]}))
+    second = tool("--out", str(out), "--budget", "40", "--estimates", str(slow), *common, cwd=ROOT)
     _, err2 = second.communicate(timeout=600)
     after_budget = json.loads((out / "summary.json").read_text())
     third = tool("--out", "gpu-check", *common, cwd=elsewhere)
@@ -125,8 +130,9 @@ def killed_run_left_a_summary(dry: SimpleNamespace) -> None:
 
 
 def budget_left_the_rest_and_a_rerun_completed_only_the_rest(dry: SimpleNamespace) -> None:
-    """The second call (from the checkout) keeps the first call's results, runs what fits 25 s and lists the rest
-    as "not run: budget"; the third runs only what is left, and the dry run passes end to end."""
+    """The second call (from the checkout) keeps the first call's results, runs what fits 40 s and lists the rest
+    as "not run: budget" (the estimates it is given leave room for one or two); the third runs only what is left,
+    and the dry run passes end to end."""
     killed, budget, final = results(dry.killed), results(dry.budget), results(dry.final)
     assert dry.rc2 == 0 and dry.rc3 == 0, dry.err2 + dry.err3
     for name, r in killed.items():
