@@ -270,7 +270,7 @@ def trained(corpus, config_file):
     from harness.core.data import BatchStream
     from harness.core.weights import init_weights
     from harness.run import checkpoint
-    from harness.run.loop import Curves
+    from harness.store.record import Curves, Eval
 
     config = load_config(path=config_file, overrides={"steps": 20})
     weights = init_weights(config, corpus.vocab_size, 1)
@@ -280,24 +280,38 @@ def trained(corpus, config_file):
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, 1, config.scheme)
     losses = [float(backend.train_step(*stream.batch(k), 0.01)) for k in range(2)]
     curves = Curves(step=[0, 1], loss=losses, time_s=[0.01, 0.01],
-                    evals=[{"step": 0, "train_loss": 4.2, "val_loss": 4.2, "time_s": 0.1}],
+                    evals=[Eval(0, 4.2, 4.2, 0.1)],
                     chunks=[CHUNK])
     state = checkpoint.contents(backend.state_dict(), 2, curves)
     return backend, template, {n: w.shape for n, w in weights.items()}, state
 
 
+CKPT_FIX = "delete numpy.ckpt.npz to restart numpy from step 0, or start a new run"
+
+
+def ckpt_path(tmp_path: Path) -> Path:
+    """Where numpy's checkpoint of a run under `tmp_path` lies (its run directory made)."""
+    from harness.store import RunPaths
+
+    paths = RunPaths(tmp_path, "r1")
+    paths.dir.mkdir(parents=True, exist_ok=True)
+    return paths.checkpoint("numpy")
+
+
 def read_ckpt(path: Path, trained, total: int = 20):
+    """numpy's checkpoint `path` (made by `ckpt_path`), read back as a resume reads it."""
     from harness.run import checkpoint
+    from harness.store import RunPaths
 
     _, template, shapes, _ = trained
-    return checkpoint.read(path, template, shapes, total, FIX)
+    return checkpoint.read(RunPaths.of_dir(path.parent), "numpy", template, shapes, total)
 
 
 def test_a_checkpoint_of_the_run_reads_back_whole_and_loads(trained, tmp_path: Path) -> None:
     backend, _, _, state = trained
-    np.savez(tmp_path / "c.npz", **state)
-    step, curves, got = read_ckpt(tmp_path / "c.npz", trained)
-    assert step == 2 and len(curves.loss) == 2 and curves.evals[0]["step"] == 0 and curves.chunks[0]["n"] == 2
+    np.savez(ckpt_path(tmp_path), **state)
+    step, curves, got = read_ckpt(ckpt_path(tmp_path), trained)
+    assert step == 2 and len(curves.loss) == 2 and curves.evals[0].step == 0 and curves.chunks[0]["n"] == 2
     assert not any(k.startswith("harness/") for k in got)
     backend.load_state_dict(got)
     assert all(np.array_equal(backend.state_dict()[k], got[k]) for k in got if not k.startswith("rng/"))
@@ -354,14 +368,14 @@ def test_a_tampered_checkpoint_is_refused_before_use(attack: str, trained, tmp_p
     change, words = CHECKPOINT_ATTACKS[attack]
     state = {k: np.array(v) for k, v in trained[3].items()}
     change(state)
-    np.savez(tmp_path / "numpy.ckpt.npz", **state)
-    refused(lambda: read_ckpt(tmp_path / "numpy.ckpt.npz", trained), "checkpoint", "numpy.ckpt.npz", words, FIX)
+    np.savez(ckpt_path(tmp_path), **state)
+    refused(lambda: read_ckpt(ckpt_path(tmp_path), trained), "checkpoint", "numpy.ckpt.npz", words, CKPT_FIX)
 
 
 @pytest.mark.parametrize("kind", ["plain .npy", "fifo", "/dev/zero", "8 TB header", "zip bomb"])
 def test_a_checkpoint_that_is_no_checkpoint_is_refused_unread(kind: str, trained, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "numpy.ckpt.npz"
+    path = ckpt_path(tmp_path)
     state = dict(trained[3])
     words = {"plain .npy": "is a single .npy array, not an .npz archive",
              "fifo": "is a named pipe (FIFO), not a regular file", "/dev/zero": "is a character device",
@@ -379,7 +393,7 @@ def test_a_checkpoint_that_is_no_checkpoint_is_refused_unread(kind: str, trained
                  else [bomb("junk.npy", gigabytes=1.0)])
         savez(path, state, extra)
     opened = Opened(monkeypatch)
-    refused(lambda: read_ckpt(path, trained), words, FIX)
+    refused(lambda: read_ckpt(path, trained), words, CKPT_FIX)
     assert "junk.npy" not in opened.names
 
 
@@ -418,11 +432,12 @@ def probe_run(corpus, config_file):
     """(config, the numpy oracle's probe of 3 steps with dropout and attention dropout, its file's bytes)."""
     from harness.backends import create_backend
     from harness.config.load import load_config
-    from harness.run import probe, records
+    from harness.run import probe
+    from harness.store.writes import npz_bytes
 
     config = load_config(path=config_file, overrides={"steps": 3, "dropout": 0.1, "attn_dropout": True})
     arrays, _ = probe.run(create_backend("numpy"), config, corpus, 1)
-    return config, arrays, records.npz_bytes(arrays)
+    return config, arrays, npz_bytes(arrays)
 
 
 def read_probe(path: Path, probe_run, corpus, **kw) -> dict[str, np.ndarray]:
@@ -471,29 +486,39 @@ def test_a_broken_probe_is_its_backend_s_crash_not_a_difference(attack: str, pro
 
 def test_the_re_synchronising_worker_reads_only_the_reference_s_states(probe_run, corpus, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.run.probe import OPT_PREFIX
+    """The worker after the reference reads the reference's probe (harness.run.persist.reference_states) through the
+    bounded reader: only its optimizer states, each checked against the run (before: np.load, any shape taken)."""
+    from harness.run.persist import reference_states
+    from harness.run.probe import OPT_PREFIX, ProbeUnreadable
+    from harness.store import RunPaths
 
-    path = savez(tmp_path / "numpy.probe.npz", probe_run[1], [bomb("tap/junk.npy")])
+    paths = RunPaths(tmp_path, "r1")
+    paths.dir.mkdir(parents=True)
+    savez(paths.probe("numpy"), probe_run[1], [bomb("tap/junk.npy")])
     opened = Opened(monkeypatch)
-    got = read_probe(path, probe_run, corpus, only=lambda key: key.startswith(OPT_PREFIX))
+    got = reference_states(paths, "numpy", probe_run[0], corpus.vocab_size, 3, 3)
     assert got and all(k.startswith(OPT_PREFIX) for k in got) and "tap/junk.npy" not in opened.names
     assert not any(n.startswith(("logits", "grad/")) for n in opened.names)
+    np.savez(paths.probe("numpy"), **dict(probe_run[1], **{"opt/1/param/wte.weight": np.zeros((16, 65))}))
+    with pytest.raises(ProbeUnreadable, match=r"^backend numpy's probe is unreadable: probe .*'opt/1/param/wte\.weight"
+                                              r"' is float64 \(16, 65\), expected float32 or float64 \(65, 16\)"):
+        reference_states(paths, "numpy", probe_run[0], corpus.vocab_size, 3, 3)
 
 
 def test_a_worker_that_could_not_read_the_reference_s_probe_is_a_crash_of_the_reference(probe_run, corpus,
                                                                                        tmp_path: Path) -> None:
     """The backend after the reference exits 2 (it could not read its input): the parent names the probe."""
     from harness.parity import record as parity_record
-    from harness.run import records
+    from harness.store import RunPaths
 
-    paths = records.RunPaths(tmp_path, "r1")
+    paths = RunPaths(tmp_path, "r1")
     paths.dir.mkdir(parents=True)
     pp = SimpleNamespace(backends=["numpy", "torch"], steps=3, opt_steps=3,
                          plan=SimpleNamespace(config=probe_run[0], corpus=corpus))
     paths.probe("numpy").write_bytes(probe_run[2])
-    assert parity_record.unreadable_probe(pp, paths.dir, {"numpy": 0, "torch": 2}) is None
+    assert parity_record.unreadable_probe(pp, paths, {"numpy": 0, "torch": 2}) is None
     paths.probe("numpy").write_bytes(probe_run[2][:1000])
-    why = parity_record.unreadable_probe(pp, paths.dir, {"numpy": 0, "torch": 2})
+    why = parity_record.unreadable_probe(pp, paths, {"numpy": 0, "torch": 2})
     assert why.startswith("backend numpy's probe is unreadable: probe ") and "not a readable .npz" in why
 
 
@@ -503,10 +528,10 @@ def test_parity_names_the_reference_s_probe_the_other_backend_could_not_read(tmp
     """The reference (numpy) completed, the other (torch) refused its input, exit 2: the reference's probe is
     unreadable, so `harness parity` says so, exit 3 (the reference left no usable result), in parity.json too."""
     from harness.cli.main import main
-    from harness.run import records, supervise
+    from harness.run import supervise
 
-    def execute(directory, backends, **kw):
-        records.RunPaths.of_dir(directory).probe("numpy").write_bytes(b"PK\x03\x04 cut short")
+    def execute(paths, backends, **kw):
+        paths.probe("numpy").write_bytes(b"PK\x03\x04 cut short")
         return {"numpy": 0, "torch": 2}
     monkeypatch.setattr(supervise, "execute", execute)
     code = main(["parity", "--data", str(data_path()), "--out", str(tmp_path), "--quiet"])
@@ -564,8 +589,8 @@ def small_kit(tmp_path_factory, config_file) -> Path:
     from harness.cli.main import main
 
     out = tmp_path_factory.mktemp("kit") / "kit"
-    assert main(["kit", "export", str(out), "--data", str(data_path()), "--config", str(config_file), "--steps", "1",
-                 "--quiet"]) == 0
+    assert main(["kit", "export", "--out", str(out), "--data", str(data_path()), "--config", str(config_file),
+                 "--steps", "1", "--quiet"]) == 0
     return out
 
 

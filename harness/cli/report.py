@@ -14,8 +14,8 @@ from harness.errors import UsageError
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the report of the runs `args.ids` (one comparison report) or of the one sweep among them."""
-    from harness.run import records
-    from harness.timing import paired
+    from harness.store import RunPaths, check_writable, load_run
+    from harness.store.paired import PairedRecord
 
     kinds = {ident: stored_kind(args.out, ident) for ident in args.ids}
     sweeps = [ident for ident, kind in kinds.items() if kind == "sweep"]
@@ -26,11 +26,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         print(f"report: {drive.report(args.out, sweeps[0], write_sweep_report)}")
         return 0
-    records.check_writable(args.out)
+    check_writable(args.out)
     for run_id in args.ids:  # a missing or corrupt record fails here, before anything is written or imported
-        records.load_run(args.out, run_id)
-        if os.path.lexists(records.RunPaths(Path(args.out), run_id).paired_timing):
-            paired.load(records.RunPaths(Path(args.out), run_id).paired_timing)
+        paths = RunPaths(Path(args.out), run_id)
+        load_run(paths)
+        if os.path.lexists(paths.paired_timing):
+            PairedRecord.load(paths.paired_timing)
     from harness.report import write_index, write_report
 
     path = write_report(args.out, args.ids)

@@ -1,5 +1,6 @@
-"""A backend's checkpoint, `<backend>.ckpt.npz`: what it holds (`contents`, written by the worker) and reading it
-back for a resume (`read`), validated against the run before anything of it is used.
+"""A backend's checkpoint, `<backend>.ckpt.npz` of a run (`RunPaths.checkpoint`): what it holds (`contents`,
+written whole by `write`, harness.store.writes) and reading it back for a resume (`read`), validated against the run
+before anything of it is used.
 
 A checkpoint holds the backend's state_dict (`param/<name>`, `adam_m/<name>`, `adam_v/<name>`, `adam_t` and the
 backend's RNG state `rng/...`) and the curves up to its step (`harness/step`, `harness/loss`, `harness/time_s`,
@@ -26,7 +27,7 @@ Anything else is one line (UsageError: exit status 2) naming the file and the fi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,15 @@ import numpy as np
 from harness.errors import UsageError
 from harness.files import parse_json
 from harness.npz import Want, read_npz, spec_bytes
-from harness.run.loop import Curves
-from harness.timing.contention import check_chunks
-from harness.timing.steady import truncate_chunks
+from harness.store import RunPaths
+from harness.store.contention import check_chunks, truncate_chunks
+from harness.store.record import CHUNK_BYTES, Curves, Eval
+from harness.store.writes import atomic_write_bytes, npz_bytes
 
 STEP, LOSS, TIME, EVALS, CHUNKS = "harness/step", "harness/loss", "harness/time_s", "harness/evals", "harness/chunks"
 CURVES = (LOSS, TIME, EVALS, CHUNKS)  # beside STEP
 STATE_PARTS = ("param/", "adam_m/", "adam_v/")
 ADAM_T, RNG = "adam_t", "rng/"
-CHUNK_BYTES = 4096  # the most JSON bytes of contention evidence a step adds (harness.run.records.CHUNK_BYTES)
 BLOB_BYTES = 2**20  # the most bytes of a serialized RNG state
 WHAT = "checkpoint"
 
@@ -53,11 +54,25 @@ def contents(state: dict[str, np.ndarray], done: int, curves: Curves) -> dict[st
     state[STEP] = np.array(done, dtype=np.int64)
     state[LOSS] = np.array(curves.loss[:done], dtype=np.float64)
     state[TIME] = np.array(curves.time_s[:done], dtype=np.float64)
-    state[EVALS] = np.array([[e["step"], e["train_loss"], e["val_loss"], e["time_s"]]
-                             for e in curves.evals if e["step"] <= done], dtype=np.float64).reshape(-1, 4)
+    state[EVALS] = np.array([[e.step, e.train_loss, e.val_loss, e.time_s] for e in curves.evals if e.step <= done],
+                            dtype=np.float64).reshape(-1, 4)
     state[CHUNKS] = np.frombuffer(json.dumps(truncate_chunks(curves.chunks, done)).encode(),
                                   dtype=np.uint8)  # JSON bytes: no pickle needed to read them
     return state
+
+
+def write(paths: RunPaths, backend: str, state: dict[str, np.ndarray], done: int, curves: Curves,
+          before_rename: Callable[[], None] | None = None) -> Path:
+    """`backend`'s checkpoint of run `paths` after training step `done` (`contents`), written whole
+    (harness.store.writes: temporary file, fsync, rename; `before_rename`: the test hook's point); its path."""
+    path = paths.checkpoint(backend)
+    atomic_write_bytes(path, npz_bytes(contents(state, done, curves)), before_rename=before_rename)
+    return path
+
+
+def restart_fix(paths: RunPaths, backend: str) -> str:
+    """What to do about `backend`'s checkpoint that cannot be used: the end of every message about it."""
+    return f"delete {paths.checkpoint(backend).name} to restart {backend} from step 0, or start a new run"
 
 
 def _blob(value: np.ndarray) -> bool:
@@ -88,14 +103,16 @@ def expected(template: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int,
     return spec
 
 
-def read(path: Path, template: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], total_steps: int,
-         fix: str) -> tuple[int, Curves, dict[str, np.ndarray]]:
-    """The checkpoint's step, the curves up to it and the backend's state (the arrays `load_state_dict` takes),
-    every array validated against the run (the module docstring); UsageError ending in `fix` when anything is off.
+def read(paths: RunPaths, backend: str, template: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]],
+         total_steps: int) -> tuple[int, Curves, dict[str, np.ndarray]]:
+    """`backend`'s checkpoint of run `paths`: its step, the curves up to it and the backend's state (the arrays
+    `load_state_dict` takes), every array validated against the run (the module docstring); UsageError ending in
+    `restart_fix` when anything is off.
 
     `template`: the backend's state_dict after its set-up (its dtype and RNG entries); `shapes`: the canonical
     parameter shapes; `total_steps`: the run's steps. Read in two passes: the step first, then everything with the
     curves' sizes fixed by it (so a lying curve is refused by its header, never inflated)."""
+    path, fix = paths.checkpoint(backend), restart_fix(paths, backend)
     name = f"{WHAT} {str(path)!r}"
     loose = expected(template, shapes, total_steps)
     cap = spec_bytes(loose, 0)
@@ -153,7 +170,7 @@ def _same_json(own: np.ndarray, value: np.ndarray, key: str, path: Path, fix: st
                          f"differ); {fix}")
 
 
-def _evals(evals: np.ndarray, step: int, name: str, fix: str) -> list[dict]:
+def _evals(evals: np.ndarray, step: int, name: str, fix: str) -> list[Eval]:
     """The evaluation rows (step, train loss, val loss, seconds): at whole, increasing steps within 0..`step`."""
     at, seconds = evals[:, 0], evals[:, 3]
     if len(at) and (not np.all(at == np.round(at)) or at.min() < 0 or at.max() > step
@@ -162,12 +179,12 @@ def _evals(evals: np.ndarray, step: int, name: str, fix: str) -> list[dict]:
                          f"within 0..{step}; {fix}")
     if not np.isfinite(seconds).all() or (seconds < 0).any():
         raise UsageError(f"{name}: array {EVALS!r} holds an evaluation time that is NaN, inf or negative; {fix}")
-    return [{"step": int(s), "train_loss": float(a), "val_loss": float(b), "time_s": float(t)}
-            for s, a, b, t in evals.tolist()]
+    return [Eval(int(s), float(a), float(b), float(t)) for s, a, b, t in evals.tolist()]
 
 
 def _chunks(blob: np.ndarray, step: int, path: Path, fix: str) -> list[dict]:
-    """The contention evidence: JSON of the chunks the records hold (harness.timing.contention), none past `step`."""
+    """The contention evidence: JSON of the chunks the records hold (harness.store.contention.check_chunks), none
+    past `step`."""
     chunks = parse_json(blob.tobytes(), path, f"the contention evidence {CHUNKS!r} of {WHAT}", fix)
     check_chunks(chunks, path, CHUNKS, fix)
     if any(c["step"] + c["n"] > step for c in chunks):

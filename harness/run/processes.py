@@ -2,7 +2,8 @@
 
 Every child is one program, `python -m harness --worker KIND ARGS...` (harness.run.child: the kinds), and one function
 builds its command line (`child_command`), whoever starts it: `spawn` here (a run's workers, the sweep's parallel
-executor, the paired timing's timed processes, `harness bench --isolate`) and the SLURM jobs (harness.sweep.slurm).
+executor, the paired timing's timed processes, `harness bench overhead --isolate`) and the SLURM jobs
+(harness.sweep.slurm).
 Every child gets the same environment (`child_env`: the thread caps, an unbuffered stdout, no inherited run lock
 and, where the backend compiles, the compile caches under --out) and, when started locally, the one parent-death
 signal (`pdeathsig`, PR_SET_PDEATHSIG at spawn), so that none outlives its coordinator.
@@ -32,11 +33,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from harness.run.child import KINDS, PARENT_PID_ENV, WORKER_FLAG
-from harness.run.records import LOCK_FD_ENV, RunPaths
+from harness.store import LOCK_FD_ENV, RunPaths
 from harness.timing import contention
 
 KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # a stop signal -> SIGKILL, for a wedged child
@@ -51,11 +51,13 @@ def child_command(kind: str, *args: str | os.PathLike) -> list[str]:
 
 
 def thread_env(threads: int | None) -> dict[str, str]:
-    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia)."""
+    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia, and XLA:
+    PJRT_NPROC sizes its intra-op pool, which OMP_NUM_THREADS does not reach)."""
     if not threads:
         return {}
     n = str(threads)
-    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n,
+            "PJRT_NPROC": n}
 
 
 def busy_machine_line(threads: int | None, probe: contention.Probe | None = None) -> str | None:
@@ -81,9 +83,9 @@ def busy_machine_line(threads: int | None, probe: contention.Probe | None = None
             f"{what}, so the steps will wait for CPUs and the speed figures will be marked disturbed; {fix}")
 
 
-def compile_cache_env(directory: Path) -> dict[str, str]:
+def compile_cache_env(paths: RunPaths) -> dict[str, str]:
     """torch.compile's caches (Inductor, Triton) go into `<out>/cache/` unless the user chose a place."""
-    cache = RunPaths.of_dir(directory).out / "cache"
+    cache = paths.cache
     env = {}
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
         if not os.environ.get(var):
@@ -91,13 +93,13 @@ def compile_cache_env(directory: Path) -> dict[str, str]:
     return env
 
 
-def child_env(threads: int | None, compile_dir: Path | None = None) -> dict[str, str]:
+def child_env(threads: int | None, compiles: RunPaths | None = None) -> dict[str, str]:
     """This process's environment for a child: unbuffered, thread caps, no inherited run-lock descriptor, and the
-    compile caches of the run at `compile_dir` (given when its backend compiles)."""
+    compile caches of the run `compiles` (given when its backend compiles)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(threads))
     env.pop(LOCK_FD_ENV, None)
-    if compile_dir is not None:
-        env.update(compile_cache_env(compile_dir))
+    if compiles is not None:
+        env.update(compile_cache_env(compiles))
     return env
 
 
@@ -167,13 +169,13 @@ def ending(sig: int = signal.SIGINT, grace_s: float | None = None) -> Iterator[l
         stop(procs, sig, grace_s)
 
 
-def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compile_dir: Path | None = None,
+def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compiles: RunPaths | None = None,
           env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
     """Start a child of `kind` with `args`, set up as every local child is: `child_env` (plus `env`), its own session
     (a terminal Ctrl-C reaches only us; we decide what the child gets), PR_SET_PDEATHSIG at spawn (it stops if this
     process dies, even before its first instruction) and this process's pid in HARNESS_PARENT_PID (checked by the
     child, harness.run.child.check_parent). `popen`: the rest of Popen's arguments (pipes, pass_fds)."""
-    full = child_env(threads, compile_dir)
+    full = child_env(threads, compiles)
     full[PARENT_PID_ENV] = str(os.getpid())
     full.update(env or {})
     return subprocess.Popen(child_command(kind, *args), env=full, start_new_session=True, preexec_fn=pdeathsig,
