@@ -126,17 +126,56 @@ def test_a_child_started_from_another_thread_is_refused() -> None:
     assert errors and "main thread" in str(errors[0])
 
 
+READY = "import signal, time; {}print('ready', flush=True); time.sleep(600)"
+
+
 def test_ending_stops_every_child_whatever_ends_the_block() -> None:
     from harness.run import processes
 
-    with pytest.raises(KeyboardInterrupt), processes.ending(grace_s=1) as children:
-        children.append(processes.start([sys.executable, "-c", "import time; time.sleep(600)"],
-                                        stderr=subprocess.DEVNULL))
-        children.append(processes.start([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, "
-                                         "signal.SIG_IGN); time.sleep(600)"]))  # deaf to SIGINT: SIGKILL after 1 s
-        time.sleep(0.3)
+    with pytest.raises(KeyboardInterrupt), processes.ending(grace_s=0.5) as children:
+        children.append(processes.start([sys.executable, "-c", READY.format("")], stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True))
+        children.append(processes.start([sys.executable, "-c", READY.format(  # deaf to SIGINT: SIGKILL after 0.5 s
+            "signal.signal(signal.SIGINT, signal.SIG_IGN); ")], stdout=subprocess.PIPE, text=True))
+        assert [c.stdout.readline() for c in children] == ["ready\n"] * 2  # each is running its own code
         raise KeyboardInterrupt
+    for child in children:
+        child.stdout.close()
     assert [p.returncode for p in children] in ([1, -signal.SIGKILL], [-signal.SIGINT, -signal.SIGKILL]), children
+
+
+# Where a process may start (relative to harness/): through harness.run.processes (own session, parent-death signal,
+# `stop`), or as a bounded probe (`subprocess.run` with a timeout, which kills its child on any exception, Ctrl-C
+# included: nvidia-smi, git, a version or readiness check)
+POPEN_ALLOWED = {"run/processes.py": "the one helper (start, spawn)",
+                 "sweep/slurm.py": "the worker inside a SLURM job, with the parent-death signal in its preexec_fn"}
+NEVER = {("os", "system"), ("os", "popen"), ("os", "fork"), ("os", "forkpty"), ("os", "posix_spawn"),
+         ("os", "spawnv"), ("os", "spawnl"), ("subprocess", "call"), ("subprocess", "check_call"),
+         ("subprocess", "check_output"), ("subprocess", "getoutput"), ("asyncio", "create_subprocess_exec")}
+
+
+def test_every_child_starts_through_the_one_helper() -> None:
+    """No module of the harness starts a process of its own (subprocess.Popen) but harness.run.processes (and the
+    SLURM job's worker), and every other process it runs is a bounded probe (subprocess.run with a timeout): a new
+    child that could outlive its command fails here (the tests above signal each command that starts children)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "harness"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel, text = path.relative_to(root).as_posix(), path.read_text()
+        if not any(word in text for word in ("subprocess", "multiprocessing", "os.")):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)):
+                continue
+            call = (node.func.value.id, node.func.attr)
+            own = call == ("subprocess", "Popen") and rel not in POPEN_ALLOWED
+            unbounded = call == ("subprocess", "run") and not any(k.arg == "timeout" for k in node.keywords)
+            if own or unbounded or call in NEVER or call[0] == "multiprocessing":
+                found.append(f"{rel}:{node.lineno}: {'.'.join(call)}")
+    assert not found, found
 
 
 # --- bench noise: its legs and its hogs -----------------------------------------------------------------------------
@@ -180,11 +219,12 @@ def test_a_sweep_leaves_nothing_running(sig: int, jobs: str, tmp_path: Path, con
     signal_and_check(proc, lambda d: worker_paused(d, n=int(jobs)), sig)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_bench_overhead_leaves_nothing_running(sig: int, tmp_path: Path) -> None:
+def test_bench_overhead_leaves_nothing_running(tmp_path: Path) -> None:
+    """SIGTERM while its isolated child runs (a SIGKILL reaches that child by the parent-death signal of `spawn`, as
+    a sweep's workers above)."""
     proc = start(harness("bench", "overhead", "--backend", "numpy", "--size", "small", "--isolate", "--quiet",
                          "--out", str(tmp_path)), "bench-start:sleep")
-    signal_and_check(proc, lambda d: worker_paused(d, "bench"), sig)
+    signal_and_check(proc, lambda d: worker_paused(d, "bench"), signal.SIGTERM)
 
 
 @pytest.fixture
