@@ -64,7 +64,7 @@ class RootParser(Parser):
 
 def old_spellings(argv: list[str]) -> list[str]:
     """`harness bench ...` = `harness bench overhead ...`; `harness bench --noise ...` = `harness bench noise ...`."""
-    if argv[:1] != ["bench"] or (argv[1:2] and argv[1] in ("overhead", "noise", "-h", "--help")):
+    if argv[:1] != ["bench"] or (argv[1:2] and argv[1] in ("overhead", "noise", "parts", "-h", "--help")):
         return argv
     if "--noise" in argv[1:]:
         return ["bench", "noise", *[a for a in argv[1:] if a != "--noise"]]
@@ -114,7 +114,8 @@ def add_stored_verbs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="rebuild an HTML report from stored records: runs side by side, or a sweep",
                        description="Rebuild an HTML report from stored records: one run's, several runs' in one "
                        "comparison, or a sweep's (formerly `harness sweep --report ID`); and the index.")
-    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report")
+    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report; or "
+                   "the id of a `harness bench parts` record (DIR/bench/parts-....json): its page")
     add_out(p, "default reports/; the report and index.html are written there")
     exit_statuses(p, {0: "the report is written", 2: "bad input: a run or sweep missing or damaged (one line on "
                       "stderr, nothing written)"})

@@ -1,0 +1,200 @@
+"""Part runners: each backend's parts of the training step (harness/core/parts.py), forward and backward, in its
+framework's own idiom, ready to be timed by `harness bench parts` (harness/bench/parts.py).
+
+`RUNNERS` is the one place that says which backends can time their parts (`runner_class`, `supports`): a backend
+without an entry is refused in one line. A runner's module imports its framework; this one imports none.
+
+Every runner times the same computation on the same numbers: a part's inputs are the real step-0 activations of the
+first batch (the taps of harness/core/taps.py, on every row) and its backward's upstream gradients are the real
+step-0 gradients, both computed once by the NumPy oracle's parts in float64 (`Reference`,
+harness.backends.numpy_parts.reference) and cast to the runner's dtype. Each runner builds one `Item` per timed
+thing (a part's forward, its backward, the optimizer, the whole step): a call with no arguments and the wait that
+makes its work finished (`time`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.config.fields import Config
+from harness.core.parts import STEP
+from harness.errors import UsageError
+
+# backend name -> "module:Class" of its part runner; the one place that answers "can backend X time its parts"
+RUNNERS: dict[str, str] = {
+    "torch": "harness.backends.torch_parts:TorchParts",
+    "numpy": "harness.backends.numpy_parts:NumpyParts",
+    "jax": "harness.backends.jax_parts:JaxParts",
+    "flux": "harness.backends.flux_parts:FluxParts",
+}
+
+MAX_CALLS = 100_000  # the most calls of one item in a row
+SAMPLE_S = 2e-5  # an item's calls in a row last at least this long on the host clock (a part too short for it)
+MIN_PASSES = 3  # passes in a burst, at least (an item's figure in a burst is the median over the passes)
+WARM_CALLS = 2  # untimed calls of every item before it is timed (JIT compilation, allocator, caches)
+
+
+def supports(name: str) -> bool:
+    """Whether backend `name` can time its parts."""
+    return name in RUNNERS
+
+
+def check_supported(names: list[str]) -> None:
+    """UsageError (one line) for a backend that cannot time its parts."""
+    for name in names:
+        if not supports(name):
+            raise UsageError(f"backend {name!r} cannot time its parts (no part runner); `harness bench parts` "
+                             f"runs {', '.join(RUNNERS)}; drop {name} from --backend")
+
+
+def runner_class(name: str) -> type:
+    """Import and return the part runner class of backend `name` (imports its framework's module, not the
+    framework itself until setup)."""
+    check_supported([name])
+    module, cls = RUNNERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+@dataclass
+class Reference:
+    """The step-0 numbers every runner times its parts on, float64 NumPy: `acts` the activations by name (the tap
+    names, plus "idx", "targets", "loss"), `grads` the gradient of the mean loss with respect to each activation,
+    `params` the gradient of each parameter (canonical names), `branch` the gradient each part's backward hands to
+    each of its inputs ({(part, input): array}: at a residual fork, the branch's share)."""
+
+    acts: dict[str, np.ndarray]
+    grads: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+    branch: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class Item:
+    """One timed thing: `call()` does its work once and returns what `wait` waits for (None: nothing)."""
+
+    call: Callable[[], Any]
+    wait: Callable[[Any], None] = lambda out: None
+
+
+class PartRunner:
+    """The common part of every runner: the items, their timing in passes, their calibration.
+
+    A subclass builds `self.items` ({item key: Item}, harness.core.parts.items' keys, the step last) in `setup`,
+    and may time on a device clock (`mark`, `seconds`, `finish`) or count what an item launches (`launches`).
+
+    A **pass** (`run_pass`) runs the items in the order of a step: every part's forward, every backward, the
+    optimizer, each `calls[item]` times in a row and timed apart, keeping each item's last output alive until the
+    pass ends, as a step keeps its activations until its backward (so that the memory a step allocates, and the
+    page faults that come with it, are paid in the parts that allocate it); then the whole step. A burst is
+    `passes` passes, and an item's figure in it the median over them (a pass the scheduler cut into counts once).
+    `sync_each_call`: wait after every call (on the CPU, as the training loop waits after every step) or only at the
+    end of an item (an asynchronous device: the calls are queued back to back, as inside a step)."""
+
+    name = ""
+    clock = "host clock (time.perf_counter)"
+    sync_each_call = True
+    sample_s = SAMPLE_S
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.items: dict[str, Item] = {}
+        self.compile_s: float | None = None
+        self.config: Config | None = None
+
+    def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str, seed: int,
+              batches: list[tuple[np.ndarray, np.ndarray]], reference: Reference, names: list[str]) -> None:
+        """Build the items of parts `names` (and the optimizer and the whole step on `batches`), on `device`."""
+        raise NotImplementedError
+
+    def warm_up(self, calls: int = WARM_CALLS) -> float:
+        """Call every item `calls` times, untimed; returns the seconds it took (a JIT's compilation is in it)."""
+        t0 = time.perf_counter()
+        for it in self.items.values():
+            out = None
+            for _ in range(calls):
+                out = it.call()
+            it.wait(out)
+        return time.perf_counter() - t0
+
+    # --- the clock: the host's here; a runner on a device clock replaces these three ---------------------------
+    def mark(self) -> Any:
+        """A reading of the clock (after the work before it is done, for the host clock)."""
+        return time.perf_counter()
+
+    def seconds(self, a: Any, b: Any) -> float:
+        """Seconds between two readings (after `finish`)."""
+        return b - a
+
+    def finish(self) -> None:
+        """Wait until every queued piece of work is done (a device clock is read after it)."""
+
+    def timed(self, key: str, n: int) -> tuple[Any, Any, Any]:
+        """`n` calls of item `key` in a row between two readings of the clock: (start, end, the last output)."""
+        it = self.items[key]
+        out = None
+        a = self.mark()
+        for _ in range(n):
+            out = it.call()
+            if self.sync_each_call:
+                it.wait(out)
+        if not self.sync_each_call and self.clock.startswith("host"):
+            it.wait(out)
+        return a, self.mark(), out
+
+    def time(self, key: str, n: int) -> float:
+        """Seconds per call of item `key`, over `n` calls in a row."""
+        a, b, _ = self.timed(key, n)
+        self.finish()
+        return self.seconds(a, b) / n
+
+    def run_pass(self, calls: dict[str, int]) -> dict[str, float]:
+        """One pass (see the class): seconds per call of every item of `calls`."""
+        keep, marks = [], {}
+        for key, n in calls.items():
+            if key != STEP:
+                a, b, out = self.timed(key, n)
+                marks[key] = (a, b, n)
+                keep.append(out)  # alive until the pass ends, as a step's activations until its backward
+        self.finish()
+        times = {key: self.seconds(a, b) / n for key, (a, b, n) in marks.items()}
+        keep.clear()
+        if STEP in calls:
+            times[STEP] = self.time(STEP, calls[STEP])
+        return times
+
+    def burst(self, calls: dict[str, int], passes: int) -> dict[str, float]:
+        """Seconds per call of every item: the median over `passes` passes."""
+        runs = [self.run_pass(calls) for _ in range(passes)]
+        return {key: float(np.median([r[key] for r in runs])) for key in calls}
+
+    def calibrate(self, burst_s: float, max_calls: int = MAX_CALLS) -> tuple[dict[str, int], int]:
+        """(calls of every item in a row, passes per burst): an item shorter than `sample_s` is called that often
+        in a row (a part too short for the clock), and a burst holds passes for about `burst_s` seconds, at least
+        MIN_PASSES."""
+        once = self.run_pass({key: 1 for key in self.items})
+        few = {key: max(1, min(max_calls, math.ceil(self.sample_s / max(t, 1e-9)) // 4)) for key, t in once.items()}
+        once = self.run_pass(few)  # the short ones again, over a few calls: one call is mostly the clock's own
+        calls = {key: max(1, min(max_calls, math.ceil(self.sample_s / max(t, 1e-9)))) for key, t in once.items()}
+        pass_s = sum(calls[k] * once[k] for k in calls)
+        return calls, max(MIN_PASSES, math.ceil(burst_s / max(pass_s, 1e-9)))
+
+    def launches(self, key: str) -> dict | None:
+        """What one call of item `key` launches (kernels on a GPU), where the runner can count it; None here."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """Framework, versions, device, dtype (the backend's own description where the runner has a backend)."""
+        return {}
+
+
+def as_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """A reference array in the runner's floating type (integer arrays, the token ids, unchanged)."""
+    a = np.asarray(a)
+    return a if a.dtype.kind in "iub" else a.astype(dtype)

@@ -1,0 +1,134 @@
+"""`harness bench parts`: where the time of a training step goes, part by part, side by side in every backend.
+
+Each backend runs in a timed process of its own (harness.bench.parts_process: its part runner, set up on the
+step-0 activations of the first batch, warmed up, a JIT compiled and calibrated), all of them alive at once. The
+coordinator here then drives them in **rounds**, as the paired timing does (harness.run.paired_timing): each round
+gives each process one burst, the order alternating between rounds. A burst of about `BURST_S` seconds times every
+item (each part's forward and backward, the optimizer, the whole step) in passes: every item in the order of a
+step, each timed apart, the median over the passes (harness.backends.parts.PartRunner), between two readings of
+the machine (its contention evidence). The others wait on a pipe, using no CPU. Rounds go on until `rounds` are
+undisturbed (harness.timing.contention's rule; any burst disturbed makes its round disturbed) or
+`MAX_ROUNDS_FACTOR` times as many were made. The record (harness.bench.parts_record) is written as the rounds come
+in; harness.bench.parts_analysis reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.bench.parts_process import PartsJob
+from harness.bench.parts_record import PartsRecord, jsonable
+from harness.environment import loadavg, usable_cores
+from harness.run.paired_timing import REPLY_TIMEOUT_S, Child, _signals_deferred
+from harness.run.processes import spawn
+from harness.timing import paired
+from harness.units import utc_now
+
+ROUNDS = 10  # undisturbed rounds wanted (--rounds)
+MAX_ROUNDS = 200  # the most one may ask for
+MAX_ROUNDS_FACTOR = paired.MAX_ROUNDS_FACTOR  # give up after this many times `rounds` rounds
+BURST_S = 0.25  # a burst's target length: passes of every item for about this long (at least 3)
+GAP_S = 0.05  # pause before each burst: the previous process's spinning threads fall asleep
+PERSIST_EVERY_S = 5.0
+
+
+def plan(rounds: int = ROUNDS) -> dict:
+    """The timing plan stored in the record. HARNESS_PAIRED_BURST_S (the paired timing's test knob) sets another
+    burst length; the gap shrinks with it."""
+    burst_s = float(os.environ.get("HARNESS_PAIRED_BURST_S") or BURST_S)
+    return {"rounds": rounds, "max_rounds": rounds * MAX_ROUNDS_FACTOR, "burst_s": burst_s,
+            "gap_s": min(GAP_S, burst_s / 5), "order": "alternating (forward, then reversed)"}
+
+
+class PartsChild(Child):
+    """A timed process of `harness bench parts` (harness.bench.parts_process) and its protocol pipe; receiving and
+    stopping are the paired timing's."""
+
+    def __init__(self, job: PartsJob, threads: int | None):
+        self.name = job.name
+        self.proc = spawn("parts", [job.to_json()], threads, env=job.env or None, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, bufsize=0)
+        self.buf = b""
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(f"parts: {text}", file=sys.stderr, flush=True)
+
+
+def _ready_line(name: str, ready: dict) -> str:
+    compiled = f", compiled in {ready['compile_s']:.1f} s" if ready.get("compile_s") else ""
+    return (f"{name} ready: set up in {ready['setup_s']:.1f} s{compiled}, {len(ready['calls'])} items, "
+            f"{ready['passes']} passes a burst")
+
+
+def run(path: Path, record: PartsRecord, jobs: list[PartsJob], threads: int | None, progress: bool = True
+        ) -> PartsRecord:
+    """Time `jobs` (one per contender) in rounds into `record`, written to `path` as the rounds come in; returns it.
+    Ctrl-C keeps the rounds so far (status "interrupted") and raises KeyboardInterrupt; a timed process that fails
+    ends the rounds with its reason recorded (status "failed")."""
+    p = record.plan
+    record.environment.update(loadavg_start=(loadavg() or (None,))[0], cores=usable_cores())
+    record.dump(path)
+    children: list[PartsChild] = []
+    n_clean = 0
+    try:
+        children = [PartsChild(job, threads) for job in jobs]  # set up in parallel: nothing is timed yet
+        for child, contender in zip(children, record.contenders):
+            contender["ready"] = jsonable(child.receive(REPLY_TIMEOUT_S * 3))
+            _say(progress, _ready_line(child.name, contender["ready"]))
+        pids = [c.proc.pid for c in children]
+        for child in children:
+            child.send({"siblings": [q for q in pids if q != child.proc.pid], "coordinator": os.getpid()})
+        n_clean = _rounds(path, record, children, progress)
+        record.status = "completed" if n_clean >= p["rounds"] else "incomplete"
+    except KeyboardInterrupt:
+        record.status = "interrupted"
+        raise
+    except (RuntimeError, OSError, ValueError, KeyError) as exc:
+        record.status, record.failure = "failed", str(exc)
+        print(f"parts: {exc}", file=sys.stderr)
+    finally:
+        with _signals_deferred():
+            record.finished_at = utc_now()
+            record.environment["loadavg_end"] = (loadavg() or (None,))[0]
+            with contextlib.suppress(OSError):
+                record.dump(path)
+            for child in children:
+                child.stop()
+    return record
+
+
+def _rounds(path: Path, record: PartsRecord, children: list[PartsChild], progress: bool) -> int:
+    """Rounds of one burst per process, the order alternating, until enough are undisturbed; the record is
+    rewritten every few seconds. Returns the undisturbed rounds."""
+    p = record.plan
+    n_clean, last_write, last_said = 0, time.monotonic(), time.monotonic()
+    _say(progress, f"{' and '.join(c.name for c in children)} side by side: {p['rounds']} undisturbed rounds wanted "
+                   f"(at most {p['max_rounds']})")
+    for r in range(p["max_rounds"]):
+        order = children if r % 2 == 0 else children[::-1]
+        rnd: dict[str, Any] = {"order": [c.name for c in order], "bursts": {}}
+        for child in order:
+            time.sleep(p["gap_s"])
+            child.send({"burst": r})
+            reply = child.receive(REPLY_TIMEOUT_S)
+            rnd["bursts"][child.name] = {"times": reply["times"], "chunk": reply["chunk"]}
+        record.rounds.append(rnd)
+        n_clean += paired.round_clean(rnd)
+        if time.monotonic() - last_write >= PERSIST_EVERY_S:
+            record.dump(path)
+            last_write = time.monotonic()
+        if time.monotonic() - last_said >= 5:
+            last_said = time.monotonic()
+            _say(progress, f"{r + 1} rounds, {n_clean} undisturbed")
+        if n_clean >= p["rounds"]:
+            break
+    _say(progress, f"{len(record.rounds)} rounds, {n_clean} undisturbed in all")
+    return n_clean

@@ -1,0 +1,145 @@
+"""`harness bench parts`: its options and its command (harness/bench/parts.py does the timing)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.bench.parts_record import PartsRecord, new_id, record_path
+from harness.cli.options import (
+    add_backend,
+    add_config,
+    add_data,
+    add_device,
+    add_dtype,
+    add_out,
+    add_quiet,
+    add_seed,
+    add_set,
+    add_size,
+    add_threads,
+    common_device,
+    configure,
+    exit_statuses,
+    listed,
+    parse_devices,
+    pick_backends,
+)
+from harness.errors import UsageError
+
+PARTS_EXIT = {0: "measured (the record, the table, the diagnosis and the page are written)",
+              1: "a backend's timed process failed (its reason is on stderr and in the record)"}
+
+
+def rounds_arg(text: str) -> int:
+    """argparse type of --rounds: 1 to harness.bench.parts.MAX_ROUNDS."""
+    from harness.bench.parts import MAX_ROUNDS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 to {MAX_ROUNDS}")
+    return value
+
+
+def add_parts_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `harness bench parts`."""
+    add_backend(p, "default torch,numpy; the first is the one the others are compared with")
+    add_size(p, "one (default small)", one=True)
+    add_config(p)
+    add_set(p)
+    add_device(p)
+    add_dtype(p)
+    add_threads(p, "of each backend's timed process; default: the frameworks' own choice")
+    p.add_argument("--parts", action="append", metavar="NAME[,NAME...]",
+                   help="time only these parts (and the whole step): a part (emb, ln_f, logits, loss, h.0.ln_1), a "
+                        "block part in every block (attn.probs or h.*.attn.probs); default: every part")
+    p.add_argument("--per-block", action="store_true", help="one row per block in the table (default: block parts "
+                   "summed over the blocks, h.*.NAME)")
+    p.add_argument("--rounds", type=rounds_arg, default=None, metavar="N",
+                   help="undisturbed rounds wanted (default 10; at most 4x as many are made)")
+    add_data(p)
+    add_seed(p)
+    add_out(p, "default reports/; the record and its page go to DIR/bench/parts-<UTC time>-<random>.json/.html")
+    add_quiet(p)
+    exit_statuses(p, PARTS_EXIT)
+
+
+def plan(args: argparse.Namespace) -> tuple:
+    """Check every input (nothing is written on failure): (backends, devices, config, corpus, part names)."""
+    from harness.backends import BackendUnavailable, options_class
+    from harness.backends.parts import check_supported
+    from harness.core.data import check_fits, load_corpus
+    from harness.core.parts import select
+    from harness.run import records
+
+    backends = pick_backends(args.backend, default=("torch", "numpy"), device=common_device(args.device))
+    check_supported(backends)
+    _, devices = parse_devices(args.device, backends)
+    for name in backends:
+        cls = options_class(name)
+        try:
+            cls.check_available(devices[name])
+            instance = cls(**({"dtype": args.dtype} if args.dtype else {}))
+            if hasattr(instance, "check_device"):
+                instance.check_device(devices[name])
+        except BackendUnavailable as exc:
+            raise UsageError(str(exc)) from None
+    config = configure(args)
+    names = select(listed(args.parts, "--parts"), config.n_layer)
+    corpus = load_corpus(args.data)
+    check_fits(corpus, config.block_size, config.batch_size)
+    records.check_writable(args.out)
+    return backends, devices, config, corpus, names
+
+
+def command(args: argparse.Namespace) -> int:
+    """`harness bench parts`: check, time every backend's parts side by side, write the record and its page, print
+    the table and the diagnosis."""
+    from harness.bench import parts as bench_parts
+    from harness.bench.parts_process import PartsJob
+    from harness.core.costs import flops_per_token, part_flops
+    from harness.core.parts import items, part_names
+    from harness.timing import contention
+    from harness.units import utc_now
+
+    backends, devices, config, corpus, names = plan(args)
+    size = config.name
+    options = {n: ({"dtype": args.dtype} if args.dtype else {}) for n in backends}
+    record = PartsRecord(
+        id=new_id(), created_at=utc_now(), config=config.to_dict(), vocab_size=corpus.vocab_size,
+        tokens_per_step=config.batch_size * config.block_size, parts=names,
+        all_parts=names == part_names(config.n_layer), items=items(names),
+        flops=part_flops(config, corpus.vocab_size), flops_per_token=flops_per_token(config, corpus.vocab_size),
+        plan=bench_parts.plan(args.rounds or bench_parts.ROUNDS), rule=contention.RULE,
+        options={"size": size, "backends": backends, "devices": devices, "dtype": args.dtype, "threads": args.threads,
+                 "seed": args.seed, "parts": listed(args.parts, "--parts") or None, "per_block": args.per_block,
+                 "data": corpus.path},
+        contenders=[{"name": n, "backend": n, "device": devices[n], "options": options[n], "ready": None}
+                    for n in backends])
+    jobs = [PartsJob(name=n, backend=n, options=options[n], device=devices[n], config=config.to_dict(),
+                     data=corpus.path, seed=args.seed, parts=names, burst_s=record.plan["burst_s"]) for n in backends]
+    path = record_path(args.out, record.id)
+    bench_parts.run(path, record, jobs, args.threads, progress=not args.quiet)
+    return report(record, Path(args.out), args.per_block)
+
+
+def report(record: PartsRecord, out: Path, per_block: bool) -> int:
+    """Print the table, the notes and the diagnosis of a finished record and write its page; the exit status."""
+    from harness.bench.parts_analysis import format_table, summary
+    from harness.bench.parts_page import notes, write_page
+
+    if record.rounds:
+        s = summary(record, per_block)
+        print(format_table(record, s))
+        for line in notes(record, s):
+            print(line)
+        for pair in s["pairs"]:
+            print(f"diagnosis: {pair['line']}")
+    page = write_page(record, out, per_block)
+    print(f"bench parts: {record_path(out, record.id)}", file=sys.stderr)
+    print(f"bench parts: {page}", file=sys.stderr)
+    return 1 if record.status == "failed" else 0
