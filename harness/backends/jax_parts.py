@@ -105,7 +105,7 @@ class JaxParts(PartRunner):
                 for i, x in zip(floats, xs):
                     full[i] = x
                 return fn(*full, p, key)
-            _, vjp = jax.vjp(of, [ins[i] for i in floats], ps)
+            _, vjp = jax.jit(lambda xs, p, of=of: jax.vjp(of, xs, p))([ins[i] for i in floats], ps)  # one compile
             douts = tuple(put(reference.grads[o]) for o in part.outputs)
             backwards[part.name] = Item(lambda f=vjp, d=douts: pullback(f, d), wait)
         for name in reversed(names):

@@ -23,11 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench.parts_process import PartsJob
-from harness.bench.parts_record import PartsRecord, jsonable
+from harness.bench.parts_record import PartsRecord, jsonable, new_id
+from harness.config.fields import Config
+from harness.core.costs import flops_per_token, part_flops
+from harness.core.parts import items, part_names
 from harness.environment import loadavg, usable_cores
 from harness.run.paired_timing import REPLY_TIMEOUT_S, Child, _signals_deferred
 from harness.run.processes import spawn
-from harness.timing import paired
+from harness.timing import contention, paired
 from harness.units import utc_now
 
 ROUNDS = 10  # undisturbed rounds wanted (--rounds)
@@ -44,6 +47,27 @@ def plan(rounds: int = ROUNDS) -> dict:
     burst_s = float(os.environ.get("HARNESS_PAIRED_BURST_S") or BURST_S)
     return {"rounds": rounds, "max_rounds": rounds * MAX_ROUNDS_FACTOR, "burst_s": burst_s,
             "gap_s": min(GAP_S, burst_s / 5), "order": "alternating (forward, then reversed)"}
+
+
+def new_record(config: Config, corpus: Any, contenders: list[dict], names: list[str], rounds: int, seed: int,
+               options: dict) -> tuple[PartsRecord, list[PartsJob]]:
+    """A record with no round yet and the jobs of its timed processes. `contenders`: [{"name", "backend", "device",
+    "options", and optionally "env" (the process's extra environment: tests plant slowdowns with it, never
+    recorded)}]; `names`: the parts to time (harness.core.parts.select); `options`: what the command was asked, as
+    recorded."""
+    record = PartsRecord(
+        id=new_id(), created_at=utc_now(), config=config.to_dict(), vocab_size=corpus.vocab_size,
+        tokens_per_step=config.batch_size * config.block_size, parts=names,
+        all_parts=names == part_names(config.n_layer), items=items(names),
+        flops=part_flops(config, corpus.vocab_size), flops_per_token=flops_per_token(config, corpus.vocab_size),
+        plan=plan(rounds), rule=contention.RULE, options={"size": config.name, **options, "seed": seed,
+                                                         "data": corpus.path},
+        contenders=[{k: c[k] for k in ("name", "backend", "device", "options")} | {"ready": None}
+                    for c in contenders])
+    jobs = [PartsJob(name=c["name"], backend=c["backend"], options=c["options"], device=c["device"],
+                     config=config.to_dict(), data=corpus.path, seed=seed, parts=names,
+                     burst_s=record.plan["burst_s"], env=c.get("env") or {}) for c in contenders]
+    return record, jobs
 
 
 class PartsChild(Child):

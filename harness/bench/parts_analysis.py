@@ -195,8 +195,8 @@ def diagnose(record: PartsRecord, a: str, b: str, used: list[dict], usable: bool
         named = [f"{n['share']:.0%} {'of the difference is ' if i == 0 else ''}{label(n['row'])} "
                  f"({_difference(n)})" for i, n in enumerate(out["named"])]
         line = f"{head}: " + (", ".join(named) if named else "no part's difference is clear on its own")
-        if sum(n["share"] for n in out["named"]) > 1:
-            line += f" (parts where {slow} is faster make up the rest)"
+        if sum(n["share"] for n in out["named"]) > 1.1:  # more than the whole difference: others go the other way
+            line += f"; parts where {slow} is faster offset the excess"
     else:
         line = f"{slow} and {fast}: no clear difference in the whole step ({x:.3g}×{interval})"
         both = sorted((d for d in diffs if d["lo_s"] is not None and (d["lo_s"] > 0 or d["hi_s"] < 0)),

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.bench.parts_record import PartsRecord, new_id, record_path
+from harness.bench.parts_record import PartsRecord, record_path
 from harness.cli.options import (
     add_backend,
     add_config,
@@ -100,30 +100,15 @@ def command(args: argparse.Namespace) -> int:
     """`harness bench parts`: check, time every backend's parts side by side, write the record and its page, print
     the table and the diagnosis."""
     from harness.bench import parts as bench_parts
-    from harness.bench.parts_process import PartsJob
-    from harness.core.costs import flops_per_token, part_flops
-    from harness.core.parts import items, part_names
-    from harness.timing import contention
-    from harness.units import utc_now
 
     backends, devices, config, corpus, names = plan(args)
-    size = config.name
-    options = {n: ({"dtype": args.dtype} if args.dtype else {}) for n in backends}
-    record = PartsRecord(
-        id=new_id(), created_at=utc_now(), config=config.to_dict(), vocab_size=corpus.vocab_size,
-        tokens_per_step=config.batch_size * config.block_size, parts=names,
-        all_parts=names == part_names(config.n_layer), items=items(names),
-        flops=part_flops(config, corpus.vocab_size), flops_per_token=flops_per_token(config, corpus.vocab_size),
-        plan=bench_parts.plan(args.rounds or bench_parts.ROUNDS), rule=contention.RULE,
-        options={"size": size, "backends": backends, "devices": devices, "dtype": args.dtype, "threads": args.threads,
-                 "seed": args.seed, "parts": listed(args.parts, "--parts") or None, "per_block": args.per_block,
-                 "data": corpus.path},
-        contenders=[{"name": n, "backend": n, "device": devices[n], "options": options[n], "ready": None}
-                    for n in backends])
-    jobs = [PartsJob(name=n, backend=n, options=options[n], device=devices[n], config=config.to_dict(),
-                     data=corpus.path, seed=args.seed, parts=names, burst_s=record.plan["burst_s"]) for n in backends]
-    path = record_path(args.out, record.id)
-    bench_parts.run(path, record, jobs, args.threads, progress=not args.quiet)
+    contenders = [{"name": n, "backend": n, "device": devices[n],
+                   "options": {"dtype": args.dtype} if args.dtype else {}} for n in backends]
+    record, jobs = bench_parts.new_record(
+        config, corpus, contenders, names, args.rounds or bench_parts.ROUNDS, args.seed,
+        {"backends": backends, "devices": devices, "dtype": args.dtype, "threads": args.threads,
+         "parts": listed(args.parts, "--parts") or None, "per_block": args.per_block})
+    bench_parts.run(record_path(args.out, record.id), record, jobs, args.threads, progress=not args.quiet)
     return report(record, Path(args.out), args.per_block)
 
 
