@@ -200,6 +200,9 @@ class NumpyParts(PartRunner):
         self.device = device
         params = {k: xp.asarray(v) for k, v in self.backend.params.items()}  # the backend's copies, never updated
         rng = self.backend.rng if config.dropout > 0 else None
+        if rng is not None and hasattr(rng, "start_step"):
+            rng.start_step(0)  # CuPy's generator is seeded per step (numpy_backend.DeviceDropoutRNG)
+        self.sync_each_call = xp is np  # on a GPU the calls of an item are queued back to back
         wait = (lambda out: self.backend.synchronize()) if xp is not np else (lambda out: None)
 
         def put(a: np.ndarray) -> Any:

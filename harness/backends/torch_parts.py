@@ -168,6 +168,7 @@ class TorchParts(PartRunner):
         """What one call of item `key` launches, by torch.profiler: on CUDA the kernels (and copies) on the GPU and
         their GPU time; on the CPU the operators dispatched."""
         import os
+        import warnings
 
         from torch.profiler import ProfilerActivity, profile
 
@@ -175,8 +176,10 @@ class TorchParts(PartRunner):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         it = self.items[key]
         it.wait(it.call())  # nothing of an earlier call in the profile
-        with profile(activities=activities) as prof:
-            it.wait(it.call())
+        with warnings.catch_warnings():  # "the profiler clears events at the end of each cycle": one cycle here
+            warnings.simplefilter("ignore", UserWarning)
+            with profile(activities=activities) as prof:
+                it.wait(it.call())
         return count_launches(prof.events(), self.cuda)
 
     def describe(self) -> dict[str, Any]:
