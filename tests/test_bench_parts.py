@@ -275,15 +275,18 @@ def test_parts_and_the_overhead_add_up_to_the_step(tmp_path: Path, corpus) -> No
 
 
 def test_flops_per_second_and_launch_bound_parts(tmp_path: Path, corpus) -> None:
-    record = synthetic(tmp_path, corpus, {"torch": {"h.0.ln_1/forward": 1e-4, "h.1.ln_1/forward": 1e-4}})
-    record.contenders[0]["ready"]["launches"] = {
+    record = synthetic(tmp_path, corpus, {"jax": {}, "torch": {"h.0.ln_1/forward": 5e-3, "h.1.ln_1/forward": 5e-3}})
+    record.contenders[1]["ready"] = {"launches": {
         "h.0.ln_1/forward": {"kernels": 4, "kernel_us": 10.0}, "h.1.ln_1/forward": {"kernels": 4, "kernel_us": 10.0},
         "h.0.mlp.fc/forward": {"kernels": 1, "kernel_us": 900.0}, "h.1.mlp.fc/forward": {"kernels": 1,
-                                                                                       "kernel_us": 900.0}}
-    t = summary(record)["tables"]["torch"]
-    assert t["h.*.ln_1/forward"]["launches"] == {"kernels": 8, "kernel_us": 20.0, "busy": pytest.approx(0.1, 0.1),
-                                                 "launch_bound": True}
-    assert not t["h.*.mlp.fc/forward"]["launches"]["launch_bound"]
+                                                                                       "kernel_us": 900.0}}}
+    s = summary(record)
+    t = s["tables"]["torch"]
+    assert t["h.*.ln_1/forward"]["launches"] == {"kernels": 8, "kernel_us": 20.0, "launch_bound": True,
+                                                 "busy": pytest.approx(0.002, rel=0.1)}
+    assert not t["h.*.mlp.fc/forward"]["launches"]["launch_bound"]  # 1.8 ms of kernels in 2 ms
+    assert "of the difference is h.*.ln_1 forward (+" in s["pairs"][0]["line"]
+    assert "launch-bound: 8 kernels, GPU busy 0%" in s["pairs"][0]["line"]
     fc = record.flops["h.0.mlp.fc"]["forward"] * 2 * record.tokens_per_step
     assert t["h.*.mlp.fc/forward"]["flops_per_s"] == pytest.approx(fc / t["h.*.mlp.fc/forward"]["median_s"])
     assert t["h.*.mlp.act/forward"]["flops_per_s"] is None  # elementwise: no FLOPs in the model of the cost

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.backends.flux_layout import taps_to_flux, to_flux, tokens_to_flux
-from harness.backends.parts import WARM_CALLS, Item, PartRunner, Reference
+from harness.backends.parts import GPU_SAMPLE_S, WARM_CALLS, Item, PartRunner, Reference
 from harness.config.fields import Config
 from harness.core.parts import OPTIMIZER, STEP, item, parts
 
@@ -38,6 +38,8 @@ class FluxParts(PartRunner):
         b.setup(config, weights, vocab_size, device, seed)
         self.config, mod, state = config, b._mod, b._state
         self.sync_each_call = device != "cuda"
+        if device == "cuda":
+            self.sample_s = GPU_SAMPLE_S
         floats = {k: np.asarray(v, dtype=np.float32) for k, v in reference.acts.items() if k not in (*TOKENS, "loss")}
         acts = {**taps_to_flux(floats), **{k: tokens_to_flux(reference.acts[k]) for k in TOKENS}}
         cts = taps_to_flux({k: np.asarray(v, dtype=np.float32) for k, v in reference.grads.items()

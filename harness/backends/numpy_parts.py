@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.parts import Item, PartRunner, Reference, as_dtype
+from harness.backends.parts import GPU_SAMPLE_S, SAMPLE_S, Item, PartRunner, Reference, as_dtype
 from harness.config.fields import Config
 from harness.core.masks import attention_sites
 from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
@@ -202,7 +202,8 @@ class NumpyParts(PartRunner):
         rng = self.backend.rng if config.dropout > 0 else None
         if rng is not None and hasattr(rng, "start_step"):
             rng.start_step(0)  # CuPy's generator is seeded per step (numpy_backend.DeviceDropoutRNG)
-        self.sync_each_call = xp is np  # on a GPU the calls of an item are queued back to back
+        self.sync_each_call = xp is np  # on a GPU the calls of an item are queued back to back, one wait
+        self.sample_s = SAMPLE_S if xp is np else GPU_SAMPLE_S
         wait = (lambda out: self.backend.synchronize()) if xp is not np else (lambda out: None)
 
         def put(a: np.ndarray) -> Any:

@@ -37,6 +37,9 @@ RUNNERS: dict[str, str] = {
 
 MAX_CALLS = 100_000  # the most calls of one item in a row
 SAMPLE_S = 2e-5  # an item's calls in a row last at least this long on the host clock (a part too short for it)
+# ... and on a GPU timed on the host: calls queued back to back for this long, one wait at the end (a part's cost
+# is then what it adds to a stream of work, not a round trip between host and device per call)
+GPU_SAMPLE_S = 1e-3
 MIN_PASSES = 3  # passes in a burst, at least (an item's figure in a burst is the median over the passes)
 WARM_CALLS = 2  # untimed calls of every item before it is timed (JIT compilation, allocator, caches)
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from harness.backends.parts import Item, PartRunner, Reference, as_dtype
+from harness.backends.parts import GPU_SAMPLE_S, Item, PartRunner, Reference, as_dtype
 from harness.config.fields import Config
 from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
 
@@ -85,7 +85,7 @@ class TorchParts(PartRunner):
         self.sync_each_call = not self.cuda
         if self.cuda:
             self.clock = "CUDA events around each item's calls, launched back to back"
-            self.sample_s = 1e-4  # an event's resolution is about half a microsecond
+            self.sample_s = GPU_SAMPLE_S  # queued back to back, as in a step (an event resolves half a microsecond)
         dtype = self.backend.dtype
         model = build_model(config, weights, vocab_size).to(device=self.device, dtype=dtype)
         model.train()  # dropout on, as in a training step

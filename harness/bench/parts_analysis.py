@@ -172,9 +172,20 @@ def _difference(d: dict) -> str:
     return f"{_ms(d['mean_s'])} [{d['lo_s'] * 1e3:+.3g}, {d['hi_s'] * 1e3:+.3g}]"
 
 
-def diagnose(record: PartsRecord, a: str, b: str, used: list[dict], usable: bool = True) -> dict:
+def _bound(tables: dict | None, name: str, row: str) -> str:
+    """", launch-bound: 12 kernels, GPU busy 8 %" for a row of contender `name` its kernel counts call
+    launch-bound (on CUDA), else ""."""
+    launches = ((tables or {}).get(name, {}).get(row) or {}).get("launches") or {}
+    if not launches.get("launch_bound"):
+        return ""
+    return f", launch-bound: {launches['kernels']} kernels, GPU busy {launches['busy']:.0%}"
+
+
+def diagnose(record: PartsRecord, a: str, b: str, used: list[dict], usable: bool = True,
+             tables: dict | None = None) -> dict:
     """The one-line diagnosis of the pair (a, b) (see the module docstring): {"line", "slow", "fast", "ratio", "lo",
-    "hi", "conclusive", "named": [{"row", "share", "mean_s", "lo_s", "hi_s"}]}."""
+    "hi", "conclusive", "named": [{"row", "share", "mean_s", "lo_s", "hi_s"}]}. `tables` (contender_table of each):
+    a named row that is launch-bound in the slower one says so."""
     sa, sb = series(record, a, used), series(record, b, used)
     step = stats.paired_ratio(list(sb[STEP]), list(sa[STEP])) if len(used) else None
     out: dict[str, Any] = {"a": a, "b": b, "named": [], "ratio": None, "lo": None, "hi": None, "conclusive": False}
@@ -193,7 +204,7 @@ def diagnose(record: PartsRecord, a: str, b: str, used: list[dict], usable: bool
     if conclusive:
         out["named"] = _named(diffs, float(np.mean(ss[STEP] - sf[STEP])))
         named = [f"{n['share']:.0%} {'of the difference is ' if i == 0 else ''}{label(n['row'])} "
-                 f"({_difference(n)})" for i, n in enumerate(out["named"])]
+                 f"({_difference(n)}{_bound(tables, slow, n['row'])})" for i, n in enumerate(out["named"])]
         line = f"{head}: " + (", ".join(named) if named else "no part's difference is clear on its own")
         if sum(n["share"] for n in out["named"]) > 1.1:  # more than the whole difference: others go the other way
             line += f"; parts where {slow} is faster offset the excess"
@@ -244,7 +255,8 @@ def summary(record: PartsRecord, per_block: bool = False) -> dict:
     names = [c["name"] for c in record.contenders]
     tables = {n: contender_table(record, n, r.used, per_block) for n in names}
     ratios = {n: ratio_table(record, names[0], n, r.used, per_block) for n in names[1:]}
-    pairs = [diagnose(record, a, b, r.used, r.usable) for i, a in enumerate(names) for b in names[i + 1:]]
+    pairs = [diagnose(record, a, b, r.used, r.usable, tables if not per_block else None)
+             for i, a in enumerate(names) for b in names[i + 1:]]
     return {"rounds": {"total": r.total, "clean": r.clean, "disturbed": r.disturbed, "usable": r.usable,
                        "used": len(r.used)},
             "rows": row_keys(record, per_block), "tables": tables, "ratios": ratios, "pairs": pairs,

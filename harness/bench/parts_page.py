@@ -43,10 +43,17 @@ def notes(record: PartsRecord, s: dict) -> list[str]:
     if env.get("loadavg_start") is not None:
         lines.append(f"load average {env['loadavg_start']:.2f} at the start, {env.get('loadavg_end') or 0:.2f} at "
                      f"the end, on {env.get('cores')} usable cores")
-    bound = [f"{n} {label(row)}" for n, t in s["tables"].items() for row, v in t.items()
-             if (v.get("launches") or {}).get("launch_bound")]
+    bound = []
+    for n, t in s["tables"].items():
+        counted = [row for row, v in t.items() if v.get("launches")]
+        rows = [row for row in counted if t[row]["launches"]["launch_bound"]]
+        if len(rows) > 5:  # most of them: say which are not
+            rest = [label(row) for row in counted if row not in rows]
+            bound.append(f"{n}: {len(rows)} of {len(counted)} rows" + (f" (all but {', '.join(rest)})" if rest else ""))
+        elif rows:
+            bound.append(f"{n}: {', '.join(label(row) for row in rows)}")
     if bound:
-        lines.append("* launch-bound on CUDA (its kernels keep the GPU busy under half its time): " + ", ".join(bound))
+        lines.append("* launch-bound on CUDA (its kernels keep the GPU busy under half its time): " + "; ".join(bound))
     if not record.all_parts:
         lines.append(f"only the parts {', '.join(record.options.get('parts') or [])} were timed: the overhead row "
                      "holds the others too")
