@@ -40,7 +40,7 @@ SAMPLE_S = 2e-5  # an item's calls in a row last at least this long on the host 
 # ... and on a GPU timed on the host: calls queued back to back for this long, one wait at the end (a part's cost
 # is then what it adds to a stream of work, not a round trip between host and device per call)
 GPU_SAMPLE_S = 1e-3
-MIN_PASSES = 3  # passes in a burst, at least (an item's figure in a burst is the median over the passes)
+MIN_PASSES = 3  # passes in a burst, at least (an item's figure in a burst is the fastest of them)
 WARM_CALLS = 2  # untimed calls of every item before it is timed (JIT compilation, allocator, caches)
 
 
@@ -96,7 +96,7 @@ class PartRunner:
     optimizer, each `calls[item]` times in a row and timed apart, keeping each item's last output alive until the
     pass ends, as a step keeps its activations until its backward (so that the memory a step allocates, and the
     page faults that come with it, are paid in the parts that allocate it); then the whole step. A burst is
-    `passes` passes, and an item's figure in it the median over them (a pass the scheduler cut into counts once).
+    `passes` passes, and an item's figure in it the fastest of them (`burst`).
     `sync_each_call`: wait after every call (on the CPU, as the training loop waits after every step) or only at the
     end of an item (an asynchronous device: the calls are queued back to back, as inside a step)."""
 
@@ -173,9 +173,11 @@ class PartRunner:
         return times
 
     def burst(self, calls: dict[str, int], passes: int) -> dict[str, float]:
-        """Seconds per call of every item: the median over `passes` passes."""
+        """Seconds per call of every item: the fastest of `passes` passes (other work on the machine can only add
+        time, and adds more to a long item than to a short one, so that a median over the passes would still
+        inflate the whole step against its parts on a busy machine)."""
         runs = [self.run_pass(calls) for _ in range(passes)]
-        return {key: float(np.median([r[key] for r in runs])) for key in calls}
+        return {key: float(min(r[key] for r in runs)) for key in calls}
 
     def calibrate(self, burst_s: float, max_calls: int = MAX_CALLS) -> tuple[dict[str, int], int]:
         """(calls of every item in a row, passes per burst): an item shorter than `sample_s` is called that often

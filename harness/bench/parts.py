@@ -5,7 +5,7 @@ step-0 activations of the first batch, warmed up, a JIT compiled and calibrated)
 coordinator here then drives them in **rounds**, as the paired timing does (harness.run.paired_timing): each round
 gives each process one burst, the order alternating between rounds. A burst of about `BURST_S` seconds times every
 item (each part's forward and backward, the optimizer, the whole step) in passes: every item in the order of a
-step, each timed apart, the median over the passes (harness.backends.parts.PartRunner), between two readings of
+step, each timed apart, the fastest of the passes (harness.backends.parts.PartRunner), between two readings of
 the machine (its contention evidence). The others wait on a pipe, using no CPU. Rounds go on until `rounds` are
 undisturbed (harness.timing.contention's rule; any burst disturbed makes its round disturbed) or
 `MAX_ROUNDS_FACTOR` times as many were made. The record (harness.bench.parts_record) is written as the rounds come

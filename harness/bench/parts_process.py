@@ -83,7 +83,7 @@ def prepare(job: PartsJob) -> tuple[Any, dict]:
 
 
 def burst(runner: Any, ready: dict, probe: Any) -> dict:
-    """Every item timed (seconds per call: the median over the burst's passes), between two readings of the
+    """Every item timed (seconds per call: the fastest of the burst's passes), between two readings of the
     machine."""
     from harness.timing import contention
 
