@@ -41,6 +41,9 @@ SAMPLE_S = 2e-5  # an item's calls in a row last at least this long on the host 
 # is then what it adds to a stream of work, not a round trip between host and device per call)
 GPU_SAMPLE_S = 1e-3
 MIN_PASSES = 3  # passes in a burst, at least (an item's figure in a burst is the fastest of them)
+# timings of the whole step in a burst, at least: the longest item is the likeliest to be cut by the scheduler on a
+# busy machine, so it gets more tries at a clean one (several a pass where the passes are few)
+MIN_STEP_SAMPLES = 9
 WARM_CALLS = 2  # untimed calls of every item before it is timed (JIT compilation, allocator, caches)
 
 
@@ -95,8 +98,8 @@ class PartRunner:
     A **pass** (`run_pass`) runs the items in the order of a step: every part's forward, every backward, the
     optimizer, each `calls[item]` times in a row and timed apart, keeping each item's last output alive until the
     pass ends, as a step keeps its activations until its backward (so that the memory a step allocates, and the
-    page faults that come with it, are paid in the parts that allocate it); then the whole step. A burst is
-    `passes` passes, and an item's figure in it the fastest of them (`burst`).
+    page faults that come with it, are paid in the parts that allocate it); then the whole step, timed
+    `step_samples` times. A burst is `passes` passes, and an item's figure in it the fastest of them (`burst`).
     `sync_each_call`: wait after every call (on the CPU, as the training loop waits after every step) or only at the
     end of an item (an asynchronous device: the calls are queued back to back, as inside a step)."""
 
@@ -157,8 +160,9 @@ class PartRunner:
         self.finish()
         return self.seconds(a, b) / n
 
-    def run_pass(self, calls: dict[str, int]) -> dict[str, float]:
-        """One pass (see the class): seconds per call of every item of `calls`."""
+    def run_pass(self, calls: dict[str, int], step_samples: int = 1) -> dict[str, float]:
+        """One pass (see the class): seconds per call of every item of `calls`; the whole step timed `step_samples`
+        times, the fastest counting."""
         keep, marks = [], {}
         for key, n in calls.items():
             if key != STEP:
@@ -169,26 +173,27 @@ class PartRunner:
         times = {key: self.seconds(a, b) / n for key, (a, b, n) in marks.items()}
         keep.clear()
         if STEP in calls:
-            times[STEP] = self.time(STEP, calls[STEP])
+            times[STEP] = min(self.time(STEP, calls[STEP]) for _ in range(step_samples))
         return times
 
-    def burst(self, calls: dict[str, int], passes: int) -> dict[str, float]:
+    def burst(self, calls: dict[str, int], passes: int, step_samples: int = 1) -> dict[str, float]:
         """Seconds per call of every item: the fastest of `passes` passes (other work on the machine can only add
         time, and adds more to a long item than to a short one, so that a median over the passes would still
         inflate the whole step against its parts on a busy machine)."""
-        runs = [self.run_pass(calls) for _ in range(passes)]
+        runs = [self.run_pass(calls, step_samples) for _ in range(passes)]
         return {key: float(min(r[key] for r in runs)) for key in calls}
 
-    def calibrate(self, burst_s: float, max_calls: int = MAX_CALLS) -> tuple[dict[str, int], int]:
-        """(calls of every item in a row, passes per burst): an item shorter than `sample_s` is called that often
-        in a row (a part too short for the clock), and a burst holds passes for about `burst_s` seconds, at least
-        MIN_PASSES."""
+    def calibrate(self, burst_s: float, max_calls: int = MAX_CALLS) -> tuple[dict[str, int], int, int]:
+        """(calls of every item in a row, passes per burst, timings of the step per pass): an item shorter than
+        `sample_s` is called that often in a row (a part too short for the clock), a burst holds passes for about
+        `burst_s` seconds, at least MIN_PASSES, and at least MIN_STEP_SAMPLES timings of the step."""
         once = self.run_pass({key: 1 for key in self.items})
         few = {key: max(1, min(max_calls, math.ceil(self.sample_s / max(t, 1e-9)) // 4)) for key, t in once.items()}
         once = self.run_pass(few)  # the short ones again, over a few calls: one call is mostly the clock's own
         calls = {key: max(1, min(max_calls, math.ceil(self.sample_s / max(t, 1e-9)))) for key, t in once.items()}
         pass_s = sum(calls[k] * once[k] for k in calls)
-        return calls, max(MIN_PASSES, math.ceil(burst_s / max(pass_s, 1e-9)))
+        passes = max(MIN_PASSES, math.ceil(burst_s / max(pass_s, 1e-9)))
+        return calls, passes, max(1, math.ceil(MIN_STEP_SAMPLES / passes))
 
     def launches(self, key: str) -> dict | None:
         """What one call of item `key` launches (kernels on a GPU), where the runner can count it; None here."""

@@ -84,7 +84,8 @@ def bars(record: PartsRecord, s: dict) -> Markup | None:
         kinds = [k for k, _ in segs[names[0]]]
         cmap = plt.get_cmap("tab20")
         with plt.rc_context(RC):
-            fig, ax = plt.subplots(figsize=(11, 1.2 + 0.55 * len(names) + 0.25 * math.ceil(len(kinds) / 5)))
+            fig, ax = plt.subplots(figsize=(11, max(2.6, 1.0 + 0.6 * len(names))))
+            shown: set[str] = set()  # each kind labelled once, wherever it first appears
             for y, n in enumerate(names):
                 left = 0.0
                 for i, (k, ms) in enumerate(segs[n]):
@@ -92,7 +93,9 @@ def bars(record: PartsRecord, s: dict) -> Markup | None:
                         continue
                     ax.barh(y, ms, left=left, color="#ced4da" if k == REST else cmap(i % 20),
                             hatch="//" if k == REST else None, edgecolor="white", linewidth=0.5,
-                            label=(k if k != REST else "fusion and framework overhead (positive)") if y == 0 else None)
+                            label=None if k in shown else k if k != REST else "fusion and framework overhead "
+                            "(positive)")
+                    shown.add(k)
                     left += ms
                 step = s["tables"][n][STEP]["median_s"] * 1e3
                 ax.plot([step, step], [y - 0.42, y + 0.42], color="black", linewidth=2)
@@ -102,7 +105,7 @@ def bars(record: PartsRecord, s: dict) -> Markup | None:
             ax.invert_yaxis()
             ax.set(xlabel="ms per training step", title="Where the time of a step goes (black tick: the measured "
                    "step; parts beyond it: fused away)")
-            ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.05 * len(names)))
+            ax.legend(fontsize=7, ncol=2 if len(kinds) > 9 else 1, loc="center left", bbox_to_anchor=(1.01, 0.5))
             ax.grid(axis="y", visible=False)
             fig.tight_layout()
             return to_svg(fig, "where the time of a step goes")

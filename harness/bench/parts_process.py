@@ -72,12 +72,12 @@ def prepare(job: PartsJob) -> tuple[Any, dict]:
     setup_s = time.perf_counter() - t0
     warmup_s = runner.warm_up()
     t0 = time.perf_counter()
-    calls, passes = runner.calibrate(job.burst_s)
+    calls, passes, step_samples = runner.calibrate(job.burst_s)
     calibrate_s = time.perf_counter() - t0
     launches = {key: runner.launches(key) for key in runner.items} if job.profile else {}
     return runner, {"ready": True, "setup_s": setup_s, "compile_s": runner.compile_s, "reference_s": reference_s,
                     "warmup_s": warmup_s, "calibrate_s": calibrate_s, "calls": calls,
-                    "passes": passes, "sample_s": runner.sample_s,
+                    "passes": passes, "step_samples": step_samples, "sample_s": runner.sample_s,
                     "launches": {k: v for k, v in launches.items() if v is not None}, "clock": runner.clock,
                     "sync_each_call": runner.sync_each_call, "backend_info": runner.describe(), "pid": os.getpid()}
 
@@ -88,7 +88,7 @@ def burst(runner: Any, ready: dict, probe: Any) -> dict:
     from harness.timing import contention
 
     a = probe.snapshot()
-    times = runner.burst(ready["calls"], ready["passes"])
+    times = runner.burst(ready["calls"], ready["passes"], ready["step_samples"])
     b = probe.snapshot()
     return {"times": times, "chunk": contention.chunk(a, b, 0, ready["passes"])}
 

@@ -72,6 +72,7 @@ JSON_SCHEMA: dict = {
                                "setup_s": _SECONDS, "compile_s": _SECONDS, "warmup_s": _SECONDS,
                                "calls": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
                                "passes": {"type": "integer", "minimum": 1},
+                               "step_samples": {"type": "integer", "minimum": 1},
                                "launches": {"type": "object"}, "clock": {"type": "string"},
                                "backend_info": {"type": "object"}}}}}},
         "rounds": {"type": "array", "items": {"type": "object", "required": ["bursts"],

@@ -1,9 +1,9 @@
 """`harness`: the command line. Bad input ends with one line on stderr and exit status 2, never a traceback.
 
 One grammar (docs/usage.md): `harness VERB [ID...] [--option ...]`; the verbs that act on something stored take its
-id (`status`, `report`, `resume`: a run id or a sweep id); `bench` has the subcommands `overhead` and `noise`, `kit`
-`export` and `check`. Old spellings are hidden aliases for one release (`RootParser.parse_known_args` rewrites the
-ones that were a flag of another command).
+id (`status`, `report`, `resume`: a run id or a sweep id; `report` also a `bench parts` record's id); `bench` has
+the subcommands `overhead`, `noise` and `parts`, `kit` `export` and `check`. Old spellings are hidden aliases for one
+release (`RootParser.parse_known_args` rewrites the ones that were a flag of another command).
 """
 
 from __future__ import annotations
