@@ -27,7 +27,7 @@ from harness.bench.parts_record import PartsRecord, jsonable, new_id
 from harness.config.fields import Config
 from harness.core.costs import flops_per_token, part_flops
 from harness.core.parts import items, part_names
-from harness.environment import loadavg, usable_cores
+from harness.environment import capture, loadavg, usable_cores
 from harness.run.paired_timing import REPLY_TIMEOUT_S, Child, _signals_deferred
 from harness.run.processes import spawn
 from harness.timing import contention, paired
@@ -98,7 +98,7 @@ def run(path: Path, record: PartsRecord, jobs: list[PartsJob], threads: int | No
     Ctrl-C keeps the rounds so far (status "interrupted") and raises KeyboardInterrupt; a timed process that fails
     ends the rounds with its reason recorded (status "failed")."""
     p = record.plan
-    record.environment.update(loadavg_start=(loadavg() or (None,))[0], cores=usable_cores())
+    record.environment.update(capture(), loadavg_start=(loadavg() or (None,))[0], cores=usable_cores())
     record.dump(path)
     children: list[PartsChild] = []
     n_clean = 0
