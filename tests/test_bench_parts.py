@@ -395,7 +395,7 @@ def plant_env(tmp_path: Path, plant: str) -> dict:
 
 
 @pytest.mark.parametrize("plant,names", [("numpy-softmax-loop", None), ("torch-activation-copies", None),
-                                         ("jax-gelu-backward-loop", ["ln_2", "mlp.fc", "mlp.act", "mlp.proj"])])
+                                         ("jax-gelu-backward-loop", ["mlp.fc", "mlp.act"])])
 def test_a_planted_slowdown_is_named_first(tmp_path: Path, corpus, monkeypatch: pytest.MonkeyPatch, plant: str,
                                            names: list[str] | None) -> None:
     """The same backend twice, one process carrying the slowdown: the diagnosis names its part and direction first."""
@@ -408,7 +408,7 @@ def test_a_planted_slowdown_is_named_first(tmp_path: Path, corpus, monkeypatch: 
     contenders = [{"name": backend, "backend": backend, "device": "cpu", "options": {}},
                   {"name": f"{backend}+plant", "backend": backend, "device": "cpu", "options": {},
                    "env": plant_env(tmp_path, plant)}]
-    record, jobs = bench_parts.new_record(config, corpus, contenders, select(names, 1), 4, 1, {})
+    record, jobs = bench_parts.new_record(config, corpus, contenders, select(names, 1), 3, 1, {})
     record = bench_parts.run(record_path(tmp_path, record.id), record, jobs, threads=1, progress=False)
     assert record.status in ("completed", "incomplete"), record.failure
     pair = summary(record)["pairs"][0]

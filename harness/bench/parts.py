@@ -66,7 +66,9 @@ def new_record(config: Config, corpus: Any, contenders: list[dict], names: list[
                     for c in contenders])
     jobs = [PartsJob(name=c["name"], backend=c["backend"], options=c["options"], device=c["device"],
                      config=config.to_dict(), data=corpus.path, seed=seed, parts=names,
-                     burst_s=record.plan["burst_s"], env=c.get("env") or {}) for c in contenders]
+                     burst_s=record.plan["burst_s"], env=c.get("env") or {},
+                     profile=c["device"] == "cuda")  # kernel counts: what names a launch-bound part
+            for c in contenders]
     return record, jobs
 
 

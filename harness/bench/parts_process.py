@@ -38,7 +38,7 @@ class PartsJob:
     seed: int
     parts: list[str]
     burst_s: float
-    profile: bool = True
+    profile: bool = False  # count what each item launches (torch.profiler; the command asks on CUDA)
     env: dict = field(default_factory=dict)  # extra environment of the process (tests plant slowdowns with it)
 
     def to_json(self) -> str:
