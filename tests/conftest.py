@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,10 @@ os.environ.setdefault("HARNESS_PAIRED_BURST_S", "0.02")
 # OpenMP threads that sleep instead of spinning between torch's parallel regions: the same numbers, about 15 % less
 # CPU per torch worker, which two cores shared by three test processes and their workers feel
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# JAX's persistent compilation cache (the jax backend's default: the user cache directory) in a directory of this
+# test process that goes with it: no test reads or fills the user's cache
+_JAX_CACHE = tempfile.TemporaryDirectory(prefix="jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE.name
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_SHA256 = "aede7edccbdb5826e85d8f10d62e916ec01269e9d6bc1e81d8f8af9800ba3dd8"  # tests/corpus.py's bytes

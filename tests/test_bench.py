@@ -14,11 +14,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.backends import torch_bare
+from harness.backends.torch_bare import BareTorch
 from harness.bench import overhead as bench_overhead
 from harness.cli.main import main
 from harness.config.load import load_config
 from harness.core.data import BatchStream, load_corpus
 from harness.core.weights import init_weights
+from harness.store import bench as bench_record
+from harness.store.bench import (
+    DuringHogs,
+    HarnessOnly,
+    LoopTiming,
+    NoiseCell,
+    NoiseOptions,
+    NoiseRecord,
+    OverheadResult,
+    PairedLeg,
+    RunLeg,
+    StreamTiming,
+    SweepLeg,
+)
+from harness.store.record import Memory
 
 torch = pytest.importorskip("torch")
 
@@ -55,11 +72,15 @@ def run_bench(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def only_json(out: Path) -> dict:
+def only_json_path(out: Path) -> Path:
     files = list((out / "bench").glob("bench-*.json"))
     assert len(files) == 1, files
     assert not [p for p in (out / "bench").iterdir() if p.name.endswith(".tmp")]
-    return json.loads(files[0].read_text(encoding="utf-8"))
+    return files[0]
+
+
+def only_json(out: Path) -> dict:
+    return json.loads(only_json_path(out).read_text(encoding="utf-8"))
 
 
 def check_result(result: dict, backend: str) -> None:
@@ -86,7 +107,8 @@ def test_bench_writes_every_field(tmp_path: Path, text_file: Path, capsys: pytes
                                      "2", "--data", str(text_file), "--out", str(out), "--seed", str(SEED))
     assert code == 0, stderr
     doc = only_json(out)
-    assert doc["schema"] == bench_overhead.SCHEMA and doc["schema_version"] == bench_overhead.SCHEMA_VERSION
+    assert doc["schema"] == bench_record.SCHEMA and doc["schema_version"] == bench_record.SCHEMA_VERSION
+    assert bench_record.OverheadRecord.load(only_json_path(out)).to_dict() == doc  # read back as it was written
     assert doc["options"]["sizes"] == ["small"] and doc["options"]["backends"] == ["torch"]
     env = doc["environment"]
     assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
@@ -143,7 +165,8 @@ def test_threads_caps_each_measured_process(tmp_path: Path, text_file: Path, mon
     from harness.run import processes
 
     monkeypatch.setattr(processes.subprocess, "Popen", FakePopen)
-    assert bench_overhead.measure_isolated(jobs[0])["status"].startswith("failed: child process exited with status 1")
+    assert bench_overhead.measure_isolated(jobs[0]).status_text.startswith(
+        "failed: child process exited with status 1")
     assert {seen[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"2"}
     assert seen["cmd"][1:5] == ["-m", "harness", "--worker", "bench"]  # the one child program, the bench kind
     unset = build_parser().parse_args(["bench", "--size", "small", "--data", str(text_file), "--out",
@@ -166,7 +189,7 @@ def test_bare_torch_loop_matches_runner(text_file: Path) -> None:
     backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
     runner = bench_overhead.runner_repeat(backend, config, stream, 0, steps)
 
-    bare = bench_overhead.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare = BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
     floor = bare.repeat([stream.batch(k) for k in range(steps)])
 
     assert len(runner.losses) == len(floor.losses) == steps
@@ -239,7 +262,7 @@ def test_floor_and_runner_make_the_same_copy(text_file: Path, monkeypatch: pytes
     backend.setup(config, weights, corpus.vocab_size, "cpu", SEED)
     bench_overhead.runner_repeat(backend, config, stream, 0, 3)
     runner_copies, copies[:] = list(copies), []
-    bare = bench_overhead.BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
+    bare = BareTorch(config, weights, corpus.vocab_size, "cpu", SEED)
     bare.repeat([stream.batch(k) for k in range(3)])
     assert copies == runner_copies == [(config.batch_size, config.block_size)] * 6
 
@@ -262,19 +285,19 @@ def test_warmup_0_reads_memory_after_steps(text_file: Path, monkeypatch: pytest.
             order.append(f"memory after {Counting.steps} steps")
             return super().memory()
 
-    class Bare(bench_overhead.BareTorch):
+    class Bare(BareTorch):
         def __init__(self, *a, **kw):
             order.append("bare model")
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(bench_overhead, "create_backend", lambda name, **opts: Counting(**opts))
-    monkeypatch.setattr(bench_overhead, "BareTorch", Bare)
+    monkeypatch.setattr(torch_bare, "BareTorch", Bare)  # the loop the torch declaration names
     config = load_config("small")
     job = bench_overhead.Job("torch", "small", config.to_dict(), str(text_file), "cpu", SEED, steps=2, warmup=0,
                              repeats=1, progress=False)
     result = bench_overhead.measure(job)
     assert order[:2] == ["memory after 2 steps", "bare model"]
-    assert result["compile_s"] is None and result["first_step_s"] > 0 and len(result["overhead_ratios"]) == 1
+    assert result.compile_s is None and result.first_step_s > 0 and len(result.overhead_ratios) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --device cuda is valid here")
@@ -286,10 +309,10 @@ def test_cuda_without_gpu_exits_2(tmp_path: Path, text_file: Path, capsys: pytes
     assert not out.exists()
 
 
-def fake_result(size: str, device: str, overhead: float, x_step: float) -> dict:
-    result = {"backend": "torch", "size": size, "device": device, "status": "completed",
-              "overhead_ratio": 1 + overhead, "stream": {"x_step": x_step}}
-    result["checks"] = bench_overhead.checks(result)
+def fake_result(size: str, device: str, overhead: float, x_step: float) -> OverheadResult:
+    result = OverheadResult(backend="torch", size=size, device=device, overhead_ratio=1 + overhead,
+                            stream=StreamTiming(x_step=x_step))
+    result.checks = bench_overhead.checks(result)
     return result
 
 
@@ -308,12 +331,12 @@ def test_targets() -> None:
 
 def test_check_exits_1_naming_the_miss(tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_measure(job: bench_overhead.Job) -> dict:
+    def fake_measure(job: bench_overhead.Job) -> OverheadResult:
         result = fake_result(job.size, job.device, 0.10, 500)
-        result.update(runner={"step_ms_median": 1.0, "step_ms_p90": 1.0, "tokens_per_s": 1.0},
-                      bare={"step_ms_median": 1.0, "step_ms_p90": 1.0}, overhead_pct=10.0,
-                      stream={"x_step": 500.0, "batches_per_s": 1.0}, harness_only={"us_per_step_median": 1.0},
-                      memory={"kind": "rss", "peak_bytes": 1})
+        result.runner = LoopTiming(step_ms_median=1.0, step_ms_p90=1.0, tokens_per_s=1.0)
+        result.bare = LoopTiming(step_ms_median=1.0, step_ms_p90=1.0)
+        result.overhead_pct, result.stream = 10.0, StreamTiming(x_step=500.0, batches_per_s=1.0)
+        result.harness_only, result.memory = HarnessOnly(us_per_step_median=1.0), Memory(kind="rss", peak_bytes=1)
         return result
 
     monkeypatch.setattr(bench_overhead, "measure", fake_measure)
@@ -333,10 +356,10 @@ def test_contention_probe_cost_counts_one_reading_per_chunk() -> None:
     from harness.timing import contention
 
     cost = bench_overhead.contention_probe_cost(0.01, "cpu", snapshots=5, ticks=100)
-    assert cost["chunk_s"] == contention.CHUNK_S and cost["snapshot_us"] > 0
+    assert cost.chunk_s == contention.CHUNK_S and cost.snapshot_us > 0
     steps_per_chunk = contention.CHUNK_S / 0.01
-    assert cost["per_step_us"] == pytest.approx(cost["tick_us"] + cost["snapshot_us"] / steps_per_chunk)
-    assert cost["pct_of_step"] == pytest.approx(cost["per_step_us"] / 1e4 * 100)
+    assert cost.per_step_us == pytest.approx(cost.tick_us + cost.snapshot_us / steps_per_chunk)
+    assert cost.pct_of_step == pytest.approx(cost.per_step_us / 1e4 * 100)
 
 
 def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
@@ -344,44 +367,46 @@ def test_noise_benchmark_checks_read_both_legs_the_same_way_round():
     run passes the run check, an unmarked slow one fails it; the table prints what the checks use."""
     from harness.bench import noise
 
-    def leg(a: str, b: str, time_ratio: float, hit: int, missed: int = 0) -> dict:
-        cells = [{"backend": "torch", "seed": 1337 + i, "contended_fraction": 0.4 if i < hit else 0.0,
-                  "mostly_disturbed": False, "step_median_s": 0.003} for i in range(3)]
-        return {"a": a, "b": b, "paired": {"time_ratio": time_ratio, "usable": True, "rounds": 10,
-                                           "disturbed_rounds": 0, "text": f"{a} vs {b}"},
-                "training": None, "cells": cells, "disturbed_cells": [c for c in cells if c["contended_fraction"]],
-                "report_names_them": hit > 0,
-                # during the hogs: `hit` slowed chunks judged disturbed, `missed` slowed ones not, one unslowed chunk
-                "during_hogs": [{"kind": "training chunk", "backend": "torch", "median_s": 0.006, "judged": True}] * hit
-                + [{"kind": "training chunk", "backend": "torch", "median_s": 0.006, "judged": False}] * missed
-                + [{"kind": "paired burst", "backend": "torch", "median_s": 0.0031, "judged": False}]}
+    def leg(a: str, b: str, time_ratio: float, hit: int, missed: int = 0) -> SweepLeg:
+        cells = [NoiseCell(backend="torch", seed=1337 + i, contended_fraction=0.4 if i < hit else 0.0,
+                           mostly_disturbed=False, step_median_s=0.003) for i in range(3)]
+        return SweepLeg(
+            a=a, b=b, paired=PairedLeg(time_ratio=time_ratio, usable=True, rounds=10, disturbed_rounds=0,
+                                       text=f"{a} vs {b}"),
+            training=None, cells=cells, disturbed_cells=[c for c in cells if c.contended_fraction],
+            report_names_them=hit > 0,
+            # during the hogs: `hit` slowed chunks judged disturbed, `missed` slowed ones not, one unslowed chunk
+            during_hogs=[DuringHogs(kind="training chunk", backend="torch", median_s=0.006, judged=True)] * hit
+            + [DuringHogs(kind="training chunk", backend="torch", median_s=0.006, judged=False)] * missed
+            + [DuringHogs(kind="paired burst", backend="torch", median_s=0.0031, judged=False)])
 
-    def run(median: float, frac: float, mostly: bool = False) -> dict:
-        return {"backend": "torch", "step_median_s": median, "steady_steps": 290, "disturbed_steps": 96,
-                "contended_fraction": frac, "mostly_disturbed": mostly, "figures_from": "undisturbed steps"}
+    def run(median: float, frac: float, mostly: bool = False) -> RunLeg:
+        return RunLeg(backend="torch", step_median_s=median, steady_steps=290, disturbed_steps=96,
+                      contended_fraction=frac, mostly_disturbed=mostly, figures_from="undisturbed steps")
 
-    result = {"options": {"size": "small", "backends": ["torch", "numpy"], "seeds": 3, "steps": 200,
-                          "run_steps": 300, "hogs": 2, "cores": 2},
-              "sweep_quiet": leg("torch", "numpy", 0.80, 0), "sweep_disturbed": leg("numpy", "torch", 1 / 0.82, 2),
-              "run_quiet": run(0.0030, 0.0), "run_disturbed": run(0.0031, 0.33)}
+    result = NoiseRecord(options=NoiseOptions(size="small", backends=["torch", "numpy"], seeds=3, steps=200,
+                                              run_steps=300, hogs=2, cores=2),
+                         sweep_quiet=leg("torch", "numpy", 0.80, 0), sweep_disturbed=leg("numpy", "torch", 1 / 0.82, 2),
+                         run_quiet=run(0.0030, 0.0), run_disturbed=run(0.0031, 0.33))
     checks = noise.checks(result)
-    assert [c["ok"] for c in checks] == [True, True, True, True]
+    assert [c.ok for c in checks] == [True, True, True, True]
     # numpy's time / torch's in both legs (names in alphabetical order), never one leg inverted
-    assert checks[0]["value"] == pytest.approx((1 / 0.82) / (1 / 0.80) - 1)
-    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)  # numpy/torch 1.0 against 1.25: outside 15 %
-    result["run_disturbed"] = run(0.0040, 0.33)  # 33 % slower and not marked
-    assert [c["ok"] for c in noise.checks(result)] == [False, True, False, True]
-    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2, missed=1)  # a slowed chunk not judged disturbed
-    assert [c["ok"] for c in noise.checks(result)][1] is False
-    assert noise.detection(result["sweep_quiet"], result["sweep_disturbed"]) == (3, 2, 4)
-    result["sweep_disturbed"] = leg("torch", "numpy", 1.0, 2)
-    result["run_disturbed"] = run(0.0040, 0.7, mostly=True)  # marked, and saying why: that is what is asked
-    result["checks"] = noise.checks(result)
-    assert result["checks"][2]["ok"]
+    assert checks[0].value == pytest.approx((1 / 0.82) / (1 / 0.80) - 1)
+    result.sweep_disturbed = leg("torch", "numpy", 1.0, 2)  # numpy/torch 1.0 against 1.25: outside 15 %
+    result.run_disturbed = run(0.0040, 0.33)  # 33 % slower and not marked
+    assert [c.ok for c in noise.checks(result)] == [False, True, False, True]
+    result.sweep_disturbed = leg("torch", "numpy", 1.0, 2, missed=1)  # a slowed chunk not judged disturbed
+    assert [c.ok for c in noise.checks(result)][1] is False
+    assert noise.detection(result.sweep_quiet, result.sweep_disturbed) == (3, 2, 4)
+    result.sweep_disturbed = leg("torch", "numpy", 1.0, 2)
+    result.run_disturbed = run(0.0040, 0.7, mostly=True)  # marked, and saying why: that is what is asked
+    result.checks = noise.checks(result)
+    assert result.checks[2].ok
     text = noise.format_result(result)
     assert "check: sweep: disturbed paired ratio within 15 % of the quiet one: -20.0 % -> FAIL" in text
     assert "cells disturbed: 2 of 3: torch seed 1337 contended_fraction 0.40" in text
     assert "contended_fraction 0.70; marked mostly disturbed" in text
+    assert NoiseRecord.from_dict(json.loads(json.dumps(result.to_dict()))).to_dict() == result.to_dict()
 
 
 def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch, capsys):
@@ -417,7 +442,7 @@ def test_noise_benchmark_lines_chunks_up_with_the_hogs():
     idle = {"at": 103.0, "wall_s": 1.0, "exec_s": 1.0, "wait_s": 0.0}
     before = {"at": 50.0, "wall_s": 1.0, "exec_s": 0.5, "wait_s": 0.5}
     items = [("training chunk", "torch", c, [0.002, 0.003]) for c in (busy, idle, before)]
-    assert [d["judged"] for d in noise._during(items, window)] == [True, False]
+    assert [d.judged for d in noise._during(items, window)] == [True, False]
 
 
 def test_noise_benchmark_reads_a_real_sweep(tmp_path):
@@ -427,8 +452,8 @@ def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     from test_paired import BUSY, QUIET
     from test_report import make_sweep
 
+    from harness import store
     from harness.bench import noise
-    from harness.run import records
     from harness.sweep import manifest as mf
     from harness.timing import paired
 
@@ -438,24 +463,24 @@ def test_noise_benchmark_reads_a_real_sweep(tmp_path):
     # plant calendar times: hogs from t = 1000 to 1010. Each cell's 120 steps in 4 chunks of 30 steps, 2 s each,
     # starting at 990 (before), 1000 and 1005 (during), 1020 (after); a torch cell's chunk at 1000 waited (disturbed)
     for cell in m.cells:
-        path = records.run_dir(out, cell["run_id"]) / f"{cell['backend']}.json"
+        path = m.run(cell).record(cell.backend)
         rec = json.loads(path.read_text())
-        rec["chunks"] = [dict(BUSY if cell["backend"] == "torch" and at == 1000.0 else QUIET, step=30 * i, n=30,
+        rec["chunks"] = [dict(BUSY if cell.backend == "torch" and at == 1000.0 else QUIET, step=30 * i, n=30,
                               at=at, wall_s=2.0) for i, at in enumerate((990.0, 1000.0, 1005.0, 1020.0))]
-        records.atomic_write_json(path, rec)
+        store.atomic_write_json(path, rec)
     # paired bursts of 0.25 s: round r at 995 + r s, so rounds 5..9 ran during the hogs; torch's burst of round 6 waited
-    for entry in m.doc["paired"]:
-        doc = paired.load(out / entry["path"])
+    for entry in m.paired:
+        doc = paired.load(entry.record(out))
         for r, rnd in enumerate(paired.rounds_of(doc)):
-            for name, burst in rnd["bursts"].items():
-                burst["chunk"] = dict(BUSY if (r, name) == (6, "torch") else QUIET, at=995.0 + r)
-        records.atomic_write_json(out / entry["path"], doc)
+            for name, burst in rnd.bursts.items():
+                burst.chunk = dict(BUSY if (r, name) == (6, "torch") else QUIET, at=995.0 + r)
+        doc.dump(entry.record(out))
     result = noise.sweep_result(out, [1000.0, 1010.0])
-    assert result["paired"]["time_ratio"] and len(result["cells"]) == 6
-    during = result["during_hogs"]
-    chunks = [d for d in during if d["kind"] == "training chunk"]
-    bursts = [d for d in during if d["kind"] == "paired burst"]
-    assert len(chunks) == 6 * 2 and sum(d["judged"] for d in chunks) == 3  # 3 torch cells, one waited chunk each
-    assert len(bursts) == 3 * 5 * 2 and sum(d["judged"] for d in bursts) == 3  # 3 blocks x 5 rounds x 2 contenders
-    assert {d["backend"] for d in during if d["judged"]} == {"torch"}
-    assert noise.sweep_result(out)["during_hogs"] == []  # no window: nothing ran during it
+    assert result.paired.time_ratio and len(result.cells) == 6
+    during = result.during_hogs
+    chunks = [d for d in during if d.kind == "training chunk"]
+    bursts = [d for d in during if d.kind == "paired burst"]
+    assert len(chunks) == 6 * 2 and sum(d.judged for d in chunks) == 3  # 3 torch cells, one waited chunk each
+    assert len(bursts) == 3 * 5 * 2 and sum(d.judged for d in bursts) == 3  # 3 blocks x 5 rounds x 2 contenders
+    assert {d.backend for d in during if d.judged} == {"torch"}
+    assert noise.sweep_result(out).during_hogs == []  # no window: nothing ran during it

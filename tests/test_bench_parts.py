@@ -20,7 +20,6 @@ from harness.backends.numpy_parts import NumpyParts, reference
 from harness.bench import parts as bench_parts
 from harness.bench.parts_analysis import check_sums, diagnose, format_table, rounds_used, summary
 from harness.bench.parts_page import write_page
-from harness.bench.parts_record import PartsRecord, record_path
 from harness.cli.main import main
 from harness.config.load import load_config
 from harness.core.costs import flops_per_token, part_flops
@@ -29,6 +28,7 @@ from harness.core.parts import OPTIMIZER, REST, STEP, item, items, part_names, p
 from harness.core.weights import init_weights
 from harness.errors import UsageError
 from harness.models import numpy_gpt
+from harness.store.parts import PartsBurst, PartsReady, PartsRecord, PartsRound, record_path
 
 TESTS = Path(__file__).resolve().parent
 
@@ -179,8 +179,23 @@ def test_torch_counts_what_a_part_launches_with_the_profiler(tmp_path: Path, cor
     assert count_launches(events, cuda=True) == {"kernels": 2, "kernel_us": 8.0}
 
 
+def without_parts(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Backend `name` declares no part runner (as a backend from outside that has none)."""
+    from harness.backends import options_class
+
+    cls = options_class(name)
+    decl = cls.declaration
+    monkeypatch.setattr(cls, "declaration", decl.replace(methods=decl.methods - {"parts"}, part_runner=""))
+
+
 def test_a_backend_without_a_part_runner_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(registry.RUNNERS, "numpy")
+    """Support comes from the declarations: the method `parts` and the part runner it names."""
+    from harness.backends import declaration
+
+    assert registry.runner_class("numpy") is NumpyParts
+    assert declaration("numpy").replace(part_runner="").problems() == [
+        'it declares the method parts but no part_runner ("module:Class" of its part runner)']
+    without_parts(monkeypatch, "numpy")
     assert registry.supports("torch") and not registry.supports("numpy")
     with pytest.raises(UsageError, match="'numpy' cannot time its parts"):
         registry.check_supported(["torch", "numpy"])
@@ -207,10 +222,10 @@ def synthetic(tmp_path: Path, corpus, times: dict[str, dict[str, float]], n_roun
             drift = 1 + noise * rng.standard_normal()  # the machine's speed in this burst
             t = {k: own.get(k, 1e-3) * drift * (1 + noise * rng.standard_normal()) for k in record.items if k != STEP}
             t[STEP] = sum(t.values()) * own.get("x", 1.0)
-            bursts[n] = {"times": t, "chunk": BUSY if r in disturbed else QUIET}
-        record.rounds.append({"order": list(times), "bursts": bursts})
-    record.contenders[0]["ready"] = {"setup_s": 1.0, "compile_s": None, "calls": {k: 1 for k in record.items},
-                                     "passes": 3, "clock": "host clock"}
+            bursts[n] = PartsBurst(times=t, chunk=BUSY if r in disturbed else QUIET)
+        record.rounds.append(PartsRound(order=list(times), bursts=bursts))
+    record.contenders[0].ready = PartsReady(setup_s=1.0, calls={k: 1 for k in record.items}, passes=3,
+                                            clock="host clock")
     return record
 
 
@@ -232,7 +247,7 @@ def test_a_part_whose_interval_includes_no_difference_is_never_named(tmp_path: P
     record = synthetic(tmp_path, corpus, {"torch": {}, "numpy": {"emb/backward": 20e-3}}, noise=0.01)
     rng = np.random.default_rng(1)
     for rnd in record.rounds:
-        rnd["bursts"]["numpy"]["times"]["emb/forward"] = 1e-3 + 6e-3 * rng.standard_normal()
+        rnd.bursts["numpy"].times["emb/forward"] = 1e-3 + 6e-3 * rng.standard_normal()
     pair = diagnose(record, "torch", "numpy", rounds_used(record).used)
     rows = [n["row"] for n in pair["named"]]
     assert rows[0] == "emb/backward" and "emb/forward" not in rows and "emb forward" not in pair["line"]
@@ -277,10 +292,10 @@ def test_parts_and_the_overhead_add_up_to_the_step(tmp_path: Path, corpus) -> No
 
 def test_flops_per_second_and_launch_bound_parts(tmp_path: Path, corpus) -> None:
     record = synthetic(tmp_path, corpus, {"jax": {}, "torch": {"h.0.ln_1/forward": 5e-3, "h.1.ln_1/forward": 5e-3}})
-    record.contenders[1]["ready"] = {"launches": {
+    record.contenders[1].ready = PartsReady(launches={
         "h.0.ln_1/forward": {"kernels": 4, "kernel_us": 10.0}, "h.1.ln_1/forward": {"kernels": 4, "kernel_us": 10.0},
         "h.0.mlp.fc/forward": {"kernels": 1, "kernel_us": 900.0}, "h.1.mlp.fc/forward": {"kernels": 1,
-                                                                                       "kernel_us": 900.0}}}
+                                                                                       "kernel_us": 900.0}})
     s = summary(record)
     t = s["tables"]["torch"]
     assert t["h.*.ln_1/forward"]["launches"] == {"kernels": 8, "kernel_us": 20.0, "launch_bound": True,
@@ -349,7 +364,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, capsys
     for argv, words in cases:
         code, _, err = run_bench(capsys, *argv, "--out", str(out))
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
-    monkeypatch.delitem(registry.RUNNERS, "numpy")
+    without_parts(monkeypatch, "numpy")
     code, _, err = run_bench(capsys, "--backend", "torch,numpy", "--out", str(out))
     assert code == 2 and "'numpy' cannot time its parts" in err and len(err.strip().splitlines()) == 1
     assert not out.exists(), tree(out)
@@ -375,8 +390,8 @@ def test_bench_parts_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, m
             for direction in ("forward", "backward"):
                 v = table[f"{part.replace('h.0.', 'h.*.')}/{direction}"]
                 assert v["median_s"] > 0 and v["lo_s"] is not None and v["hi_s"] is not None
-        ready = next(c["ready"] for c in record.contenders if c["name"] == name)
-        assert ready["passes"] >= 3 and set(ready["calls"]) == set(record.items)
+        ready = record.contender(name).ready
+        assert ready.passes >= 3 and set(ready.calls) == set(record.items)
     assert max(check_sums(record, s).values()) < 1e-12
     assert "fusion and framework overhead" in out and "diagnosis: " in out and "step" in out
     assert path.with_suffix(".html").is_file() and str(path) in err

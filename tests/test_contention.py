@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.backends.declaration import Declaration
 from harness.run.loop import Curves, LoopOptions, train
+from harness.store.contention import truncate_chunks
 from harness.timing import contention
 from harness.timing.contention import Probe, Sampler, Snapshot, chunk, judge
-from harness.timing.steady import summarize_times, truncate_chunks
+from harness.timing.steady import summarize_times
 
 
 # --- a fake /proc -------------------------------------------------------------------------------------------------
@@ -129,9 +131,9 @@ def test_steps_inherit_their_chunks_verdict_and_figures_drop_them():
     plain = summarize_times(times, 1000, warmup=10)  # without the evidence the slow steps count
     assert plain["step_p90_s"] == pytest.approx(0.050) and "disturbed_steps" not in plain
     c = contention.summarize(chunks, 100, 10)
-    assert c["contended_fraction"] == pytest.approx(30 / 90) and not c["mostly_disturbed"]
-    assert c["disturbed_chunks"] == 1 and c["reasons"] == {"cpu wait": 1} and c["evidence"] == "schedstat"
-    assert c["rule"]["wait_max"] == contention.WAIT_MAX and c["cpu_per_wall"] == pytest.approx(1.0)
+    assert c.contended_fraction == pytest.approx(30 / 90) and not c.mostly_disturbed
+    assert c.disturbed_chunks == 1 and c.reasons == {"cpu wait": 1} and c.evidence == "schedstat"
+    assert c.rule["wait_max"] == contention.WAIT_MAX and c.cpu_per_wall == pytest.approx(1.0)
     assert "33% of 90 steady steps disturbed (cpu wait)" in contention.sentence(c)
 
 
@@ -140,7 +142,7 @@ def test_a_mostly_disturbed_run_is_marked_and_says_so():
     chunks = [dict(busy, step=0, n=80), {"step": 80, "n": 20, "wall_s": 1.0, "cpu_s": 1.0, "exec_s": 1.0,
                                          "wait_s": 0.0}]
     c = contention.summarize(chunks, 100, 10)
-    assert c["mostly_disturbed"] and c["contended_fraction"] == pytest.approx(70 / 90)
+    assert c.mostly_disturbed and c.contended_fraction == pytest.approx(70 / 90)
     assert "kept out of speed verdicts" in contention.sentence(c)
     everything = summarize_times([0.01] * 100, 1000, warmup=10, disturbed=[True] * 100)
     assert everything["figures_from"] == "all steady steps (none undisturbed)" and everything["steady_steps"] == 90
@@ -159,8 +161,8 @@ def test_summarize_counts_each_kind_of_reason_under_its_stored_name_judging_each
     real = contention.reasons
     monkeypatch.setattr(contention, "reasons", lambda c: calls.append(c) or real(c))
     c = contention.summarize([every, quiet], 20, 0)
-    assert c["reasons"] == {"cpu wait": 1, "steal": 1, "gpu: other process": 2, "gpu slowdown": 1}
-    assert c["disturbed_chunks"] == 1 and c["disturbed_steps"] == 10 and len(calls) == 2
+    assert c.reasons == {"cpu wait": 1, "steal": 1, "gpu: other process": 2, "gpu slowdown": 1}
+    assert c.disturbed_chunks == 1 and c.disturbed_steps == 10 and len(calls) == 2
 
 
 def test_truncate_chunks_keeps_the_evidence_of_a_straddling_chunk():
@@ -217,7 +219,7 @@ class TickingBackend:
     hold our CPU (the fake /proc's run-queue wait grows as fast as our exec time)."""
 
     name = "ticking"
-    needs_warm_up = False
+    declaration = Declaration(name="ticking", dtypes=("float32",))
 
     def __init__(self, proc: FakeProc, wall: Clock, cpu: Clock):
         self.proc, self.wall, self.cpu, self.step = proc, wall, cpu, 0
@@ -268,7 +270,7 @@ def test_the_training_loop_records_chunks_and_the_worker_summary_drops_the_distu
     flags = contention.disturbed_steps(cv.chunks, 100)  # steps 30..64 were busy: exactly their chunks
     assert flags[30:65].all() and not flags[:30].any() and not flags[65:].any()
     summary = contention.summarize(cv.chunks, 100, steady_start(100))
-    assert summary["disturbed_steps"] == 35 and summary["contended_fraction"] == pytest.approx(35 / 90)
+    assert summary.disturbed_steps == 35 and summary.contended_fraction == pytest.approx(35 / 90)
 
 
 # --- NVML through a stub --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from harness.backends.base import BackendUnavailable
+from harness.backends.declaration import Declaration
 from harness.cli.options import parse_devices
 from harness.config.load import load_config
 from harness.core.data import BatchStream
@@ -63,6 +64,7 @@ class ClockBackend:
     """A backend on the fake device: each step advances the device time by its scripted duration."""
 
     name = "fake"
+    declaration = Declaration(name="fake", dtypes=("float32",), methods=frozenset({"device_clock"}))
 
     def __init__(self, device: FakeDevice | None, step_s: list[float]):
         self.device, self.step_s, self.k, self.syncs = device, step_s, 0, 0
@@ -128,13 +130,15 @@ def test_non_finite_loss_keeps_curves_aligned_with_device_markers() -> None:
     curves = loop.Curves()
     outcome = loop.train(Diverges(device, [0.01] * 10), config, stream_for(config), {}, curves, 10,
                          loop.LoopOptions(progress=False))
-    assert outcome.status == "failed: non-finite loss at step 3"
+    assert outcome.text == "failed: non-finite loss at step 3"
     assert len(curves.loss) == len(curves.time_s) == len(curves.step) == 4
 
 
 class AsyncBackend(ClockBackend):
     """A backend that also fetches its losses asynchronously (torch on CUDA): `fetch_losses` starts a copy, the
     function it returns waits for it (the markers recorded before it are then complete)."""
+
+    declaration = ClockBackend.declaration.replace(methods=frozenset({"device_clock", "fetch_losses"}))
 
     def __init__(self, device: FakeDevice, step_s: list[float], nan_at: int | None = None):
         super().__init__(device, step_s)
@@ -184,7 +188,7 @@ def test_a_non_finite_loss_found_a_flush_late_still_ends_the_curves_at_it() -> N
     backend = AsyncBackend(device, [0.01] * 200, nan_at=60)
     curves = loop.Curves()
     outcome = loop.train(backend, config, stream_for(config), {}, curves, 200, loop.LoopOptions(progress=False))
-    assert outcome.status == "failed: non-finite loss at step 60"
+    assert outcome.text == "failed: non-finite loss at step 60"
     assert backend.k == 150 and len(curves.loss) == len(curves.time_s) == len(curves.step) == 61
     assert math.isnan(curves.loss[-1]) and curves.step[-1] == 60
 
@@ -219,6 +223,7 @@ def test_warm_up_runs_once_before_the_step0_evaluation() -> None:
     calls: list[str] = []
 
     class Compiled(ClockBackend):
+        declaration = ClockBackend.declaration.replace(methods=frozenset({"device_clock", "warm_up"}))
         needs_warm_up = True
 
         def warm_up(self, x, y) -> bool:
@@ -342,7 +347,7 @@ def test_parity_spec_carries_devices_and_parity_options(tmp_path: Path, monkeypa
     from there (falling back to spec["device"])."""
     from harness.cli.main import main
     from harness.run import supervise
-    from harness.run.worker import Worker
+    from harness.store import RunPaths, RunSpec
 
     monkeypatch.setattr(supervise, "execute", lambda directory, backends, **kw: {b: 1 for b in backends})
     out = tmp_path / "out"
@@ -354,10 +359,11 @@ def test_parity_spec_carries_devices_and_parity_options(tmp_path: Path, monkeypa
     assert record["devices"] == {"torch": "cpu", "numpy": "cpu"}
     spec["devices"]["torch"] = "cuda"
     spec_path.write_text(json.dumps(spec))
-    assert Worker(spec_path.parent, "torch").device == "cuda" and Worker(spec_path.parent, "numpy").device == "cpu"
+    paths = RunPaths.of_dir(spec_path.parent)
+    assert RunSpec.load(paths).device_of("torch") == "cuda" and RunSpec.load(paths).device_of("numpy") == "cpu"
     del spec["devices"]
     spec_path.write_text(json.dumps(spec))
-    assert Worker(spec_path.parent, "torch").device == spec["device"]  # specs written before per-backend devices
+    assert RunSpec.load(paths).device_of("torch") == spec["device"]  # specs written before per-backend devices
     capsys.readouterr()
 
 
@@ -598,37 +604,37 @@ def test_cupy_path_device_dropout_resume_and_memory(stub_cupy) -> None:
 
 # --- finding 9: doctor ---------------------------------------------------------------------------------------------
 def test_doctor_tells_cpu_build_from_driver_problem(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.cli import doctor
+    from harness.backends import torch_options
 
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert "CPU-only build" in doctor._torch_row()[1]
+    assert "CPU-only build" in torch_options.torch_row()[1]
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    status, fix = doctor._torch_row()[1:]
+    status, fix = torch_options.torch_row()[1:]
     assert "CUDA 12.8 build, but no usable GPU" in status and "driver" in fix
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Tesla T4")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (7, 5))
-    status, fix = doctor._torch_row()[1:]
+    status, fix = torch_options.torch_row()[1:]
     assert "Tesla T4" in status and "7.5" in status and "fp32 only" in fix
 
 
 def test_doctor_cupy_and_compile_rows(monkeypatch: pytest.MonkeyPatch, stub_cupy) -> None:
     import importlib.util
 
-    from harness.cli import doctor
+    from harness.backends import numpy_backend, torch_options
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "cupy" else real_find_spec(n, *a))
     stub_cupy("matmul")
-    name, status, fix = doctor._cupy_row()
+    name, status, fix = numpy_backend.cupy_row()
     assert name.startswith("CuPy") and "not ready" in status and "float64 matmul" in fix
     stub_cupy()
-    assert "ready" in doctor._cupy_row()[1] and doctor._cupy_row()[2] == ""
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    assert "ready" in numpy_backend.cupy_row()[1] and numpy_backend.cupy_row()[2] == ""
+    monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
-    status, fix = doctor._compile_row()[1:]
+    status, fix = torch_options.compile_row()[1:]
     assert "C compiler: none" in status and "compiler" in fix
 
 

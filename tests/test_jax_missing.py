@@ -64,22 +64,25 @@ def test_importing_the_harness_never_imports_jax() -> None:
 
 
 def test_doctor_row_without_jax_or_with_a_broken_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.backends import jax_backend
-    from harness.cli import doctor
+    from harness.backends import jax_backend, jax_options
 
     monkeypatch.setattr(jax_backend, "installed", lambda module: False)
-    assert doctor._jax_row() == ("jax", "not installed",
-                                 "only needed for --backend jax: pip install -e '.[jax]' (or pip install jax)")
+    assert jax_options.jax_row() == ("jax", "not installed",
+                                     "only needed for --backend jax: pip install -e '.[jax]' (or pip install jax)")
     monkeypatch.setattr(jax_backend, "installed", lambda module: True)
-    monkeypatch.setattr(doctor, "JAX_PROBE", "import sys; sys.exit('RuntimeError: no backend could be initialised')")
-    _, status, fix = doctor._jax_row()
+    monkeypatch.setattr(jax_options, "JAX_PROBE", "import sys; sys.exit('RuntimeError: no backend could be "
+                        "initialised')")
+    _, status, fix = jax_options.jax_row()
     assert status == "broken (RuntimeError: no backend could be initialised)" and fix.startswith("reinstall jax")
 
 
 def test_reports_draw_jax_in_a_colour_no_other_backend_gets() -> None:
-    """jax has its own colour in every figure; a backend the report does not know (a port's name) never gets it."""
+    """jax has its own colour in every figure, the one it declares; a backend the report does not know (a port's
+    name) never gets a shipped backend's colour."""
+    from harness.backends import declarations
     from harness.report import figures
 
-    assert figures.color("jax") == figures.COLORS["jax"]
-    assert len(set(figures.COLORS.values())) == len(figures.COLORS)
-    assert not {figures.color(name) for name in ("mxnet", "tinygrad", "port", "x")} & set(figures.COLORS.values())
+    shipped = {name: d.color for name, d in declarations().items()}
+    assert figures.color("jax") == shipped["jax"]
+    assert len(set(shipped.values())) == len(shipped)
+    assert not {figures.color(name) for name in ("mxnet", "tinygrad", "port", "x")} & set(shipped.values())

@@ -602,17 +602,18 @@ def test_issue20_bugs_through_the_kit_are_named(case: str, request: pytest.Fixtu
     # the failure is stated once: the "First broken" section gives its detail and cause (a hint equal to the cause
     # is not repeated); its own line is not listed again among the other failed checks, each of which is listed once
     diagnosis = verdict["diagnosis"]
-    assert page.count(html_escape(diagnosis["cause"])) == 1 and page.count(html_escape(diagnosis["detail"])) == 1
+    assert page.count(as_html(diagnosis["cause"])) == 1 and page.count(as_html(diagnosis["detail"])) == 1
     (first,) = [f for f in verdict["failures"] if f not in verdict["other_failures"]]
-    assert html_escape(first) not in page
-    assert all(page.count(html_escape(f)) == 1 for f in verdict["other_failures"]), verdict["other_failures"]
+    assert as_html(first) not in page
+    assert all(page.count(as_html(f)) == 1 for f in verdict["other_failures"]), verdict["other_failures"]
     assert "<th>first broken</th><th>worst</th>" in page and "What the depths given cannot see" in page
 
 
-def html_escape(text: str) -> str:
-    import html
+def as_html(text: str) -> str:
+    """A message as every page renders it (harness.pages.inline: escaped, `code` and numbers marked up)."""
+    from harness.pages import inline
 
-    return html.escape(text)
+    return str(inline(text))
 
 
 def test_a_logits_only_port_without_lm_head_bias_passes_and_is_told_why(kit: Path, tmp_path: Path,

@@ -10,6 +10,7 @@ import pytest
 from harness.config.load import load_config
 from harness.core.data import Corpus
 from harness.run import text as run_text
+from harness.store.record import TextQuality
 
 ALPHABET = tuple(sorted(set(" \nabcdefghijklmnopqrstuvwxyz.,")))
 
@@ -125,34 +126,40 @@ def test_prompts_and_references_come_from_the_validation_text() -> None:
 
 
 @pytest.fixture(scope="module")
-def oracle_quality() -> dict:
+def oracle_quality() -> TextQuality:
     corpus = random_corpus()
     config = load_config("small")
     return run_text.text_quality(OracleBackend(corpus), corpus, config, seed=1337)
 
 
-def test_oracle_scores_100(oracle_quality: dict) -> None:
+def test_oracle_scores_100(oracle_quality: TextQuality) -> None:
     """A backend that always predicts the true next character reproduces the references: BLEU = chrF = 100."""
     q = oracle_quality
-    assert q["bleu"] == pytest.approx(100.0) and q["chrf"] == pytest.approx(100.0)
-    assert all(c["hypothesis"] == c["reference"] for c in q["continuations"])
-    assert "tok:13a" in q["bleu_signature"] and "nc:6" in q["chrf_signature"]
-    assert q["bleu_ci"] == pytest.approx(0.0) and q["chrf_ci"] == pytest.approx(0.0)
+    assert q.bleu == pytest.approx(100.0) and q.chrf == pytest.approx(100.0)
+    assert all(c.hypothesis == c.reference for c in q.continuations)
+    assert "tok:13a" in q.bleu_signature and "nc:6" in q.chrf_signature
+    assert q.bleu_ci == pytest.approx(0.0) and q.chrf_ci == pytest.approx(0.0)
 
 
-def test_text_quality_record_shape(oracle_quality: dict) -> None:
+def test_text_quality_record_shape(oracle_quality: TextQuality) -> None:
     q = oracle_quality
-    p = q["protocol"]
-    assert (p["n_prompts"], p["prompt_chars"], p["continuation_chars"], p["temperature"]) == (
+    p = q.protocol
+    assert (p.n_prompts, p.prompt_chars, p.continuation_chars, p.temperature) == (
         run_text.N_PROMPTS, run_text.PROMPT_CHARS, run_text.CONTINUATION_CHARS, run_text.TEMPERATURE)
-    assert q["generation_tokens"] == run_text.N_PROMPTS * run_text.CONTINUATION_CHARS
-    assert q["generation_tokens_per_s"] == pytest.approx(q["generation_tokens"] / q["generation_s"])
-    assert [s["temperature"] for s in q["samples"]] == [1.5, 1.0, 0.8, 0.5, 0.1, None]
-    assert all(len(s["text"]) == run_text.SAMPLE_CHARS for s in q["samples"])
+    assert q.generation_tokens == run_text.N_PROMPTS * run_text.CONTINUATION_CHARS
+    assert q.generation_tokens_per_s == pytest.approx(q.generation_tokens / q.generation_s)
+    assert [s.temperature for s in q.samples] == [1.5, 1.0, 0.8, 0.5, 0.1, None]
+    assert all(len(s.text) == run_text.SAMPLE_CHARS for s in q.samples)
     # the oracle is certain, so every temperature continues the sample prompt with the true text
     corpus = random_corpus()
     truth = corpus.decode(corpus.val[run_text.PROMPT_CHARS:run_text.PROMPT_CHARS + run_text.SAMPLE_CHARS])
-    assert all(s["text"] == truth for s in q["samples"])
+    assert all(s.text == truth for s in q.samples)
+    # as the record holds it: every key of the JSON the report reads
+    doc = q.to_dict()
+    assert set(doc) >= {"protocol", "bleu", "bleu_ci", "bleu_signature", "chrf", "chrf_ci", "chrf_signature",
+                        "generation_s", "generation_tokens", "generation_tokens_per_s", "sample_prompt", "samples",
+                        "continuations"}
+    assert set(doc["continuations"][0]) == {"prompt", "reference", "hypothesis"}
 
 
 def test_score_text_against_sacrebleu_directly() -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import data_path
 
+from harness.backends.declaration import Declaration
 from harness.config.fields import OPTION_DEFAULTS, config_from_dict
 from harness.config.load import load_config
 from harness.config.presets import PRESETS
@@ -85,6 +86,7 @@ def test_the_runner_hands_each_step_its_rate() -> None:
     from harness.run.loop import Curves, LoopOptions, train
 
     class Recorder:  # the least of the Backend protocol the loop uses
+        declaration = Declaration(name="recorder", dtypes=("float32",))
         def __init__(self) -> None:
             self.lrs: list[float] = []
 
@@ -553,6 +555,13 @@ def test_kit_names_a_port_that_gets_an_option_wrong(plant: str, nanogpt_kit: Pat
     assert text in out.split("first broken:", 1)[1], out  # the diagnosis of the first broken depth
 
 
+def _spec(doc: dict):
+    """The RunSpec of a spec.json holding `doc` (a run id and data provenance added)."""
+    from harness.store import RunSpec
+
+    return RunSpec.from_dict(dict(doc, run_id="r", data={"path": "data.txt", "sha256": "ab" * 32}))
+
+
 def test_resume_of_a_run_from_before_the_options() -> None:
     """A spec.json written before the options (no option keys) resumes; --set must reproduce what it stored."""
     import argparse
@@ -560,8 +569,8 @@ def test_resume_of_a_run_from_before_the_options() -> None:
     from harness.cli.run import resume_conflicts
 
     c = load_config("small")
-    old = {"config": {k: v for k, v in c.to_dict().items() if k not in OPTION_DEFAULTS}, "backend_options": {},
-           "backends": ["torch"], "label": "small", "data": {}, "device": "cpu", "seed": 1337}
+    old = _spec({"config": {k: v for k, v in c.to_dict().items() if k not in OPTION_DEFAULTS},
+                 "backend_options": {}, "backends": ["torch"], "label": "small", "device": "cpu", "seed": 1337})
     args = argparse.Namespace(set=["gelu=tanh", "tie_embeddings=false"])
     assert resume_conflicts(args, old) == []  # the defaults: what the old run ran
     args = argparse.Namespace(set=["gelu=exact"])
@@ -579,8 +588,8 @@ def test_resume_reads_backend_all_as_a_new_run_does(capsys: pytest.CaptureFixtur
     ready, _ = available_backends("cpu")
     c = load_config("small")
     spec = {"config": c.to_dict(), "backend_options": {b: {} for b in ready}, "backends": ready, "label": "small",
-            "data": {}, "device": "cpu", "seed": 1337}
-    assert resume_conflicts(argparse.Namespace(backend=["all"]), spec) == []
-    fewer = dict(spec, backends=["numpy"], backend_options={"numpy": {}})
+            "device": "cpu", "seed": 1337}
+    assert resume_conflicts(argparse.Namespace(backend=["all"]), _spec(spec)) == []
+    fewer = _spec(dict(spec, backends=["numpy"], backend_options={"numpy": {}}))
     assert len(ready) > 1 and resume_conflicts(argparse.Namespace(backend=["all"]), fewer) == [
         "--backend (the run has numpy)"]

@@ -15,17 +15,23 @@ from typing import ClassVar
 import pytest
 from conftest import run_cli
 
+from harness.backends.declaration import Declaration
 from harness.run import paired_timing
+from harness.store.paired import SCHEMA, Contender, PairedRecord
 from harness.timing import paired, stats
 
 QUIET = {"step": 0, "n": 5, "wall_s": 0.25, "cpu_s": 0.25, "exec_s": 0.25, "wait_s": 0.0}
 BUSY = dict(QUIET, exec_s=0.15, wait_s=0.1, cpu_s=0.15)
 
 
-def planted(ratios: list[float], disturbed: tuple[int, ...] = (), sessions: int = 1, rounds: int = 10) -> dict:
+def two_contenders() -> list[Contender]:
+    return [Contender(name="torch", backend="torch"), Contender(name="numpy", backend="numpy")]
+
+
+def planted(ratios: list[float], disturbed: tuple[int, ...] = (), sessions: int = 1, rounds: int = 10
+            ) -> PairedRecord:
     """A paired-timing record whose round r has torch steps of 10 ms and numpy steps of 10 ms x ratios[r]."""
-    doc = paired_timing.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
-                         1337, rounds)
+    doc = paired_timing.new_doc(two_contenders(), "small", 1337, rounds).to_dict()
     per = len(ratios) // sessions
     for s in range(sessions):
         session = {"status": "completed", "rounds": []}
@@ -35,7 +41,7 @@ def planted(ratios: list[float], disturbed: tuple[int, ...] = (), sessions: int 
                 "torch": {"times": [0.010, 0.011, 0.009], "chunk": chunk},
                 "numpy": {"times": [0.010 * ratios[i]] * 3, "chunk": QUIET}}})
         doc["sessions"].append(session)
-    return doc
+    return PairedRecord.from_dict(doc)
 
 
 def test_one_session_ratio_interval_and_cv_by_hand():
@@ -103,7 +109,7 @@ def test_a_run_of_two_backends_times_them_side_by_side_and_resume_adds_a_session
     assert result.returncode == 0, result.stderr
     (run,) = (out / "runs").iterdir()
     doc = json.loads((run / "paired.json").read_text())
-    assert doc["schema"] == paired.SCHEMA and [c["name"] for c in doc["contenders"]] == ["torch", "numpy"]
+    assert doc["schema"] == SCHEMA and [c["name"] for c in doc["contenders"]] == ["torch", "numpy"]
     (session,) = doc["sessions"]
     assert session["status"] in ("completed", "incomplete") and set(session["ready"]) == {"torch", "numpy"}
     pids = {session["ready"][n]["pid"] for n in ("torch", "numpy")}
@@ -122,7 +128,7 @@ def test_a_run_of_two_backends_times_them_side_by_side_and_resume_adds_a_session
     assert res.returncode == 0, res.stderr
     again = json.loads((run / "paired.json").read_text())
     assert len(again["sessions"]) == 2 and again["sessions"][0]["rounds"] == rounds  # never replaced by less
-    assert len(paired.rounds_of(again)) > before
+    assert len(paired.rounds_of(PairedRecord.from_dict(again))) > before
     from harness.report import write_report
 
     page = write_report(out, [run.name]).read_text()
@@ -142,19 +148,19 @@ def test_a_paired_record_follows_its_cells_to_their_new_runs(tmp_path: Path) -> 
     out = tmp_path / "out"
     sweep_id = make_sweep(out, seeds=1)
     m = mf.Manifest.load(out, sweep_id)
-    (entry,) = m.doc["paired"]
-    before = paired.load(out / entry["path"])
-    sessions = before["sessions"]
-    cell = m.cells[entry["members"][1]]
+    (entry,) = m.paired
+    before = paired.load(entry.record(out))
+    sessions = before.to_dict()["sessions"]
+    cell = m.cells[entry.members[1]]
     from test_report import make_run
 
-    cell["run_id"] = make_run(out, backends=(cell["backend"],), text=False)  # the cell's new run
+    cell.run_id = make_run(out, backends=(cell.backend,), text=False)  # the cell's new run
     mf.ensure_paired_doc(out, entry, m.cells, None)
-    after = paired.load(out / entry["path"])
-    moved = next(c for c in after["contenders"] if c["cell"] == cell["index"])
-    assert moved["run_id"] == cell["run_id"] and moved["run_dir"].endswith(cell["run_id"])
-    assert after["sessions"] == sessions  # nothing measured is lost
-    paired_timing.check_contenders(after, out / entry["path"])  # the coordinator accepts it
+    after = paired.load(entry.record(out))
+    moved = next(c for c in after.contenders if c.cell == cell.index)
+    assert moved.run_id == cell.run_id and moved.run_dir.endswith(cell.run_id)
+    assert after.to_dict()["sessions"] == sessions  # nothing measured is lost
+    paired_timing.check_contenders(after, entry.record(out))  # the coordinator accepts it
 
 
 class FakeChild:
@@ -166,8 +172,8 @@ class FakeChild:
     interrupt_at: ClassVar[int | None] = None
     pids = iter(range(10_000, 20_000))
 
-    def __init__(self, contender: dict, threads: int | None, warmup_s: float):
-        self.name, self.sent, self.bursts = contender["name"], [], 0
+    def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
+        self.name, self.sent, self.bursts = contender.name, [], 0
         self.proc = type("Proc", (), {"pid": next(FakeChild.pids)})()
         self.stopped = False
 
@@ -193,7 +199,6 @@ class FakeChild:
 def fake_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """paired.run with FakeChild timing processes; returns (path, doc, writes, judged): the record's path, a fresh
     record wanting 5 rounds, the times the record was written, the bursts judged."""
-    from harness.run import records
     from harness.timing import contention
 
     monkeypatch.setattr(paired_timing, "Child", FakeChild)
@@ -201,11 +206,10 @@ def fake_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(FakeChild, "busy", set())
     monkeypatch.setattr(FakeChild, "interrupt_at", None)
     writes, judged = [], []
-    write, judge = records.atomic_write_json, contention.judge
-    monkeypatch.setattr(records, "atomic_write_json", lambda p, obj: writes.append(p) or write(p, obj))
+    write, judge = PairedRecord.dump, contention.judge
+    monkeypatch.setattr(PairedRecord, "dump", lambda doc, p: writes.append(p) or write(doc, p))
     monkeypatch.setattr(contention, "judge", lambda c: judged.append(c) or judge(c))
-    doc = paired_timing.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}], "small",
-                         1337, rounds=5)
+    doc = paired_timing.new_doc(two_contenders(), "small", 1337, rounds=5)
     return tmp_path / "paired.json", doc, writes, judged
 
 
@@ -242,9 +246,7 @@ def test_a_second_coordinator_of_one_record_is_refused(fake_session, capsys):
     """Two coordinators of one record (a SLURM job resubmitted while the first still runs) would drop each other's
     rounds: while one holds the record, the other exits 2 with one line and writes nothing."""
     path, doc, writes, _ = fake_session
-    from harness.run import records
-
-    records.atomic_write_json(path, doc)
+    doc.dump(path)
     before = path.read_bytes()
     writes.clear()
     with paired_timing.RecordLock(path):  # the first coordinator, mid-session
@@ -262,10 +264,10 @@ def test_a_paired_record_of_an_older_harness_is_refused(tmp_path: Path) -> None:
     from harness.errors import UsageError
 
     path = tmp_path / "paired.json"
-    path.write_text(json.dumps(dict(planted([1.0] * 10), schema_version=0)))
+    path.write_text(json.dumps(dict(planted([1.0] * 10).to_dict(), schema_version=0)))
     with pytest.raises(UsageError, match=r"paired.json' was written by an older nanogpt-parity \(schema 0\); re-run"):
         paired.load(path)
-    path.write_text(json.dumps(planted([1.0] * 10)))
+    path.write_text(json.dumps(planted([1.0] * 10).to_dict()))
     assert paired.clean_rounds(paired.load(path)) == 10
 
 
@@ -281,7 +283,6 @@ def test_a_timed_process_ends_each_burst_synchronised_and_takes_its_partners_as_
 
     import numpy as np
 
-    import harness.backends as backends
     import harness.run.worker as worker_module
     from harness.config.load import load_config
     from harness.core.data import BatchStream
@@ -292,20 +293,9 @@ def test_a_timed_process_ends_each_burst_synchronised_and_takes_its_partners_as_
     config = load_config("small").replace(block_size=8, batch_size=2, eval_interval=10_000)
     ids = np.random.default_rng(0).integers(0, 11, size=2000)
 
-    class FakeWorker:
-        def __init__(self, run_dir, name):
-            self.spec, self.config, self.weights, self.device, self.seed = {"backend_options": {}}, config, {}, \
-                "cuda", 1
-            self.stream = BatchStream(ids, config.block_size, config.batch_size, 1, config.scheme)
-
-        def load_inputs(self):
-            return SimpleNamespace(vocab_size=11)
-
     class FakeBackend:
         name = "fake"
-
-        def setup(self, *args):
-            pass
+        declaration = Declaration(name="fake", dtypes=("float32",), methods=frozenset({"device_clock"}))
 
         def train_step(self, x, y, lr):
             events.append("step")
@@ -323,6 +313,12 @@ def test_a_timed_process_ends_each_burst_synchronised_and_takes_its_partners_as_
         def device_clock(self):  # an asynchronous device: no sync per step, markers read at the flush
             return SimpleNamespace(mark=lambda: len(events), elapsed_s=lambda a, b: 0.001)
 
+    class FakeWorker:  # harness.run.worker.Worker: the run's inputs and its backend, set up
+        def __init__(self, paths, name):
+            self.config, self.device, self.seed, self.setup_s = config, "cuda", 1, 0.0
+            stream = BatchStream(ids, config.block_size, config.batch_size, 1, config.scheme)
+            self.inputs, self.backend = SimpleNamespace(stream=stream), FakeBackend()
+
     class FakeGpu:
         def __init__(self):
             self.siblings, self.tree_root = set(), None
@@ -334,12 +330,11 @@ def test_a_timed_process_ends_each_burst_synchronised_and_takes_its_partners_as_
     gpu = FakeGpu()
     probe = contention.Probe(gpu=gpu)
     monkeypatch.setattr(worker_module, "Worker", FakeWorker)
-    monkeypatch.setattr(backends, "create_backend", lambda name, **options: FakeBackend())
     monkeypatch.setattr(contention, "default_probe", lambda device: (probe, ""))
     monkeypatch.setattr(timed, "WARMUP_STEPS", 5)
     lines = [{"siblings": [71], "coordinator": 70}, {"burst": 4, "start": 5}, {"burst": 3, "start": 9}, {"quit": True}]
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(m) + "\n" for m in lines)))
-    assert timed.serve(Path("unused"), "fake", warmup_s=0.0) == 0
+    assert timed.serve(Path("out/runs/unused"), "fake", warmup_s=0.0) == 0
     assert gpu.siblings == {71} and gpu.tree_root == 70
     bursts = "".join("s" if e == "step" else "y" if e == "sync" else "r" for e in events).split("r")
     # after the warm-up: reading, 4 steps, sync, reading; reading, 3 steps, sync, reading

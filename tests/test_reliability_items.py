@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import store
 from harness.errors import UsageError
-from harness.run import records
 from tests.conftest import (
     TINY,
     children,
@@ -209,17 +209,17 @@ def test_4_a_running_run_is_locked(tmp_path, config_file):
 
 
 def test_4_lock_dies_with_its_holder(tmp_path):
-    paths = records.RunPaths(tmp_path, "r1")
+    paths = store.RunPaths(tmp_path, "r1")
     paths.dir.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness.run import records; "
-                               f"records.RunLock(records.RunPaths({str(tmp_path)!r}, 'r1')).acquire(); "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness import store; "
+                               f"store.RunLock(store.RunPaths({str(tmp_path)!r}, 'r1')).acquire(); "
                                "print('held', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(UsageError, match=rf"being written by another process \(pid {holder.pid}\)"):
-        records.RunLock(paths).acquire()
+        store.RunLock(paths).acquire()
     holder.kill()
     holder.wait()
-    records.RunLock(paths).acquire().release()  # the kernel dropped the lock with its holder
+    store.RunLock(paths).acquire().release()  # the kernel dropped the lock with its holder
 
 
 def test_5_worker_orphaned_at_spawn_stops(tmp_path, config_file):
@@ -266,7 +266,7 @@ def test_7_worker_killed_by_a_signal_is_marked(tmp_path, config_file):
     assert rec["status"] == "failed: killed by SIGKILL" and rec["signal"] == "SIGKILL"
     from harness.report.analysis import ERROR, status_of
 
-    assert status_of(rec)[0] == ERROR  # the report no longer says "running"
+    assert status_of(store.RunRecord.from_dict(rec))[0] == ERROR  # the report no longer says "running"
 
 
 @pytest.mark.parametrize("point", ["final-persist", "end"])
@@ -419,7 +419,7 @@ def test_14_compile_caches_go_into_out(tmp_path, monkeypatch):
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    env = processes.compile_cache_env(tmp_path / "out" / "runs" / "r1")
+    env = processes.compile_cache_env(store.RunPaths(tmp_path / "out", "r1"))
     assert all(Path(v).is_relative_to((tmp_path / "out" / "cache").resolve()) for v in env.values())
     assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
@@ -494,7 +494,7 @@ def test_15_one_bad_run_does_not_break_the_index(tmp_path, capsys, done_run):
 
 def test_16_non_finite_numbers_are_null(tmp_path, done_run):
     path = tmp_path / "r.json"
-    records.atomic_write_json(path, {"a": math.nan, "b": [1.0, math.inf, -math.inf]})
+    store.atomic_write_json(path, {"a": math.nan, "b": [1.0, math.inf, -math.inf]})
 
     def refuse(name: str) -> None:
         raise ValueError(name)
@@ -502,8 +502,8 @@ def test_16_non_finite_numbers_are_null(tmp_path, done_run):
     assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [1.0, None, None]}
     _, run = copy_run(done_run, tmp_path)
     _edit(run / "numpy.json", lambda d: d["steps"]["loss"].__setitem__(3, None))
-    loaded = records.load_record(run / "numpy.json")
-    assert math.isnan(loaded["steps"]["loss"][3]) and math.isfinite(loaded["steps"]["loss"][2])
+    loaded = store.RunRecord.load(run / "numpy.json")
+    assert math.isnan(loaded.curves.loss[3]) and math.isfinite(loaded.curves.loss[2])
 
 
 def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, config_file):
@@ -528,7 +528,7 @@ def test_17_and_provenance_worker_reads_the_checked_copy(tmp_path, capsys, confi
     result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
     assert result.returncode == 0, result.stderr
     assert not (run / ".numpy.json.abcd.tmp").exists()
-    copy = records.corpus_copy(out, spec["data"]["sha256"])
+    copy = store.paths.corpus_copy(out, spec["data"]["sha256"])
     copy.write_bytes(copy.read_bytes() + b"x")  # a changed copy is refused, not trained on
     _edit(run / "numpy.json", lambda d: d.update(status="interrupted"))
     result = run_cli("resume", run.name, "--out", str(out), "--quiet", "--no-report")
@@ -546,16 +546,15 @@ def test_run_backend_is_a_plain_function_under_the_lock(tmp_path, capsys, config
     plan = run_plan.Plan(config=load_config(path=config_file).replace(steps=10), corpus=load_corpus(data_path()),
                        backends=["numpy"], out=tmp_path / "out", text=False, progress=False)
     run_plan.preflight(plan)
-    paths = records.RunPaths(plan.out, run_plan.write_spec(plan))
-    with records.RunLock(paths):  # someone else writes the run: refused, nothing touched
-        assert supervise.run_backend(paths.dir, "numpy", progress=False) == 2
+    paths = run_plan.write_spec(plan)
+    with store.RunLock(paths):  # someone else writes the run: refused, nothing touched
+        assert supervise.run_backend(paths, "numpy", progress=False) == 2
         assert "being written by another process" in capsys.readouterr().err
     assert not paths.record("numpy").exists()
-    assert supervise.run_backend(paths.dir, "numpy", progress=False) == 0
-    rec = records.load_record(paths.record("numpy"), "numpy")
-    assert rec["status"] == "completed" and len(rec["steps"]["loss"]) == 10
-    assert records.Status.of(rec["status"]) is records.Status.COMPLETED
-    assert records.Status.of("failed: x") is records.Status.FAILED and records.Status.FAILED.text("x") == "failed: x"
+    assert supervise.run_backend(paths, "numpy", progress=False) == 0
+    rec = store.RunRecord.load(paths.record("numpy"), "numpy")
+    assert rec.status is store.Status.COMPLETED and len(rec.curves.loss) == 10
+    assert store.Status.of("failed: x") is store.Status.FAILED and store.Status.FAILED.stored("x") == "failed: x"
 
 
 def test_10_memory_estimate_against_the_gpu(tmp_path, monkeypatch, corpus):

@@ -20,9 +20,9 @@ from test_paired import planted
 from test_report import make_run
 from test_untrusted_input import deadline
 
+from harness import store
 from harness.cli.main import main
 from harness.errors import UsageError
-from harness.run import records
 from harness.timing import contention, paired
 
 DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
@@ -48,7 +48,7 @@ def run(tmp_path: Path) -> tuple[Path, str]:
     """(out, run id) of a synthetic torch + numpy run with a planted paired.json beside its records."""
     out = tmp_path / "out"
     run_id = make_run(out, steps=120)
-    (out / "runs" / run_id / "paired.json").write_text(json.dumps(planted([1.5] * 10)))
+    (out / "runs" / run_id / "paired.json").write_text(json.dumps(planted([1.5] * 10).to_dict()))
     return out, run_id
 
 
@@ -73,7 +73,8 @@ def test_1_a_paired_json_of_gigabytes_is_refused_by_its_size(run, capsys):
     path = paired_path(out, run_id)
     os.truncate(path, 2 * 2**30)  # 2 GiB (sparse): never read
     code, _, err = harness(capsys, "report", run_id, "--out", out)
-    one_line(code, err, "2,147,483,648 bytes", f"more than the {paired.MAX_BYTES:,}", "no paired timing writes so much")
+    one_line(code, err, "2,147,483,648 bytes", f"more than the {store.paired.MAX_BYTES:,}",
+             "no paired timing writes so much")
 
 
 # --- item 2: paired.json has a schema, checked on load --------------------------------------------------------------
@@ -190,9 +191,9 @@ def test_5_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsy
     path = out / "runs" / run_id / "torch.json"
     rec = json.loads(path.read_text())
     rec["evals"] = [{"step": i, "train_loss": 1.0, "val_loss": 1.0, "time_s": 0.1} for i in range(200_000)]
-    rec["text"] = {"samples": ["x" * records.RECORD_BASE_BYTES]}  # a 120-step run writes nothing like this
+    rec["text"] = {"samples": ["x" * store.record.RECORD_BASE_BYTES]}  # a 120-step run writes nothing like this
     path.write_text(json.dumps(rec))
-    assert path.stat().st_size > records.record_cap(spec)
+    assert path.stat().st_size > store.record.record_cap(store.RunSpec.from_dict(spec))
     code, _, err = harness(capsys, "report", run_id, "--out", out)
     one_line(code, err, "torch.json", "no run writes so much")
 
@@ -200,13 +201,15 @@ def test_5_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsy
 def test_5_matching_two_records_evaluations_is_linear():
     """100,000 evaluations each: the old search of one record's evaluations per evaluation of the other made 5e9
     comparisons (many minutes); by step it is one pass (well under a second)."""
+    from harness.config.load import load_config
     from harness.report.analysis import compare_pair
+    from harness.store.record import Curves, Eval
 
-    def rec(name: str) -> dict:
+    def rec(name: str) -> store.RunRecord:
         n = 100_000
-        evals = [{"step": i, "train_loss": 1.0, "val_loss": 1.0 + (name == "numpy") * 0.01} for i in range(n)]
-        return {"backend": name, "steps": {"step": list(range(n)), "loss": [1.0] * n, "time_s": [0.01] * n},
-                "evals": evals, "timings": {}, "config": {}}
+        evals = [Eval(i, 1.0, 1.0 + (name == "numpy") * 0.01) for i in range(n)]
+        curves = Curves(step=list(range(n)), loss=[1.0] * n, time_s=[0.01] * n, evals=evals)
+        return store.RunRecord(run_id="r", backend=name, config=load_config("small"), curves=curves)
 
     with deadline(30):
         cmp = compare_pair(rec("torch"), rec("numpy"))
@@ -226,7 +229,7 @@ def test_9_a_session_whose_coordinator_is_gone_reads_interrupted(run, capsys):
     path = paired_path(out, run_id)
     _running(path)  # what a SIGKILL of `harness` or a full disk during paired timing leaves behind
     doc = paired.load(path)
-    assert doc["status"] == "interrupted" and doc["sessions"][-1]["status"] == "interrupted"
+    assert doc.status == "interrupted" and doc.sessions[-1].status == "interrupted"
     assert "interrupted (its process is gone)" in paired.status_text(doc)
     assert json.loads(path.read_text())["status"] == "running"  # a reader writes nothing
     code, stdout, err = harness(capsys, "status", run_id, "--out", out)
@@ -234,7 +237,7 @@ def test_9_a_session_whose_coordinator_is_gone_reads_interrupted(run, capsys):
 
 
 def test_9_a_session_whose_coordinator_holds_the_lock_is_still_running(run):
-    from harness.run.paired_timing import RecordLock
+    from harness.store import RecordLock
 
     out, run_id = run
     path = paired_path(out, run_id)
@@ -248,7 +251,7 @@ def test_9_a_session_whose_coordinator_holds_the_lock_is_still_running(run):
 
 
 def _status_of(path: str) -> str:
-    return paired.load(Path(path))["sessions"][-1]["status"]
+    return paired.load(Path(path)).sessions[-1].status
 
 
 # --- item 10: a busy machine is said at the start, and no disturbed speed goes unmarked -------------------------------
@@ -286,7 +289,7 @@ def test_10_a_mostly_disturbed_speed_is_marked_on_the_console_and_in_the_index(r
     rec["timings"]["contention"] = {"evidence": "schedstat", "mostly_disturbed": True, "contended_fraction": 1.0,
                                     "steady_steps": 110, "disturbed_steps": 110}
     path.write_text(json.dumps(rec))
-    finish(out, run_id, {"torch": 0, "numpy": 0})
+    finish(store.RunPaths(out, run_id), {"torch": 0, "numpy": 0})
     err = capsys.readouterr().err
     torch_line = next(x for x in err.splitlines() if x.strip().startswith("torch:"))
     numpy_line = next(x for x in err.splitlines() if x.strip().startswith("numpy:"))

@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 from conftest import data_path
 
+from harness import store
 from harness.config.load import load_config
 from harness.core.weights import count_parameters
 from harness.errors import UsageError
 from harness.report import report_name, write_index, write_report
-from harness.run import records
 from harness.run.worker import flops_per_token
+from harness.store.paired import PairedRecord
 from harness.timing.steady import summarize_times
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,15 +55,15 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
     config = load_config(size).replace(steps=steps, eval_interval=40)
     if dropout is not None:
         config = config.replace(dropout=dropout)
-    run_id = records.new_run_id(out, config.name)
-    directory = records.run_dir(out, run_id)
-    spec = {"schema": "nanogpt-parity/run-spec", "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
+    run_id = store.RunPaths.new(out, config.name).run_id
+    directory = store.RunPaths(out, run_id).dir
+    spec = {"schema": "nanogpt-parity/run-spec", "schema_version": store.spec.SPEC_SCHEMA_VERSION, "run_id": run_id,
             "label": config.name,
             "created_at": "2026-01-01T00:00:00Z", "config": config.to_dict(), "seed": 1337, "device": "cpu",
             "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32}, "backends": [*backends, *missing],
             "backend_options": {b: {} for b in backends}, "checkpoint_every": 0, "text": text,
             "parity": False}
-    records.atomic_write_json(directory / "spec.json", spec)
+    store.atomic_write_json(directory / "spec.json", spec)
     common = np.random.default_rng(0).normal(0, 0.05, steps)
     for b in backends:
         status = statuses.get(b, "completed")
@@ -85,8 +86,8 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
                            train_s=float(times.sum()), eval_s=0.05 * len(evals), wall_s=float(times.sum()) + 2)
             timings["achieved_flops"] = timings["tokens_per_s"] * flops_per_token(config, VOCAB)
         rec = {
-            "schema": records.SCHEMA, "schema_version": records.SCHEMA_VERSION, "run_id": run_id, "backend": b,
-            "backend_options": {}, "status": status, "started_at": "2026-01-01T00:00:01Z",
+            "schema": store.record.SCHEMA, "schema_version": store.record.SCHEMA_VERSION, "run_id": run_id,
+            "backend": b, "backend_options": {}, "status": status, "started_at": "2026-01-01T00:00:01Z",
             "finished_at": None if status == "running" else "2026-01-01T00:01:00Z",
             "error": "Traceback (most recent call last):\n  RuntimeError: boom" if status.startswith("failed")
             else None,
@@ -107,7 +108,7 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
             "text": synthetic_text(b) if text and status == "completed" else None, "checkpoint": None,
             "steps": {"step": t.tolist(), "loss": loss.tolist(), "time_s": times.tolist()}, "evals": evals,
         }
-        records.atomic_write_json(directory / f"{b}.json", rec)
+        store.atomic_write_json(directory / f"{b}.json", rec)
     return run_id
 
 
@@ -222,7 +223,7 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
     assert f"{16 * 64 / 0.01:,.0f}" in summary and f"{16 * 64 / 0.03:,.0f}" in summary
     assert "Contention: torch: no contention evidence" in summary  # a record without chunks says so
     # paired per-step differences: same common noise, so the CI is narrow and contains 0
-    assert "consistent with no systematic difference" in summary
+    assert "consistent with no difference. Verdict: both within the 2% band: the losses agree." in summary
     # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
     cfg = load_config("small")
     n_non_emb = count_parameters(cfg, VOCAB, embeddings=False)
@@ -238,9 +239,11 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
 
 def test_losses_outside_band_are_called_different(tmp_path: Path, no_figures: None) -> None:
     run_id = make_run(tmp_path, val_offset={"numpy": 0.2})
-    text = text_of(write_report(tmp_path, [run_id]).read_text())
-    assert "outside the 2% band: the losses differ" in text
-    assert "losses differ" in text[:text.index("Run " + run_id)]
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    assert "outside the 2% band. On the same batches" in text
+    assert "Verdict: the validation losses differ by more than the 2% band: the losses differ." in text
+    assert "losses differ" in text[:text.index("Run " + run_id)] and ("error", "losses differ") in _pills(html)
 
 
 def test_dropout_zero_reports_numerical_difference(tmp_path: Path, no_figures: None) -> None:
@@ -256,11 +259,11 @@ def test_single_backend_with_real_text_metrics(tmp_path: Path) -> None:
     from harness.run import text as run_text
 
     run_id = make_run(tmp_path, backends=("torch",))
-    path = records.run_dir(tmp_path, run_id) / "torch.json"
+    path = store.RunPaths(tmp_path, run_id).dir / "torch.json"
     rec = json.loads(path.read_text())
     corpus = random_corpus()
-    rec["text"] = run_text.text_quality(OracleBackend(corpus), corpus, load_config("small"), seed=1)
-    records.atomic_write_json(path, rec)
+    rec["text"] = run_text.text_quality(OracleBackend(corpus), corpus, load_config("small"), seed=1).to_dict()
+    store.atomic_write_json(path, rec)
     html = write_report(tmp_path, [run_id]).read_text()
     text = text_of(html)
     assert "Only torch ran, so there is nothing to compare" in text and "Needs two backends" in text
@@ -323,7 +326,7 @@ def test_running_records_fresh_and_stale(tmp_path: Path, no_figures: None) -> No
     # no summary timings in a running record: recomputed from the per-step times (0.03 s each)
     assert f"{16 * 64 / 0.03:,.0f}" in text_of(html)
     old = time.time() - 3 * 3600
-    os.utime(records.run_dir(tmp_path, run_id) / "numpy.json", (old, old))
+    os.utime(store.RunPaths(tmp_path, run_id).dir / "numpy.json", (old, old))
     html = write_report(tmp_path, [run_id]).read_text()
     assert "last written 3.0 h ago: the worker is no longer alive" in _first_banner(html)
 
@@ -340,17 +343,17 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
     run_id = make_run(tmp_path, backends=("torch",), missing=("flux",))
     html = write_report(tmp_path, [run_id]).read_text()
     assert "flux has no record" in _first_banner(html)
-    assert "single backend, incomplete" in text_of(html)
+    assert ("neutral", "single backend") in _pills(html) and ("error", "incomplete") in _pills(html)
     nothing = make_run(tmp_path, backends=(), missing=("torch", "numpy"))
     html = write_report(tmp_path, [nothing]).read_text()
-    assert "no backend wrote a record" in _first_banner(html) and "no records, incomplete" in text_of(html)
+    assert "no backend wrote a record" in _first_banner(html) and ("error", "no records") in _pills(html)
 
 
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
     """A parity.json as `harness parity` writes it, from harness.parity.compare.compare on the run's records."""
     from harness.parity.compare import compare
-    from harness.parity.record import SCHEMA, SCHEMA_VERSION
     from harness.parity.tolerances import default_tolerances
+    from harness.store.parity import SCHEMA, SCHEMA_VERSION
 
     recs = {b: json.loads((run_dir / f"{b}.json").read_text()) for b in backends}
     rng = np.random.default_rng(0)
@@ -376,8 +379,8 @@ def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float 
 def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     """parity.json as `harness parity` writes it: PASS with every check shown; FAIL with a banner and the reason."""
     run_id = make_run(tmp_path, dropout=0.0, loss_noise=1e-6)  # per-step |diff| ~ 1e-6 < 1e-4
-    directory = records.run_dir(tmp_path, run_id)
-    records.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy")))
+    directory = store.RunPaths(tmp_path, run_id).dir
+    store.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy")))
     html = write_report(tmp_path, [run_id]).read_text()
     text = text_of(html)
     assert Page(html).banners == []
@@ -385,23 +388,95 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
     assert "step-0 logits max |diff| 0.0e+00 ≤ 1e-05" in text  # harness.parity's own rows, as parity.json holds them
     assert "learning rate per step vs schedule 0.0e+00 ≤ 0.0001" in text
     assert "computed in torch float32, numpy float64" in text
-    records.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy"), 1e-3))
+    store.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy"), 1e-3))
     html = write_report(tmp_path, [run_id]).read_text()
     assert "parity check FAILED" in _first_banner(html)
     text = text_of(html)
     assert "Parity (float32/float64 pair, 120 steps, dropout 0): FAIL" in text
     assert "step-0 logits max |diff| 1.0e-03 > 1e-05" in text and "FAIL: logits max abs diff" in text
     assert "<th>first broken</th>" in html and "<th>worst</th>" in html  # two labelled columns, one place each
-    from harness.parity import record
+    from harness.store import parity as record
 
     error = {"schema": record.SCHEMA, "schema_version": record.SCHEMA_VERSION, "verdict": "error",
              "failures": ["ERROR: numpy exited 1"]}
-    records.atomic_write_json(directory / "parity.json", error)
+    store.atomic_write_json(directory / "parity.json", error)
     assert "compared nothing (ERROR: numpy exited 1)" in _first_banner(write_report(tmp_path, [run_id]).read_text())
     # a parity.json of an older harness is refused in one line, never read in its old format
-    records.atomic_write_json(directory / "parity.json", dict(error, schema_version=0, results={"passed": False}))
+    store.atomic_write_json(directory / "parity.json", dict(error, schema_version=0, results={"passed": False}))
     assert "parity.json' was written by an older nanogpt-parity (schema 0); re-run it" in _first_banner(
         write_report(tmp_path, [run_id]).read_text())
+
+
+def make_parity_run(out: Path, logits_shift: float = 0.0) -> str:
+    """A run of `harness parity` (its spec's parity options, parity.json), numpy on a busy machine."""
+    run_id = make_run(out, dropout=0.0, loss_noise=1e-6, text=False)
+    directory = store.RunPaths(out, run_id).dir
+    spec = json.loads((directory / "spec.json").read_text())
+    store.atomic_write_json(directory / "spec.json", dict(spec, parity={"opt_steps": 3, "reference": "numpy"}))
+    path = directory / "numpy.json"
+    rec = json.loads(path.read_text())
+    rec["chunks"] = _chunks(120, 10, 120)
+    store.atomic_write_json(path, rec)
+    store.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy"), logits_shift))
+    return run_id
+
+
+def test_a_parity_page_is_a_correctness_page(tmp_path: Path, no_figures: None) -> None:
+    """Its own title, its verdict first, no speed anywhere (no banner of a busy machine, no tokens/s, no cost
+    section, no speed columns), and its index row shows no tokens/s; a FAIL is not contradicted by the band's
+    "the losses agree" (a parity check's verdict is its own)."""
+    run_id = make_parity_run(tmp_path)
+    html = write_report(tmp_path, [run_id]).read_text()
+    page, text = Page(html), text_of(html)
+    assert "<title>nanogpt-parity parity check: small — torch vs numpy</title>" in html
+    assert page.banners == [] and ("ok", "parity: pass") in _pills(html)
+    before = text[:text.rindex("How to read this")]  # the note there says why a parity check times nothing
+    assert not [w for w in ("tokens/s", "faster", "throughput", "Speed", "speed", "Cost: time", "step (median)",
+                            "Contention", "busy") if w in before]
+    assert "a correctness check" in text[text.rindex("How to read this"):]
+    index = text_of(write_index(tmp_path).read_text())
+    assert "parity: pass" in index and "— (a parity check times nothing)" in index and "102,400" not in index
+    failed = write_report(tmp_path, [make_parity_run(tmp_path, 1e-3)]).read_text()
+    assert ("error", "parity: FAIL") in _pills(failed) and "the losses agree" not in text_of(failed)
+
+
+# --- tests: a headline agrees with its own details -------------------------------------------------------------------
+def _plant_tail(out: Path, run_id: str, offset: float, noise: float) -> None:
+    """numpy's per-step training loss made torch's − `offset`, plus N(0, `noise`): torch − numpy averages `offset`."""
+    directory = store.RunPaths(out, run_id).dir
+    torch_loss = np.array(json.loads((directory / "torch.json").read_text())["steps"]["loss"])
+    path = directory / "numpy.json"
+    rec = json.loads(path.read_text())
+    rec["steps"]["loss"] = (torch_loss - offset + np.random.default_rng(1).normal(0, noise, len(torch_loss))).tolist()
+    store.atomic_write_json(path, rec)
+
+
+@pytest.mark.parametrize("offset, noise, level, label, conclusion", [
+    # torch higher by 0.2 % of the loss, an interval that excludes 0: inside the 2 % band, so they agree
+    (0.005, 0.002, "ok", "losses agree", "torch higher on average. Verdict: both within the 2% band: the losses "
+                                         "agree."),
+    # validation losses the same, but every step's training loss 4 % apart: they differ
+    (0.1, 0.002, "error", "losses differ", "Verdict: the per-step training losses differ by more than the 2% band: "
+                                           "the losses differ."),
+    # an interval across the band's edge: no verdict, said as such
+    (0.045, 0.05, "neutral", "losses: no verdict", "Verdict: the per-step interval reaches beyond the 2% band: too "
+                                                   "noisy to say whether the losses agree."),
+])
+def test_the_headline_and_its_sentence_come_from_one_judgement(tmp_path: Path, no_figures: None, offset: float,
+                                                                noise: float, level: str, label: str,
+                                                                conclusion: str) -> None:
+    """The contradiction a torch,jax run showed: headline "losses agree", next sentence "a systematic difference
+    (torch higher)". Both now come from one judgement against one band, in the headline, the sentence and the
+    table alike."""
+    run_id = make_run(tmp_path)
+    _plant_tail(tmp_path, run_id, offset, noise)
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    summary = text[text.index("Summary"):text.index("Run " + run_id)]
+    assert (level, label) in _pills(html) and f"{label} " in summary  # the box's label, then its sentences
+    assert conclusion in summary and "systematic difference" not in text
+    verdict = label.removeprefix("losses").lstrip(": ")
+    assert f" {verdict} torch − numpy = " in section(text, "Loss agreement and speed", "Loss curves")  # the table
 
 
 # --- tests: several sizes, the index ----------------------------------------------------------------------------------
@@ -433,7 +508,8 @@ def test_index_links_every_report_with_headline_numbers(tmp_path: Path, no_figur
     va = _curve(np.array(120)) + 0.02
     assert f"torch {va:.4f} numpy {va + 0.01:.4f}" in text
     assert f"torch {16 * 64 / 0.01:,.0f} numpy {16 * 64 / 0.03:,.0f}" in text
-    assert "torch interrupted" in text and "losses agree" in text and "single backend, incomplete" in text
+    assert "torch interrupted" in text
+    assert {("ok", "losses agree"), ("neutral", "single backend"), ("warn", "incomplete")} <= set(_pills(html))
     assert "Runs without a report" in text and lonely in text
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -441,7 +517,7 @@ def test_index_links_every_report_with_headline_numbers(tmp_path: Path, no_figur
 def test_index_reads_the_records_afresh(tmp_path: Path, no_figures: None) -> None:
     run_id = make_run(tmp_path, backends=("torch",))
     write_report(tmp_path, [run_id])
-    (records.run_dir(tmp_path, run_id) / "torch.json").write_text("{not json")
+    (store.RunPaths(tmp_path, run_id).dir / "torch.json").write_text("{not json")
     text = text_of(write_index(tmp_path).read_text())
     assert f"{run_id} records unavailable: run record" in text and "is corrupt" in text
 
@@ -450,7 +526,7 @@ def test_missing_and_corrupt_records_raise_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         write_report(tmp_path, ["no-such-run"])
     run_id = make_run(tmp_path, backends=("torch",))
-    (records.run_dir(tmp_path, run_id) / "torch.json").write_text('{"schema": "nanogpt-parity/run-record"')
+    (store.RunPaths(tmp_path, run_id).dir / "torch.json").write_text('{"schema": "nanogpt-parity/run-record"')
     with pytest.raises(UsageError, match="corrupt"):
         write_report(tmp_path, [run_id])
     assert not list(tmp_path.glob("*.html"))
@@ -506,7 +582,7 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
     run_id = "no-such-run"
     if problem == "corrupt":
         run_id = make_run(out, backends=("torch",))
-        (records.run_dir(out, run_id) / "torch.json").write_text("{truncated")
+        (store.RunPaths(out, run_id).dir / "torch.json").write_text("{truncated")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     code, stdout, err = harness("report", run_id, "--out", str(out))
     assert code == 2 and stdout == ""
@@ -516,12 +592,12 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
 
 # --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) -------------------------------
 def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (),
-                 rounds: int = 10) -> dict:
+                 rounds: int = 10) -> PairedRecord:
     """A paired.json for run `run_id` whose round r has numpy steps ratios[r] times as long as torch's."""
     from test_paired import planted
 
     doc = planted(ratios, disturbed, rounds=rounds)
-    records.atomic_write_json(records.RunPaths(out, run_id).paired_timing, doc)
+    doc.dump(store.RunPaths(out, run_id).paired_timing)
     return doc
 
 
@@ -576,11 +652,11 @@ def _chunks(n: int, busy_from: int, busy_to: int) -> list[dict]:
 
 def test_a_mostly_disturbed_backend_is_named_and_kept_out_of_speed(tmp_path: Path, no_figures: None) -> None:
     run_id = make_run(tmp_path)
-    path = records.run_dir(tmp_path, run_id) / "numpy.json"
+    path = store.RunPaths(tmp_path, run_id).dir / "numpy.json"
     rec = json.loads(path.read_text())
     rec["chunks"] = _chunks(120, 20, 100)  # 80 of the 110 steady steps disturbed
     del rec["timings"]["step_median_s"]  # recomputed from the steps and the chunks, as for a killed worker
-    records.atomic_write_json(path, rec)
+    store.atomic_write_json(path, rec)
     html = write_report(tmp_path, [run_id]).read_text()
     banner = " ".join(Page(html).banners)
     assert "numpy trained on a busy machine: 73% of its steady steps were disturbed" in banner
@@ -598,26 +674,26 @@ def test_a_record_of_an_older_harness_is_refused_in_one_line(tmp_path: Path, no_
     """One schema-version check per record kind: an older run record (schema 2: no contention evidence) is refused
     with the file and the fix, never read in its old format; so is a newer one."""
     run_id = make_run(tmp_path, backends=("torch",))
-    path = records.run_dir(tmp_path, run_id) / "torch.json"
+    path = store.RunPaths(tmp_path, run_id).dir / "torch.json"
     rec = json.loads(path.read_text())
     rec["schema_version"] = 2
     rec.pop("chunks", None)
-    records.atomic_write_json(path, rec)
+    store.atomic_write_json(path, rec)
     older = r"torch.json' was written by an older nanogpt-parity \(schema 2\); re-run it$"
     with pytest.raises(UsageError, match=older):
-        records.load_record(path)
+        store.RunRecord.load(path)
     with pytest.raises(UsageError, match="re-run it"):
         write_report(tmp_path, [run_id])
-    rec["schema_version"] = records.SCHEMA_VERSION + 1
-    records.atomic_write_json(path, rec)
+    rec["schema_version"] = store.record.SCHEMA_VERSION + 1
+    store.atomic_write_json(path, rec)
     with pytest.raises(UsageError, match=r"written by a newer nanogpt-parity .*upgrade nanogpt-parity"):
-        records.load_record(path)
-    spec = records.RunPaths(tmp_path, run_id).spec
+        store.RunRecord.load(path)
+    spec = store.RunPaths(tmp_path, run_id).spec
     doc = json.loads(spec.read_text())
     del doc["schema_version"]
-    records.atomic_write_json(spec, doc)
+    store.atomic_write_json(spec, doc)
     with pytest.raises(UsageError, match=r"spec.json' was written by an older nanogpt-parity \(schema 0\)"):
-        records.load_spec_file(spec)
+        store.RunSpec.load(store.RunPaths(tmp_path, run_id))
 
 def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None,),
                ratios: dict | None = None) -> str:
@@ -626,19 +702,18 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
     (default 3, with a little spread). Returns the sweep id."""
     from test_paired import planted
 
-    from harness.sweep import manifest as mf
 
-    sweep_id = mf.new_sweep_id(out, "synthetic")
+    sweep_id = store.SweepPaths.new(out, "synthetic").sweep_id
     cells, entries = [], []
     for seed in range(1337, 1337 + seeds):
         for dtype in dtypes:
             members = []
             for backend in ("torch", "numpy"):
                 run_id = make_run(out, backends=(backend,), text=False)
-                path = records.run_dir(out, run_id) / f"{backend}.json"
+                path = store.RunPaths(out, run_id).dir / f"{backend}.json"
                 rec = json.loads(path.read_text())
                 rec["seed"], rec["backend_options"] = seed, ({"dtype": dtype} if dtype else {})
-                records.atomic_write_json(path, rec)
+                store.atomic_write_json(path, rec)
                 cell = {"index": len(cells), "key": f"small/{backend}/cpu/seed={seed}", "label": "small",
                         "config": rec["config"], "backend": backend, "seed": seed, "device": "cpu",
                         "backend_options": rec["backend_options"],
@@ -646,20 +721,21 @@ def make_sweep(out: Path, seeds: int = 3, dtypes: tuple[str | None, ...] = (None
                 cells.append(cell)
                 members.append(cell)
             r = (ratios or {}).get((dtype, seed), 3.0)
-            doc = planted([r * (1 + 0.01 * ((i % 3) - 1)) for i in range(10)])
+            doc = planted([r * (1 + 0.01 * ((i % 3) - 1)) for i in range(10)]).to_dict()
             for c, m in zip(doc["contenders"], members):
                 c.update(run_id=m["run_id"], cell=m["index"])
             entry = {"index": len(entries), "kind": "paired", "key": f"small/cpu/seed={seed}/paired", "label": "small",
                      "seed": seed, "device": "cpu", "dtype": dtype, "members": [m["index"] for m in members],
                      "rounds": 10, "path": f"sweeps/{sweep_id}/paired/{len(entries)}.json", "status": "completed",
                      "job_ids": [], "attempts": 1}
-            records.atomic_write_json(out / entry["path"], doc)
+            store.atomic_write_json(out / entry["path"], doc)
             entries.append(entry)
-    mf.Manifest(out, {"schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
-                      "created_at": "2026-01-01T00:00:00Z",
-                      "spec": {"backends": ["torch", "numpy"], "checkpoint_every": 0, "text": False},
-                      "executor": {"kind": "local", "jobs": 1}, "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32},
-                      "cells": cells, "paired": entries}).save()
+    store.atomic_write_json(store.SweepPaths(out, sweep_id).manifest, {
+        "schema": "nanogpt-parity/sweep", "schema_version": 1, "sweep_id": sweep_id,
+        "created_at": "2026-01-01T00:00:00Z",
+        "spec": {"backends": ["torch", "numpy"], "checkpoint_every": 0, "text": False},
+        "executor": {"kind": "local", "jobs": 1}, "data": {"path": "/data/tiny.txt", "sha256": "ab" * 32},
+        "cells": cells, "paired": entries})
     return sweep_id
 
 
@@ -709,13 +785,71 @@ def test_three_seeds_whose_ratios_vary_over_ten_percent_are_not_green(tmp_path: 
 
 def test_a_failed_paired_timing_says_why_and_is_not_a_verdict(tmp_path: Path, no_figures: None) -> None:
     from harness.run import paired_timing
+    from harness.store.paired import Contender, Session
 
     run_id = make_run(tmp_path)
-    doc = paired_timing.new_doc([{"name": "torch", "backend": "torch"}, {"name": "numpy", "backend": "numpy"}],
+    doc = paired_timing.new_doc([Contender(name="torch", backend="torch"), Contender(name="numpy", backend="numpy")],
                                 "small", 1)
-    doc["sessions"].append({"status": "failed", "rounds": [], "failure": "numpy: the timing process exited with "
-                                                                         "status 1"})
-    records.atomic_write_json(records.RunPaths(tmp_path, run_id).paired_timing, doc)
+    doc.sessions.append(Session(status="failed", failure="numpy: the timing process exited with status 1"))
+    doc.dump(store.RunPaths(tmp_path, run_id).paired_timing)
     html = write_report(tmp_path, [run_id]).read_text()
     assert ("warn", "speed: paired timing failed") in _pills(html)
     assert "the paired timing measured no round (numpy: the timing process exited with status 1)" in text_of(html)
+
+
+def test_each_seed_band_encloses_its_line_in_the_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation loss against elapsed time, read from the figure as drawn: the seeds' times differ (a busy
+    machine, a compilation cache warm for later seeds), and each backend's shaded band encloses its line at every
+    vertex and between them. The band was drawn on a grid from 0 to the fastest seed's end."""
+    from harness.report import figures
+    from harness.report.sweep import write_sweep_report
+
+    sweep_id = make_sweep(tmp_path, seeds=3)
+    for path in (tmp_path / "runs").glob("*/*.json"):
+        if path.name == "spec.json":
+            continue
+        rec = json.loads(path.read_text())
+        slow = {1337: 4.0, 1338: 1.0, 1339: 0.5}[rec["seed"]]
+        times = [t * slow for t in rec["steps"]["time_s"]]
+        times[0] += 4.0 if rec["seed"] == 1337 else 0.0  # the first seed compiles; the others hit the cache
+        rec["steps"]["time_s"] = times
+        store.atomic_write_json(path, rec)
+    drawn = []
+    real = figures.to_svg
+    monkeypatch.setattr(figures, "to_svg", lambda fig, title: drawn.append((title, fig)) or real(fig, title))
+    write_sweep_report(tmp_path, sweep_id)
+    (fig,) = [f for title, f in drawn if title.startswith("validation loss against time")]
+    ax = fig.axes[0]
+    bands = {tuple(np.round(c.get_facecolor()[0][:3], 3)): c for c in ax.collections}
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != ":"]  # the target's dotted line is no seed
+    assert len(lines) == 2 and len(bands) == 2
+    for line in lines:
+        band = bands[tuple(np.round(matplotlib_rgb(line.get_color()), 3))]
+        verts = np.concatenate([p.vertices for p in band.get_paths()])
+        xs = np.unique(verts[:, 0])
+        lo = np.array([verts[verts[:, 0] == x, 1].min() for x in xs])
+        hi = np.array([verts[verts[:, 0] == x, 1].max() for x in xs])
+        x, y = (np.asarray(v, dtype=float) for v in line.get_data())
+        x, y = np.concatenate([x, (x[1:] + x[:-1]) / 2]), np.concatenate([y, (y[1:] + y[:-1]) / 2])  # and between
+        assert xs[0] <= x.min() and x.max() <= xs[-1], (line.get_label(), xs[[0, -1]], x[[0, -1]])
+        assert np.all(np.interp(x, xs, lo) <= y + 1e-9) and np.all(y <= np.interp(x, xs, hi) + 1e-9), line.get_label()
+
+
+def matplotlib_rgb(colour: str) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(colour)
+
+
+def test_one_renderer_turns_inline_code_into_code_and_escapes_the_rest() -> None:
+    """Messages carry Markdown's inline code ("use `harness run`"); every page renders them with harness.pages.inline:
+    code as <code>, everything else escaped (a message may quote a record's text), numbers unbroken."""
+    from harness.pages import inline
+
+    assert str(inline("use `harness run` & <b>")) == "use <code>harness run</code> &amp; &lt;b&gt;"
+    assert str(inline("`<script>x</script>` then <img src=x>")) == \
+        "<code>&lt;script&gt;x&lt;/script&gt;</code> then &lt;img src=x&gt;"
+    assert str(inline("a ` lone tick")) == "a ` lone tick"
+    assert str(inline("rel err 2.86e-07 > tol 1e-06")) == \
+        'rel err <span class="num">2.86e-07</span> &gt; tol <span class="num">1e-06</span>'
+    assert str(inline(None)) == ""

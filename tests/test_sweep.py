@@ -311,22 +311,27 @@ def test_ctrl_c_then_resume_continues_from_the_checkpoint(tmp_path: Path, tiny_c
 
 # --- time to target and cost formulas ---------------------------------------------------------------------------------
 def test_time_to_target_first_crossing_or_never():
+    from harness.config.load import load_config
     from harness.core.costs import time_to_target
     from harness.report.tables import fmt_target
+    from harness.store import Curves, Eval, RunRecord
 
-    evals = [{"step": 0, "val_loss": 4.0, "time_s": 0.5}, {"step": 2, "val_loss": 2.9, "time_s": 0.5},
-             {"step": 4, "val_loss": 2.5, "time_s": 0.5}, {"step": 6, "val_loss": 2.4, "time_s": 0.5}]
+    evals = [Eval(0, 4.1, 4.0, 0.5), Eval(2, 3.0, 2.9, 0.5), Eval(4, 2.6, 2.5, 0.5), Eval(6, 2.5, 2.4, 0.5)]
     steps, times = list(range(6)), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     hit = time_to_target(2.5, evals, steps, times)
-    assert hit == {"target_val_loss": 2.5, "reached": True, "step": 4, "val_loss": 2.5, "train_s": 10.0,
-                   "train_eval_s": 11.5}
+    assert hit.to_dict() == {"target_val_loss": 2.5, "reached": True, "step": 4, "val_loss": 2.5, "train_s": 10.0,
+                             "train_eval_s": 11.5}
     miss = time_to_target(2.0, evals, steps, times)
-    assert miss["reached"] is False and miss["step"] is None and miss["train_s"] is None
+    assert miss.reached is False and miss.step is None and miss.train_s is None
     assert time_to_target(None, evals, steps, times) is None
-    assert fmt_target({"time_to_target": hit}) == "10 s (step 4; target 2.5)"
-    assert fmt_target({"time_to_target": miss}) == "not reached (target 2)"
+    config = load_config("small")
+    assert fmt_target(RunRecord(run_id="r", backend="numpy", config=config, time_to_target=hit)) == \
+        "10 s (step 4; target 2.5)"
+    assert fmt_target(RunRecord(run_id="r", backend="numpy", config=config, time_to_target=miss)) == \
+        "not reached (target 2)"
     # a record without the field (its worker did not finish): computed from its curves and the config's target
-    old = {"config": {"target_val_loss": 2.5}, "evals": evals, "steps": {"step": steps, "time_s": times}}
+    old = RunRecord(run_id="r", backend="numpy", config=config.replace(target_val_loss=2.5),
+                    curves=Curves(step=steps, loss=[1.0] * 6, time_s=times, evals=evals))
     assert "step 4" in fmt_target(old)
 
 

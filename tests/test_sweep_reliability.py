@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import store
 from harness.errors import UsageError
 from harness.run import plan as run_plan
-from harness.run import records
 from tests.conftest import (
     children,
     data_path,
@@ -304,12 +304,14 @@ def test_8_damaged_sweep_json_is_one_line(tmp_path, capsys, done_sweep, case):
 
 def with_a_paired_entry(doc: dict) -> None:
     """The one-numpy-cell sweep as a block of two backends (a torch cell beside it, not run) with its paired entry."""
+    from harness.store.sweep import SweepCell
     from harness.sweep import manifest as mf
 
     torch_cell = dict(doc["cells"][0], index=1, backend="torch", run_id=None, status="pending", job_ids=[],
                       key=doc["cells"][0]["key"].replace("numpy", "torch"))
     doc["cells"].append(torch_cell)
-    doc["paired"] = mf.paired_entries(doc["sweep_id"], doc["cells"], 3)
+    cells = [SweepCell.from_dict(c) for c in doc["cells"]]
+    doc["paired"] = [e.to_dict() for e in mf.paired_entries(doc["sweep_id"], cells, 3)]
 
 
 PAIRED_DAMAGE = {
@@ -348,8 +350,8 @@ def test_8_a_paired_entry_s_fields_come_from_its_member_cells(tmp_path, done_swe
     edit(path, with_a_paired_entry)
     edit(path, lambda d: d["paired"][0].update(key='x"><script>', label="other", seed=5, device="cuda",
                                                 dtype="float32"))
-    (entry,) = mf.Manifest.load(out, path.parent.name).doc["paired"]
-    assert (entry["key"], entry["label"], entry["seed"], entry["device"], entry["dtype"]) == \
+    (entry,) = mf.Manifest.load(out, path.parent.name).paired
+    assert (entry.key, entry.label, entry.seed, entry.device, entry.dtype) == \
         ("tiny/cpu/seed=1337/paired", "tiny", 1337, "cpu", None)
 
 
@@ -393,7 +395,7 @@ def test_a_silent_squeue_never_makes_a_queued_job_look_gone(tmp_path, capsys, mo
 
     m = mf.Manifest.load(out, path.parent.name)
     assert print_status(m) == {"queued": 2}  # not "pending": cell 0 has no record yet, its job may run
-    assert m.doc["paired"][0]["status"] == "running"  # not "pending" (no record yet) nor "interrupted"
+    assert m.paired[0].status == "running"  # not "pending" (no record yet) nor "interrupted"
     assert "squeue did not answer" in capsys.readouterr().err
 
 
@@ -559,8 +561,8 @@ def test_14_failed_cells_name_the_resume_command_and_resumes_record_their_step(t
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("numpy: resuming from step 20 of 30 (checkpoint numpy.ckpt.npz)") == 2, again.stderr
     for cell in json.loads(path.read_text())["cells"]:
-        rec = records.load_record(out / "runs" / cell["run_id"] / "numpy.json")
-        assert rec["status"] == "completed" and rec["resumed_from_step"] == [20]
+        rec = store.RunRecord.load(out / "runs" / cell["run_id"] / "numpy.json")
+        assert rec.status is store.Status.COMPLETED and rec.resumed_from_step == [20]
 
 
 def test_14_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_path, config_file):
@@ -575,16 +577,16 @@ def test_14_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_pa
     third = run_cli("resume", run.name, *args)
     assert third.returncode == 0 and "resuming from step 40" in third.stderr, third.stderr
     assert "resumed from step 20, then 40" in third.stderr
-    rec = records.load_record(run / "numpy.json")
-    assert rec["resumed_from_step"] == [20, 40] and rec["schema_version"] == records.SCHEMA_VERSION == 3
+    rec = store.RunRecord.load(run / "numpy.json")
+    assert rec.resumed_from_step == [20, 40] and rec.schema_version == store.record.SCHEMA_VERSION == 3
     report = run_cli("report", run.name, "--out", str(out))
     assert report.returncode == 0 and "resumed from step" in (out / f"{run.name}.html").read_text()
     edit(run / "numpy.json", lambda d: d.update(resumed_from_step=["x"]))
     with pytest.raises(UsageError, match="resumed_from_step/0"):
-        records.load_record(run / "numpy.json")
+        store.RunRecord.load(run / "numpy.json")
     edit(run / "numpy.json", lambda d: (d.update(schema_version=2), d.pop("resumed_from_step")))
     with pytest.raises(UsageError, match=r"older nanogpt-parity \(schema 2\); re-run it"):  # never read as version 2
-        records.load_record(run / "numpy.json")
+        store.RunRecord.load(run / "numpy.json")
 
 
 def test_an_out_path_with_a_newline_never_reaches_a_job_script(tmp_path: Path) -> None:

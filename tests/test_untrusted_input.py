@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from conftest import data_path, run_cli
 
+from harness import store
 from harness.cli.main import main
 from harness.errors import UsageError
 
@@ -95,10 +96,10 @@ def test_a_dollar_in_a_name_is_drawn_not_parsed_as_mathtext(tmp_path: Path) -> N
     from harness.report import analysis, figures
 
     out = tmp_path / "out"
-    view = analysis.load_view(out, make_run(out, steps=40))
+    view = analysis.load_view(store.RunPaths(out, make_run(out, steps=40)))
     for i, rec in enumerate(view.records):  # names as a record from elsewhere could hold them (past the schema)
-        rec["backend"] = ["a$\\frac{$b", "c$^$d"][i]
-    view.spec["label"] = "x$_$y"
+        rec.backend = ["a$\\frac{$b", "c$^$d"][i]
+    view.spec.label = "x$_$y"
     for fig in (figures.loss_figure(view), figures.cost_figure(view), figures.scaling_figure([view]),
                 figures.deviation_figure(analysis.pairs(view))):
         assert fig is not None and "$" in str(fig)
@@ -107,7 +108,7 @@ def test_a_dollar_in_a_name_is_drawn_not_parsed_as_mathtext(tmp_path: Path) -> N
 @pytest.mark.parametrize("field, value", [("config/name", SCRIPT), ("backend", "torch<script>"),
                                           ("run_id", 'r"><img src=x>'), ("config/name", "a$b")])
 def test_a_record_with_markup_in_a_name_is_refused_by_the_report(tmp_path: Path, field: str, value: str) -> None:
-    """Names are checked against the patterns they were made with (records.RECORD_JSON_SCHEMA), not rendered."""
+    """Names are checked against the patterns they were made with (store.record.RECORD_JSON_SCHEMA), not rendered."""
     from test_report import make_run
 
     from harness.report import write_report
@@ -457,15 +458,15 @@ def test_no_verdict_is_written_when_the_page_fails(kit: Path, good: Path, tmp_pa
 
 KILL_ON_SECOND_WRITE = """
 import os, signal, sys
-from harness.run import records
+from harness import store
 calls = []
-real = records.atomic_write_bytes
+real = store.atomic_write_bytes
 def write(path, blob, before_rename=None):
     calls.append(path)
     if len(calls) == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # killed with one kit file written
     return real(path, blob, before_rename)
-records.atomic_write_bytes = write
+store.atomic_write_bytes = write
 from harness.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """

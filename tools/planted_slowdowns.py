@@ -45,9 +45,9 @@ def row(size: str, plant: str, corpus: object, rounds: int, threads: int, out: P
 
     from harness.bench import parts as bench_parts
     from harness.bench.parts_analysis import label, summary
-    from harness.bench.parts_record import record_path
     from harness.config.load import load_config
     from harness.core.parts import part_names
+    from harness.store.parts import record_path
 
     backend, part, direction, what, _ = plants.SLOWDOWNS[plant]
     config = load_config(size)

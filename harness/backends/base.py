@@ -7,7 +7,10 @@ token batches are int64 (B, T), 0-based; logits are float (B, T, V); gradients a
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -16,9 +19,17 @@ from harness.config.fields import Config
 
 @runtime_checkable
 class Backend(Protocol):
-    """One framework's nanoGPT, its optimizer and its device."""
+    """One framework's nanoGPT, its optimizer and its device.
+
+    Its class also declares what it can do (`declaration`, harness.backends.declaration.Declaration): the dtypes,
+    devices, precisions and compile modes it takes, its options and which of the optional methods it has (gradients,
+    taps, warm_up, device_clock, fetch_losses, ...); the harness calls an optional method only where it is declared.
+    The constructor takes keyword options: `dtype` always, `precision`, `compile`, `cuda_graphs` and `parity` where
+    declared. docs/backends.md: adding one.
+    """
 
     name: str
+    declaration: ClassVar[Any]
 
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,
               seed: int) -> None:
@@ -90,3 +101,32 @@ class Backend(Protocol):
 
 class BackendUnavailable(Exception):
     """The backend cannot run here (framework or device missing); the message says how to fix it."""
+
+
+@dataclass
+class Timed:
+    """One repeat of a loop of training steps: wall and process CPU time for the whole repeat, the per-step times,
+    the losses (harness.bench.overhead's runner and floor alike)."""
+
+    wall_s: float
+    step_s: list[float]
+    losses: list[float]
+    cpu_s: float = math.nan
+    compile_s: float | None = None
+
+
+class BareLoop(Protocol):
+    """A backend's hand-written floor for `harness bench overhead`: the same training steps with no harness code
+    between them, named by its declaration's `bare_loop` ("module:Class"; none: the generic loop over train_step).
+
+    Constructed as `Class(config, weights, vocab_size, device, seed, **options)` with the backend's constructor
+    options, in the measuring process only (it may import its framework)."""
+
+    compiles: bool  # its first repeat compiles or captures (never a timed one: the benchmark warms it up first)
+
+    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
+        """One training step per batch, timed as the runner times the backend (`sync_each_step`: a device sync
+        after every step instead, what that would cost)."""
+
+    def info(self) -> dict[str, Any]:
+        """What the benchmark adds to the backend's description (e.g. the attention kernels it may pick)."""

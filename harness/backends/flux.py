@@ -24,11 +24,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
+from harness.backends.declaration import Declaration
 from harness.backends.flux_layout import (
     from_flux,
     logits_from_flux,
@@ -37,7 +38,7 @@ from harness.backends.flux_layout import (
     to_flux,
     tokens_to_flux,
 )
-from harness.config.fields import Config
+from harness.config.fields import OPTION_NAMES, Config
 from harness.core.weights import decays
 
 if sys.version_info >= (3, 11):
@@ -55,6 +56,12 @@ NETWORK_TIMEOUT_S = 2.0
 GC_EVERY = 1
 SETUP_HINT = ("install Julia 1.10+ and set PYTHON_JULIAPKG_EXE=/path/to/julia, "
               "or run `harness setup julia` on a machine with internet")
+DECLARATION = Declaration(
+    name="flux", dtypes=("float32",), devices=("cpu", "cuda"), precisions=("fp32", "tf32"),
+    options=frozenset(OPTION_NAMES), methods=frozenset({"gradients", "taps", "check_installed", "parts"}),
+    needs="Julia", install="`harness setup julia`", color="#9c36b5", own_process=True,
+    part_runner="harness.backends.flux_parts:FluxParts",
+    doctor="harness.backends.flux_setup:doctor_rows")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -400,6 +407,7 @@ class FluxBackend:
     """nanoGPT in Flux.jl (Float32 throughout), through juliacall; see julia/NanoGPTFlux."""
 
     name = "flux"
+    declaration: ClassVar[Declaration] = DECLARATION
 
     def __init__(self, dtype: str = "float32", tf32: bool = False, precision: str | None = None):
         if dtype != "float32":

@@ -84,3 +84,40 @@ def _smoke_test() -> float:
     if not np.isfinite(loss) or backend.logits(x).shape != (2, 16, vocab):
         raise RuntimeError(f"unexpected result: loss {loss}")
     return float(loss)
+
+
+def doctor_rows() -> list[tuple[str, str, str]]:
+    """The flux backend's rows of `harness doctor` (component, status, fix): juliacall, the Julia executable, the
+    Julia environment, NanoGPTFlux and the Julia packages; from files and metadata only, Julia never started."""
+    from harness.backends import flux
+
+    st = flux.julia_status(probe_network=True)
+    out = [("juliacall", st["juliacall"] or "missing",
+            "" if st["juliacall"] else "pip install juliacall (needed only for the flux backend)")]
+    if st["julia_exe"]:
+        jl = f"{st['julia_version'] or '?'} at {st['julia_exe']} (from {st['julia_source']})"
+        fix = "" if st["julia_version"] else "this file is not a working Julia: " + flux.SETUP_HINT
+    elif st["julia_source"]:
+        jl, fix = f"not found: {st['julia_source']}", "point the variable at a Julia 1.10+ executable or unset it"
+    else:
+        can_download = st["network"] is True
+        jl = "not found" + (" (juliapkg will download one)" if can_download else "")
+        fix = "run `harness setup julia`" if can_download else flux.SETUP_HINT
+    out.append(("Julia executable", jl, fix))
+    env = f"{st['project']} ({st['project_from']})"
+    if st["resolved"]:
+        out.append(("Julia environment", f"installed: {env}", ""))
+    else:
+        no_net = st["network"] is False and not st["offline"]
+        out.append(("Julia environment", f"not installed: {env}",
+                    "run `harness setup julia`" + (" on a machine with internet" if no_net else "")))
+    out.append((f"{flux.PACKAGE} (Julia)", st["package_path"] or "missing from this installation",
+                "" if st["package_path"] else "reinstall nanogpt-parity"))
+    if st["installed"]:
+        for name in JULIA_PACKAGES:
+            version = st["installed"].get(name)
+            out.append((f"  {name}.jl", version or "not installed", "" if version else "run `harness setup julia`"))
+    else:
+        out.append(("  Julia packages", f"not installed ({', '.join(JULIA_PACKAGES[:6])}, ...)",
+                    "run `harness setup julia`" if st["juliacall"] else ""))
+    return out

@@ -13,10 +13,18 @@ them (docs/parity.md, "JAX": optax's adamw measured against it). Dropout: the ha
 else masks drawn inside the step from JAX's PRNG, keyed by (seed, step): a resumed run draws what an uninterrupted
 one draws, with no RNG state in the checkpoint.
 
-Timing: `warm_up` (harness.run.loop.warm_up, before step 0) compiles the training step, on a throwaway copy of the
-state, and the evaluation, so the loop records the compilation as `compile_s` and neither step 0 nor the step-0
-evaluation absorbs it; `synchronize` (which the loop calls after every step on the host clock) blocks until the
-step's outputs are ready, so asynchronous dispatch cannot make a step look free.
+Timing: `warm_up` (harness.run.loop.warm_up, before step 0) compiles the training step ahead of time
+(`jax.jit(step).lower(...).compile()`: no step runs, no state is copied) and the evaluation, so the loop records the
+compilation as `compile_s` and neither step 0 nor the step-0 evaluation absorbs it; `synchronize` (which the loop
+calls after every step on the host clock) blocks until the step's outputs are ready, so asynchronous dispatch cannot
+make a step look free.
+
+Compilation is cached across processes: JAX's persistent compilation cache in the user cache directory
+(`<harness cache>/jax`, harness.core.data.cache_dir; JAX_COMPILATION_CACHE_DIR chooses another), every program
+cached however small or quick to compile. `backend_info.compile_cache` says whether the warm-up's compiles were
+read from it (a hit) or compiled; a hit reads an executable XLA compiled earlier for the same program, flags and
+device, so it computes what a fresh compile computes. CPU threads: `--threads N` reaches XLA through PJRT_NPROC
+(harness.run.processes.thread_env), the size of its intra-op (Eigen) pool.
 """
 
 from __future__ import annotations
@@ -30,14 +38,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
+from harness.backends.declaration import Declaration
+from harness.backends.jax_options import CUDA_INSTALL, DECLARATION, INSTALL
 from harness.config.fields import Config
 from harness.core.weights import param_shapes
 from harness.environment import cpu_model, peak_rss_bytes
 from harness.errors import UsageError
 
 DTYPES = ("float32", "float64")
-INSTALL = "pip install -e '.[jax]' (or pip install jax)"
-CUDA_INSTALL = "pip install 'jax[cuda12]' (or 'jax[cuda13]')"
 # the modules of JAX's CUDA plugin (jax-cuda12/13-plugin and -pjrt); any one of them means it is installed
 CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
 
@@ -65,14 +73,48 @@ def import_jax(device: str, dtype: str) -> Any:
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_default_matmul_precision", "highest")
+    compile_cache(jax)
     return jax
+
+
+# JAX's monitoring events of its persistent cache, counted for this process (a listener registered once)
+CACHE_EVENTS = {"/jax/compilation_cache/compile_requests_use_cache": "requests",
+                "/jax/compilation_cache/cache_hits": "hits"}
+CACHE_COUNTS = {"requests": 0, "hits": 0, "listening": 0}
+
+
+def _count_cache_event(event: str, **_: Any) -> None:
+    if event in CACHE_EVENTS:
+        CACHE_COUNTS[CACHE_EVENTS[event]] += 1
+
+
+def compile_cache(jax: Any) -> str:
+    """Turn on JAX's persistent compilation cache for this process (once) and return its directory: the user's
+    JAX_COMPILATION_CACHE_DIR (JAX reads it), else `<harness cache>/jax`. Every program is cached (JAX's defaults
+    skip programs that compile in under a second, which is every one of the small presets on a GPU)."""
+    if jax.config.jax_compilation_cache_dir is None:
+        from harness.core.data import cache_dir
+
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size threshold, no override
+    if not CACHE_COUNTS["listening"]:
+        jax.monitoring.register_event_listener(_count_cache_event)
+        CACHE_COUNTS["listening"] = 1
+    return str(jax.config.jax_compilation_cache_dir)
+
+
+def _xla_threads() -> int | str:
+    """XLA's CPU compute threads in this process: PJRT_NPROC (set by --threads), else its default."""
+    n = os.environ.get("PJRT_NPROC", "")
+    return int(n) if n.isdigit() and int(n) > 0 else "XLA's own (every usable core)"
 
 
 class JaxBackend:
     """nanoGPT in plain JAX (harness/models/jax_gpt.py): one jitted, donated training step; AdamW as torch's."""
 
     name = "jax"
-    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}  # what `harness parity` passes (harness.cli.parity)
+    declaration: ClassVar[Declaration] = DECLARATION  # what the parent reads (harness.backends.jax_options)
 
     def __init__(self, dtype: str = "float32", parity: bool = False) -> None:
         if dtype not in DTYPES:
@@ -80,6 +122,9 @@ class JaxBackend:
         self.dtype, self.parity = dtype, parity  # parity: the harness hands the dropout masks
         self.needs_warm_up = True  # the jitted step is compiled by warm_up(), once (harness.run.loop.warm_up)
         self.compile_s: float | None = None
+        self.compile_cache: dict[str, Any] | None = None  # the warm-up's compiles: read from the cache or not
+        self._compiled: Any = None  # the training step compiled ahead of time by warm_up
+        self._compiled_masks = False  # whether it takes the harness's masks (else JAX's own)
         self.config: Config | None = None
 
     @classmethod
@@ -171,22 +216,27 @@ class JaxBackend:
         return np.asarray(self.model.adamw_scalars(lr, t, self.config), dtype=self.dtype)
 
     def warm_up(self, x: np.ndarray, y: np.ndarray) -> bool:
-        """Compile the training step (the variant the run will use: the harness's masks in parity mode with dropout,
-        JAX's own otherwise) by one call on a throwaway copy of the state, and the evaluation; no parameter,
-        optimizer or dropout state changes. Returns False when already done."""
+        """Compile the training step ahead of time (`lower(...).compile()`, in the variant the run will use: the
+        harness's masks in parity mode with dropout, JAX's own otherwise) and the evaluation (one call); nothing
+        is trained, no state is copied. Records whether the compiles were persistent-cache hits. Returns False
+        when already done."""
         if not self.needs_warm_up:
             return False
         from harness.core.masks import dropout_masks
 
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), dict(CACHE_COUNTS)
         config = self.config
         assert config is not None
         masks = dropout_masks(config, 0, 0) if self.parity and config.dropout > 0 else None
-        copy = self.jax.tree.map(lambda a: a.copy(), self.state)  # donated to the throwaway step
-        _, loss = self._step(copy, self._tokens(x), self._tokens(y), self._scalars(config.learning_rate, 1),
-                             self._dropout(masks, 1))
-        self.jax.block_until_ready((loss, self._loss(self.state[0], self._tokens(x), self._tokens(y))))
+        tx, ty = self._tokens(x), self._tokens(y)
+        self._compiled = self._step.lower(self.state, tx, ty, self._scalars(config.learning_rate, 1),
+                                          self._dropout(masks, 1)).compile()
+        self._compiled_masks = masks is not None
+        self.jax.block_until_ready(self._loss(self.state[0], tx, ty))
         self.compile_s = time.perf_counter() - t0
+        requests, hits = (CACHE_COUNTS[k] - before[k] for k in ("requests", "hits"))
+        self.compile_cache = {"dir": self.jax.config.jax_compilation_cache_dir, "requests": requests, "hits": hits,
+                              "hit": requests > 0 and hits == requests}
         self.needs_warm_up = False
         return True
 
@@ -195,8 +245,11 @@ class JaxBackend:
                    masks: dict[str, np.ndarray] | None = None) -> Any:
         """One jitted step; returns the loss as a device scalar (`losses_to_floats` fetches a list of them)."""
         t = self.t + 1
-        self.state, loss = self._step(self.state, self._tokens(x), self._tokens(y), self._scalars(lr, t),
-                                      self._dropout(masks, t))
+        # the warm-up's executable when this step is its variant; else the jitted function (compiles once)
+        step = self._compiled if self._compiled is not None and (masks is not None) == self._compiled_masks \
+            else self._step
+        self.state, loss = step(self.state, self._tokens(x), self._tokens(y), self._scalars(lr, t),
+                                self._dropout(masks, t))
         self.t = t
         return loss
 
@@ -255,8 +308,9 @@ class JaxBackend:
                 "parity_mode": self.parity, "jit": "one jitted training step, state donated",
                 "adamw": "written out, torch.optim.AdamW semantics (scalars in float64 on the host)",
                 "dropout": "harness masks" if self.parity else "jax.random, keyed by (seed, step)",
-                "threads": "XLA's own (every usable core)" if self.device_type == "cpu" else None,
-                "step_timing": "host clock, block_until_ready on the step's outputs", "compile_s": self.compile_s}
+                "threads": _xla_threads() if self.device_type == "cpu" else None,
+                "step_timing": "host clock, block_until_ready on the step's outputs", "compile_s": self.compile_s,
+                "compile": "ahead of time before step 0 (lower().compile())", "compile_cache": self.compile_cache}
         if self.device_type == "cuda":
             stats = self.device.memory_stats() or {}
             info.update(device_name=self.device.device_kind, device_memory_bytes=stats.get("bytes_limit"))

@@ -14,19 +14,24 @@ import platform
 import resource
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from harness.backends.base import BackendUnavailable
-from harness.config.fields import Config
+from harness.backends.declaration import Declaration
+from harness.config.fields import OPTION_NAMES, Config
 from harness.core.weights import param_shapes
 from harness.errors import UsageError
 from harness.models import numpy_gpt
 
 DTYPES = ("float64", "float32")
-CUPY_FIX = ("install the CuPy wheel for your CUDA with its CUDA components (pip install 'cupy-cuda12x[ctk]', "
-            "or cupy-cuda13x[ctk] for CUDA 13), or use --device cpu")
+CUPY_INSTALL = "pip install 'cupy-cuda12x[ctk]', or cupy-cuda13x[ctk] for CUDA 13"
+CUPY_FIX = f"install the CuPy wheel for your CUDA with its CUDA components ({CUPY_INSTALL}), or use --device cpu"
+DECLARATION = Declaration(
+    name="numpy", dtypes=DTYPES, devices=("cpu", "cuda"), options=frozenset(OPTION_NAMES),
+    methods=frozenset({"gradients", "taps", "parts"}), needs="", install="", color="#1c7ed6",
+    part_runner="harness.backends.numpy_parts:NumpyParts", doctor="harness.backends.numpy_backend:doctor_rows")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -149,6 +154,7 @@ class NumpyBackend:
     """Framework-free nanoGPT in NumPy (or CuPy), the reference the frameworks are compared with."""
 
     name = "numpy"
+    declaration: ClassVar[Declaration] = DECLARATION
 
     def __init__(self, dtype: str = "float64") -> None:
         if dtype not in DTYPES:
@@ -338,3 +344,37 @@ class NumpyBackend:
     def _tokens(self, x: np.ndarray) -> Any:
         """Token ids as int64 arrays of the current array module."""
         return numpy_gpt.xp.asarray(np.asarray(x, dtype=np.int64))
+
+
+# --- harness doctor -------------------------------------------------------------------------------------------
+def _dist_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # not installed, or broken metadata
+        return None
+
+
+def cupy_row() -> tuple[str, str, str]:
+    """CuPy (the numpy backend on --device cuda): installed, and able to compile and run what the backend needs."""
+    import importlib.util
+
+    what = "CuPy (numpy backend on cuda)"
+    if importlib.util.find_spec("cupy") is None:
+        return (what, "not installed", f"only needed for --backend numpy --device cuda: {CUPY_INSTALL}")
+    version = _dist_version("cupy") or next((v for v in (_dist_version("cupy-cuda12x"),
+                                                          _dist_version("cupy-cuda13x")) if v), "?")
+    try:
+        NumpyBackend.check_available("cuda")
+    except BackendUnavailable as exc:
+        return (what, f"{version}, not ready", str(exc).removeprefix("numpy backend: "))
+    except Exception as exc:  # a broken install is reported, not raised
+        return (what, f"{version}, broken ({type(exc).__name__})", "reinstall CuPy")
+    return (what, f"{version}, ready (kernel, float64 matmul, scatter_add ran)", "")
+
+
+def doctor_rows() -> list[tuple[str, str, str]]:
+    """The numpy backend's rows of `harness doctor`: NumPy itself, and CuPy for --device cuda."""
+    version = _dist_version("numpy")
+    return [("numpy", version or "missing", "" if version else "pip install numpy"), cupy_row()]

@@ -1,8 +1,10 @@
 """Part runners: each backend's parts of the training step (harness/core/parts.py), forward and backward, in its
 framework's own idiom, ready to be timed by `harness bench parts` (harness/bench/parts.py).
 
-`RUNNERS` is the one place that says which backends can time their parts (`runner_class`, `supports`): a backend
-without an entry is refused in one line. A runner's module imports its framework; this one imports none.
+A backend's declaration says whether it can time its parts (the method `parts`, harness.backends.declaration) and
+names its part runner (`part_runner`, "module:Class"), so a backend from outside can bring its own (`supports`,
+`runner_class`); a backend that declares none is refused in one line. A runner's module imports its framework;
+this one imports none.
 
 Every runner times the same computation on the same numbers: a part's inputs are the real step-0 activations of the
 first batch (the taps of harness/core/taps.py, on every row) and its backward's upstream gradients are the real
@@ -27,14 +29,6 @@ from harness.config.fields import Config
 from harness.core.parts import STEP
 from harness.errors import UsageError
 
-# backend name -> "module:Class" of its part runner; the one place that answers "can backend X time its parts"
-RUNNERS: dict[str, str] = {
-    "torch": "harness.backends.torch_parts:TorchParts",
-    "numpy": "harness.backends.numpy_parts:NumpyParts",
-    "jax": "harness.backends.jax_parts:JaxParts",
-    "flux": "harness.backends.flux_parts:FluxParts",
-}
-
 MAX_CALLS = 100_000  # the most calls of one item in a row
 SAMPLE_S = 2e-5  # an item's calls in a row last at least this long on the host clock (a part too short for it)
 # ... and on a GPU timed on the host: calls queued back to back for this long, one wait at the end (a part's cost
@@ -48,23 +42,30 @@ WARM_CALLS = 2  # untimed calls of every item before it is timed (JIT compilatio
 
 
 def supports(name: str) -> bool:
-    """Whether backend `name` can time its parts."""
-    return name in RUNNERS
+    """Whether backend `name` can time its parts: its declaration has the method `parts` (and so a part runner)."""
+    from harness.backends import declared, options_class
+
+    return declared(options_class(name), "parts")
 
 
 def check_supported(names: list[str]) -> None:
-    """UsageError (one line) for a backend that cannot time its parts."""
+    """UsageError (one line) for a backend that cannot time its parts (an unknown or refused one: its own line)."""
+    from harness.backends import declarations
+
     for name in names:
         if not supports(name):
-            raise UsageError(f"backend {name!r} cannot time its parts (no part runner); `harness bench parts` "
-                             f"runs {', '.join(RUNNERS)}; drop {name} from --backend")
+            able = [n for n, d in declarations().items() if "parts" in d.methods]
+            raise UsageError(f"backend {name!r} cannot time its parts (its declaration has no part runner); "
+                             f"`harness bench parts` runs {', '.join(able)}; drop {name} from --backend")
 
 
 def runner_class(name: str) -> type:
-    """Import and return the part runner class of backend `name` (imports its framework's module, not the
-    framework itself until setup)."""
+    """Import and return the part runner class its declaration names for backend `name` (imports its framework's
+    module, not the framework itself until setup)."""
+    from harness.backends import declaration
+
     check_supported([name])
-    module, cls = RUNNERS[name].split(":")
+    module, cls = declaration(name).part_runner.split(":")
     return getattr(importlib.import_module(module), cls)
 
 

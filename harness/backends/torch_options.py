@@ -13,13 +13,22 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from harness.backends import COMPILE_MODES
 from harness.backends.base import BackendUnavailable
+from harness.backends.declaration import COMPILE_MODES, Declaration
+from harness.config.fields import OPTION_NAMES
 from harness.environment import gpu_capability
 from harness.errors import UsageError
 
 DTYPE_NAMES = ("float32", "float64")
 PRECISIONS = ("fp32", "tf32", "bf16")
+INSTALL = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (or a CUDA build for "
+           "--device cuda; README, Install)")
+DECLARATION = Declaration(
+    name="torch", dtypes=DTYPE_NAMES, devices=("cpu", "cuda"), precisions=PRECISIONS, compile_modes=COMPILE_MODES,
+    options=frozenset({*OPTION_NAMES, "cuda_graphs", "parity"}),
+    methods=frozenset({"gradients", "taps", "warm_up", "device_clock", "fetch_losses", "check_device", "parts"}),
+    needs="PyTorch", install=INSTALL, color="#d9480f", bare_loop="harness.backends.torch_bare:BareTorch",
+    part_runner="harness.backends.torch_parts:TorchParts", doctor="harness.backends.torch_options:doctor_rows")
 MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
 
 
@@ -61,8 +70,7 @@ class TorchOptions:
     built on."""
 
     name = "torch"
-    # what `harness parity` passes (harness.cli.parity.parity_options)
-    PARITY_OPTIONS: ClassVar[dict] = {"parity": True}
+    declaration: ClassVar[Declaration] = DECLARATION
 
     def __init__(self, dtype: str = "float32", precision: str = "fp32", compile: bool | str = False,
                  parity: bool = False, cuda_graphs: bool = False):
@@ -112,7 +120,7 @@ class TorchOptions:
         import importlib.util
 
         if importlib.util.find_spec("torch") is None:
-            raise BackendUnavailable("torch backend: PyTorch is not installed; pip install torch (README, Install)")
+            raise BackendUnavailable(f"torch backend: PyTorch is not installed; {INSTALL}")
         if device == "cuda":
             import torch
 
@@ -120,3 +128,60 @@ class TorchOptions:
                 raise BackendUnavailable("torch backend: --device cuda but PyTorch sees no CUDA GPU "
                                          f"(torch {torch.__version__}); use --device cpu or install a CUDA build of "
                                          "torch")
+
+
+# --- harness doctor -------------------------------------------------------------------------------------------
+def torch_row() -> tuple[str, str, str]:
+    """torch's version and whether --device cuda can work: a CPU-only build (torch.version.cuda is None) needs a
+    CUDA build; a CUDA build that sees no GPU has a driver or device problem."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("torch") is None:
+        return ("torch", "missing", INSTALL)
+    try:
+        import torch
+
+        built = getattr(torch.version, "cuda", None)
+        if built is None:
+            gpu_here = shutil.which("nvidia-smi") is not None
+            return ("torch", f"{torch.__version__}, CPU-only build (no CUDA)",
+                    "a GPU is present: install a CUDA build of torch for --device cuda" if gpu_here else "")
+        if not torch.cuda.is_available():
+            return ("torch", f"{torch.__version__}, CUDA {built} build, but no usable GPU",
+                    "the driver or the device is the problem: check `nvidia-smi` (a driver recent enough for "
+                    f"CUDA {built}) and CUDA_VISIBLE_DEVICES")
+        cap = torch.cuda.get_device_capability(0)
+        return ("torch", f"{torch.__version__}, CUDA {built}: {torch.cuda.get_device_name(0)} "
+                         f"(compute capability {cap[0]}.{cap[1]})",
+                "" if tuple(cap) >= (8, 0) else "pre-Ampere GPU: --precision tf32/bf16 are refused, fp32 only")
+    except Exception as exc:  # a broken install is reported, not raised
+        return ("torch", f"broken ({type(exc).__name__}: {exc})", "reinstall torch")
+
+
+def compile_row() -> tuple[str, str, str]:
+    """What `--compile` needs: torch's Inductor compiles generated C++ (CPU) with a C/C++ compiler, and on CUDA
+    Triton, which also builds a small C helper at first use."""
+    import os
+    import shutil
+    from importlib.metadata import version
+
+    compiler = os.environ.get("CXX") or os.environ.get("CC")
+    compiler = shutil.which(compiler) if compiler else None
+    compiler = compiler or next((p for p in map(shutil.which, ("g++", "c++", "clang++", "gcc", "cc", "clang")) if p),
+                                None)
+    try:
+        triton: str | None = version("triton")
+    except Exception:  # not installed, or broken metadata: not usable
+        triton = None
+    status = f"C compiler: {compiler or 'none'}; triton: {triton or 'not installed'}"
+    if compiler is None:
+        return ("--compile prerequisites", status, "install a C/C++ compiler (e.g. apt install g++) for torch.compile")
+    return ("--compile prerequisites", status,
+            "" if triton or not shutil.which("nvidia-smi") else "for --compile on CUDA install triton (CUDA torch "
+            "wheels bring it)")
+
+
+def doctor_rows() -> list[tuple[str, str, str]]:
+    """The torch backend's rows of `harness doctor`: torch and what --compile needs."""
+    return [torch_row(), compile_row()]

@@ -36,11 +36,10 @@ configuration's own, not this process's high-water mark).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
+import importlib
 import itertools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -52,7 +51,9 @@ from typing import Any
 import numpy as np
 
 from harness import environment
-from harness.backends import BackendUnavailable, create_backend
+from harness.backends import BackendUnavailable, create_backend, declaration
+from harness.backends.base import Timed
+from harness.backends.declaration import Declaration
 from harness.config.fields import Config
 from harness.config.presets import SIZES
 from harness.core.data import BatchStream, load_corpus
@@ -62,18 +63,16 @@ from harness.errors import UsageError
 from harness.run import loop as run_loop
 from harness.run.loop import Curves, LoopOptions, train
 from harness.run.processes import spawn
+from harness.store.bench import (
+    BenchCheck,
+    HarnessOnly,
+    LoopTiming,
+    OverheadResult,
+    ProbeCost,
+    StreamTiming,
+)
+from harness.store.record import Environment, Memory
 from harness.timing.stats import median_ci as _median_ci
-
-SCHEMA = "nanogpt-parity/bench"
-
-
-SCHEMA_VERSION = 1
-
-
-# always measured in a child process: flux (juliacall must be imported before torch), jax (jax_enable_x64 and the
-# platform are fixed for the life of a process, so a float64 job must not follow a float32 one in it)
-ISOLATED = ("flux", "jax")
-
 
 # timed steps per repeat by default: on the CPU short rounds pair the two loops closely in time; on CUDA a repeat is
 # one flush interval of the runner (harness.run.loop.FLUSH_EVERY), so its flushes count at the rate a run has them
@@ -139,18 +138,7 @@ class Job:
     isolated: bool = False
 
 
-# --- the loops ---------------------------------------------------------------------------------------------------
-@dataclass
-class Timed:
-    """One repeat of one loop: wall and process CPU time for the whole repeat, per-step times, the losses."""
-
-    wall_s: float
-    step_s: list[float]
-    losses: list[float]
-    cpu_s: float = math.nan
-    compile_s: float | None = None
-
-
+# --- the loops (Timed: harness.backends.base, where a backend's own floor returns it too) ---------------------
 def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int, steps: int) -> Timed:
     """(a): `harness.run.loop.train` over steps [start, start + steps), progress off, no evaluation batches.
 
@@ -162,7 +150,7 @@ def runner_repeat(backend: Any, config: Config, stream: BatchStream, start: int,
     wall = time.perf_counter() - t0 - outcome.eval_s - (outcome.compile_s or 0.0)
     cpu = time.process_time() - c0
     if outcome.status != "completed":
-        raise RuntimeError(f"runner-driven {backend.name} did not complete: {outcome.status}")
+        raise RuntimeError(f"runner-driven {backend.name} did not complete: {outcome.text}")
     return Timed(wall, list(curves.time_s), list(curves.loss), cpu, outcome.compile_s)
 
 
@@ -193,169 +181,6 @@ def backend_repeat(backend: Any, batches: Sequence[tuple[np.ndarray, np.ndarray]
     return Timed(wall, step_s, values, time.process_time() - c_start)
 
 
-class BareTorch:
-    """(b) for torch: the hand-written floor. No harness code runs between its steps.
-
-    harness.models.torch_gpt.GPT loaded with the same weights, torch.optim.AdamW over the same two groups (decay on
-    tensors of 2 or more dimensions) with the same implementation flags, global-norm clipping. Each step copies its
-    batch to the device exactly as the torch backend's step does (on CUDA through a ring of pinned buffers,
-    `torch_backend.PinnedBatches`; on the CPU `torch_backend.to_device`), and steps are timed as the runner times
-    them (CUDA events, no per-step sync, on CUDA). With `cuda_graphs` the step is the backend's own captured step
-    (`torch_step.StaticStep` with `CudaGraphCapture`) called directly, so that the runner's and the floor's steps
-    are the same replay and the difference is the harness's loop. Numerics flags (TF32) are process-global and were
-    set by the torch backend's setup, so both loops share them.
-    """
-
-    def __init__(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str, seed: int,
-                 dtype: str = "float32", precision: str = "fp32", compile: bool | str = False, parity: bool = False,
-                 cuda_graphs: bool = False):
-        import torch
-
-        from harness.backends.torch_backend import (
-            CudaEventClock,
-            PinnedBatches,
-            adamw_flags,
-            adamw_groups,
-            build_model,
-            to_device,
-        )
-        from harness.backends.torch_options import compile_mode
-        from harness.backends.torch_step import CudaGraphCapture, StaticStep
-
-        self.torch, self.to_device = torch, to_device
-        self.device = torch.device(device)
-        self.clock = CudaEventClock() if self.device.type == "cuda" else None
-        torch.manual_seed(seed)
-        model = build_model(config, weights, vocab_size)  # the config's model options, as the backend's
-        self.model = model.to(device=self.device, dtype=getattr(torch, dtype))
-        self.params = list(self.model.parameters())
-        self.lr = config.learning_rate
-        lr = StaticStep.make_lr(self.lr, getattr(torch, dtype), self.device) if cuda_graphs else self.lr
-        groups = adamw_groups(self.model, config)
-        self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=(config.beta1, config.beta2), eps=config.eps,
-                                           **adamw_flags(self.device.type, parity, cuda_graphs))
-        self.clip = config.grad_clip
-        mode = compile_mode(compile)
-        self.forward = torch.compile(self.model, mode=mode) if mode else self.model
-        self.clone = mode == "reduce-overhead"  # a CUDA-graph output is overwritten by the next replay
-        self.bf16 = precision == "bf16"
-        shape = (config.batch_size, config.block_size)
-        self.batches = PinnedBatches(shape, self.device) if self.device.type == "cuda" else None
-        self.step = (StaticStep(self.model, self.optimizer, self.params, lr, self.clip, shape, self.device,
-                                self._autocast, capture=CudaGraphCapture()) if cuda_graphs else None)
-
-    def _autocast(self):
-        torch = self.torch
-        return (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
-                               cache_enabled=self.step is None) if self.bf16  # as the backend's (no cache if captured)
-                else contextlib.nullcontext())
-
-    def _eager_step(self, x: np.ndarray, y: np.ndarray) -> Any:
-        """Copy, forward, backward, clip, AdamW; the loss stays on the device."""
-        torch = self.torch
-        if self.batches is not None:
-            both = self.batches(x, y)
-            tx, ty = both[0], both[1]
-        else:
-            tx, ty = self.to_device(x, self.device), self.to_device(y, self.device)
-        if self.clone:
-            torch.compiler.cudagraph_mark_step_begin()
-        with self._autocast():
-            _, loss = self.forward(tx, ty)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.optimizer.step()
-        return loss.detach().clone() if self.clone else loss.detach()
-
-    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
-        """The step over `batches`; losses stay on the device until the end (a captured step's ring is read every
-        half ring). On CUDA steps are timed with events (no per-step sync) unless `sync_each_step`, which
-        synchronises after every step and times on the host (what the per-step sync costs)."""
-        torch, device, step = self.torch, self.device, self.step
-        cuda = device.type == "cuda"
-        clock = None if sync_each_step else self.clock
-        self.model.train()
-        losses: list = []
-        values: list[float] = []
-        times: list[Any] = []
-        c_start, t_start = time.process_time(), time.perf_counter()
-        for x, y in batches:
-            start = clock.mark() if clock is not None else None
-            t0 = time.perf_counter()
-            losses.append(step(x, y, self.lr) if step is not None else self._eager_step(x, y))
-            if clock is not None:
-                times.append((start, clock.mark()))
-            else:
-                if cuda:
-                    torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
-            if step is not None and len(losses) >= step.ring // 2:
-                values += step.read(losses)
-                losses = []
-        if step is not None:
-            values += step.read(losses)
-        elif losses:
-            values += [float(v) for v in torch.stack(losses).double().cpu().tolist()]
-        wall = time.perf_counter() - t_start
-        step_s = [t if isinstance(t, float) else clock.elapsed_s(*t) for t in times]
-        return Timed(wall, step_s, values, time.process_time() - c_start)
-
-
-class BareJax:
-    """(b) for jax: the hand-written jitted floor. No harness code runs between its steps.
-
-    The same weights and dtype, harness.models.jax_gpt.train_step (forward, backward, clipping, AdamW) under one
-    `jax.jit` with the state donated, dropout masks drawn inside the step from JAX's PRNG keyed by the step (as the
-    backend draws them), the AdamW scalars computed on the host; each batch is put on the device as int32 in the
-    step, and every step is waited for (`block_until_ready`) and timed on the host clock, as the runner times the
-    jax backend. Compiled by the first call, which `_bare_loop` makes before any timed round.
-    """
-
-    def __init__(self, config: Config, weights: dict[str, np.ndarray], device: str, seed: int,
-                 dtype: str = "float32"):
-        from harness.backends.jax_backend import import_jax
-        from harness.core.masks import mask_shapes
-
-        jax = self.jax = import_jax(device, dtype)
-        from harness.models import jax_gpt
-
-        self.model, self.config, self.dtype = jax_gpt, config, dtype
-        self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
-        params = {n: jax.device_put(np.asarray(w, dtype=dtype), self.device) for n, w in weights.items()}
-        self.state = (params, jax_gpt.zeros_like(params), jax_gpt.zeros_like(params))
-        self.key = jax.device_put(np.asarray(jax.random.PRNGKey(seed)), self.device)
-        self.t = 0
-        sites = mask_shapes(config)
-
-        def step(state: Any, x: Any, y: Any, scalars: Any, key: Any, t: Any) -> Any:
-            masks = jax_gpt.draw_masks(jax.random.fold_in(key, t), sites, config.dropout)
-            return jax_gpt.train_step(state, x, y, scalars, masks, config)
-
-        self.step = jax.jit(step, donate_argnums=0)
-
-    def repeat(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], sync_each_step: bool = False) -> Timed:
-        """One jitted step per batch, each waited for; the losses stay on the device until the end.
-        (`sync_each_step` changes nothing: every step is already waited for.)"""
-        jax, put, lr, config = self.jax, self.jax.device_put, self.config.learning_rate, self.config
-        losses, times = [], []
-        c_start, t_start = time.process_time(), time.perf_counter()
-        for x, y in batches:
-            t0 = time.perf_counter()
-            t = self.t + 1
-            scalars = np.asarray(self.model.adamw_scalars(lr, t, config), dtype=self.dtype)
-            self.state, loss = self.step(self.state, put(x.astype(np.int32), self.device),
-                                         put(y.astype(np.int32), self.device), scalars, self.key, np.int32(t))
-            self.t = t
-            jax.block_until_ready(self.state)
-            losses.append(loss)
-            times.append(time.perf_counter() - t0)
-        values = [float(v) for v in jax.device_get(losses)]
-        wall = time.perf_counter() - t_start
-        return Timed(wall, times, values, time.process_time() - c_start)
-
-
 class NullBackend:
     """A backend whose step does no work: driving it measures the runner's own cost per step.
 
@@ -363,6 +188,7 @@ class NullBackend:
     """
 
     name = "null"
+    declaration = Declaration(name="null", dtypes=("float32",))  # no optional method: the loop's plainest path
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """Nothing to train."""
@@ -395,14 +221,15 @@ def _current_rss() -> int | None:
         return None
 
 
-def _timing(repeats: list[Timed], steps: int, tokens_per_step: int) -> dict:
+def _timing(repeats: list[Timed], steps: int, tokens_per_step: int) -> LoopTiming:
     """Per-step median and p90 over every timed step, and the loop's wall time per step (median over repeats)."""
     pooled = np.asarray([t for r in repeats for t in r.step_s], dtype=np.float64)
     loop = [r.wall_s / steps for r in repeats]
     loop_median = float(np.median(loop))
-    return {"step_ms_median": float(np.median(pooled) * 1e3), "step_ms_p90": float(np.percentile(pooled, 90) * 1e3),
-            "loop_ms_per_step_median": loop_median * 1e3, "loop_ms_per_step": [v * 1e3 for v in loop],
-            "tokens_per_s": tokens_per_step / loop_median if loop_median > 0 else None}
+    return LoopTiming(step_ms_median=float(np.median(pooled) * 1e3),
+                      step_ms_p90=float(np.percentile(pooled, 90) * 1e3), loop_ms_per_step_median=loop_median * 1e3,
+                      loop_ms_per_step=[v * 1e3 for v in loop],
+                      tokens_per_s=tokens_per_step / loop_median if loop_median > 0 else None)
 
 
 def _say(job: Job, text: str) -> None:
@@ -421,30 +248,22 @@ def reset_compiler() -> None:
     torch._dynamo.reset()
 
 
-def measure(job: Job) -> dict:
+def measure(job: Job) -> OverheadResult:
     """Measure (a) runner, (b) bare, (c) stream and (d) harness only for one backend and size, in this process."""
     gc.collect()  # the previous measurement's models go now, so their cached device blocks can be released
     if job.options.get("compile"):
         reset_compiler()  # each compiled measurement starts as a fresh process would
-    if job.backend == "torch" and job.threads:
-        import torch
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(job.threads)
-        try:
-            return _measure(job)
-        finally:
-            torch.set_num_threads(threads)  # measured in-process: leave the caller's setting as it was
+    # (--threads: the measurement runs in a process of its own, capped through its environment: measure_isolated)
     return _measure(job)
 
 
-def _measure(job: Job) -> dict:
+def _measure(job: Job) -> OverheadResult:
     """The four measurements of `measure`, one job each: set up (a), build the floor (b), run the paired rounds,
     summarise."""
     runner = _set_up(job)
-    bare_repeat = _bare_loop(job, runner)
+    bare_repeat, bare_info = _bare_loop(job, runner)
     rounds = _rounds(job, runner, bare_repeat)
-    return _result(job, runner, rounds)
+    return _result(job, runner, rounds, bare_info)
 
 
 @dataclass
@@ -460,7 +279,7 @@ class _Runner:
     compile_s: float | None
     first_step_s: float
     first_round: Timed | None  # --warmup 0: the first timed runner round, run before the bare model existed
-    memory: dict
+    memory: Memory
 
 
 def _set_up(job: Job) -> _Runner:
@@ -483,40 +302,38 @@ def _set_up(job: Job) -> _Runner:
     else:  # no warm-up: the first timed runner round runs now, so that memory is read after steps, not before any
         first_round = runner_repeat(backend, config, stream, 0, job.steps)
         first_step_s = first_round.step_s[0]
-    memory = dict(backend.memory())
+    memory = Memory.from_dict(backend.memory())
     rss_after = _current_rss()
-    if memory.get("kind") == "rss":
-        memory["scope"] = "this configuration's process" if job.isolated else \
+    if memory.kind == "rss":
+        memory.extra["scope"] = "this configuration's process" if job.isolated else \
             "process-wide high-water mark so far (in-process measurement; --isolate gives per-configuration figures)"
     if rss_before is not None and rss_after is not None:
-        memory["rss_growth_bytes"] = rss_after - rss_before
+        memory.extra["rss_growth_bytes"] = rss_after - rss_before
     return _Runner(config, corpus, weights, stream, backend, setup_s, compile_s, first_step_s, first_round, memory)
 
 
-def _bare_loop(job: Job, r: _Runner) -> Callable[..., Timed]:
+def _bare_loop(job: Job, r: _Runner) -> tuple[Callable[..., Timed], Callable[[], dict]]:
     """(b): the floor, over pre-built NumPy batches (the first `steps` of the stream), copied to the device per step,
-    warmed up as the runner was; returns one repeat of it (`sync_each_step`: what a per-step sync would cost)."""
+    warmed up as the runner was; returns one repeat of it (`sync_each_step`: what a per-step sync would cost) and
+    what it adds to the backend's description. The floor is the backend's own where its declaration names one
+    (`bare_loop`: torch's hand-written loop, jax's bare jitted step), else `backend_repeat`."""
     batches = [r.stream.batch(k) for k in range(job.steps)]
-    if job.backend == "jax":
-        jax_bare = BareJax(r.config, r.weights, job.device, job.seed, dtype=job.options.get("dtype", "float32"))
-        jax_bare.repeat([r.stream.batch(k) for k in range(max(job.warmup, 1))])  # compiles: never in a timed round
-        return lambda sync_each_step=False: jax_bare.repeat(batches, sync_each_step)
-    if job.backend != "torch":
+    decl = declaration(job.backend)
+    if not decl.bare_loop:
         lr = r.config.learning_rate
         if job.warmup:
             backend_repeat(r.backend, list(itertools.islice(itertools.cycle(batches), job.warmup)), lr)
-        return lambda sync_each_step=False: backend_repeat(r.backend, batches, lr, sync_each_step)
-    opts = job.options
-    bare = BareTorch(r.config, r.weights, r.corpus.vocab_size, job.device, job.seed,
-                     dtype=opts.get("dtype", "float32"), precision=opts.get("precision", "fp32"),
-                     compile=opts.get("compile") or False, parity=bool(opts.get("parity")),
-                     cuda_graphs=bool(opts.get("cuda_graphs")))
+        return (lambda sync_each_step=False: backend_repeat(r.backend, batches, lr, sync_each_step)), dict
+    module, _, cls = decl.bare_loop.partition(":")
+    options = {**job.options, "dtype": job.options.get("dtype") or decl.default_dtype}
+    bare = getattr(importlib.import_module(module), cls)(r.config, r.weights, r.corpus.vocab_size, job.device,
+                                                         job.seed, **options)
     warm_batches = [r.stream.batch(k) for k in range(job.warmup)]
-    if (opts.get("compile") or opts.get("cuda_graphs")) and not warm_batches:
+    if bare.compiles and not warm_batches:
         warm_batches = batches[:1]  # never let a timed bare round include the bare model's compile or capture
     if warm_batches:
         bare.repeat(warm_batches)
-    return lambda sync_each_step=False: bare.repeat(batches, sync_each_step)
+    return (lambda sync_each_step=False: bare.repeat(batches, sync_each_step)), bare.info
 
 
 @dataclass
@@ -564,7 +381,7 @@ def _rounds(job: Job, r: _Runner, bare_repeat: Callable[..., Timed]) -> _Rounds:
     return out
 
 
-def _result(job: Job, r: _Runner, rounds: _Rounds) -> dict:
+def _result(job: Job, r: _Runner, rounds: _Rounds, bare_info: Callable[[], dict] = dict) -> OverheadResult:
     """The result of one measurement: per-loop timings, the overhead ratios with their interval, the stream, the
     harness's own cost, the contention probe's cost, memory, and the checks against TARGETS."""
     tokens = r.config.batch_size * r.config.block_size
@@ -578,45 +395,42 @@ def _result(job: Job, r: _Runner, rounds: _Rounds) -> dict:
     ratios = cpu_ratios if basis == "cpu_time" else wall_ratios
     ratio = float(np.median(ratios))
     batch_s = float(np.median(rounds.stream_s))
-    step_s = bare_t["step_ms_median"] / 1e3
+    step_s = bare_t.step_ms_median / 1e3
     for t, runs in ((runner_t, runs_a), (bare_t, runs_b)):  # loop time not inside a timed step, per step
-        t["outside_step_us_median"] = float(np.median([(x.wall_s - sum(x.step_s)) / job.steps for x in runs]) * 1e6)
+        t.outside_step_us_median = float(np.median([(x.wall_s - sum(x.step_s)) / job.steps for x in runs]) * 1e6)
     # a third estimate, from per-step medians (which ignore a preempted step) plus the time between steps
-    robust = ((runner_t["step_ms_median"] + runner_t["outside_step_us_median"] / 1e3)
-              / (bare_t["step_ms_median"] + bare_t["outside_step_us_median"] / 1e3))
+    robust = ((runner_t.step_ms_median + runner_t.outside_step_us_median / 1e3)
+              / (bare_t.step_ms_median + bare_t.outside_step_us_median / 1e3))
     null_s = float(np.median(rounds.harness_only_s))
-    result = {
-        "backend": job.backend, "size": job.size, "device": job.device, "status": "completed",
-        "config": job.config, "tokens_per_step": tokens, "steps": job.steps, "warmup": job.warmup,
-        "repeats": job.repeats, "isolated": job.isolated, "options": job.options,
-        "setup_s": r.setup_s, "compile_s": r.compile_s, "first_step_s": r.first_step_s,
-        "step_timing": "cuda events, no per-step sync" if job.device == "cuda" and job.backend == "torch"
+    result = OverheadResult(
+        backend=job.backend, size=job.size, device=job.device, config=job.config, tokens_per_step=tokens,
+        steps=job.steps, warmup=job.warmup, repeats=job.repeats, isolated=job.isolated, options=job.options,
+        setup_s=r.setup_s, compile_s=r.compile_s, first_step_s=r.first_step_s,
+        step_timing="cuda events, no per-step sync" if run_loop.device_clock(r.backend) is not None
         else "host clock",
-        "runner": runner_t, "bare": bare_t,
-        "overhead_ratio": ratio, "overhead_pct": (ratio - 1) * 100, "overhead_basis": basis,
-        "overhead_ratio_ci95": _median_ci(ratios),
-        "overhead_ratios": ratios, "overhead_ratio_wall": float(np.median(wall_ratios)),
-        "overhead_ratios_wall": wall_ratios, "overhead_ratio_cpu_time": float(np.median(cpu_ratios)),
-        "overhead_ratio_of_medians": runner_t["loop_ms_per_step_median"] / bare_t["loop_ms_per_step_median"],
-        "overhead_ratio_step_medians": robust,
-        "stream": {"batches_timed": len(rounds.stream_s), "ms_per_batch_median": batch_s * 1e3,
-                   "ms_per_batch_p90": float(np.percentile(rounds.stream_s, 90) * 1e3),
-                   "batches_per_s": 1.0 / batch_s if batch_s > 0 else None,
-                   "x_step": step_s / batch_s if batch_s > 0 else None},
-        "contention_probe": contention_probe_cost(step_s, job.device),
-        "harness_only": {"us_per_step_median": null_s * 1e6, "pct_of_step": null_s / step_s * 100,
-                         "steps_timed": rounds.n_stream * job.repeats},
-        "memory": r.memory, "backend_info": r.backend.describe(),
-    }
+        runner=runner_t, bare=bare_t, overhead_ratio=ratio, overhead_pct=(ratio - 1) * 100, overhead_basis=basis,
+        overhead_ratio_ci95=_median_ci(ratios), overhead_ratios=ratios,
+        overhead_ratio_wall=float(np.median(wall_ratios)), overhead_ratios_wall=wall_ratios,
+        overhead_ratio_cpu_time=float(np.median(cpu_ratios)),
+        overhead_ratio_of_medians=runner_t.loop_ms_per_step_median / bare_t.loop_ms_per_step_median,
+        overhead_ratio_step_medians=robust,
+        stream=StreamTiming(batches_timed=len(rounds.stream_s), ms_per_batch_median=batch_s * 1e3,
+                            ms_per_batch_p90=float(np.percentile(rounds.stream_s, 90) * 1e3),
+                            batches_per_s=1.0 / batch_s if batch_s > 0 else None,
+                            x_step=step_s / batch_s if batch_s > 0 else None),
+        contention_probe=contention_probe_cost(step_s, job.device),
+        harness_only=HarnessOnly(us_per_step_median=null_s * 1e6, pct_of_step=null_s / step_s * 100,
+                                 steps_timed=rounds.n_stream * job.repeats),
+        memory=r.memory, backend_info=r.backend.describe())
     if rounds.bare_sync:
-        result["bare_sync_each_step"] = _timing(rounds.bare_sync, job.steps, tokens)
-    if job.backend == "torch" and job.device == "cuda":
-        result["backend_info"]["sdpa"] = _sdpa_flags()
-    result["checks"] = checks(result)
+        result.bare_sync_each_step = _timing(rounds.bare_sync, job.steps, tokens)
+    result.backend_info.update(bare_info())  # torch on CUDA: the attention kernels it may pick
+    result.checks = checks(result)
     return result
 
 
-def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 200, ticks: int = 20000) -> dict:
+def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 200,
+                          ticks: int = 20000) -> ProbeCost:
     """What the contention evidence (harness.timing.contention) costs a training loop with steps of `step_s` seconds.
 
     Per step the loop only calls `Sampler.tick` (a clock read and a comparison); the machine's state is read
@@ -640,60 +454,50 @@ def contention_probe_cost(step_s: float, device: str = "cpu", snapshots: int = 2
         sampler.tick(k)
     tick_s = (time.perf_counter() - t0) / ticks
     per_step_s = tick_s + snapshot_s * step_s / contention.CHUNK_S
-    return {"snapshot_us": snapshot_s * 1e6, "tick_us": tick_s * 1e6, "chunk_s": contention.CHUNK_S,
-            "per_step_us": per_step_s * 1e6, "pct_of_step": per_step_s / step_s * 100,
-            "per_step_snapshot_pct": snapshot_s / step_s * 100}
+    return ProbeCost(snapshot_us=snapshot_s * 1e6, tick_us=tick_s * 1e6, chunk_s=contention.CHUNK_S,
+                     per_step_us=per_step_s * 1e6, pct_of_step=per_step_s / step_s * 100,
+                     per_step_snapshot_pct=snapshot_s / step_s * 100)
 
 
-def _sdpa_flags() -> dict:
-    """Which scaled_dot_product_attention kernels torch may pick (flash needs bf16/fp16; fp32 gets mem-efficient)."""
-    import torch
-
-    return {"flash": torch.backends.cuda.flash_sdp_enabled(),
-            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-            "math": torch.backends.cuda.math_sdp_enabled(),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
-
-
-def checks(result: dict) -> list[dict]:
+def checks(result: OverheadResult) -> list[BenchCheck]:
     """The targets that apply to this result, each with its measured value and whether it was met."""
     out = []
-    target = TARGETS["overhead"][result["device"]]
-    if result["size"] in target["sizes"]:
-        value = result["overhead_ratio"] - 1
-        ci = [c - 1 for c in result.get("overhead_ratio_ci95") or []]
-        out.append({"name": "overhead", "value": value, "max": target["max"], "ok": bool(value <= target["max"]),
-                    "ci95": ci})
-    x_step = result["stream"]["x_step"]
-    out.append({"name": "stream_x_step", "value": x_step, "min": TARGETS["stream_x_step_min"],
-                "ok": bool(x_step is not None and x_step >= TARGETS["stream_x_step_min"])})
+    target = TARGETS["overhead"][result.device]
+    if result.size in target["sizes"] and result.overhead_ratio is not None:
+        value = result.overhead_ratio - 1
+        ci = [c - 1 for c in result.overhead_ratio_ci95 or []]
+        out.append(BenchCheck(name="overhead", value=value, max=target["max"], ok=bool(value <= target["max"]),
+                              ci95=ci))
+    x_step = result.stream.x_step if result.stream is not None else None
+    out.append(BenchCheck(name="stream_x_step", value=x_step, min=TARGETS["stream_x_step_min"],
+                          ok=bool(x_step is not None and x_step >= TARGETS["stream_x_step_min"])))
     return out
 
 
-def misses(results: list[dict]) -> list[str]:
+def misses(results: list[OverheadResult]) -> list[str]:
     """One line per missed target (or failed measurement)."""
     lines = []
     for r in results:
-        where = f"{r['backend']}/{r['size']} on {r['device']}"
-        if r["status"] != "completed":
-            lines.append(f"{where}: {r['status']}")
+        where = f"{r.backend}/{r.size} on {r.device}"
+        if r.status != "completed":
+            lines.append(f"{where}: {r.status_text}")
             continue
-        for c in r["checks"]:
-            if c["ok"]:
+        for c in r.checks:
+            if c.ok:
                 continue
-            if c["name"] == "overhead":
-                ci = c.get("ci95")
+            if c.name == "overhead":
+                ci = c.ci95
                 noise = f" (95% interval {ci[0] * 100:+.1f}% to {ci[1] * 100:+.1f}%)" if ci else ""
-                lines.append(f"{where}: harness overhead {c['value'] * 100:+.1f}%{noise} exceeds "
-                             f"{c['max'] * 100:.0f}%")
+                lines.append(f"{where}: harness overhead {c.value * 100:+.1f}%{noise} exceeds "
+                             f"{c.max * 100:.0f}%")
             else:
-                lines.append(f"{where}: batch stream only {c['value']:.0f}x faster than a step (target "
-                             f"{c['min']:.0f}x)")
+                lines.append(f"{where}: batch stream only {c.value:.0f}x faster than a step (target "
+                             f"{c.min:.0f}x)")
     return lines
 
 
 # --- child processes ---------------------------------------------------------------------------------------------
-def measure_isolated(job: Job) -> dict:
+def measure_isolated(job: Job) -> OverheadResult:
     """Run `measure(job)` in a fresh interpreter (`python -m harness --worker bench JOB_JSON`, started as every child
     of the harness is: harness.run.processes.spawn), its CPU threads capped to `job.threads` as every backend
     process's are (harness.run.processes.thread_env); its progress goes to our stderr."""
@@ -707,10 +511,9 @@ def measure_isolated(job: Job) -> dict:
         raise
     lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    return {"backend": job.backend, "size": job.size, "device": job.device,
-            "status": f"failed: child process exited with status {proc.returncode} (its message is above)",
-            "checks": []}
+        return OverheadResult.from_dict(json.loads(lines[-1]))
+    return OverheadResult.failed(job.backend, job.size, job.device, f"child process exited with status "
+                                 f"{proc.returncode} (its message is above)")
 
 
 def child_main(argv: list[str]) -> int:
@@ -724,28 +527,28 @@ def child_main(argv: list[str]) -> int:
     except (UsageError, BackendUnavailable) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    print(json.dumps(result.to_dict()))
     return 0
 
 
 # --- environment, table, command ---------------------------------------------------------------------------------
-def bench_environment(device: str, results: list[dict]) -> dict:
+def bench_environment(device: str, results: list[OverheadResult]) -> Environment:
     """environment.capture() plus the torch version and the device's name (from the backends' own description)."""
-    env = environment.capture()
+    env = Environment.from_dict(environment.capture())
     try:
         from importlib.metadata import version
 
-        env["torch"] = version("torch")
+        env.extra["torch"] = version("torch")
     except Exception:  # torch not installed: nothing to record
-        env["torch"] = None
-    env["device"] = device
-    described = [r["backend_info"] for r in results if r.get("backend_info")]
-    env["device_name"] = next((d["device_name"] for d in described if d.get("device_name")), None) \
+        env.extra["torch"] = None
+    env.extra["device"] = device
+    described = [r.backend_info for r in results if r.backend_info]  # each backend's own describe()
+    env.extra["device_name"] = next((d["device_name"] for d in described if d.get("device_name")), None) \
         or environment.cpu_model()
     for d in described:
         if d.get("framework") == "pytorch":
-            env["torch_threads"] = d.get("threads")
-            env.update({k: d[k] for k in ("cuda", "cudnn") if k in d})
+            env.extra["torch_threads"] = d.get("threads")
+            env.extra.update({k: d[k] for k in ("cuda", "cudnn") if k in d})
             break
     return env
 

@@ -1,4 +1,4 @@
-"""What a parts record says (harness.bench.parts_record): per backend the time of every part, forward and backward,
+"""What a parts record says (harness.store.parts.PartsRecord): per backend the time of every part, forward and backward,
 the optimizer, the "fusion and framework overhead" row and the whole step, with 95 % intervals; the ratio of each
 part to the first backend's; FLOP/s; launch-bound parts on CUDA; and one line per pair of backends naming the parts
 that make up most of the difference in their steps.
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.bench.parts_record import PartsRecord
 from harness.core.parts import REST, STEP, split_item, summed
+from harness.store.parts import PartsRecord, PartsRound
 from harness.timing import paired, stats
 
 MOST = 0.8  # the diagnosis names rows until they make up this share of the difference
@@ -40,7 +40,7 @@ SHORT = {"forward": "fwd", "backward": "bwd"}
 class Rounds:
     """The rounds the figures come from: undisturbed ones when there are enough (`usable`), else every round."""
 
-    used: list[dict]
+    used: list[PartsRound]
     total: int
     clean: int
     usable: bool
@@ -52,10 +52,10 @@ class Rounds:
 
 def rounds_used(record: PartsRecord) -> Rounds:
     """Rounds holding every contender's burst; undisturbed ones where enough are (harness.timing.paired.usable)."""
-    names = [c["name"] for c in record.contenders]
-    full = [r for r in record.rounds if all(n in r["bursts"] for n in names)]
+    names = record.names
+    full = [r for r in record.rounds if all(n in r.bursts for n in names)]
     clean = [r for r in full if paired.round_clean(r)]
-    ok = paired.usable(len(clean), record.plan["rounds"])
+    ok = paired.usable(len(clean), record.plan.rounds)
     return Rounds(clean if ok else full, len(full), len(clean), ok)
 
 
@@ -80,13 +80,14 @@ def row_keys(record: PartsRecord, per_block: bool = False) -> list[str]:
     return [*rows, REST, STEP]
 
 
-def series(record: PartsRecord, name: str, used: list[dict], per_block: bool = False) -> dict[str, np.ndarray]:
+def series(record: PartsRecord, name: str, used: list[PartsRound], per_block: bool = False
+           ) -> dict[str, np.ndarray]:
     """Per row, the seconds per call of contender `name` in each used round (a summed row: the sum over blocks;
     REST: the step minus every timed item)."""
     rows = row_keys(record, per_block)
     out = {r: np.zeros(len(used)) for r in rows}
     for j, rnd in enumerate(used):
-        times = rnd["bursts"][name]["times"]
+        times = rnd.bursts[name].times
         parts_sum = 0.0
         for key, value in times.items():
             v = float(value) if value is not None else math.nan
@@ -113,8 +114,8 @@ def _flops(record: PartsRecord, row: str) -> float | None:
 
 def _launches(record: PartsRecord, name: str, row: str, per_block: bool) -> dict | None:
     """Kernels per call of a row and their GPU time (summed over its blocks), where the runner counted them."""
-    ready = next((c.get("ready") or {} for c in record.contenders if c["name"] == name), {})
-    counted = ready.get("launches") or {}
+    ready = record.contender(name).ready
+    counted = ready.launches if ready is not None else {}
     keys = [k for k in counted if row_of(k, per_block) == row]
     if not keys or not all("kernels" in counted[k] for k in keys):
         return None
@@ -122,7 +123,8 @@ def _launches(record: PartsRecord, name: str, row: str, per_block: bool) -> dict
             "kernel_us": sum(float(counted[k].get("kernel_us") or 0.0) for k in keys)}
 
 
-def contender_table(record: PartsRecord, name: str, used: list[dict], per_block: bool = False) -> dict[str, dict]:
+def contender_table(record: PartsRecord, name: str, used: list[PartsRound], per_block: bool = False
+                    ) -> dict[str, dict]:
     """Per row of contender `name`: median seconds per call with its interval, share of the step, FLOP/s, and on
     CUDA kernels per call and whether the row is launch-bound."""
     s = series(record, name, used, per_block)
@@ -148,7 +150,8 @@ def contender_table(record: PartsRecord, name: str, used: list[dict], per_block:
     return out
 
 
-def ratio_table(record: PartsRecord, a: str, b: str, used: list[dict], per_block: bool = False) -> dict[str, dict]:
+def ratio_table(record: PartsRecord, a: str, b: str, used: list[PartsRound], per_block: bool = False
+                ) -> dict[str, dict | None]:
     """Per row, b's time over a's: the geometric mean of the per-round ratios with its t interval (REST: none,
     it can be negative)."""
     sa, sb = series(record, a, used, per_block), series(record, b, used, per_block)
@@ -181,7 +184,7 @@ def _bound(tables: dict | None, name: str, row: str) -> str:
     return f", launch-bound: {launches['kernels']} kernels, GPU busy {launches['busy']:.0%}"
 
 
-def diagnose(record: PartsRecord, a: str, b: str, used: list[dict], usable: bool = True,
+def diagnose(record: PartsRecord, a: str, b: str, used: list[PartsRound], usable: bool = True,
              tables: dict | None = None) -> dict:
     """The one-line diagnosis of the pair (a, b) (see the module docstring): {"line", "slow", "fast", "ratio", "lo",
     "hi", "conclusive", "named": [{"row", "share", "mean_s", "lo_s", "hi_s"}]}. `tables` (contender_table of each):
@@ -252,7 +255,7 @@ def summary(record: PartsRecord, per_block: bool = False) -> dict:
     other contender its ratios to the first, the diagnosis of every pair, and per contender the rest's share of
     the step."""
     r = rounds_used(record)
-    names = [c["name"] for c in record.contenders]
+    names = record.names
     tables = {n: contender_table(record, n, r.used, per_block) for n in names}
     ratios = {n: ratio_table(record, names[0], n, r.used, per_block) for n in names[1:]}
     pairs = [diagnose(record, a, b, r.used, r.usable, tables if not per_block else None)
@@ -271,7 +274,7 @@ def _cell_ms(v: dict) -> str:
 def format_table(record: PartsRecord, s: dict) -> str:
     """The console table: a row per part and direction (then the optimizer, the overhead, the step), per backend
     ms per call and share of the step, and per backend after the first its ratio to the first with its interval."""
-    names = [c["name"] for c in record.contenders]
+    names = record.names
     head = ["part", *[h for i, n in enumerate(names) for h in
                       ([f"{n} ms", "share"] + ([f"×{names[0]} [95% CI]"] if i else []))]]
     lines = [head]

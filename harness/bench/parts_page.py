@@ -15,10 +15,11 @@ from typing import Any
 from markupsafe import Markup
 
 import harness
+from harness import pages
 from harness.bench.parts_analysis import label, summary
-from harness.bench.parts_record import PartsRecord, record_path
 from harness.core.parts import KINDS, MEANING, OPTIMIZER, REST, STEP, kind, split_item
-from harness.run.records import atomic_write_bytes
+from harness.store import atomic_write_bytes
+from harness.store.parts import PartsRecord, record_path
 from harness.timing import contention
 
 
@@ -30,19 +31,19 @@ def notes(record: PartsRecord, s: dict) -> list[str]:
     lines = [f"rounds: {r['total']} made, {r['clean']} undisturbed, {r['disturbed']} disturbed (left out); figures "
              f"from {r['used']} {used} rounds; ms per call, median over the rounds [95 % interval]"]
     for c in record.contenders:
-        ready = c.get("ready") or {}
-        if not ready:
-            lines.append(f"{c['name']}: not set up")
+        ready = c.ready
+        if ready is None:
+            lines.append(f"{c.name}: not set up")
             continue
-        compiled = f", JIT compilation {ready['compile_s']:.1f} s" if ready.get("compile_s") else ""
-        rest = s["rest_share"].get(c["name"])
-        lines.append(f"{c['name']} on {c.get('device', 'cpu')}: set up in {ready.get('setup_s', 0):.1f} s{compiled} "
-                     f"(apart: in no figure); {ready.get('clock', '')}; fusion and framework overhead "
+        compiled = f", JIT compilation {ready.compile_s:.1f} s" if ready.compile_s else ""
+        rest = s["rest_share"].get(c.name)
+        lines.append(f"{c.name} on {c.device}: set up in {ready.setup_s or 0:.1f} s{compiled} "
+                     f"(apart: in no figure); {ready.clock}; fusion and framework overhead "
                      f"{'-' if rest is None or not math.isfinite(rest) else f'{rest:+.1%}'} of the step")
     env = record.environment
-    if env.get("loadavg_start") is not None:
-        lines.append(f"load average {env['loadavg_start']:.2f} at the start, {env.get('loadavg_end') or 0:.2f} at "
-                     f"the end, on {env.get('cores')} usable cores")
+    if env.loadavg_start is not None:
+        lines.append(f"load average {env.loadavg_start:.2f} at the start, {env.loadavg_end or 0:.2f} at "
+                     f"the end, on {env.cores} usable cores")
     bound = []
     for n, t in s["tables"].items():
         counted = [row for row, v in t.items() if v.get("launches")]
@@ -55,7 +56,7 @@ def notes(record: PartsRecord, s: dict) -> list[str]:
     if bound:
         lines.append("* launch-bound on CUDA (its kernels keep the GPU busy under half its time): " + "; ".join(bound))
     if not record.all_parts:
-        lines.append(f"only the parts {', '.join(record.options.get('parts') or [])} were timed: the overhead row "
+        lines.append(f"only the parts {', '.join(record.options.parts or [])} were timed: the overhead row "
                      "holds the others too")
     return lines
 
@@ -79,7 +80,7 @@ def bars(record: PartsRecord, s: dict) -> Markup | None:
 
     @drawn
     def figure() -> Markup | None:
-        names = [c["name"] for c in record.contenders]
+        names = record.names
         segs = {n: _segments(record, s["tables"][n]) for n in names}
         kinds = [k for k, _ in segs[names[0]]]
         cmap = plt.get_cmap("tab20")
@@ -127,7 +128,7 @@ def _cell(v: dict, flops: bool) -> dict[str, Any]:
 def page_model(record: PartsRecord, per_block: bool) -> dict[str, Any]:
     """What the template shows."""
     s = summary(record, per_block)
-    names = [c["name"] for c in record.contenders]
+    names = record.names
     rows = []
     for row in s["rows"]:
         part, direction = split_item(row)
@@ -141,8 +142,17 @@ def page_model(record: PartsRecord, per_block: bool) -> dict[str, Any]:
         rows.append({"label": label(row), "meaning": MEANING.get(kind(part), ""), "cells": cells,
                      "total": direction is None})
     kernels = any(c["kernels"] != "" for r in rows for c in r["cells"])
-    return {"names": names, "rows": rows, "pairs": s["pairs"], "notes": notes(record, s), "figure": bars(record, s),
+    pairs = [{**p, "level": level(p, s["rounds"]["usable"])} for p in s["pairs"]]
+    return {"names": names, "rows": rows, "pairs": pairs, "notes": notes(record, s), "figure": bars(record, s),
             "kernels": kernels, "usable": s["rounds"]["usable"], "rule": contention.RULE_SENTENCE}
+
+
+def level(pair: dict, usable: bool) -> str:
+    """A diagnosis's level in the one palette by meaning (harness.pages): a difference with a verdict OK, none
+    NEUTRAL, a figure from disturbed rounds WARN (a caveat)."""
+    if not usable:
+        return pages.WARN
+    return pages.OK if pair["conclusive"] else pages.NEUTRAL
 
 
 def write_page(record: PartsRecord, out: Path, per_block: bool = False) -> Path:
@@ -152,14 +162,15 @@ def write_page(record: PartsRecord, out: Path, per_block: bool = False) -> Path:
     env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(
         enabled_extensions=("html", "j2"), default_for_string=True, default=True), undefined=StrictUndefined,
         trim_blocks=True, lstrip_blocks=True)
+    env.filters["inline"] = pages.inline
+    env.globals["palette_css"] = pages.css()  # the reports' stylesheet (style.css) opens with the palette
     model = page_model(record, per_block) if record.rounds else None
     c = record.config
-    title = (f"nanogpt-parity: where the time goes — {record.options.get('size')}, "
-             f"{', '.join(x['name'] for x in record.contenders)}")
+    title = f"nanogpt-parity: where the time goes — {record.options.size}, {', '.join(record.names)}"
     page = env.get_template("parts.html.j2").render(
         title=title, record=record, model=model, version=harness.__version__, shape=(
-            f"{c['n_layer']} block(s), n_embd {c.get('n_embd')}, batch {c['batch_size']} × {c['block_size']} "
-            f"tokens, dropout {c.get('dropout')}"),
+            f"{c.n_layer} block(s), n_embd {c.n_embd}, batch {c.batch_size} × {c.block_size} tokens, dropout "
+            f"{c.dropout}"),
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()))
     path = record_path(out, record.id).with_suffix(".html")
     atomic_write_bytes(path, page.encode("utf-8"))

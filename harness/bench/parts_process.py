@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.errors import UsageError
-from harness.run.timed import MARK
+from harness.run.timed import message, messages, reply
 
 BATCHES = 4  # the whole step cycles through the first few batches of the stream (as a run's first steps)
 
@@ -43,11 +43,6 @@ class PartsJob:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
-
-
-def _reply(msg: dict) -> None:
-    sys.stdout.write(MARK + json.dumps(msg) + "\n")
-    sys.stdout.flush()
 
 
 def prepare(job: PartsJob) -> tuple[Any, dict]:
@@ -100,9 +95,8 @@ def serve(job: PartsJob) -> int:
     runner, ready = prepare(job)
     probe, _ = contention.default_probe(job.device)
     ready["gpu_evidence"] = probe.gpu is not None
-    _reply(ready)
-    for line in sys.stdin:
-        msg = json.loads(line)
+    reply(ready)
+    for msg in messages():
         if msg.get("quit"):
             break
         if "siblings" in msg:
@@ -110,7 +104,7 @@ def serve(job: PartsJob) -> int:
                 probe.gpu.siblings = set(msg["siblings"])
                 probe.gpu.tree_root = msg.get("coordinator")
             continue
-        _reply(burst(runner, ready, probe))
+        reply(burst(runner, ready, probe))
     return 0
 
 
@@ -121,7 +115,7 @@ def main(argv: list[str]) -> int:
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
     try:
-        return serve(PartsJob(**json.loads(argv[0])))
+        return serve(PartsJob(**message(argv[0])))
     except UsageError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2

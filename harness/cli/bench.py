@@ -4,22 +4,24 @@
 from __future__ import annotations
 
 import argparse
-import math
 import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from harness.backends import BackendUnavailable, backend_class
+from harness.backends import DEFAULT_BACKEND, PARITY_DEFAULT, check_backend, declaration
 from harness.bench import overhead
-from harness.bench.noise import Hogs, _harness, _leg_failed, checks, format_result, run_result, sweep_result
+from harness.bench.noise import (
+    Hogs,
+    _harness,
+    _leg_failed,
+    checks,
+    failed_leg,
+    format_result,
+    run_result,
+    sweep_result,
+)
 from harness.bench.overhead import (
-    ISOLATED,
-    SCHEMA,
-    SCHEMA_VERSION,
     TARGETS,
     TIMED_STEPS,
     Job,
@@ -46,6 +48,8 @@ from harness.cli.options import (
     add_size,
     add_threads,
     alias,
+    backend_options,
+    check_option_targets,
     common_device,
     exit_statuses,
     parse_devices,
@@ -57,7 +61,8 @@ from harness.config.load import load_config
 from harness.core.data import check_fits, load_corpus
 from harness.environment import usable_cores
 from harness.errors import UsageError
-from harness.run import records
+from harness.store import check_writable
+from harness.store.bench import LegTiming, NoiseOptions, NoiseRecord, OverheadOptions, OverheadRecord, OverheadResult
 from harness.units import utc_now
 
 OVERHEAD_EXIT = {0: "measured (with --check: and every target met)",
@@ -68,7 +73,7 @@ NOISE_EXIT = {0: "every leg ran (with --check: and every check passed)",
 
 def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness bench overhead` (and of plain `harness bench`, its old spelling)."""
-    add_backend(p, "default torch")
+    add_backend(p, f"default {DEFAULT_BACKEND}")
     add_size(p, "one or more, repeated or comma-separated (default small,medium)")
     add_device(p)
     p.add_argument("--timed-steps", type=_count(1), default=None, metavar="N",
@@ -85,11 +90,11 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p)
     add_dtype(p)
     add_compile(p, "the runner's and the bare loop's")
-    add_precision(p, "torch (default fp32)")
+    add_precision(p, "%(precision_backends)s (default fp32)")
     add_threads(p, "each measurement then runs in a process of its own, so that the cap applies to it (as "
                 "--isolate); default: the frameworks' own choice", type=_count(1))
     p.add_argument("--isolate", action="store_true",
-                   help="measure every backend and size in a fresh child process (flux and jax always are)")
+                   help="measure every backend and size in a fresh child process (%(own_process_backends)s always are)")
     p.add_argument("--check", action="store_true",
                    help=shared(CHECK_HELP, "a target missed: overhead > 3%% on CPU for medium/large, > 1%% on "
                                            "CUDA, or a batch stream < 50x faster than a step"))
@@ -99,7 +104,7 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_noise_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness bench noise` (formerly `harness bench --noise`)."""
-    add_backend(p, "exactly two, e.g. torch,numpy")
+    add_backend(p, f"exactly two, e.g. {','.join(PARITY_DEFAULT)}")
     add_size(p, "one, e.g. small", one=True)
     add_data(p)
     add_out(p, "default reports/; the legs and noise.json go to DIR/bench/noise-*/")
@@ -154,68 +159,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.set_defaults(func=parts_command)
 
 
-def backend_options(args: argparse.Namespace, name: str) -> dict:
-    """Constructor options of backend `name` from the command line (dtype; torch: compile, precision)."""
-    opts: dict = {}
-    if args.dtype:
-        opts["dtype"] = args.dtype
-    if name == "torch":
-        if args.compile:
-            opts["compile"] = args.compile  # the mode
-        if args.cuda_graphs:
-            opts["cuda_graphs"] = True
-        if args.precision:
-            opts["precision"] = args.precision
-    return opts
-
-
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
     """Validate every input (nothing is written on failure) and return the measurements to make."""
-    backends = pick_backends(args.backend, default=("torch",), device=common_device(args.device))
+    backends = pick_backends(args.backend, default=(DEFAULT_BACKEND,), device=common_device(args.device))
     _, devices = parse_devices(args.device, backends)
     sizes = pick_sizes(args.size, default=("small", "medium"))
-    if (args.compile or args.precision or args.cuda_graphs) and "torch" not in backends:
-        raise UsageError("--compile, --cuda-graphs and --precision apply to the torch backend only; add torch to "
-                         "--backend")
-    for name in backends:
-        cls = backend_class(name)  # importing a backend module imports no framework (flux: juliacall is lazy)
-        try:
-            cls.check_available(devices[name])
-            instance = cls(**backend_options(args, name))  # validates dtype / precision without a device
-            if hasattr(instance, "check_device"):
-                instance.check_device(devices[name])  # e.g. --precision bf16 on the CPU or a pre-Ampere GPU
-        except BackendUnavailable as exc:
-            raise UsageError(str(exc)) from None
+    check_option_targets(args, backends, "bench")
+    options = backend_options(args, backends)
+    for name in backends:  # what each declares, and its own checks (dtype, precision, the device), no framework
+        check_backend(name, devices[name], options[name])
     corpus = load_corpus(args.data)
     configs = {size: load_config(size) for size in sizes}
     for config in configs.values():
         check_fits(corpus, config.block_size, config.batch_size)
-    records.check_writable(args.out)
+    check_writable(args.out)
     # --threads caps the CPU threads of a process through its environment, as for every backend process of `run`:
     # only a fresh process can take it, so each measurement then runs in one
     return [Job(backend=name, size=size, config=configs[size].to_dict(), data=corpus.path, device=devices[name],
                 seed=args.seed, steps=args.timed_steps or TIMED_STEPS[devices[name]], warmup=args.warmup,
-                repeats=args.repeats,
-                options=backend_options(args, name), threads=args.threads, progress=not args.quiet,
-                isolated=args.isolate or name in ISOLATED or args.threads is not None)
+                repeats=args.repeats, options=options[name], threads=args.threads, progress=not args.quiet,
+                isolated=args.isolate or declaration(name).own_process or args.threads is not None)
             for name in backends for size in sizes]
 
 
-def format_table(results: list[dict]) -> str:
+def format_table(results: list[OverheadResult]) -> str:
     """The human-readable summary: one row per backend and size."""
     head = ("backend", "size", "device", "runner ms/step", "p90", "bare ms/step", "p90", "tokens/s", "overhead",
             "harness us/step", "batches/s", "stream x step", "peak memory")
     rows = [head]
     for r in results:
-        if r["status"] != "completed":
-            rows.append((r["backend"], r["size"], r["device"], r["status"], *[""] * (len(head) - 4)))
+        if r.status != "completed":
+            rows.append((r.backend, r.size, r.device, r.status_text, *[""] * (len(head) - 4)))
             continue
-        a, b, s, m = r["runner"], r["bare"], r["stream"], r["memory"]
-        rows.append((r["backend"], r["size"], r["device"], f"{a['step_ms_median']:.2f}", f"{a['step_ms_p90']:.2f}",
-                     f"{b['step_ms_median']:.2f}", f"{b['step_ms_p90']:.2f}", f"{a['tokens_per_s']:,.0f}",
-                     f"{r['overhead_pct']:+.2f}%", f"{r['harness_only']['us_per_step_median']:.0f}",
-                     f"{s['batches_per_s']:,.0f}", f"{s['x_step']:,.0f}x",
-                     f"{_mib(m.get('peak_bytes'))} {m.get('kind', '')}".strip()))
+        a, b, s, m = r.runner, r.bare, r.stream, r.memory
+        rows.append((r.backend, r.size, r.device, f"{a.step_ms_median:.2f}", f"{a.step_ms_p90:.2f}",
+                     f"{b.step_ms_median:.2f}", f"{b.step_ms_p90:.2f}", f"{a.tokens_per_s:,.0f}",
+                     f"{r.overhead_pct:+.2f}%", f"{r.harness_only.us_per_step_median:.0f}",
+                     f"{s.batches_per_s:,.0f}", f"{s.x_step:,.0f}x",
+                     f"{_mib(m.peak_bytes if m else None)} {(m.kind if m else None) or ''}".strip()))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
@@ -240,31 +221,29 @@ def command(args: argparse.Namespace) -> int:
     for job in jobs:
         results.append(measure_isolated(job) if job.isolated else overhead.measure(job))
     missed = misses(results)
-    doc = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "started_at": started,
-        "finished_at": utc_now(),
-        "options": {"backends": backends, "sizes": list(dict.fromkeys(j.size for j in jobs)), "device": device,
-                    "steps": jobs[0].steps if len({j.steps for j in jobs}) == 1 else sorted({j.steps for j in jobs}),
-                    "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
-                    "data": jobs[0].data, "threads": args.threads, "isolate": args.isolate, "check": args.check,
-                    # per backend, only where --device NAME=DEVICE put one elsewhere
-                    **({"devices": devices} if set(devices.values()) != {device} else {})},
-        "targets": TARGETS,
-        "environment": {**bench_environment(device, results), "loadavg_1min_start": load_start,
-                        "loadavg_1min_end": _loadavg()},
-        "results": results, "misses": missed,
-    }
+    environment = bench_environment(device, results)
+    environment.extra.update(loadavg_1min_start=load_start, loadavg_1min_end=_loadavg())
+    doc = OverheadRecord(
+        started_at=started, finished_at=utc_now(),
+        options=OverheadOptions(
+            backends=backends, sizes=list(dict.fromkeys(j.size for j in jobs)), device=device,
+            steps=jobs[0].steps if len({j.steps for j in jobs}) == 1 else sorted({j.steps for j in jobs}),
+            warmup=args.warmup, repeats=args.repeats, seed=args.seed, data=jobs[0].data, threads=args.threads,
+            isolate=args.isolate, check=args.check,
+            # per backend, only where --device NAME=DEVICE put one elsewhere
+            devices=devices if set(devices.values()) != {device} else None),
+        targets=TARGETS, environment=environment, results=results, misses=missed)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     path = Path(args.out) / "bench" / f"bench-{stamp}-{secrets.token_hex(3)}.json"
-    records.atomic_write_json(path, _jsonable(doc))
+    doc.dump(path)
     print(format_table(results))
     for r in results:
-        cp = r.get("contention_probe")
+        cp = r.contention_probe
         if cp:
-            print(f"contention evidence, {r['backend']}/{r['size']}: {cp['tick_us']:.2f} us per step + a "
-                  f"{cp['snapshot_us']:.0f} us reading of the machine once every {cp['chunk_s']:g} s = "
-                  f"{cp['pct_of_step']:.3f}% of a step (reading it at every step would cost "
-                  f"{cp['per_step_snapshot_pct']:.1f}%)")
+            print(f"contention evidence, {r.backend}/{r.size}: {cp.tick_us:.2f} us per step + a "
+                  f"{cp.snapshot_us:.0f} us reading of the machine once every {cp.chunk_s:g} s = "
+                  f"{cp.pct_of_step:.3f}% of a step (reading it at every step would cost "
+                  f"{cp.per_step_snapshot_pct:.1f}%)")
     clock = ("process CPU time" if used == {"cpu"} else "wall time" if "cpu" not in used
              else "process CPU time on the CPU, wall time on CUDA")
     steps = "/".join(str(n) for n in sorted({j.steps for j in jobs}))
@@ -275,22 +254,8 @@ def command(args: argparse.Namespace) -> int:
     if not missed:
         print("targets: all met", file=sys.stderr)
     print(f"bench: {path}", file=sys.stderr)
-    failed = any(r["status"] != "completed" for r in results)
+    failed = any(r.status != "completed" for r in results)
     return 1 if failed or (args.check and missed) else 0
-
-
-def _jsonable(obj: Any) -> Any:
-    """Tuples to lists, NumPy scalars to Python, non-finite floats to None (strict JSON for other tools)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
 
 
 def noise_command(args: argparse.Namespace) -> int:
@@ -298,14 +263,15 @@ def noise_command(args: argparse.Namespace) -> int:
     backends = pick_backends(args.backend, default=())
     sizes = pick_sizes(args.size, default=())
     if len(backends) != 2 or len(sizes) != 1:
-        raise UsageError("bench noise compares two backends at one size; pass e.g. --backend torch,numpy --size small")
+        raise UsageError(f"bench noise compares two backends at one size; pass e.g. --backend "
+                         f"{','.join(PARITY_DEFAULT)} --size small")
     from harness.config.load import load_config
     from harness.core.data import check_fits, load_corpus
 
     corpus = load_corpus(args.data)  # bad data is one line before any leg starts (each leg reads it again)
     config = load_config(sizes[0])
     check_fits(corpus, config.block_size, config.batch_size)
-    records.check_writable(args.out)
+    check_writable(args.out)
     hogs = args.hogs or usable_cores()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
@@ -314,11 +280,10 @@ def noise_command(args: argparse.Namespace) -> int:
     sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.seeds),
              "--steps", str(args.steps), *common]
     run = ["run", "--size", sizes[0], "--steps", str(args.run_steps), "--backend", backends[0], *common]
-    result: dict[str, Any] = {"options": {"size": sizes[0], "backends": backends, "seeds": args.seeds,
-                                          "steps": args.steps, "run_steps": args.run_steps,
-                                          "hogs": hogs, "cores": usable_cores(), "threads": args.threads},
-                              "started_at": stamp, "dir": str(root)}
-    timing: dict[str, Any] = {}
+    result = NoiseRecord(options=NoiseOptions(size=sizes[0], backends=backends, seeds=args.seeds, steps=args.steps,
+                                              run_steps=args.run_steps, hogs=hogs, cores=usable_cores(),
+                                              threads=args.threads),
+                         started_at=stamp, dir=str(root))
     for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
         if code != 0:
@@ -329,17 +294,16 @@ def noise_command(args: argparse.Namespace) -> int:
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
         if code_d != 0:
             return _leg_failed(argv, code_d, root)
-        timing[kind] = {"quiet_s": quiet_s, "disturbed_s": disturbed_s, "hogs_window_s": h.window,
-                        "hogs_epochs": h.epochs, "exit_status": [code, code_d]}
+        result.timing[kind] = LegTiming(quiet_s=quiet_s, disturbed_s=disturbed_s, hogs_window_s=h.window,
+                                        hogs_epochs=h.epochs, exit_status=[code, code_d])
         for leg, out in (("quiet", root / f"{kind}-quiet"), ("disturbed", root / f"{kind}-disturbed")):
             try:
-                result[f"{kind}_{leg}"] = reader(out, h.epochs if leg == "disturbed" else None)
+                setattr(result, f"{kind}_{leg}", reader(out, h.epochs if leg == "disturbed" else None))
             except (UsageError, OSError, ValueError) as exc:
-                result[f"{kind}_{leg}"] = {"error": f"{type(exc).__name__}: {exc}"}
-    result["timing"] = timing
-    result["checks"] = checks(result)
+                setattr(result, f"{kind}_{leg}", failed_leg(kind, f"{type(exc).__name__}: {exc}"))
+    result.checks = checks(result)
     path = root / "noise.json"
-    records.atomic_write_json(path, result)
+    result.dump(path)
     print(format_result(result))
     print(f"bench: {path}", file=sys.stderr)
-    return 1 if args.check and not all(c["ok"] for c in result["checks"]) else 0
+    return 1 if args.check and not all(c.ok for c in result.checks) else 0

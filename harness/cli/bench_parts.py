@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.bench.parts_record import PartsRecord, record_path
+from harness.backends import DEFAULT_BACKEND, ORACLE
 from harness.cli.options import (
     add_backend,
     add_config,
@@ -27,6 +27,7 @@ from harness.cli.options import (
     pick_backends,
 )
 from harness.errors import UsageError
+from harness.store.parts import PartsRecord, record_path
 
 PARTS_EXIT = {0: "measured (the record, the table, the diagnosis and the page are written)",
               1: "a backend's timed process failed (its reason is on stderr and in the record)"}
@@ -47,7 +48,8 @@ def rounds_arg(text: str) -> int:
 
 def add_parts_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `harness bench parts`."""
-    add_backend(p, "default torch,numpy; the first is the one the others are compared with")
+    add_backend(p, f"default {DEFAULT_BACKEND},{ORACLE}; the first is the one the others are compared with; "
+                "`all`: every backend here that can time its parts")
     add_size(p, "one (default small)", one=True)
     add_config(p)
     add_set(p)
@@ -69,30 +71,31 @@ def add_parts_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> tuple:
-    """Check every input (nothing is written on failure): (backends, devices, config, corpus, part names)."""
-    from harness.backends import BackendUnavailable, options_class
-    from harness.backends.parts import check_supported
+    """Check every input (nothing is written on failure): (backends, devices, config, corpus, part names). A
+    backend whose declaration has no part runner is refused (`--backend all` leaves it out, saying so)."""
+    from harness.backends import check_backend
+    from harness.backends.parts import check_supported, supports
     from harness.core.data import check_fits, load_corpus
     from harness.core.parts import select
-    from harness.run import records
+    from harness.store import check_writable
 
-    backends = pick_backends(args.backend, default=("torch", "numpy"), device=common_device(args.device))
+    backends = pick_backends(args.backend, default=(DEFAULT_BACKEND, ORACLE), device=common_device(args.device))
+    if listed(args.backend, "--backend") == ["all"]:
+        without = [n for n in backends if not supports(n)]
+        backends = [n for n in backends if n not in without]
+        if without:
+            print(f"--backend all: {', '.join(without)} left out (no part runner)", file=sys.stderr)
+        if not backends:
+            raise UsageError("--backend all: no backend here can time its parts; name one with --backend")
     check_supported(backends)
     _, devices = parse_devices(args.device, backends)
-    for name in backends:
-        cls = options_class(name)
-        try:
-            cls.check_available(devices[name])
-            instance = cls(**({"dtype": args.dtype} if args.dtype else {}))
-            if hasattr(instance, "check_device"):
-                instance.check_device(devices[name])
-        except BackendUnavailable as exc:
-            raise UsageError(str(exc)) from None
     config = configure(args)
+    for name in backends:  # what each declares, its own checks (dtype, the device) and the config's options
+        check_backend(name, devices[name], {"dtype": args.dtype} if args.dtype else {}, config.options())
     names = select(listed(args.parts, "--parts"), config.n_layer)
     corpus = load_corpus(args.data)
     check_fits(corpus, config.block_size, config.batch_size)
-    records.check_writable(args.out)
+    check_writable(args.out)
     return backends, devices, config, corpus, names
 
 

@@ -130,7 +130,7 @@ def export_command(args: argparse.Namespace) -> int:
 def check_command(args: argparse.Namespace) -> int:
     """`harness kit check`: read the kit and the results, grade, write the page and the JSON verdict (both or
     neither), print; 0 pass, 1 fail, 2 malformed kit or results (one line, nothing written)."""
-    from harness.run import records
+    from harness.store import atomic_write_all, json_bytes
 
     manifest, kit = load_kit(args.kit)
     results = load_results(args.results, manifest, kit)
@@ -145,7 +145,7 @@ def check_command(args: argparse.Namespace) -> int:
               "this harness's apply (export the kit again to record them)", file=sys.stderr)
     folder.mkdir(parents=True, exist_ok=True)
     html = page.render_html(verdict, checked.rows, table).encode()
-    records.atomic_write_all([(html_path, html), (json_path, records.json_bytes(verdict))])  # both written first
+    atomic_write_all([(html_path, html), (json_path, json_bytes(verdict))])  # both written first
 
     _print_check(checked, table, getattr(args, "per_parameter", False))
     print(f"check page: {html_path}\ncheck verdict: {json_path}")
@@ -168,13 +168,13 @@ def _resync_progress(after_s: float = 2.0) -> Callable[[int, int], None]:
 def _check_paths(args: argparse.Namespace, kit: dict) -> tuple[Path, Path, Path]:
     """(the folder, the page's path, the verdict's path) of `kit check`, from --out, --html and --json; UsageError
     for a path that is no file, in no directory, an input, or both the same."""
-    from harness.run import records
+    from harness.store import check_writable
 
     folder = args.out if getattr(args, "out", None) is not None else args.results.parent
     html_path = args.html or folder / args.results.with_suffix(".check.html").name
     json_path = args.json or folder / args.results.with_suffix(".check.json").name
     if getattr(args, "out", None) is not None:
-        records.check_writable(args.out)  # created below, once the inputs are known to be good
+        check_writable(args.out)  # created below, once the inputs are known to be good
     inputs = (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST)))
     for option, p, default in (("--html", html_path, ".check.html"), ("--json", json_path, ".check.json")):
         if os.path.lexists(p) and not os.path.isfile(p):

@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from harness.backends import BOTH, DEFAULT_BACKEND
 from harness.cli.doctor import cmd_doctor, cmd_setup
 from harness.cli.options import (
     ALLOW_LARGE_HELP,
@@ -75,15 +76,14 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="train one or more backends and write records and a report",
                        description="Train one or more backends, each in its own worker process, on identical batches "
                        "from identical weights; time them side by side; write records and a report.")
-    add_backend(p, "default torch")
-    p.add_argument("--both", action="store_true", help="same as --backend torch,flux (flux needs Julia: "
-                   "`harness setup julia`)")
+    add_backend(p, f"default {DEFAULT_BACKEND}")
+    p.add_argument("--both", action="store_true", help=f"same as --backend {','.join(BOTH)}%(both_needs)s")
     add_common(p, "one or more, repeated or comma-separated: one run each (default small)")
     add_schedule(p)
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help=CHECKPOINT_HELP)
     alias(p, "--resume", dest="resume", metavar="RUN_ID")  # `harness resume RUN_ID`
     add_compile(p)
-    add_precision(p, "torch and flux (default fp32)")
+    add_precision(p, "%(precision_backends)s (default fp32)")
     add_threads(p)
     p.add_argument("--no-text", action="store_true", help=NO_TEXT_HELP)
     add_paired(p, None)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a process killed by SIGPIPE
     except OSError as exc:  # the file system said no (full disk, read-only, a name too long, ...): not a bug
-        from harness.run.records import os_error_message
+        from harness.store import os_error_message
 
         print(f"harness: error: {os_error_message(exc, 'cannot write')}", file=sys.stderr)
         return 2

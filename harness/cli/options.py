@@ -18,11 +18,14 @@ docs/usage.md has the whole table.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.backends import BOTH, DEFAULT_BACKEND
+from harness.backends.declaration import DEVICES, DTYPES, PRECISIONS, listing
 from harness.config.fields import Config, seed_arg
 from harness.config.load import load_config
 from harness.config.presets import PRESETS, SIZES
@@ -32,7 +35,18 @@ DEFAULT_OUT = Path("reports")
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but the "exit status" section keeps one line per status (wrapped under its text)."""
+    """argparse's, but the "exit status" section keeps one line per status (wrapped under its text), and a help text
+    may name the backends through the placeholders of BACKEND_FACTS (`%(backends)s`, ...): filled from the
+    backends' declarations only when the help is printed, so that building the parser reads no declaration."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        if action.help and "%(" in action.help:
+            facts = {k: v for k, v in BACKEND_FACTS.items() if f"%({k})s" in action.help}
+            if facts:
+                action = copy.copy(action)
+                for key, fact in facts.items():
+                    action.help = action.help.replace(f"%({key})s", fact().replace("%", "%%"))
+        return super()._expand_help(action)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if not text.startswith(EXIT_HEADER):
@@ -105,9 +119,48 @@ def shared(sentence: str, detail: str | None = None) -> str:
     return f"{sentence}; {detail}" if detail else sentence
 
 
+# --- the backends named in the help, from their declarations (harness.backends.declaration) --------------------
+def _declared() -> dict:
+    from harness.backends import declarations
+
+    return declarations()
+
+
+def _taking(what: str) -> str:
+    from harness.backends import taking
+
+    return listing(taking(what, list(_declared())))
+
+
+def _dtype_defaults() -> str:
+    """"torch and jax float32, numpy float64": the default dtype of each backend that offers a choice."""
+    by_default: dict[str, list[str]] = {}
+    for name, d in _declared().items():
+        if len(d.dtypes) > 1:
+            by_default.setdefault(d.default_dtype, []).append(name)
+    return ", ".join(f"{listing(names)} {dtype}" for dtype, names in by_default.items())
+
+
+def _both_needs() -> str:
+    from harness.backends import declaration
+
+    needs = [f"{name} needs {d.needs}: {d.install}" for name in BOTH[1:] for d in [declaration(name)] if d.install]
+    return f" ({'; '.join(needs)})" if needs else ""
+
+
+BACKEND_FACTS = {
+    "backends": lambda: ", ".join(_declared()),
+    "dtype_defaults": _dtype_defaults,
+    "precision_backends": lambda: _taking("precision"),
+    "compile_backends": lambda: _taking("compile"),
+    "cuda_graphs_backends": lambda: _taking("cuda_graphs"),
+    "own_process_backends": lambda: listing([n for n, d in _declared().items() if d.own_process] or ["none"]),
+    "both_needs": _both_needs,
+}
+
+
 # one sentence per shared option: its meaning, the same in every command
-BACKEND_HELP = ("backends: torch, numpy, jax, flux, or all (every backend that can run here), repeated or "
-                "comma-separated")
+BACKEND_HELP = "backends: %(backends)s, or all (every backend that can run here), repeated or comma-separated"
 SIZE_HELP = f"size preset: {', '.join(PRESETS)}, or all ({', '.join(SIZES)})"
 CONFIG_HELP = ("a TOML config of your own instead of a preset (see `harness sizes --toml small`), or a nanoGPT "
                "config .py (read, never run: docs/nanogpt.md)")
@@ -115,17 +168,19 @@ SET_HELP = ("override one config value (repeatable): a field (tie_embeddings=tru
             "...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
 DATA_HELP = ("UTF-8 text to train on (default: $HARNESS_DATA, else Tiny Shakespeare, downloaded once into the user "
              "cache)")
-DEVICE_HELP = ("cpu or cuda for every backend, or NAME=DEVICE for one backend (repeatable), e.g. --device torch=cuda: "
-               "torch on the GPU, the others on the CPU")
+DEVICE_HELP = (f"cpu or cuda for every backend, or NAME=DEVICE for one backend (repeatable), e.g. --device "
+               f"{DEFAULT_BACKEND}=cuda: {DEFAULT_BACKEND} on the GPU, the others on the CPU")
 SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**32-1"
 DTYPE_HELP = "floating type: float32 or float64"
-DTYPE_DETAIL = "where the backend supports a choice (default: torch and jax float32, numpy float64)"
+DTYPE_DETAIL = "where the backend supports a choice (default: %(dtype_defaults)s)"
 PRECISION_HELP = "matmul precision on a CUDA GPU of compute capability 8.0+"
-COMPILE_HELP = ("torch: torch.compile the model with mode MODE: default (`--compile` alone), reduce-overhead (its "
-                "CUDA graphs, CUDA only) or max-autotune (compiled before step 0, recorded as compile_s)")
-CUDA_GRAPHS_HELP = ("torch on CUDA: capture the whole training step (forward, backward, clipping, AdamW) once as a "
-                    "CUDA graph and replay it, one launch per step (captured before step 0, recorded as compile_s)")
-THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia)"
+COMPILE_HELP = ("%(compile_backends)s: torch.compile the model with mode MODE: default (`--compile` alone), "
+                "reduce-overhead (its CUDA graphs, CUDA only) or max-autotune (compiled before step 0, recorded as "
+                "compile_s)")
+CUDA_GRAPHS_HELP = ("%(cuda_graphs_backends)s on CUDA: capture the whole training step (forward, backward, clipping, "
+                    "AdamW) once as a CUDA graph and replay it, one launch per step (captured before step 0, recorded "
+                    "as compile_s)")
+THREADS_HELP = "CPU threads per backend process (OMP, OpenBLAS, MKL, Julia, XLA)"
 STEPS_HELP = "train exactly N steps"
 EPOCHS_HELP = "train N epochs (preset: 20)"
 OUT_HELP = "the output directory"
@@ -210,19 +265,19 @@ def add_seed(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str =
 
 def add_dtype(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str = DTYPE_DETAIL,
               **kwargs: object) -> None:
-    kwargs.setdefault("choices", ("float32", "float64"))
+    kwargs.setdefault("choices", DTYPES)
     p.add_argument("--dtype", help=shared(DTYPE_HELP, detail), **kwargs)  # type: ignore[arg-type]
 
 
 def add_precision(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str, **kwargs: object) -> None:
-    kwargs.setdefault("choices", ("fp32", "tf32", "bf16"))
+    kwargs.setdefault("choices", PRECISIONS)
     p.add_argument("--precision", help=shared(PRECISION_HELP, detail), **kwargs)  # type: ignore[arg-type]
 
 
 def add_compile(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None) -> None:
     """--compile [MODE] and --cuda-graphs (run, bench overhead): the torch step's launch-free modes; `--compile`
     alone is mode default, as before modes existed."""
-    from harness.backends import COMPILE_MODES
+    from harness.backends.declaration import COMPILE_MODES
 
     p.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
                    help=shared(COMPILE_HELP, detail))
@@ -334,25 +389,31 @@ def pick_sizes(values: str | list[str] | None, default: tuple[str, ...] = ("smal
 
 
 def available_backends(device: str = "cpu") -> tuple[list[str], dict[str, str]]:
-    """What `--backend all` means: every registered backend that can run on `device` here without installing
-    anything first (flux only where Julia and Flux are installed), and why each other one cannot."""
-    from harness.backends import REGISTRY, BackendUnavailable, options_class
+    """What `--backend all` means: every backend (shipped, and installed from outside) that can run on `device`
+    here without installing anything first (flux only where Julia and Flux are installed), and why each other one
+    cannot (a plugin that is refused: the line that says why)."""
+    from harness.backends import REGISTRY, BackendUnavailable, PluginRefused, declared, names, options_class, refusals
 
     ready, missing = [], {}
-    for name in REGISTRY:
+    for name in names():
         try:
             cls = options_class(name)
-            check = getattr(cls, "check_installed", None) or getattr(cls, "check_available", None)
-            if check is not None:
-                check(device)
+            if device not in cls.declaration.devices:
+                raise BackendUnavailable(f"{name} backend: it does not run on {device}")
+            (cls.check_installed if declared(cls, "check_installed") else cls.check_available)(device)
             ready.append(name)
-        except (BackendUnavailable, ImportError) as exc:
+        except (BackendUnavailable, ImportError, PluginRefused) as exc:
             missing[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        except Exception as exc:  # a backend from outside whose check breaks: left out, saying why
+            if name in REGISTRY:
+                raise
+            missing[name] = f"{name} backend: its check failed ({type(exc).__name__}: {str(exc)[:120]})"
+    missing.update({name: why for name, why in refusals().items() if name not in missing and name not in ready})
     return ready, missing
 
 
-def pick_backends(values: str | list[str] | None, default: tuple[str, ...] = ("torch",), device: str = "cpu",
-                  option: str = "--backend", repeats: bool = False) -> list[str]:
+def pick_backends(values: str | list[str] | None, default: tuple[str, ...] = (DEFAULT_BACKEND,),
+                  device: str = "cpu", option: str = "--backend", repeats: bool = False) -> list[str]:
     """The backend names of --backend: `all` is every backend available on `device` (stderr says which were left
     out and why); unknown names (and, unless `repeats`, repeated ones) are a UsageError."""
     from harness.backends import check_names
@@ -402,22 +463,42 @@ def configure(args: argparse.Namespace, size: str | None = None, changes: dict[s
 
 
 def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, dict]:
+    """Each backend's constructor options from the command line: --dtype for every one, and --compile,
+    --cuda-graphs and --precision for those that declare them (harness.backends.taking)."""
+    from harness.backends import taking
+
+    takes = {what: set(taking(what, backends)) for what in ("compile", "cuda_graphs", "precision")}
     opts: dict[str, dict] = {}
     for name in backends:
         o: dict = {}
         if args.dtype:
             o["dtype"] = args.dtype
-        if name == "torch" and getattr(args, "compile", None):
+        if name in takes["compile"] and getattr(args, "compile", None):
             o["compile"] = args.compile  # the mode: default, reduce-overhead or max-autotune
-        if name == "torch" and getattr(args, "cuda_graphs", False):
+        if name in takes["cuda_graphs"] and getattr(args, "cuda_graphs", False):
             o["cuda_graphs"] = True
-        if name in ("torch", "flux") and getattr(args, "precision", None):
+        if name in takes["precision"] and getattr(args, "precision", None):
             o["precision"] = args.precision
         opts[name] = o
     return opts
 
 
-DEVICES = ("cpu", "cuda")
+def check_option_targets(args: argparse.Namespace, backends: list[str], what: str = "run") -> None:
+    """Options that apply to some backends only (--compile, --cuda-graphs, --precision: those that declare them) must
+    apply to one of this command's `backends`, not be ignored."""
+    from harness.backends import names, taking
+
+    for option, given, kind in (("--compile", getattr(args, "compile", None), "compile"),
+                                ("--cuda-graphs", getattr(args, "cuda_graphs", False), "cuda_graphs"),
+                                ("--precision", getattr(args, "precision", None), "precision")):
+        if given and not taking(kind, backends):
+            takers = taking(kind, names())
+            if kind == "precision":
+                raise UsageError(f"--precision applies to {listing(takers)} only, and this {what} has "
+                                 f"{', '.join(backends)}; drop --precision")
+            raise UsageError(f"{option} applies to the {listing(takers)} backend{'s' if len(takers) > 1 else ''} "
+                             f"only, and this {what} has {', '.join(backends)}; drop {option} or add --backend "
+                             f"{takers[0]}")
 
 
 DEFAULT_DEVICE = "cpu"
@@ -450,9 +531,9 @@ def parse_devices(values: Sequence[str] | str | None, backends: Sequence[str]) -
         name, device = name.strip(), device.strip()
         if device not in DEVICES:
             raise UsageError(f"--device {value!r}: unknown device {device!r}; use cpu or cuda, for one backend "
-                             "NAME=DEVICE (e.g. --device torch=cuda)")
+                             f"NAME=DEVICE (e.g. --device {DEFAULT_BACKEND}=cuda)")
         if sep and not name:
-            raise UsageError(f"--device {value!r}: no backend name before '='; e.g. --device torch=cuda")
+            raise UsageError(f"--device {value!r}: no backend name before '='; e.g. --device {DEFAULT_BACKEND}=cuda")
         if not sep:
             if common is not None and common != device:
                 raise UsageError(f"--device given twice without a backend name ({common}, {device}); pass one, "
@@ -476,8 +557,7 @@ def stored_kind(out: Path, ident: str) -> str:
     import os
     import re
 
-    from harness.run.records import RUN_ID_RE
-    from harness.sweep.manifest import SWEEP_ID_RE
+    from harness.store import RUN_ID_RE, SWEEP_ID_RE
 
     if not ident:
         raise UsageError("the id is empty (an unset shell variable?); pass a run id or a sweep id from "

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+from harness.backends import PARITY_DEFAULT
 from harness.cli.options import (
     DROPOUT_HELP,
     PER_PARAMETER_HELP,
@@ -38,7 +37,6 @@ from harness.parity.record import (
 )
 from harness.parity.result import ParityResult
 from harness.parity.tolerances import (
-    FALLBACK_DTYPES,
     TOL_KEYS,
     Tolerances,
     default_tolerances,
@@ -46,8 +44,10 @@ from harness.parity.tolerances import (
     reference_backend,
     tolerances_for,
 )
+from harness.store import ParityOptions, RunPaths, RunRecord
+from harness.store.parity import ParityRecord
 
-DEFAULT_BACKENDS = "torch,numpy"
+DEFAULT_BACKENDS = ",".join(PARITY_DEFAULT)
 
 
 PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
@@ -71,8 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `harness parity` (the common --size/--config/--set/--data/--device/--seed/--out/--dtype are added
     by the CLI), and the exit statuses in its --help."""
     exit_statuses(p, PARITY_EXIT)
-    add_backend(p, f"exactly two, in the order the report names them, e.g. --backend torch --backend numpy "
-                f"(default {DEFAULT_BACKENDS})")
+    add_backend(p, f"exactly two, in the order the report names them, e.g. --backend {PARITY_DEFAULT[0]} --backend "
+                f"{PARITY_DEFAULT[1]} (default {DEFAULT_BACKENDS})")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                    help=shared(STEPS_HELP, f"every step's loss is compared ({DEFAULT_STEPS})"))
     p.add_argument("--tol-logits", type=_float, metavar="X",
@@ -113,7 +113,7 @@ def parse_backends(values: str | list[str] | None) -> list[str]:
     text = ",".join(names)
     if len(names) != 2:
         raise UsageError(f"--backend {text}: parity compares exactly two backends, got {len(names)}; "
-                         "pass two, e.g. --backend torch --backend numpy")
+                         f"pass two, e.g. --backend {PARITY_DEFAULT[0]} --backend {PARITY_DEFAULT[1]}")
     if names[0] == names[1]:
         raise UsageError(f"--backend {text}: the same backend twice; compare two different backends "
                          "(use --dtype to vary precision)")
@@ -121,22 +121,13 @@ def parse_backends(values: str | list[str] | None) -> list[str]:
 
 
 def backend_dtype(name: str, requested: str | None) -> tuple[str, dict]:
-    """The dtype backend `name` will compute in and the options that ask for it.
+    """The dtype backend `name` will compute in and the options that ask for it: --dtype where given (the preflight
+    refuses a dtype the backend does not declare), else the default its declaration names."""
+    from harness.backends import declaration
 
-    --dtype applies to every backend whose constructor takes a dtype; the others keep their own default.
-    """
-    from harness.backends import options_class
-
-    default = FALLBACK_DTYPES.get(name, "float32")
-    try:
-        params = inspect.signature(options_class(name).__init__).parameters
-    except Exception:  # an unavailable backend: preflight reports it
-        return (requested or default), ({"dtype": requested} if requested else {})
-    if "dtype" not in params:
-        return default, {}
-    own = params["dtype"].default
-    own = own if isinstance(own, str) else default
-    return (requested, {"dtype": requested}) if requested else (own, {})
+    if requested:
+        return requested, {"dtype": requested}
+    return declaration(name).default_dtype, {}
 
 
 def resolve_tolerances(args: argparse.Namespace, pair: str, config: Any = None) -> tuple[Tolerances, dict[str, str]]:
@@ -169,35 +160,46 @@ def command(args: argparse.Namespace) -> int:
     records and probes, compare, write parity.json, print. The exit status says how it ended (0 pass, 1 numerical
     FAIL, 2 bad input, 3 a backend crashed, 130 interrupted; --help lists them)."""
     from harness.run import plan as run_plan
-    from harness.run import records, supervise
+    from harness.run import supervise
+    from harness.store import load_run
 
     pp = plan_parity(args)
-    run_id = run_plan.write_spec(pp.plan)
-    paths = records.RunPaths(Path(pp.plan.out), run_id)
-    print(_headline(pp, run_id), file=sys.stderr)
+    paths = run_plan.write_spec(pp.plan)
+    print(_headline(pp, paths.run_id), file=sys.stderr)
     # the reference first: the other backend reads its states from the reference's probe
-    codes = supervise.execute(paths.dir, [pp.reference, pp.other], progress=pp.plan.progress,
+    codes = supervise.execute(paths, [pp.reference, pp.other], progress=pp.plan.progress,
                               threads=pp.plan.threads, chained=True)
-    record = parity_record.new_record(pp, run_id, codes)
-    path = paths.parity
+    record = parity_record.new_record(pp, paths, codes)
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
-        return _error(path, record, reason, status, "; nothing compared (see the messages above)")
+        return _error(paths, record, reason, status, "; nothing compared (see the messages above)")
 
-    _, recs = records.load_run(pp.plan.out, run_id)
-    workers = {rec["backend"]: rec for rec in recs}
+    _, recs = load_run(paths)
+    workers = {rec.backend: rec for rec in recs}
     _adopt_dtypes(args, pp, workers, record)
     missing = [n for n in pp.backends if not paths.probe(n).is_file()]
     if missing:
-        return _error(path, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
-    result = parity_record.compare_workers(pp, workers, paths.dir)
+        return _error(paths, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
+    result = parity_record.compare_workers(pp, workers, paths)
     parity_record.finish_record(record, pp, result, workers)
-    records.atomic_write_json(path, record)
+    record.dump(paths)
 
     _print_result(result, pp, getattr(args, "per_parameter", False))
-    print(f"parity record: {path}")
+    print(f"parity record: {paths.parity}")
+    _write_page(paths)
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _write_page(paths: RunPaths) -> None:
+    """The parity check's page and the index, as `harness run` writes its report (its path on stderr). The exit
+    status stays the parity verdict's: a page that cannot be written is a note."""
+    from harness.cli.run import write_reports
+
+    try:
+        write_reports(paths.out, [paths.run_id], quiet_disk_error=True)
+    except UsageError as exc:
+        print(f"  no report: {exc}", file=sys.stderr)
 
 
 def plan_parity(args: argparse.Namespace) -> ParityPlan:
@@ -208,6 +210,7 @@ def plan_parity(args: argparse.Namespace) -> ParityPlan:
     from harness.run import plan as run_plan
 
     backends = parse_backends(args.backend)
+    check_parity_methods(backends)
     args.size = pick_sizes(args.size, one=True)[0]
     asked, dropout, threads = _check_numbers(args)
     dtypes, options = {}, {}
@@ -222,7 +225,7 @@ def plan_parity(args: argparse.Namespace) -> ParityPlan:
     opt_k = parity_record.optimizer_steps(config, corpus.vocab_size, args.steps, asked)
     plan = run_plan.Plan(config=config, corpus=corpus, backends=backends, device=device, seed=args.seed,
                          out=args.out, backend_options=options, text=False,
-                         parity={"opt_steps": opt_k, "reference": reference_backend(backends)},
+                         parity=ParityOptions(opt_steps=opt_k, reference=reference_backend(backends)),
                          progress=not getattr(args, "quiet", False), threads=threads, devices=devices)
     try:
         run_plan.preflight(plan)
@@ -260,28 +263,29 @@ def _headline(pp: ParityPlan, run_id: str) -> str:
             f"({pp.dtypes[b]}) on {' / '.join(pp.plan.devices[n] for n in pp.backends)}; {sync}")
 
 
-def _error(path: Path, record: dict, reason: str, status: int, said: str) -> int:
+def _error(paths: RunPaths, record: ParityRecord, reason: str, status: int, said: str) -> int:
     """Nothing compared: parity.json with verdict "error", the reason on stderr (`said` after it), `status`."""
-    from harness.run import records
-
     parity_record.mark_error(record, reason)
-    records.atomic_write_json(path, record)
+    record.dump(paths)
     print(f"ERROR: {reason}{said}", file=sys.stderr)
-    print(f"parity record: {path}")
+    print(f"parity record: {paths.parity}")
+    _write_page(paths)
     return status
 
 
-def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, dict], record: dict) -> None:
+def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, RunRecord],
+                  record: ParityRecord) -> None:
     """What each backend says it computed in wins over what it was asked for; a precision pair that changes so
     brings its own tolerances (command-line ones stay), into `pp` and `record`."""
     for name in pp.backends:
-        actual = (workers[name].get("backend_info") or {}).get("dtype")
+        actual = workers[name].backend_info.get("dtype")
         if isinstance(actual, str) and actual != pp.dtypes[name]:
             pp.dtypes[name] = actual
     if precision_pair(*(pp.dtypes[n] for n in pp.backends)) != pp.pair:
         pp.pair = precision_pair(*(pp.dtypes[n] for n in pp.backends))
         pp.tolerances, pp.tol_source = resolve_tolerances(args, pp.pair, pp.plan.config)
-        record.update(precision_pair=pp.pair, tolerances=asdict(pp.tolerances), tolerance_source=pp.tol_source)
+        record.precision_pair, record.tolerances = pp.pair, asdict(pp.tolerances)
+        record.tolerance_source = pp.tol_source
 
 
 def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> None:
@@ -304,12 +308,18 @@ def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> 
 
 
 def parity_options(name: str) -> dict:
-    """Constructor options backend `name` takes in parity mode (its class's PARITY_OPTIONS; torch: the
-    single-tensor AdamW and, on CUDA, the math attention kernel)."""
-    from harness.backends import options_class
+    """Constructor options backend `name` takes in parity mode: parity=True where it declares the option "parity"
+    (torch: the single-tensor AdamW and, on CUDA, the math attention kernel)."""
+    from harness.backends import declaration
 
-    try:
-        cls = options_class(name)
-    except Exception:  # an unavailable backend: preflight reports it
-        return {}
-    return dict(getattr(cls, "PARITY_OPTIONS", {}))
+    return {"parity": True} if "parity" in declaration(name).options else {}
+
+
+def check_parity_methods(backends: list[str]) -> None:
+    """UsageError unless every backend declares what parity calls beyond the protocol: its step-0 gradients."""
+    from harness.backends import declaration
+
+    for name in backends:
+        if "gradients" not in declaration(name).methods:
+            raise UsageError(f"{name} backend: parity compares step-0 gradients and it declares no gradients "
+                             "method (docs/backends.md); compare it by its loss curves with `harness run`")

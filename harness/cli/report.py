@@ -14,11 +14,11 @@ from harness.errors import UsageError
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the report of the runs `args.ids` (one comparison report) or of the one sweep among them."""
-    from harness.bench.parts_record import ID_RE as PARTS_ID
-    from harness.run import records
-    from harness.timing import paired
+    from harness.store import RunPaths, check_writable, load_run
+    from harness.store.paired import PairedRecord
+    from harness.store.parts import is_parts_id
 
-    if any(PARTS_ID.match(ident) for ident in args.ids):
+    if any(is_parts_id(ident) for ident in args.ids):
         return report_parts(args)
     kinds = {ident: stored_kind(args.out, ident) for ident in args.ids}
     sweeps = [ident for ident, kind in kinds.items() if kind == "sweep"]
@@ -29,11 +29,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         print(f"report: {drive.report(args.out, sweeps[0], write_sweep_report)}")
         return 0
-    records.check_writable(args.out)
+    check_writable(args.out)
     for run_id in args.ids:  # a missing or corrupt record fails here, before anything is written or imported
-        records.load_run(args.out, run_id)
-        if os.path.lexists(records.RunPaths(Path(args.out), run_id).paired_timing):
-            paired.load(records.RunPaths(Path(args.out), run_id).paired_timing)
+        paths = RunPaths(Path(args.out), run_id)
+        load_run(paths)
+        if os.path.lexists(paths.paired_timing):
+            PairedRecord.load(paths.paired_timing)
     from harness.report import write_index, write_report
 
     path = write_report(args.out, args.ids)
@@ -45,14 +46,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def report_parts(args: argparse.Namespace) -> int:
     """Rebuild the page of one `harness bench parts` record (`<out>/bench/<id>.html`) from the record."""
     from harness.bench.parts_page import write_page
-    from harness.bench.parts_record import PartsRecord, check_id
-    from harness.run import records
+    from harness.store import check_writable
+    from harness.store.parts import PartsRecord, check_id
 
     if len(args.ids) > 1:
         raise UsageError(f"{args.ids[0]} ... : a parts record's page stands alone; pass one parts id")
     record = PartsRecord.load(check_id(args.out, args.ids[0]))  # a missing or damaged record: one line, no page
-    records.check_writable(args.out)
-    print(f"report: {write_page(record, Path(args.out), bool(record.options.get('per_block')))}")
+    check_writable(args.out)
+    print(f"report: {write_page(record, Path(args.out), record.options.per_block)}")
     return 0
 
 

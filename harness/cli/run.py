@@ -7,8 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.backends import BOTH, DEFAULT_BACKEND
 from harness.cli.options import (
     backend_options,
+    check_option_targets,
     common_device,
     configure,
     parse_devices,
@@ -18,27 +20,30 @@ from harness.cli.options import (
 from harness.config.load import load_config
 from harness.errors import UsageError
 from harness.run.processes import compile_cache_env
+from harness.store import RunPaths, RunSpec
 
 
 # --- run ---------------------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.backends import taking
     from harness.core.data import load_corpus
     from harness.run import plan as run_plan
-    from harness.run import records, supervise
+    from harness.run import supervise
+    from harness.store import check_writable
 
     if args.resume is not None:  # `harness resume RUN_ID`, formerly spelled `harness run --resume RUN_ID`; an
         return resume_run(args, args.resume)  # empty id (an unset shell variable) is refused, never a new run
     args.seed = 1337 if args.seed is None else args.seed
     backends = pick_backends(args.backend, default=(), device=common_device(args.device), repeats=True)
     if args.both:
-        backends += [b for b in ("torch", "flux") if b not in backends]
-    backends = list(dict.fromkeys(backends)) or ["torch"]  # --backend torch --both: torch once
+        backends += [b for b in BOTH if b not in backends]
+    backends = list(dict.fromkeys(backends)) or [DEFAULT_BACKEND]  # --backend torch --both: torch once
     device, devices = parse_devices(args.device, backends)
     sizes = pick_sizes(args.size)
     if len(sizes) > 1 and args.config:
         raise UsageError(f"--size {','.join(sizes)} and --config exclude each other; pass one")
     check_option_targets(args, backends)
-    records.check_writable(args.out)
+    check_writable(args.out)
     corpus = load_corpus(args.data, keep_line_endings=args.keep_line_endings)
     plans = [run_plan.Plan(config=configure(args, size), corpus=corpus, backends=backends, device=device,
                            devices=devices if set(devices.values()) != {device} else {},
@@ -53,19 +58,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     worst = 0
     run_ids = []
     for plan in plans:
-        run_id = run_plan.write_spec(plan)
-        run_ids.append(run_id)
-        directory = records.run_dir(plan.out, run_id)
+        paths = run_plan.write_spec(plan)
+        run_ids.append(paths.run_id)
         where = (plan.device if not plan.devices else
                  ", ".join(f"{b} on {plan.device_of(b)}" for b in backends))
-        print(f"run {run_id}: {plan.config.name} on {where}, backends {', '.join(backends)}", file=sys.stderr)
+        print(f"run {paths.run_id}: {plan.config.name} on {where}, backends {', '.join(backends)}", file=sys.stderr)
         print(f"  {corpus.summary()}", file=sys.stderr)
-        if args.compile and "torch" in backends:
-            where = compile_cache_env(directory).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
+        if args.compile and taking("compile", backends):
+            where = compile_cache_env(paths).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
             print(f"  torch.compile caches go to {where}", file=sys.stderr)
-        codes = supervise.execute(directory, backends, progress=plan.progress, threads=plan.threads,
-                               paired_rounds=plan.paired_rounds)
-        worst = max(worst, finish(plan.out, run_id, codes))
+        codes = supervise.execute(paths, backends, progress=plan.progress, threads=plan.threads,
+                                  paired_rounds=plan.paired_rounds)
+        worst = max(worst, finish(paths, codes))
         if 130 in codes.values():
             worst = 130
             break
@@ -84,54 +88,41 @@ def say_if_busy(threads: int | None, devices: list[str]) -> None:
         print(line, file=sys.stderr)
 
 
-def paired_rounds(args: argparse.Namespace, spec: dict | None = None) -> int:
+def paired_rounds(args: argparse.Namespace, spec: RunSpec | None = None) -> int:
     """--paired-rounds, else the run's stored value (on --resume), else the default."""
     from harness.timing.paired import ROUNDS
 
     if args.paired_rounds is not None:
         return args.paired_rounds
-    stored = (spec or {}).get("paired_rounds")
+    stored = spec.paired_rounds if spec is not None else None
     return ROUNDS if stored is None else stored
 
 
-def check_option_targets(args: argparse.Namespace, backends: list[str]) -> None:
-    """Options that apply to some backends only must apply to one of this run's backends, not be ignored."""
-    for option, given in (("--compile", args.compile), ("--cuda-graphs", getattr(args, "cuda_graphs", False))):
-        if given and "torch" not in backends:
-            raise UsageError(f"{option} applies to the torch backend only, and this run has {', '.join(backends)}; "
-                             f"drop {option} or add --backend torch")
-    if args.precision and not {"torch", "flux"} & set(backends):
-        raise UsageError(f"--precision applies to torch and flux only, and this run has {', '.join(backends)}; "
-                         "drop --precision")
-
-
-def finish(out: Path, run_id: str, codes: dict[str, int]) -> int:
+def finish(paths: RunPaths, codes: dict[str, int]) -> int:
     """Print where the records are, check the backends saw identical inputs; returns the exit status."""
-    from harness.run import records
+    from harness.store import compare_fingerprints, load_run
     from harness.timing import contention
 
-    _, recs = records.load_run(out, run_id)
-    directory = records.run_dir(out, run_id)
+    _, recs = load_run(paths)
     for rec in recs:
-        last = rec["evals"][-1] if rec["evals"] else None
-        val = f", val loss {last['val_loss']:.4f} at step {last['step']}" if last else ""
-        tps = rec["timings"].get("tokens_per_s")
-        tag = contention.disturbed_tag(rec["timings"].get("contention"))
+        last = rec.curves.last_eval
+        val = f", val loss {last.val_loss:.4f} at step {last.step}" if last else ""
+        tps = rec.timings.tokens_per_s
+        tag = contention.disturbed_tag(rec.timings.contention)
         speed = f", {tps:,.0f} tokens/s" + (f" ({tag}: the machine was busy, not a speed to rely on)" if tag else
                                              "") if tps else ""
-        resumed = rec.get("resumed_from_step")
+        resumed = rec.resumed_from_step
         since = f", resumed from step {', then '.join(map(str, resumed))}" if resumed else ""
-        print(f"  {rec['backend']}: {rec['status']}{val}{speed}{since} -> {directory / (rec['backend'] + '.json')}",
+        print(f"  {rec.backend}: {rec.status_text}{val}{speed}{since} -> {paths.record(rec.backend)}",
               file=sys.stderr)
-    paired_path = records.RunPaths(Path(out), run_id).paired_timing
-    if paired_path.exists():
+    if paths.paired_timing.exists():
         from harness.timing import paired
 
         try:
-            print(f"  {paired.headline(paired.load(paired_path))} -> {paired_path}", file=sys.stderr)
+            print(f"  {paired.headline(paired.load(paths.paired_timing))} -> {paths.paired_timing}", file=sys.stderr)
         except UsageError as exc:
             print(f"  warning: {exc}", file=sys.stderr)
-    problems = records.compare_fingerprints(recs)
+    problems = compare_fingerprints(recs)
     for problem in problems:
         print(f"  warning: {problem}: the comparison is not fair", file=sys.stderr)
     if any(c == 2 for c in codes.values()):
@@ -145,7 +136,7 @@ def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False)
     """The run report and the index; with `quiet_disk_error` (a worker has already printed the error line of a full
     or unwritable disk) a report that cannot be written is a note, not a second error line."""
     from harness.report import write_index, write_report
-    from harness.run.records import os_error_message
+    from harness.store import os_error_message
 
     if not run_ids:
         return
@@ -166,51 +157,51 @@ _RESUME_FIXED = ("size", "config", "set", "data", "device", "seed", "dtype", "st
                  "keep_line_endings", "no_text", "allow_large")
 
 
-def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
+def resume_conflicts(args: argparse.Namespace, spec: RunSpec) -> list[str]:
     """The options given with --resume that differ from what the run was started with (one phrase each)."""
-    config = spec["config"]
-    opts = {b: o or {} for b, o in spec["backend_options"].items()}
-    stored_backends = list(spec["backends"])
+    from harness.backends import taking
+
+    config = spec.config
+    opts = {b: o or {} for b, o in spec.backend_options.items()}
+    stored_backends = list(spec.backends)
     given = {k: getattr(args, k, None) for k in _RESUME_FIXED}
     problems = []
 
     def differ(option: str, stored: object) -> None:
         problems.append(f"{option} (the run has {stored})")
 
-    if given["size"] is not None and pick_sizes(given["size"]) != [spec.get("label")]:
-        differ("--size", f"config {spec.get('label')!r}")
+    if given["size"] is not None and pick_sizes(given["size"]) != [spec.label]:
+        differ("--size", f"config {spec.label!r}")
     if given["config"] is not None or given["set"]:
-        from harness.config.fields import config_from_dict
         from harness.config.nanogpt import apply_overrides, parse_sets
 
-        stored = config_from_dict(config, "spec.json")  # a spec from before the options holds their defaults
         sets = parse_sets(given["set"])
-        mine = load_config(path=given["config"], overrides=sets) if given["config"] else apply_overrides(stored, sets)
-        if any(v != getattr(stored, k) for k, v in mine.to_dict().items() if k != "steps"):
-            differ("--config" if given["config"] else "--set", f"config {spec.get('label')!r} as stored in its "
+        mine = load_config(path=given["config"], overrides=sets) if given["config"] else apply_overrides(config, sets)
+        if any(v != getattr(config, k) for k, v in mine.to_dict().items() if k != "steps"):
+            differ("--config" if given["config"] else "--set", f"config {spec.label!r} as stored in its "
                    "spec.json")
     if given["data"] is not None:
         from harness.core.data import load_corpus
 
-        if load_corpus(given["data"]).sha256 != spec["data"]["sha256"]:
-            differ("--data", f"{spec['data']['path']!r}, sha256 {spec['data']['sha256'][:12]}...")
+        if load_corpus(given["data"]).sha256 != spec.data.sha256:
+            differ("--data", f"{spec.data.path!r}, sha256 {spec.data.sha256[:12]}...")
     if given["device"] is not None:
-        stored = {b: (spec.get("devices") or {}).get(b, spec["device"]) for b in stored_backends}
+        stored = {b: spec.device_of(b) for b in stored_backends}
         if parse_devices(given["device"], stored_backends)[1] != stored:
-            differ("--device", spec["device"] if len(set(stored.values())) == 1 else
+            differ("--device", spec.device if len(set(stored.values())) == 1 else
                    ", ".join(f"{b}={d}" for b, d in stored.items()))
-    if given["seed"] is not None and given["seed"] != spec["seed"]:
-        differ("--seed", spec["seed"])
+    if given["seed"] is not None and given["seed"] != spec.seed:
+        differ("--seed", spec.seed)
     for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
-        if given[key] is not None and given[key] != config.get(key):
-            differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {config.get(key)}")
+        if given[key] is not None and given[key] != getattr(config, key):
+            differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {getattr(config, key)}")
     # read as a new run reads them: `all` is every backend available on the run's device
-    wanted = (pick_backends(given["backend"], default=(), device=spec.get("device", "cpu"), repeats=True)
-              if given["backend"] else []) + (["torch", "flux"] if given["both"] else [])
+    wanted = (pick_backends(given["backend"], default=(), device=spec.device, repeats=True)
+              if given["backend"] else []) + (list(BOTH) if given["both"] else [])
     if wanted and set(wanted) != set(stored_backends):
         differ("--backend", ", ".join(stored_backends))
-    if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.get("checkpoint_every"):
-        differ("--checkpoint-every", spec.get("checkpoint_every") or "no checkpoints")
+    if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.checkpoint_every:
+        differ("--checkpoint-every", spec.checkpoint_every or "no checkpoints")
     if given["dtype"] is not None and any(o.get("dtype", given["dtype"]) != given["dtype"] for o in opts.values()):
         differ("--dtype", {b: o.get("dtype", "default") for b, o in opts.items()})
     if given["compile"]:
@@ -220,12 +211,13 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
             differ(f"--compile {given['compile']}", f"--compile {stored_mode}" if stored_mode else "no --compile")
     if given["cuda_graphs"] and not any(o.get("cuda_graphs") for o in opts.values()):
         differ("--cuda-graphs", "no --cuda-graphs")
+    takers = taking("precision", list(opts))
     if given["precision"] is not None and any(o.get("precision", "fp32") != given["precision"]
-                                              for b, o in opts.items() if b in ("torch", "flux")):
+                                              for b, o in opts.items() if b in takers):
         differ("--precision", {b: o.get("precision", "fp32") for b, o in opts.items()})
-    if given["keep_line_endings"] and spec["data"].get("line_endings", "normalised") != "kept":
+    if given["keep_line_endings"] and spec.data.line_endings != "kept":
         differ("--keep-line-endings", "line endings normalised")
-    if given["no_text"] and spec.get("text", True):
+    if given["no_text"] and spec.text:
         differ("--no-text", "text metrics on")
     return problems
 
@@ -233,29 +225,28 @@ def resume_conflicts(args: argparse.Namespace, spec: dict) -> list[str]:
 def resume_run(args: argparse.Namespace, run_id: str) -> int:
     """`harness resume RUN_ID`: continue run `run_id` under --out from its checkpoints, as it was started (options
     of `harness run` given beside it must match the run's spec); --threads and --paired-rounds may change."""
-    from harness.run import plan as run_plan
-    from harness.run import records, supervise
+    from harness.run import supervise
+    from harness.store import RunPaths, check_writable, load_run
 
-    spec = run_plan.load_spec(args.out, run_id)
-    records.load_run(args.out, run_id)  # every stored record is checked here, before a worker starts
-    directory = records.run_dir(args.out, run_id)
+    paths = RunPaths(Path(args.out), run_id)
+    spec, _ = load_run(paths, runnable=True)  # the spec and every record checked here, before a worker starts
     conflicts = resume_conflicts(args, spec)
     if conflicts:
         raise UsageError(f"resuming {run_id} continues the run as it was started, but these options differ: "
                          f"{'; '.join(conflicts)}; drop them, or start a new run")
-    records.check_writable(directory)
-    threads = spec.get("threads")
+    check_writable(paths.dir)
+    threads = spec.threads
     if args.threads is not None and args.threads != threads:
         print(f"resume: using --threads {args.threads} (the run started with {threads or 'the default'})",
               file=sys.stderr)
         threads = args.threads
-    say_if_busy(threads, [(spec.get("devices") or {}).get(b, spec["device"]) for b in spec["backends"]])
-    data = spec["data"]
-    vocab = f", vocabulary of {data['vocab_size']} symbols" if "vocab_size" in data else ""
-    print(f"resuming run {run_id}: data {data['path']}{vocab}", file=sys.stderr)
-    codes = supervise.execute(directory, spec["backends"], resume=True, progress=not args.quiet, threads=threads,
+    say_if_busy(threads, [spec.device_of(b) for b in spec.backends])
+    data = spec.data
+    vocab = f", vocabulary of {data.vocab_size} symbols" if data.vocab_size is not None else ""
+    print(f"resuming run {run_id}: data {data.path}{vocab}", file=sys.stderr)
+    codes = supervise.execute(paths, spec.backends, resume=True, progress=not args.quiet, threads=threads,
                               paired_rounds=paired_rounds(args, spec))
-    code = finish(args.out, run_id, codes)
+    code = finish(paths, codes)
     if not args.no_report:
         write_reports(args.out, [run_id], quiet_disk_error=code == 2)
     return code

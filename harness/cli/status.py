@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from harness.cli.options import stored_kind
 
@@ -17,6 +18,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_status(mf.Manifest.load(args.out, args.id))  # reads only: the sweep's owner may be writing it
         return 0
     from harness.run.state import print_status as print_run_status
+    from harness.store import RunPaths
 
-    print_run_status(args.out, args.id)
+    print_run_status(RunPaths(Path(args.out), args.id))
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.backends import DEFAULT_BACKEND
 from harness.cli.options import (
     CHECKPOINT_HELP,
     CONFIG_HELP,
@@ -45,6 +46,7 @@ from harness.cli.options import (
     shared,
 )
 from harness.errors import UsageError
+from harness.store import check_sweep_id
 from harness.sweep.settings import check_executor, check_text
 from harness.sweep.spec import MAX_CELLS_WITHOUT_YES, SweepSpec, build_spec, load_toml, parse_seed_flag, parse_set
 
@@ -63,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", "--configs", dest="config", action="append", metavar="FILE[,FILE...]",
                    help=shared(CONFIG_HELP, "one or more, repeated or comma-separated: an axis beside or instead of "
                                "--size"))
-    add_backend(g, "an axis (default torch)")
+    add_backend(g, f"an axis (default {DEFAULT_BACKEND})")
     add_seed(g, "repeatable: the seed axis (default 1337), or --seeds", action="append", default=None)
     g.add_argument("--seeds", metavar="N|S1,S2", help=shared(SEEDS_HELP, "or a list S1,S2 (default 1)"))
     g.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
@@ -73,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("every cell")
     add_set(g)
     add_device(g, "default cpu; a device axis: --axis device=cpu,cuda")
-    g.add_argument("--precision", metavar="{fp32,tf32,bf16}", help=shared(PRECISION_HELP, "torch and flux "
+    g.add_argument("--precision", metavar="{fp32,tf32,bf16}", help=shared(PRECISION_HELP, "%(precision_backends)s "
                    "(default fp32; an axis: --axis precision=fp32,tf32)"))
     g.add_argument("--dtype", metavar="{float32,float64}", help=shared(DTYPE_HELP, f"{DTYPE_DETAIL}; an axis: "
                    "--axis dtype=float32,float64"))
@@ -150,7 +152,7 @@ def _devices(args: argparse.Namespace, doc: dict) -> None:
         return
     if not values:
         return
-    backends = doc.get("backends") or ["torch"]
+    backends = doc.get("backends") or [DEFAULT_BACKEND]
     common, devices = parse_devices(values, backends if isinstance(backends, list) else [backends])
     doc["devices"] = [common]
     named = {b: d for b, d in devices.items() if d != common}
@@ -236,7 +238,7 @@ def command(args: argparse.Namespace) -> int:
     if chosen and args.spec:
         raise UsageError(f"--{chosen[0]} takes a sweep id, not a sweep file; drop {args.spec}")
     for option in chosen:  # an empty id (an unset shell variable) is an error, never a new sweep
-        mf.check_sweep_id(getattr(args, option), args.out)
+        check_sweep_id(getattr(args, option), args.out)
     if args.status is not None:
         from harness.sweep.state import print_status
 

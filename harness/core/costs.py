@@ -10,6 +10,7 @@ import math
 
 from harness.config.fields import Config
 from harness.core.weights import count_parameters
+from harness.store.record import Eval, TimeToTarget
 
 
 def flops_per_token(config: Config, vocab_size: int) -> int:
@@ -24,25 +25,25 @@ def flops_per_token(config: Config, vocab_size: int) -> int:
     return 6 * n + 12 * config.n_layer * config.n_embd * config.block_size
 
 
-def time_to_target(target: float | None, evals: list[dict], steps: list[int], times: list[float]) -> dict | None:
+def time_to_target(target: float | None, evals: list[Eval], steps: list[int], times: list[float]
+                   ) -> TimeToTarget | None:
     """When the evaluated validation loss first reached `target` (the MLPerf training metric), or that it never did.
 
-    `evals` are the record's evaluation points ({"step", "val_loss", "time_s", ...}; the evaluation at step k sees
-    the model after k updates), `steps`/`times` the per-step training times. `train_s` is the training time of the
-    k updates (evaluation excluded); `train_eval_s` adds the time of the evaluations up to and including that one.
-    None when no target is set.
+    `evals` are the record's evaluation points (the evaluation at step k sees the model after k updates),
+    `steps`/`times` the per-step training times. `train_s` is the training time of the k updates (evaluation
+    excluded); `train_eval_s` adds the time of the evaluations up to and including that one. None when no target
+    is set.
     """
     if target is None:
         return None
-    result: dict = {"target_val_loss": float(target), "reached": False, "step": None, "val_loss": None,
-                    "train_s": None, "train_eval_s": None}
-    for point in sorted(evals, key=lambda e: e["step"]):
-        if point["val_loss"] <= target:
-            k = int(point["step"])
+    result = TimeToTarget(target_val_loss=float(target))
+    for point in sorted(evals, key=lambda e: e.step):
+        if point.val_loss <= target:
+            k = int(point.step)
             train_s = float(sum(t for s, t in zip(steps, times) if s < k))
-            eval_s = float(sum(e.get("time_s") or 0.0 for e in evals if e["step"] <= k))
-            result.update(reached=True, step=k, val_loss=float(point["val_loss"]), train_s=train_s,
-                          train_eval_s=train_s + eval_s)
+            eval_s = float(sum(e.time_s or 0.0 for e in evals if e.step <= k))
+            result.reached, result.step, result.val_loss = True, k, float(point.val_loss)
+            result.train_s, result.train_eval_s = train_s, train_s + eval_s
             break
     return result
 

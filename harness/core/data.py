@@ -36,6 +36,14 @@ def sha256_bytes(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def sha256_arrays(arrays: list[np.ndarray]) -> str:
+    """sha256 over the bytes of a sequence of arrays (the evaluation batches' fingerprint)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def download_tiny_shakespeare(timeout: float = 20.0) -> Path:
     """Return the cached Tiny Shakespeare file, downloading and verifying it on first use."""
     target = cache_dir() / "tinyshakespeare.txt"

@@ -96,7 +96,7 @@ def check_out(out: Path) -> None:
 def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     """Write the kit files, then manifest.json last. A failure (a full disk, Ctrl-C) removes what was written, and
     the marker file left by a kill lets the next export into the same KIT_DIR start again."""
-    from harness.run import records
+    from harness.store import atomic_write_bytes, os_error_message
 
     created = not out.exists()
     out.mkdir(exist_ok=True)
@@ -104,15 +104,15 @@ def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
     try:
         marker.touch()
         for name, blob in blobs.items():
-            records.atomic_write_bytes(out / name, blob)
-        records.atomic_write_bytes(out / MANIFEST, manifest)
+            atomic_write_bytes(out / name, blob)
+        atomic_write_bytes(out / MANIFEST, manifest)
     except BaseException as exc:
         _remove_unfinished(out)
         if created:
             with contextlib.suppress(OSError):
                 out.rmdir()
         if isinstance(exc, OSError):
-            raise UsageError(records.os_error_message(exc, f"cannot write the kit into {str(out)!r}")
+            raise UsageError(os_error_message(exc, f"cannot write the kit into {str(out)!r}")
                              + " (nothing of it was left)") from None
         raise
     marker.unlink()
@@ -121,7 +121,7 @@ def write_kit(out: Path, blobs: dict[str, bytes], manifest: bytes) -> None:
 def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = True
             ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """The kit's arrays by file ({file: {key: array}}) and facts for the manifest; the oracle in float64."""
-    from harness.backends.numpy_backend import NumpyBackend
+    from harness.backends import ORACLE, create_backend
     from harness.core.data import BatchStream
     from harness.core.masks import dropout_masks
     from harness.core.schedule import learning_rates
@@ -133,7 +133,7 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
     stream = BatchStream(corpus.train, config.block_size, config.batch_size, seed, config.scheme)
     batches = [stream.batch(k) for k in range(steps)]
     lrs = learning_rates(config, steps)  # the harness's schedule: what every backend gets, and the port reads
-    oracle = NumpyBackend(dtype="float64")
+    oracle = create_backend(ORACLE, dtype="float64")
     dropout = config.dropout > 0
     masks = [dropout_masks(config, seed, k) for k in range(steps)] if dropout else []  # parity's masks exactly
     oracle.setup(config, weights, corpus.vocab_size, "cpu", seed)
@@ -143,7 +143,7 @@ def compute(config: Any, corpus: Any, seed: int, steps: int, progress: bool = Tr
             print(f"  {text}", file=sys.stderr, flush=True)
 
     x0, y0 = batches[0]
-    say("oracle (numpy, float64): step-0 logits and gradients")
+    say(f"oracle ({ORACLE}, float64): step-0 logits and gradients")
     expected: dict[str, np.ndarray] = {"logits": np.asarray(oracle.logits(x0), dtype=np.float64),
                                        "logits_loss": np.array(oracle.eval_loss(x0, y0), dtype=np.float64)}
     # the activation taps on the first rows of x[0], as the parity probe's tap/ (harness/core/taps.py): dropout off,
@@ -204,6 +204,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
                    files: dict[str, dict[str, np.ndarray]], blobs: dict[str, bytes]) -> dict[str, Any]:
     """manifest.json: what the kit holds, how every array is laid out, and how it will be graded."""
     from harness import __version__
+    from harness.backends import ORACLE
     from harness.config.fields import MODEL_OPTIONS
     from harness.core import schedule
     from harness.core.taps import MEANING, PREFIX, kind, tap_mask_sites, tap_names, tap_rows
@@ -226,7 +227,7 @@ def build_manifest(config: Any, size: str | None, corpus: Any, seed: int, steps:
         "vocabulary": "".join(corpus.chars), "vocab_size": corpus.vocab_size,
         "data": {"file": Path(corpus.path).name, "sha256": corpus.sha256, "n_chars": corpus.n_chars,
                  "split": "first 90% train (the batches come from it), last 10% validation"},
-        "expected_dtype": "float64", "oracle": "numpy backend (harness/models/numpy_gpt.py), float64, CPU",
+        "expected_dtype": "float64", "oracle": f"{ORACLE} backend (harness/models/numpy_gpt.py), float64, CPU",
         "parameters": {n: list(s) for n, s in shapes.items()},
         "taps": {"rows": tap_rows(config), "names": tap_names(config.n_layer),
                  "taken_on": f"x[0][:{tap_rows(config)}] (the first rows of step 0's batch), the initial weights, "
@@ -325,11 +326,13 @@ def check_memory(config: Any, corpus: Any, seed: int, out: Path, steps: int, all
     estimate exceeds the machine's memory, unless `allow_large`): the oracle is one float64 NumPy worker, and the
     parameters and AdamW moments after each of the `steps` steps are kept (in the arrays and again in their NPZ
     bytes), as a parity probe keeps them for its optimizer steps."""
+    from harness.backends import ORACLE
     from harness.run import plan
+    from harness.store import ParityOptions
 
-    plan.check_memory(plan.Plan(config=config, corpus=corpus, backends=["numpy"], seed=seed, out=out,
-                                backend_options={"numpy": {"dtype": "float64"}},
-                                parity={"opt_steps": steps}, probe_fix="export fewer steps (--steps N)",
+    plan.check_memory(plan.Plan(config=config, corpus=corpus, backends=[ORACLE], seed=seed, out=out,
+                                backend_options={ORACLE: {"dtype": "float64"}},
+                                parity=ParityOptions(opt_steps=steps), probe_fix="export fewer steps (--steps N)",
                                 allow_large=allow_large))
 
 

@@ -3,7 +3,8 @@
 The run is two ordinary worker runs (harness.run) in parity mode; this module says what parity adds to their plan
 (`ParityPlan`: each backend's dtype, the tolerances in effect, the optimizer steps compared), builds the record
 `<out>/runs/<run_id>/parity.json` (schema `SCHEMA`, docs/parity.md), reads the two workers' records and probes and
-hands them to `harness.parity.compare.compare`. The command line (harness.cli.parity) drives it.
+hands them to `harness.parity.compare.compare`. The command line (harness.cli.parity) drives it. The record's type is
+harness.store.parity.ParityRecord.
 """
 
 from __future__ import annotations
@@ -18,17 +19,12 @@ import numpy as np
 from harness.parity.compare import BLIND_SPOTS, compare
 from harness.parity.result import ParityResult
 from harness.parity.tolerances import Tolerances
-from harness.run import records
+from harness.store import DataInfo, RunPaths, RunRecord, compare_fingerprints
+from harness.store.parity import ParityCheck, ParityRecord
 from harness.units import utc_now
 
 if TYPE_CHECKING:
     from harness.run.plan import Plan
-
-SCHEMA = "nanogpt-parity/parity-record"
-
-
-SCHEMA_VERSION = 1
-
 
 DEFAULT_STEPS = 50
 
@@ -69,7 +65,7 @@ class ParityPlan:
     @property
     def reference(self) -> str:
         """The backend whose states the other re-synchronises its optimizer steps from (it runs first)."""
-        return self.plan.parity["reference"]
+        return self.plan.parity.reference
 
     @property
     def other(self) -> str:
@@ -77,7 +73,7 @@ class ParityPlan:
 
     @property
     def opt_steps(self) -> int:
-        return self.plan.parity["opt_steps"]
+        return self.plan.parity.opt_steps
 
 
 def optimizer_steps(config: Any, vocab_size: int, steps: int, asked: int | None) -> int:
@@ -89,20 +85,16 @@ def optimizer_steps(config: Any, vocab_size: int, steps: int, asked: int | None)
         config, vocab_size, 1)))
 
 
-def new_record(pp: ParityPlan, run_id: str, codes: dict[str, int]) -> dict[str, Any]:
+def new_record(pp: ParityPlan, paths: RunPaths, codes: dict[str, int]) -> ParityRecord:
     """parity.json before anything is compared: what was run, with which tolerances, and how each worker exited."""
     plan, config = pp.plan, pp.plan.config
-    paths = records.RunPaths(Path(plan.out), run_id)
-    return {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
-        "created_at": utc_now(),
-        "config": config.to_dict(), "config_name": config.name, "steps": pp.steps, "seed": plan.seed,
-        "dropout": pp.dropout, "opt_steps": pp.opt_steps, "opt_reference": pp.reference, "threads": plan.threads,
-        "device": plan.device, "devices": plan.devices, "backends": pp.backends, "dtypes": pp.dtypes,
-        "precision_pair": pp.pair, "tolerances": asdict(pp.tolerances), "tolerance_source": pp.tol_source,
-        "data": {"path": plan.corpus.path, "sha256": plan.corpus.sha256}, "worker_exit_codes": codes,
-        "files": {n: {"record": paths.record(n).name, "probe": paths.probe(n).name} for n in pp.backends},
-    }
+    return ParityRecord(
+        run_id=paths.run_id, created_at=utc_now(), config=config, config_name=config.name, steps=pp.steps,
+        seed=plan.seed, dropout=pp.dropout, opt_steps=pp.opt_steps, opt_reference=pp.reference,
+        threads=plan.threads, device=plan.device, devices=plan.devices, backends=pp.backends, dtypes=pp.dtypes,
+        precision_pair=pp.pair, tolerances=asdict(pp.tolerances), tolerance_source=pp.tol_source,
+        data=DataInfo(path=plan.corpus.path, sha256=plan.corpus.sha256), worker_exit_codes=codes,
+        files={n: {"record": paths.record(n).name, "probe": paths.probe(n).name} for n in pp.backends})
 
 
 def crash(pp: ParityPlan, codes: dict[str, int]) -> tuple[str, int] | None:
@@ -118,9 +110,9 @@ def crash(pp: ParityPlan, codes: dict[str, int]) -> tuple[str, int] | None:
     return reason, status
 
 
-def mark_error(record: dict[str, Any], reason: str) -> None:
+def mark_error(record: ParityRecord, reason: str) -> None:
     """Turn `record` into the record of a run that compared nothing (verdict "error")."""
-    record.update(verdict="error", failures=[f"ERROR: {reason}; nothing compared"], results=None)
+    record.verdict, record.failures, record.results = "error", [f"ERROR: {reason}; nothing compared"], None
 
 
 def load_probe(path: Path) -> dict[str, np.ndarray]:
@@ -129,10 +121,10 @@ def load_probe(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-def final_val(rec: dict) -> float | None:
+def final_val(rec: RunRecord) -> float | None:
     """A worker record's last validation loss, None without an evaluation."""
-    evals = rec.get("evals") or []
-    return float(evals[-1]["val_loss"]) if evals else None
+    last = rec.curves.last_eval
+    return float(last.val_loss) if last is not None else None
 
 
 def step_masks(config: Any, seed: int) -> Callable[[int], dict[str, np.ndarray]] | None:
@@ -142,26 +134,27 @@ def step_masks(config: Any, seed: int) -> Callable[[int], dict[str, np.ndarray]]
     return (lambda step: dropout_masks(config, seed, step)) if config.dropout > 0 else None
 
 
-def compare_workers(pp: ParityPlan, workers: dict[str, dict], directory: Path) -> ParityResult:
-    """`compare` of the two workers' probes (in `directory`) and training losses, in the order of `pp.backends`,
-    with the run's config; the workers' data and weight fingerprints must agree too."""
+def compare_workers(pp: ParityPlan, workers: dict[str, RunRecord], paths: RunPaths) -> ParityResult:
+    """`compare` of the two workers' probes (in the run's directory) and training losses, in the order of
+    `pp.backends`, with the run's config; the workers' data and weight fingerprints must agree too."""
     a, b = pp.backends
     ra, rb = workers[a], workers[b]
     va, vb = final_val(ra), final_val(rb)
     config, seed = pp.plan.config, pp.plan.seed
-    paths = records.RunPaths.of_dir(directory)
     result = compare(load_probe(paths.probe(a)), load_probe(paths.probe(b)),
-                     ra["steps"]["loss"], rb["steps"]["loss"], pp.tolerances,
+                     ra.curves.loss, rb.curves.loss, pp.tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
                      backends=(a, b), config=config, masks=step_masks(config, seed))
-    for problem in records.compare_fingerprints([ra, rb]):
+    for problem in compare_fingerprints([ra, rb]):
         result.failures.append(f"FAIL: {problem}")
     return result
 
 
-def finish_record(record: dict[str, Any], pp: ParityPlan, result: ParityResult, workers: dict[str, dict]) -> None:
+def finish_record(record: ParityRecord, pp: ParityPlan, result: ParityResult, workers: dict[str, RunRecord]) -> None:
     """Add the comparison to `record`: the verdict, the FAIL lines, the results and summary rows, what each depth
     cannot see, and what each backend said about itself."""
-    record.update(verdict="pass" if result.passed else "fail", failures=list(result.failures),
-                  results=result.to_dict(), checks=result.rows(), dtypes=pp.dtypes, blind_spots=dict(BLIND_SPOTS),
-                  backend_info={n: workers[n].get("backend_info", {}) for n in pp.backends})
+    record.verdict = "pass" if result.passed else "fail"
+    record.failures, record.results = list(result.failures), result.to_dict()
+    record.checks = [ParityCheck.from_dict(row) for row in result.rows()]
+    record.dtypes, record.blind_spots = pp.dtypes, dict(BLIND_SPOTS)
+    record.backend_info = {n: workers[n].backend_info for n in pp.backends}

@@ -116,10 +116,6 @@ FREE_FIELDS = frozenset({"name", "steps", "epochs", "dropout", "attn_dropout", "
 TIED_FIELDS = frozenset({"tie_embeddings", "gelu", "bias", "lm_head_bias"})
 
 
-# A backend's default dtype when it is not said otherwise (used only if its class cannot be inspected).
-FALLBACK_DTYPES = {"torch": "float32", "numpy": "float64", "flux": "float32"}
-
-
 def precision_pair(dtype_a: str, dtype_b: str) -> str:
     """The precision pair of two backends' dtypes, e.g. "float32/float64" (order does not matter)."""
     return "/".join(sorted((str(dtype_a), str(dtype_b))))
@@ -168,6 +164,8 @@ def tolerances_for(pair: str, config: Any) -> tuple[Tolerances, str]:
 
 
 def reference_backend(backends: Sequence[str]) -> str:
-    """The backend whose optimizer states the other re-synchronises from: the NumPy oracle where it takes part,
-    else the first named."""
-    return "numpy" if "numpy" in backends else backends[0]
+    """The backend whose optimizer states the other re-synchronises from: the NumPy oracle (harness.backends.ORACLE)
+    where it takes part, else the first named."""
+    from harness.backends import ORACLE
+
+    return ORACLE if ORACLE in backends else backends[0]

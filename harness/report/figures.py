@@ -24,8 +24,7 @@ from markupsafe import Markup, escape
 from harness.report.analysis import PairComparison, RunView, costs, step_losses
 
 MAX_POINTS = 1500
-COLORS = {"torch": "#d9480f", "numpy": "#1c7ed6", "flux": "#9c36b5", "jax": "#2b8a3e"}
-_EXTRA = ["#e67700", "#495057", "#c2255c", "#0b7285", "#5c940d"]  # none of COLORS' own
+_EXTRA = ["#e67700", "#495057", "#c2255c", "#0b7285", "#5c940d"]  # none of the shipped backends' own
 RC = {"svg.fonttype": "none", "svg.hashsalt": "nanogpt-parity", "font.size": 10, "axes.titlesize": 11,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
       "legend.frameon": False, "font.family": "DejaVu Sans"}
@@ -37,10 +36,12 @@ PLOT_MAX = 1e100
 
 
 def color(backend: str) -> str:
-    """A fixed colour per backend name (others get a stable colour from a small palette)."""
-    if backend in COLORS:
-        return COLORS[backend]
-    return _EXTRA[sum(map(ord, backend)) % len(_EXTRA)]
+    """The colour a backend declares (harness.backends.declaration); any other name (a port's, a backend no longer
+    installed, one that declares none) gets a stable colour from a small palette."""
+    from harness.backends import declarations
+
+    declared = declarations([backend]).get(backend)
+    return declared.color if declared and declared.color else _EXTRA[sum(map(ord, backend)) % len(_EXTRA)]
 
 
 def plain(text: object) -> str:
@@ -131,12 +132,12 @@ def smoothing_window(n: int) -> int:
 @drawn
 def loss_figure(view: RunView) -> Markup | None:
     """Training loss per step (left) and evaluation train/validation loss (right), every backend overlaid."""
-    if not any(len(step_losses(r)[1]) or r.get("evals") for r in view.records):
+    if not any(len(step_losses(r)[1]) or r.curves.evals for r in view.records):
         return None
     with plt.rc_context(RC):
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
         for rec in view.records:
-            name, c = plain(rec["backend"]), color(rec["backend"])
+            name, c = plain(rec.backend), color(rec.backend)
             steps, loss = step_losses(rec)
             loss = plottable(loss)
             finite = np.isfinite(loss)
@@ -150,20 +151,20 @@ def loss_figure(view: RunView) -> Markup | None:
                 w = smoothing_window(len(loss))
                 xr, mr, _, _ = binned(steps, rolling_mean(loss, w))
                 ax1.plot(xr, mr, color=c, lw=1.6, label=f"{name} (rolling mean over {w} steps)" if w > 1 else name)
-            evals = rec.get("evals") or []
+            evals = rec.curves.evals
             if evals:
-                es = [e["step"] for e in evals]
+                es = [e.step for e in evals]
                 ms = 3 if len(evals) <= 60 else 0  # markers only where they can be told apart
-                ax2.plot(es, plottable([e["train_loss"] for e in evals]), "--", marker="o", ms=ms, color=c, lw=1.2,
+                ax2.plot(es, plottable([e.train_loss for e in evals]), "--", marker="o", ms=ms, color=c, lw=1.2,
                          label=f"{name} train")
-                ax2.plot(es, plottable([e["val_loss"] for e in evals]), "-", marker="s", ms=ms, color=c, lw=1.6,
+                ax2.plot(es, plottable([e.val_loss for e in evals]), "-", marker="s", ms=ms, color=c, lw=1.6,
                          label=f"{name} validation")
         ax1.set(title="Training loss per step", xlabel="step", ylabel="cross-entropy (nats)")
         ax2.set(title="Evaluation on the fixed batches", xlabel="step")
         for ax in (ax1, ax2):
             if ax.has_data():
                 ax.legend(fontsize=8)
-        if not any(rec.get("evals") for rec in view.records):
+        if not any(rec.curves.evals for rec in view.records):
             ax2.text(0.5, 0.5, "no evaluation points recorded", ha="center", va="center", transform=ax2.transAxes)
         fig.tight_layout()
         return to_svg(fig, "loss curves")
@@ -208,7 +209,7 @@ def cost_figure(view: RunView) -> Markup | None:
     """Steady step time (median, p10-p90), tokens/s and peak memory, one bar per backend."""
     if not view.records:
         return None
-    names = [r["backend"] for r in view.records]
+    names = [r.backend for r in view.records]
     cs = [costs(r) for r in view.records]
     cols = [color(n) for n in names]
     with plt.rc_context(RC):
@@ -233,15 +234,15 @@ def cost_figure(view: RunView) -> Markup | None:
             ax.set(title=title, ylabel=unit)
             ax.grid(axis="x", visible=False)
 
-        med = [c["step_median_s"] * 1e3 if c["step_median_s"] else None for c in cs]
-        err = [((c["step_p10_s"] or 0) * 1e3, (c["step_p90_s"] or 0) * 1e3) if c["step_median_s"] else (0.0, 0.0)
+        med = [c.step_median_s * 1e3 if c.step_median_s else None for c in cs]
+        err = [((c.step_p10_s or 0) * 1e3, (c.step_p90_s or 0) * 1e3) if c.step_median_s else (0.0, 0.0)
                for c in cs]
         bars(axes[0], med, "Steady step time (median, p10–p90)", "ms / step", err)
-        bars(axes[1], [c["tokens_per_s"] for c in cs], "Training throughput", "tokens / s")
-        kinds = {c["memory_kind"] for c in cs if c["memory_kind"]}
+        bars(axes[1], [c.tokens_per_s for c in cs], "Training throughput", "tokens / s")
+        kinds = {c.memory_kind for c in cs if c.memory_kind}
         kind = {"device": "device memory", "rss": "process RSS"}
         mem_label = " / ".join(kind.get(k, k) for k in sorted(kinds)) or "memory"
-        bars(axes[2], [c["peak_bytes"] / 2**20 if c["peak_bytes"] else None for c in cs],
+        bars(axes[2], [c.peak_bytes / 2**20 if c.peak_bytes else None for c in cs],
              f"Peak memory ({mem_label})", "MiB")
         fig.tight_layout()
         return to_svg(fig, "throughput and memory")
@@ -254,10 +255,10 @@ def scaling_figure(views: list[RunView]) -> Markup | None:
     for view in views:
         for rec in view.records:
             c = costs(rec)
-            if c["n_params"] and c["step_median_s"] and c["tokens_per_s"]:
-                series.setdefault(rec["backend"], []).append(
-                    (c["n_params"], c["step_median_s"], c["step_p10_s"] or c["step_median_s"],
-                     c["step_p90_s"] or c["step_median_s"], c["tokens_per_s"], view.label))
+            if c.n_params and c.step_median_s and c.tokens_per_s:
+                series.setdefault(rec.backend, []).append(
+                    (c.n_params, c.step_median_s, c.step_p10_s or c.step_median_s,
+                     c.step_p90_s or c.step_median_s, c.tokens_per_s, view.label))
     if not series:
         return None
     with plt.rc_context(RC):

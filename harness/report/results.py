@@ -14,14 +14,16 @@ from this table and saves it beside itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from harness import files
 from harness.errors import UsageError
-from harness.run import records
+from harness.store import RunPaths, RunRecord, SweepPaths, Timings
+from harness.store.contention import Contention
+from harness.store.sweep import SweepManifest
 
 CONFIG_COLUMNS = ("n_embd", "n_layer", "n_head", "block_size", "batch_size", "d_hidden", "learning_rate", "dropout",
                   "weight_decay", "scheme", "target_val_loss")
@@ -36,143 +38,169 @@ COLUMNS = ("run_id", "backend", "label", "sweep_id", "cell", "contended", "seed"
            "started_at")
 
 
-def costs(rec: dict) -> dict[str, Any]:
-    """Every cost figure of one record, recomputing what an unfinished record lacks (None where unknowable).
+@dataclass
+class Costs:
+    """Every cost figure of one record (`costs`): its timings, completed where a worker that did not finish left
+    them out, and the figures derived from them. `recomputed` names what was derived here rather than read."""
 
-    Keys: setup_s, first_step_s, step_median_s, step_p10_s, step_p90_s, step_iqr_s, steady_steps, tokens_per_s,
-    eval_s, train_s, wall_s, generation_tokens_per_s, peak_bytes, memory_kind, n_params, n_params_non_embedding,
-    flops_per_token, achieved_flops, contention (harness.timing.contention.summarize), disturbed_steps,
-    contended_fraction, mostly_disturbed, recomputed (names of figures derived here rather than read).
-    """
+    setup_s: float | None
+    first_step_s: float | None
+    compile_s: float | None
+    step_median_s: float | None
+    step_p10_s: float | None
+    step_p90_s: float | None
+    step_iqr_s: float | None
+    steady_steps: int | None
+    warmup_steps: int | None
+    tokens_per_s: float | None
+    eval_s: float | None
+    train_s: float | None
+    wall_s: float | None
+    generation_tokens_per_s: float | None
+    peak_bytes: int | None
+    memory_kind: str | None
+    n_params: int | None
+    n_params_non_embedding: int | None
+    flops_per_token: int | None
+    achieved_flops: float | None
+    recomputed: list[str]
+    tokens_per_step: int | None
+    contention: Contention | None
+    disturbed_steps: int | None
+    figures_from: str | None
+
+    @property
+    def contended_fraction(self) -> float | None:
+        return self.contention.contended_fraction if self.contention is not None else None
+
+    @property
+    def mostly_disturbed(self) -> bool:
+        return bool(self.contention is not None and self.contention.mostly_disturbed)
+
+
+def costs(rec: RunRecord) -> Costs:
+    """Every cost figure of one record, recomputing what an unfinished record lacks (None where unknowable)."""
     from harness.timing import contention
     from harness.timing.steady import steady_start, summarize_times
 
-    t = dict(rec.get("timings") or {})
+    t = Timings.from_dict(rec.timings.to_dict())  # a copy: what is recomputed here is not written back
     recomputed: list[str] = []
-    times = list((rec.get("steps") or {}).get("time_s", []))
-    chunks = rec.get("chunks") or []
-    tokens_per_step = rec.get("tokens_per_step")
+    times, chunks = list(rec.curves.time_s), rec.curves.chunks
+    tokens_per_step = rec.tokens_per_step
     if tokens_per_step is None:
-        cfg = rec.get("config", {})
-        tokens_per_step = cfg.get("batch_size", 0) * cfg.get("block_size", 0) or None
-    if t.get("step_median_s") is None and times and tokens_per_step:
-        t.update(summarize_times(times, tokens_per_step, disturbed=contention.disturbed_steps(chunks, len(times))))
+        tokens_per_step = rec.config.batch_size * rec.config.block_size or None
+    if t.step_median_s is None and times and tokens_per_step:
+        summary = summarize_times(times, tokens_per_step, disturbed=contention.disturbed_steps(chunks, len(times)))
+        for key, value in summary.items():
+            setattr(t, key, value)
         recomputed += ["step times", "tokens/s"]
-    if t.get("contention") is None and chunks and times:
-        t["contention"] = contention.summarize(chunks, len(times), steady_start(len(times)))
+    if t.contention is None and chunks and times:
+        t.contention = contention.summarize(chunks, len(times), steady_start(len(times)))
         recomputed.append("contention")
-    if t.get("first_step_s") is None and times and not rec.get("resumed_at"):
-        t["first_step_s"] = times[0]
+    if t.first_step_s is None and times and not rec.resumed_at:
+        t.first_step_s = times[0]
         recomputed.append("first step")
-    if t.get("train_s") is None and times:
-        t["train_s"] = float(sum(times))
+    if t.train_s is None and times:
+        t.train_s = float(sum(times))
         recomputed.append("train time")
-    if t.get("eval_s") is None and rec.get("evals"):
-        t["eval_s"] = float(sum(e.get("time_s") or 0.0 for e in rec["evals"]))
+    if t.eval_s is None and rec.curves.evals:
+        t.eval_s = float(sum(e.time_s or 0.0 for e in rec.curves.evals))
         recomputed.append("eval time")
-    flops_per_token = rec.get("flops_per_token")
+    flops_per_token = rec.flops_per_token
     if flops_per_token is None:
         flops_per_token = _flops_per_token(rec)
-    achieved = t.get("achieved_flops")
-    if achieved is None and t.get("tokens_per_s") and flops_per_token:
-        achieved = t["tokens_per_s"] * flops_per_token
+    achieved = t.achieved_flops
+    if achieved is None and t.tokens_per_s and flops_per_token:
+        achieved = t.tokens_per_s * flops_per_token
         recomputed.append("FLOP/s")
-    memory = rec.get("memory") or {}
-    text = rec.get("text") or {}
-    return {
-        "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"), "compile_s": t.get("compile_s"),
-        "step_median_s": t.get("step_median_s"), "step_p10_s": t.get("step_p10_s"),
-        "step_p90_s": t.get("step_p90_s"), "step_iqr_s": t.get("step_iqr_s"),
-        "steady_steps": t.get("steady_steps"), "warmup_steps": t.get("warmup_steps"),
-        "tokens_per_s": t.get("tokens_per_s"), "eval_s": t.get("eval_s"), "train_s": t.get("train_s"),
-        "wall_s": t.get("wall_s"), "generation_tokens_per_s": text.get("generation_tokens_per_s"),
-        "peak_bytes": memory.get("peak_bytes"), "memory_kind": memory.get("kind"),
-        "n_params": rec.get("n_params"), "n_params_non_embedding": rec.get("n_params_non_embedding"),
-        "flops_per_token": flops_per_token, "achieved_flops": achieved, "recomputed": recomputed,
-        "tokens_per_step": tokens_per_step, "contention": t.get("contention"),
-        "disturbed_steps": t.get("disturbed_steps"), "figures_from": t.get("figures_from"),
-        "contended_fraction": (t.get("contention") or {}).get("contended_fraction"),
-        "mostly_disturbed": bool((t.get("contention") or {}).get("mostly_disturbed")),
-    }
+    return Costs(
+        setup_s=t.setup_s, first_step_s=t.first_step_s, compile_s=t.compile_s, step_median_s=t.step_median_s,
+        step_p10_s=t.step_p10_s, step_p90_s=t.step_p90_s, step_iqr_s=t.step_iqr_s, steady_steps=t.steady_steps,
+        warmup_steps=t.warmup_steps, tokens_per_s=t.tokens_per_s, eval_s=t.eval_s, train_s=t.train_s,
+        wall_s=t.wall_s, generation_tokens_per_s=rec.text.generation_tokens_per_s if rec.text else None,
+        peak_bytes=rec.memory.peak_bytes, memory_kind=rec.memory.kind, n_params=rec.n_params,
+        n_params_non_embedding=rec.n_params_non_embedding, flops_per_token=flops_per_token, achieved_flops=achieved,
+        recomputed=recomputed, tokens_per_step=tokens_per_step, contention=t.contention,
+        disturbed_steps=t.disturbed_steps, figures_from=t.figures_from)
 
 
-def step_median_interval(rec: dict) -> list[float]:
+def step_median_interval(rec: RunRecord) -> list[float]:
     """A 95 % bootstrap interval of the median steady step time, over the steps its figures come from
     (harness.timing.steady.steady_times: the undisturbed ones); [] without steps."""
     from harness.timing import contention, stats
     from harness.timing.steady import steady_times
 
-    times = (rec.get("steps") or {}).get("time_s") or []
-    steady, _ = steady_times(times, disturbed=contention.disturbed_steps(rec.get("chunks") or [], len(times)))
+    times = rec.curves.time_s
+    steady, _ = steady_times(times, disturbed=contention.disturbed_steps(rec.curves.chunks, len(times)))
     return stats.median_ci(steady.tolist())
 
 
-def _flops_per_token(rec: dict) -> int | None:
+def _flops_per_token(rec: RunRecord) -> int | None:
     """6 x non-embedding params + 12 x layers x d x n_ctx, from the record's config (harness.core.costs)."""
-    try:
-        from harness.config.fields import Config
-        from harness.core.costs import flops_per_token
+    from harness.core.costs import flops_per_token
 
-        return flops_per_token(Config(**rec["config"]), int(rec["data"]["vocab_size"]))
-    except (KeyError, TypeError, ValueError):
+    if rec.data is None or rec.data.vocab_size is None:
         return None
+    return flops_per_token(rec.config, int(rec.data.vocab_size))
 
 
-def row(rec: dict, sweep: dict | None = None) -> dict[str, Any]:
-    """The tidy row of one RunRecord (`sweep`: {"sweep_id", "cell", "contended"} when it is a sweep cell)."""
-    c = costs(rec)
-    t = rec.get("timings") or {}
-    cfg = rec.get("config") or {}
-    last = rec["evals"][-1] if rec.get("evals") else {}
-    ttt = rec.get("time_to_target")
-    if ttt is None and cfg.get("target_val_loss") is not None:  # a worker that did not finish (killed, running)
+def target_of(rec: RunRecord) -> Any:
+    """The record's time to target (harness.store.record.TimeToTarget), recomputed from its curves where a worker
+    that did not finish (killed, running) wrote none yet; None when its config sets no target."""
+    ttt, target = rec.time_to_target, rec.config.target_val_loss
+    if ttt is None and target is not None:
         from harness.core.costs import time_to_target
 
-        steps = rec.get("steps") or {}
-        ttt = time_to_target(cfg["target_val_loss"], rec.get("evals") or [], steps.get("step", []),
-                             steps.get("time_s", []))
-    text = rec.get("text") or {}
-    opts = rec.get("backend_options") or {}
-    info = rec.get("backend_info") or {}
+        cv = rec.curves
+        ttt = time_to_target(target, cv.evals, cv.step, cv.time_s)
+    return ttt
+
+
+def row(rec: RunRecord, sweep: dict | None = None) -> dict[str, Any]:
+    """The tidy row of one RunRecord (`sweep`: {"sweep_id", "cell", "contended"} when it is a sweep cell)."""
+    c = costs(rec)
+    t, cfg = rec.timings, rec.config
+    last = rec.curves.last_eval
+    ttt = target_of(rec)
+    text = rec.text
+    opts, info = rec.backend_options, rec.backend_info
     out = {
-        "run_id": rec["run_id"], "backend": rec["backend"], "label": cfg.get("name"),
+        "run_id": rec.run_id, "backend": rec.backend, "label": cfg.name,
         "sweep_id": (sweep or {}).get("sweep_id"), "cell": (sweep or {}).get("cell"),
         "contended": bool((sweep or {}).get("contended", False)),
-        "seed": rec.get("seed"), "device": rec.get("device"),
+        "seed": rec.seed, "device": rec.device,
         "dtype": opts.get("dtype") or info.get("dtype"), "precision": opts.get("precision") or info.get("precision"),
         "dtype_option": opts.get("dtype"), "precision_option": opts.get("precision"),
-        "status": rec.get("status"), "steps_done": len((rec.get("steps") or {}).get("loss", [])),
-        "total_steps": rec.get("total_steps"), "final_eval_step": last.get("step"),
-        "final_val_loss": last.get("val_loss"), "final_train_loss": last.get("train_loss"),
-        "step_median_s": c["step_median_s"], "step_p10_s": c["step_p10_s"], "step_p90_s": c["step_p90_s"],
-        "tokens_per_s": c["tokens_per_s"], "contended_fraction": c["contended_fraction"],
-        "mostly_disturbed": c["mostly_disturbed"], "disturbed_steps": c["disturbed_steps"],
-        "peak_bytes": c["peak_bytes"], "train_s": t.get("train_s"),
-        "wall_s": t.get("wall_s"), "setup_s": t.get("setup_s"), "first_step_s": t.get("first_step_s"),
-        "n_params": c["n_params"], "flops_per_token": c["flops_per_token"], "achieved_flops": c["achieved_flops"],
-        "target_reached": None if ttt is None else bool(ttt["reached"]),
-        "target_step": None if ttt is None else ttt["step"], "target_train_s": None if ttt is None else ttt["train_s"],
-        "chrf": text.get("chrf"), "bleu": text.get("bleu"), "config_hash": rec.get("config_hash"),
-        "started_at": rec.get("started_at"),
+        "status": rec.status_text, "steps_done": rec.curves.steps_done,
+        "total_steps": rec.total_steps, "final_eval_step": last.step if last else None,
+        "final_val_loss": last.val_loss if last else None, "final_train_loss": last.train_loss if last else None,
+        "step_median_s": c.step_median_s, "step_p10_s": c.step_p10_s, "step_p90_s": c.step_p90_s,
+        "tokens_per_s": c.tokens_per_s, "contended_fraction": c.contended_fraction,
+        "mostly_disturbed": c.mostly_disturbed, "disturbed_steps": c.disturbed_steps,
+        "peak_bytes": c.peak_bytes, "train_s": t.train_s,
+        "wall_s": t.wall_s, "setup_s": t.setup_s, "first_step_s": t.first_step_s,
+        "n_params": c.n_params, "flops_per_token": c.flops_per_token, "achieved_flops": c.achieved_flops,
+        "target_reached": None if ttt is None else bool(ttt.reached),
+        "target_step": None if ttt is None else ttt.step, "target_train_s": None if ttt is None else ttt.train_s,
+        "chrf": text.chrf if text else None, "bleu": text.bleu if text else None, "config_hash": rec.config_hash,
+        "started_at": rec.started_at,
     }
-    out.update({k: cfg.get(k) for k in (*CONFIG_COLUMNS, *OPTION_COLUMNS)})
+    out.update({k: getattr(cfg, k) for k in (*CONFIG_COLUMNS, *OPTION_COLUMNS)})
     return out
 
 
 def _sweep_cells(out: Path) -> dict[tuple[str, str], dict]:
     """(run id, backend) -> sweep membership, from every sweep manifest under `out` (unreadable ones skipped)."""
-    from harness.sweep.manifest import MAX_MANIFEST_BYTES
-
     found: dict[tuple[str, str], dict] = {}
-    for path in [s.manifest for s in records.SweepPaths.under(out) if s.manifest.is_file()]:
+    for paths in [s for s in SweepPaths.under(out) if s.manifest.is_file()]:
         try:
-            doc = files.read_json(path, "the sweep manifest", "", MAX_MANIFEST_BYTES)
-            for cell in doc["cells"]:
-                if cell.get("run_id"):
-                    found[(cell["run_id"], cell["backend"])] = {"sweep_id": doc["sweep_id"], "cell": cell["index"],
-                                                                "contended": cell.get("contended", False)}
-        except (UsageError, KeyError, TypeError, AttributeError):
+            m = SweepManifest.read(paths)
+        except UsageError:
             continue
+        for cell in m.cells:
+            if cell.run_id:
+                found[(cell.run_id, cell.backend)] = {"sweep_id": m.sweep_id, "cell": cell.index,
+                                                      "contended": cell.contended}
     return found
 
 
@@ -185,20 +213,18 @@ def load_runs(out: str | Path, sweep_id: str | None = None, run_ids: list[str] |
     members = _sweep_cells(out)
     if sweep_id is not None:
         wanted = {k for k, v in members.items() if v["sweep_id"] == sweep_id}
-        if not wanted and not records.SweepPaths(out, sweep_id).manifest.exists():
-            raise UsageError(f"no sweep {sweep_id!r} under {str(records.SweepPaths.root(out))!r}")
+        if not wanted and not SweepPaths(out, sweep_id).manifest.exists():
+            raise UsageError(f"no sweep {sweep_id!r} under {str(SweepPaths.root(out))!r}")
         run_ids = sorted({r for r, _ in wanted})
-    runs_dir = records.RunPaths.root(out)
-    ids = run_ids if run_ids is not None else (sorted(p.name for p in runs_dir.iterdir() if p.is_dir())
-                                               if runs_dir.is_dir() else [])
+    runs = [RunPaths(out, r) for r in run_ids] if run_ids is not None else RunPaths.under(out)
     rows = []
-    for run_id in ids:
-        for path in records.RunPaths(out, run_id).record_files():
+    for paths in runs:
+        for path in paths.record_files():
             try:
-                rec = records.load_record(path)
+                rec = RunRecord.load(path)
             except UsageError:
                 continue
-            if sweep_id is not None and (run_id, rec["backend"]) not in members:
+            if sweep_id is not None and (paths.run_id, rec.backend) not in members:
                 continue
-            rows.append(row(rec, members.get((run_id, rec["backend"]))))
+            rows.append(row(rec, members.get((paths.run_id, rec.backend))))
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -26,18 +26,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
 
+from harness.backends import declared
 from harness.backends.base import Backend
 from harness.config.fields import Config
 from harness.core.data import BatchStream
 from harness.core.schedule import learning_rate
+from harness.store.contention import truncate_chunks
+from harness.store.record import Curves, Eval, Status
 from harness.timing.contention import Sampler
-from harness.timing.steady import truncate_chunks
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart
 
@@ -53,18 +55,19 @@ class DeviceClock(Protocol):
 
 
 def device_clock(backend: Backend) -> DeviceClock | None:
-    """The backend's device clock (`backend.device_clock()`), or None: then steps are timed on the host."""
-    get = getattr(backend, "device_clock", None)
-    return get() if callable(get) else None
+    """The backend's device clock (`backend.device_clock()`, where it declares one), or None: then steps are timed
+    on the host."""
+    return backend.device_clock() if declared(backend, "device_clock") else None
 
 
 def warm_up(backend: Backend, stream: BatchStream, step: int) -> float | None:
     """Run the backend's one-off warm-up (torch --compile: compile the training and evaluation graphs) on batch
     `step` without changing its parameters, optimizer or dropout stream; returns its seconds, or None when the
-    backend has nothing to warm up (`backend.needs_warm_up` false or absent: then not even the batch is fetched).
+    backend has nothing to warm up (no warm_up declared, or `backend.needs_warm_up` false: then not even the batch
+    is fetched).
     `harness run` and `harness bench` both call it once before step 0, so that neither the step-0 evaluation nor
     the first step absorbs the compile, and both record it as `compile_s`."""
-    if not getattr(backend, "needs_warm_up", False):
+    if not declared(backend, "warm_up") or not backend.needs_warm_up:
         return None
     t0 = time.perf_counter()
     backend.warm_up(*stream.batch(step))
@@ -75,25 +78,6 @@ class Interrupted(Exception):
     """Raised by the SIGTERM handler (SIGINT raises KeyboardInterrupt) to stop the loop cleanly."""
 
 
-@dataclass
-class Curves:
-    """What training measured so far: per-step losses and times, the evaluation points, and the contention
-    evidence of each chunk of steps (harness.timing.contention)."""
-
-    step: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    time_s: list[float] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-    chunks: list[dict] = field(default_factory=list)
-
-    def truncate(self, steps: int) -> None:
-        """Keep what was measured before training step `steps` (for resuming from a checkpoint)."""
-        keep = sum(1 for s in self.step if s < steps)
-        del self.step[keep:], self.loss[keep:], self.time_s[keep:]
-        self.evals[:] = [e for e in self.evals if e["step"] < steps]
-        self.chunks[:] = truncate_chunks(self.chunks, steps)
-
-
 def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, float]:
     """Mean loss over each split's fixed evaluation batches, dropout off."""
     return {f"{split}_loss": float(np.mean([backend.eval_loss(x, y) for x, y in batches]))
@@ -102,11 +86,24 @@ def evaluate(backend: Backend, eval_sets: dict[str, list[tuple[np.ndarray, np.nd
 
 @dataclass
 class Outcome:
-    status: str  # "completed", "interrupted" or "failed: ..."
+    """How a loop ended: completed, interrupted, or failed for `reason` (a non-finite loss), after `steps_done`
+    steps, with the seconds it spent evaluating, training and warming up."""
+
+    status: Status
     steps_done: int
     eval_s: float
     train_s: float
     compile_s: float | None = None  # the backend's warm-up (torch --compile), before step 0; None: none
+    reason: str | None = None  # why it failed
+
+    @property
+    def text(self) -> str:
+        """"completed", "interrupted" or "failed: <reason>"."""
+        return self.status.stored(self.reason)
+
+    def stop(self, reason: str | None) -> None:
+        """End as failed for `reason`, or as interrupted when there is none."""
+        self.status, self.reason = (Status.FAILED, reason) if reason else (Status.INTERRUPTED, None)
 
 
 @dataclass
@@ -175,13 +172,13 @@ class StepTimer:
     def __init__(self, backend: Backend, curves: Curves, first_step: int, bar: tqdm | None, tokens_per_step: int):
         self.backend, self.curves, self.bar, self.tokens_per_step = backend, curves, bar, tokens_per_step
         self.clock = device_clock(backend)
-        fetch = getattr(backend, "fetch_losses", None)
-        self.fetch = fetch if callable(fetch) and self.clock is not None else None
+        fetch = backend.fetch_losses if declared(backend, "fetch_losses") else None
+        self.fetch = fetch if self.clock is not None else None
         self.losses: list = []  # losses still on the device
         self.times: list = []  # per pending step: host seconds, or (start, end) device markers read at the flush
         self.first = first_step  # the step of losses[0]
         self.flying: list[_Group] = []  # fetched, not yet completed (at most one after a flush)
-        self.failed: str | None = None
+        self.failed: str | None = None  # why the loop must stop: the first non-finite loss
         self.train_s = 0.0
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float, kw: dict) -> Any:
@@ -200,8 +197,8 @@ class StepTimer:
         return loss
 
     def flush(self, wait: bool = True) -> str | None:
-        """Move the pending steps into the curves; a failure status at the first non-finite loss (the steps before
-        it and the bad one itself are kept for the record; nothing after it). `wait=False` (the periodic flush):
+        """Move the pending steps into the curves; the reason of a failure at the first non-finite loss (the steps
+        before it and the bad one itself are kept for the record; nothing after it). `wait=False` (the periodic flush):
         where the backend fetches asynchronously, start fetching the pending steps and complete only the groups
         fetched before (their copies are done); else, and with `wait`, complete everything."""
         if self.losses:
@@ -224,7 +221,7 @@ class StepTimer:
         n_ok = len(values)
         for k, v in enumerate(values):
             if not math.isfinite(v):
-                n_ok, self.failed = k + 1, f"failed: non-finite loss at step {group.first + k}"
+                n_ok, self.failed = k + 1, f"non-finite loss at step {group.first + k}"
                 break
         curves.step.extend(range(group.first, group.first + n_ok))
         curves.loss.extend(values[:n_ok])
@@ -244,7 +241,7 @@ def _evaluate_at(step: int, backend: Backend, eval_sets: dict, curves: Curves, s
     point = evaluate(backend, eval_sets)
     dt = time.perf_counter() - t0
     sampler.open(step)
-    curves.evals.append({"step": step, **point, "time_s": dt})
+    curves.evals.append(Eval(step, point.get("train_loss", math.nan), point.get("val_loss", math.nan), dt))
     if bar is not None:
         bar.write(f"{label} step {step}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}")
     return dt
@@ -268,7 +265,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     bar = tqdm(total=total_steps, initial=opts.start_step, desc=opts.label, unit="step", dynamic_ncols=True,
                mininterval=0.5) if opts.progress else None
     timer = StepTimer(backend, curves, opts.start_step, bar, config.batch_size * config.block_size)
-    out = Outcome(status="completed", steps_done=0, eval_s=0.0, train_s=0.0)
+    out = Outcome(status=Status.COMPLETED, steps_done=0, eval_s=0.0, train_s=0.0)
     every, ckpt_every, masks, after_step, tick = (config.eval_interval, opts.checkpoint_every, opts.masks,
                                                   opts.after_step, sampler.tick)
     try:
@@ -279,7 +276,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             if step % every == 0:
                 failure = timer.flush()  # never evaluate a model that already diverged
                 if failure:
-                    out.status = failure
+                    out.stop(failure)
                     break
                 out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label)
             x, y = stream.batch(step)
@@ -298,7 +295,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
             if isinstance(loss, float) or len(timer.losses) >= FLUSH_EVERY or done == total_steps or checkpoint:
                 failure = timer.flush(wait=isinstance(loss, float) or done == total_steps or bool(checkpoint))
                 if failure:
-                    out.status = failure
+                    out.stop(failure)
                     break
                 if opts.on_flush:
                     opts.on_flush(done)
@@ -308,10 +305,10 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                     sampler.open(done)
         else:
             sampler.close(total_steps)
-            if not curves.evals or curves.evals[-1]["step"] != total_steps:
+            if not curves.evals or curves.evals[-1].step != total_steps:
                 out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
     except (KeyboardInterrupt, Interrupted):
-        out.status = timer.flush() or "interrupted"  # keep what was measured
+        out.stop(timer.flush())  # keep what was measured
     finally:
         if bar is not None:
             bar.close()

@@ -9,17 +9,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.backends import BackendUnavailable, check_names, options_class
+from harness.backends import check_backend, check_names, declaration
 from harness.config.fields import Config, check_seed
 from harness.core.data import Corpus, check_fits
 from harness.core.weights import count_parameters
 from harness.environment import nvidia_smi
 from harness.errors import UsageError
-from harness.run import records
-from harness.run.records import RunLock, RunPaths
+from harness.store import DataInfo, ParityOptions, RunLock, RunPaths, RunSpec, check_writable, os_error_message
+from harness.store.paths import corpus_copy
+from harness.store.writes import atomic_write_bytes
 from harness.units import fmt_bytes, utc_now
-
-SPEC_SCHEMA = records.SPEC_SCHEMA
 
 
 @dataclass
@@ -35,7 +34,7 @@ class Plan:
     backend_options: dict[str, dict] = field(default_factory=dict)
     checkpoint_every: int = 0
     text: bool = True
-    parity: bool | dict = False  # True, or {"opt_steps": K} from `harness parity`
+    parity: ParityOptions | None = None  # `harness parity` (and the kit's export): the optimizer steps compared
     progress: bool = True
     threads: int | None = None
     allow_large: bool = False  # skip the memory-estimate refusal
@@ -50,8 +49,8 @@ class Plan:
 
 # --- memory estimate ------------------------------------------------------------------------------------------
 def float_bytes(backend: str, options: dict) -> int:
-    """Bytes per float a backend computes in (its dtype option, else its default: numpy float64, others float32)."""
-    dtype = options.get("dtype") or ("float64" if backend == "numpy" else "float32")
+    """Bytes per float a backend computes in (its dtype option, else the default its declaration names)."""
+    dtype = options.get("dtype") or declaration(backend).default_dtype
     return 8 if dtype == "float64" else 4
 
 
@@ -120,7 +119,7 @@ def memory_need(plan: Plan) -> tuple[int, dict[str, int]]:
     parity, its probe's optimizer states)."""
     per_float = max(float_bytes(b, plan.backend_options.get(b, {})) for b in plan.backends)
     parts = estimate_memory(plan.config, plan.corpus, per_float)
-    opt_steps = plan.parity.get("opt_steps") if isinstance(plan.parity, dict) else None
+    opt_steps = plan.parity.opt_steps if plan.parity is not None else None
     if opt_steps:
         parts["parity probe"] = probe_bytes(plan.config, plan.corpus.vocab_size, opt_steps)
     return sum(parts.values()), parts
@@ -166,78 +165,54 @@ def preflight(plan: Plan) -> None:
     check_seed(plan.seed)
     plan.config.validate()
     check_fits(plan.corpus, plan.config.block_size, plan.config.batch_size)
-    records.check_writable(plan.out)
+    check_writable(plan.out)
     check_memory(plan)
-    for name in plan.backends:
-        cls = options_class(name)  # torch: TorchOptions, so the parent never imports torch
-        try:
-            cls.check_available(plan.device_of(name))
-            instance = cls(**plan.backend_options.get(name, {}))  # validates options (dtype, precision)
-            if hasattr(instance, "check_device"):
-                instance.check_device(plan.device_of(name))  # options that need a device (--precision bf16)
-        except BackendUnavailable as exc:
-            raise UsageError(str(exc)) from None
+    for name in plan.backends:  # what each declares and checks, never importing a framework (torch: TorchOptions)
+        check_backend(name, plan.device_of(name), plan.backend_options.get(name, {}), plan.config.options())
 
 
 def _copy_corpus(out: Path, corpus: Corpus) -> None:
     """Keep the validated corpus bytes in `<out>/data/<sha256>.txt` (once), for the workers and for resume."""
-    target = records.corpus_copy(out, corpus.sha256)
+    target = corpus_copy(out, corpus.sha256)
     if target.is_file() and target.stat().st_size == len(corpus.raw):
         return
     blob = corpus.raw or Path(corpus.path).read_bytes()
     if hashlib.sha256(blob).hexdigest() != corpus.sha256:
         raise UsageError(f"data file {corpus.path!r} changed while the run was being prepared; run again")
     try:
-        records.atomic_write_bytes(target, blob)
+        atomic_write_bytes(target, blob)
     except OSError:
         with contextlib.suppress(OSError):
             target.parent.rmdir()  # only if empty: leave nothing behind
         raise
 
 
-def write_spec(plan: Plan) -> str:
-    """Copy the corpus, create the run directory and its spec.json; returns the run id.
+def write_spec(plan: Plan) -> RunPaths:
+    """Copy the corpus, create the run directory and its spec.json; returns the run's paths.
 
     A file-system error (full disk, read-only, ...) is a UsageError and leaves no run directory behind.
     """
     created: Path | None = None
     try:
         _copy_corpus(plan.out, plan.corpus)
-        run_id = records.new_run_id(plan.out, plan.config.name)
-        paths = RunPaths(Path(plan.out), run_id)
+        paths = RunPaths.new(Path(plan.out), plan.config.name)
         created = paths.dir
         c = plan.corpus
-        spec = {
-            "schema": SPEC_SCHEMA, "schema_version": records.SPEC_SCHEMA_VERSION, "run_id": run_id,
-            "label": plan.config.name, "created_at": utc_now(),
-            "config": plan.config.to_dict(), "seed": plan.seed, "device": plan.device,
-            "devices": {name: plan.device_of(name) for name in plan.backends},
-            "data": {"path": c.path, "sha256": c.sha256, "n_chars": c.n_chars, "vocab_size": c.vocab_size,
-                     "vocab": c.vocab, "bom_stripped": c.bom_stripped, "line_endings": c.line_endings,
-                     "line_endings_changed": c.line_endings_changed},
-            "backends": plan.backends, "backend_options": plan.backend_options,
-            "checkpoint_every": plan.checkpoint_every, "text": plan.text, "parity": plan.parity,
-            "threads": plan.threads, "paired_rounds": plan.paired_rounds,
-        }
+        spec = RunSpec(
+            run_id=paths.run_id, label=plan.config.name, created_at=utc_now(), config=plan.config, seed=plan.seed,
+            device=plan.device, devices={name: plan.device_of(name) for name in plan.backends},
+            data=DataInfo(path=c.path, sha256=c.sha256, n_chars=c.n_chars, vocab_size=c.vocab_size, vocab=c.vocab,
+                          bom_stripped=c.bom_stripped, line_endings=c.line_endings,
+                          line_endings_changed=c.line_endings_changed),
+            backends=plan.backends, backend_options=plan.backend_options, checkpoint_every=plan.checkpoint_every,
+            text=plan.text, parity=plan.parity, threads=plan.threads, paired_rounds=plan.paired_rounds)
         with RunLock(paths):
-            records.atomic_write_json(paths.spec, spec)
-        return run_id
+            spec.dump(paths)
+        return paths
     except OSError as exc:
         if created is not None:
             import shutil
 
             shutil.rmtree(created, ignore_errors=True)
-        raise UsageError(records.os_error_message(exc, "cannot write the run")) from None
+        raise UsageError(os_error_message(exc, "cannot write the run")) from None
 
-
-def load_spec(out: Path, run_id: str) -> dict:
-    """The validated spec.json of run `run_id` under `out` (UsageError naming the file and field)."""
-    paths = RunPaths(Path(out), records.check_run_id(run_id))
-    if not paths.spec.is_file() and not paths.spec.is_dir():
-        raise UsageError(f"no run {run_id!r} under {str(RunPaths.root(out))!r}; pass an existing run id "
-                         "and the --out it was written to")
-    spec = records.load_spec_file(paths.spec)
-    from harness.config.fields import config_from_dict
-
-    config_from_dict(spec["config"], str(paths.spec))  # unknown or invalid keys: refused before any worker starts
-    return spec

@@ -26,12 +26,12 @@ steps and `sync/reference` (a string array) names the reference.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from harness.backends import declared
 from harness.config.fields import Config
 from harness.core.schedule import effective_rate, learning_rate, learning_rates
 from harness.core.taps import MASK_PREFIX as TAP_MASK_PREFIX
@@ -136,16 +136,14 @@ class Recorder:
         """The activation taps on the first rows of `x` (`tap/<name>`), taken with the step-0 masks of
         harness.core.taps.tap_masks (the attention probabilities' with attention dropout), and those masks
         (`tap_mask/<site>`, so that the probe says what its taps were taken with). None from a backend without
-        taps, or whose taps take no masks where the config needs them."""
+        taps (its declaration lists no `taps`)."""
         b = self.backend
-        if not callable(getattr(b, "taps", None)):
+        if not declared(b, "taps"):
             return {}
         masks = tap_masks(self.config, self.masks(0) if self.masks else None)
         rows = x[:tap_rows(self.config)]
         if not masks:
             return {TAP_PREFIX + k: np.asarray(v) for k, v in b.taps(rows).items()}
-        if "masks" not in inspect.signature(b.taps).parameters:
-            return {}  # its taps would be taken without the attention masks: not comparable
         out = {TAP_PREFIX + k: np.asarray(v) for k, v in b.taps(rows, masks=masks).items()}
         return {**out, **{TAP_MASK_PREFIX + k: m for k, m in masks.items()}}
 

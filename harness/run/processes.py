@@ -16,11 +16,10 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from harness.run.child import KINDS, PARENT_PID_ENV, WORKER_FLAG
-from harness.run.records import LOCK_FD_ENV, RunPaths
+from harness.store import LOCK_FD_ENV, RunPaths
 from harness.timing import contention
 
 
@@ -33,11 +32,13 @@ def child_command(kind: str, *args: str | os.PathLike) -> list[str]:
 
 
 def thread_env(threads: int | None) -> dict[str, str]:
-    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia)."""
+    """Environment that caps the CPU threads of every framework (torch/OpenMP, OpenBLAS, MKL, Julia, and XLA:
+    PJRT_NPROC sizes its intra-op pool, which OMP_NUM_THREADS does not reach)."""
     if not threads:
         return {}
     n = str(threads)
-    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n}
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "JULIA_NUM_THREADS": n,
+            "PJRT_NPROC": n}
 
 
 def busy_machine_line(threads: int | None, probe: contention.Probe | None = None) -> str | None:
@@ -63,9 +64,9 @@ def busy_machine_line(threads: int | None, probe: contention.Probe | None = None
             f"{what}, so the steps will wait for CPUs and the speed figures will be marked disturbed; {fix}")
 
 
-def compile_cache_env(directory: Path) -> dict[str, str]:
+def compile_cache_env(paths: RunPaths) -> dict[str, str]:
     """torch.compile's caches (Inductor, Triton) go into `<out>/cache/` unless the user chose a place."""
-    cache = RunPaths.of_dir(directory).out / "cache"
+    cache = paths.cache
     env = {}
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
         if not os.environ.get(var):
@@ -73,13 +74,13 @@ def compile_cache_env(directory: Path) -> dict[str, str]:
     return env
 
 
-def child_env(threads: int | None, compile_dir: Path | None = None) -> dict[str, str]:
+def child_env(threads: int | None, compiles: RunPaths | None = None) -> dict[str, str]:
     """This process's environment for a child: unbuffered, thread caps, no inherited run-lock descriptor, and the
-    compile caches of the run at `compile_dir` (given when its backend compiles)."""
+    compile caches of the run `compiles` (given when its backend compiles)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(threads))
     env.pop(LOCK_FD_ENV, None)
-    if compile_dir is not None:
-        env.update(compile_cache_env(compile_dir))
+    if compiles is not None:
+        env.update(compile_cache_env(compiles))
     return env
 
 
@@ -94,13 +95,13 @@ def pdeathsig() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compile_dir: Path | None = None,
+def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compiles: RunPaths | None = None,
           env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
     """Start a child of `kind` with `args`, set up as every local child is: `child_env` (plus `env`), its own session
     (a terminal Ctrl-C reaches only us; we decide what the child gets), PR_SET_PDEATHSIG at spawn (it stops if this
     process dies, even before its first instruction) and this process's pid in HARNESS_PARENT_PID (checked by the
     child, harness.run.child.check_parent). `popen`: the rest of Popen's arguments (pipes, pass_fds)."""
-    full = child_env(threads, compile_dir)
+    full = child_env(threads, compiles)
     full[PARENT_PID_ENV] = str(os.getpid())
     full.update(env or {})
     return subprocess.Popen(child_command(kind, *args), env=full, start_new_session=True, preexec_fn=pdeathsig,

@@ -35,6 +35,7 @@ import numpy as np
 from harness.backends.base import Backend
 from harness.config.fields import Config
 from harness.core.data import Corpus
+from harness.store.record import Continuation, TextProtocol, TextQuality, TextSample
 
 N_PROMPTS = 40
 PROMPT_CHARS = 64
@@ -141,7 +142,7 @@ def score_text(hypotheses: list[str], references: list[str], bootstrap: int = BO
     return result
 
 
-def text_quality(backend: Backend, corpus: Corpus, config: Config, seed: int) -> dict[str, Any]:
+def text_quality(backend: Backend, corpus: Corpus, config: Config, seed: int) -> TextQuality:
     """BLEU and chrF of prompted continuations against the true text, plus samples at several temperatures.
 
     The worker's entry point; see the module docstring for the protocol. The result is stored as the RunRecord's
@@ -158,17 +159,17 @@ def text_quality(backend: Backend, corpus: Corpus, config: Config, seed: int) ->
     rows = np.repeat(start[None, :], len(SAMPLE_TEMPERATURES), axis=0)
     sampled = generate(backend, rows, SAMPLE_CHARS, config.block_size, list(SAMPLE_TEMPERATURES), seed)
     n_tokens = continuations.size
-    return {
-        "protocol": {"n_prompts": len(prompts), "prompt_chars": int(prompts.shape[1]),
-                     "continuation_chars": CONTINUATION_CHARS, "temperature": TEMPERATURE, "seed": seed,
-                     "offsets": "evenly spaced over the validation split", "bootstrap": BOOTSTRAP,
-                     "sample_chars": SAMPLE_CHARS, "sample_temperatures": list(SAMPLE_TEMPERATURES)},
+    return TextQuality(
+        protocol=TextProtocol(n_prompts=len(prompts), prompt_chars=int(prompts.shape[1]),
+                              continuation_chars=CONTINUATION_CHARS, temperature=TEMPERATURE, seed=seed,
+                              offsets="evenly spaced over the validation split", bootstrap=BOOTSTRAP,
+                              sample_chars=SAMPLE_CHARS, sample_temperatures=list(SAMPLE_TEMPERATURES)),
         **scores,
-        "generation_s": gen_s,
-        "generation_tokens": int(n_tokens),
-        "generation_tokens_per_s": n_tokens / gen_s if gen_s > 0 else None,
-        "sample_prompt": corpus.decode(start),
-        "samples": [{"temperature": t, "text": corpus.decode(ids)} for t, ids in zip(SAMPLE_TEMPERATURES, sampled)],
-        "continuations": [{"prompt": corpus.decode(p), "reference": r, "hypothesis": h}
-                          for p, r, h in zip(prompts, references, hypotheses)],
-    }
+        generation_s=gen_s,
+        generation_tokens=int(n_tokens),
+        generation_tokens_per_s=n_tokens / gen_s if gen_s > 0 else None,
+        sample_prompt=corpus.decode(start),
+        samples=[TextSample(temperature=t, text=corpus.decode(ids)) for t, ids in zip(SAMPLE_TEMPERATURES, sampled)],
+        continuations=[Continuation(prompt=corpus.decode(p), reference=r, hypothesis=h)
+                       for p, r, h in zip(prompts, references, hypotheses)],
+    )

@@ -19,7 +19,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from harness.errors import UsageError
 
@@ -29,28 +31,39 @@ MARK = "@harness-paired "  # protocol lines on the timing process's stdout start
 WARMUP_STEPS, WARMUP_S, WARMUP_MAX = 10, 1.0, 400  # warm-up: at least 10 steps and 1 s, at most 400 steps
 
 
-def _reply(msg: dict) -> None:
+def reply(msg: dict) -> None:
+    """Send protocol message `msg` to the coordinator (one line on stdout, prefixed with MARK)."""
     sys.stdout.write(MARK + json.dumps(msg) + "\n")
     sys.stdout.flush()
+
+
+def message(text: str) -> dict:
+    """A protocol message from the coordinator (one JSON object: a line on stdin, or a job on the command line)."""
+    msg = json.loads(text)
+    if not isinstance(msg, dict):
+        raise ValueError(f"a protocol message is a JSON object, not {type(msg).__name__}")
+    return msg
+
+
+def messages(stream: IO[str] | None = None) -> Iterator[dict]:
+    """The coordinator's messages on `stream` (default stdin), one per line, until it closes."""
+    for line in stream if stream is not None else sys.stdin:
+        yield message(line)
 
 
 def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
     """The timing process of one contender: set up, warm up, then run the bursts the coordinator asks for."""
     import numpy as np
 
-    from harness.backends import create_backend
     from harness.run.loop import Curves, LoopOptions, train, warm_up
     from harness.run.worker import Worker
+    from harness.store import RunPaths
+    from harness.store.paired import Ready
     from harness.timing import contention
 
-    worker = Worker(Path(run_dir), backend_name)
-    corpus = worker.load_inputs()
-    options = worker.spec["backend_options"].get(backend_name, {})
-    backend = create_backend(backend_name, **options)
-    t0 = time.perf_counter()
-    backend.setup(worker.config, worker.weights, corpus.vocab_size, worker.device, worker.seed)
-    setup_s = time.perf_counter() - t0
-    stream, config = worker.stream, worker.config
+    worker = Worker(RunPaths.of_dir(Path(run_dir)), backend_name)  # the run's inputs, its backend set up
+    backend, setup_s = worker.backend, worker.setup_s
+    stream, config = worker.inputs.stream, worker.config
     compile_s = warm_up(backend, stream, 0)
     step, t0, last = 0, time.perf_counter(), []
     while step < WARMUP_STEPS or (time.perf_counter() - t0 < warmup_s and step < WARMUP_MAX):
@@ -58,11 +71,10 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
         train(backend, config, stream, {}, cv, step + 5, LoopOptions(start_step=step, progress=False))
         step, last = step + 5, cv.time_s
     probe, _ = contention.default_probe(worker.device)
-    _reply({"ready": True, "setup_s": setup_s, "compile_s": compile_s, "warmup_steps": step,
-            "warmup_s": time.perf_counter() - t0, "step_s": float(np.median(last)), "next_step": step,
-            "backend_info": backend.describe(), "pid": os.getpid(), "gpu_evidence": probe.gpu is not None})
-    for line in sys.stdin:
-        msg = json.loads(line)
+    reply(Ready(setup_s=setup_s, compile_s=compile_s, warmup_steps=step, warmup_s=time.perf_counter() - t0,
+                 step_s=float(np.median(last)), next_step=step, backend_info=backend.describe(), pid=os.getpid(),
+                 gpu_evidence=probe.gpu is not None).to_dict())
+    for msg in messages():
         if msg.get("quit"):
             break
         if "siblings" in msg:
@@ -77,8 +89,8 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
         backend.synchronize()  # nothing of this burst left on the device when the next contender starts
         b = probe.snapshot()
         if outcome.status != "completed":
-            raise RuntimeError(f"{backend_name}: a timing burst did not complete: {outcome.status}")
-        _reply({"start": start, "times": cv.time_s, "chunk": contention.chunk(a, b, start, n)})
+            raise RuntimeError(f"{backend_name}: a timing burst did not complete: {outcome.text}")
+        reply({"start": start, "times": cv.time_s, "chunk": contention.chunk(a, b, start, n)})
     return 0
 
 

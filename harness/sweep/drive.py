@@ -19,8 +19,10 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.run import plan as run_plan
-from harness.run import records
-from harness.run.records import RunPaths, SweepPaths
+from harness.store import RunPaths, SweepPaths, check_writable
+from harness.store.paths import corpus_copy
+from harness.store.spec import DataInfo
+from harness.store.sweep import RERUNNABLE, ExecutorSettings, PairedEntry, SweepCell, SweepManifest, SweepSettings
 from harness.sweep import manifest as mf
 from harness.sweep.plans import cell_doc, check_paired_memory, check_plans, has_run, plan_of, validate
 from harness.sweep.spec import SweepSpec, check_count, expand
@@ -37,87 +39,98 @@ def resume_line(m: mf.Manifest) -> str:
 
 def executor_of(m: mf.Manifest, progress: bool, wait: bool = True) -> Any:
     """The executor the sweep's manifest names: local (this machine) or SLURM (a job array)."""
-    ex = m.doc["executor"]
-    if ex["kind"] == "slurm":
+    ex = m.doc.executor
+    if ex.kind == "slurm":
         from harness.sweep.slurm import SlurmExecutor
 
-        return SlurmExecutor.from_settings(m.paths.slurm, ex.get("slurm", {}), wait=wait,
-                                           job_name=f"harness-{m.doc['spec'].get('name', 'sweep')}")
+        return SlurmExecutor.from_settings(m.paths.slurm, ex.slurm, wait=wait, job_name=f"harness-{m.doc.spec.name}")
     from harness.sweep.executors import LocalExecutor
 
-    return LocalExecutor(jobs=ex.get("jobs", 1), progress=progress)
+    return LocalExecutor(jobs=ex.jobs, progress=progress)
 
 
-def run_cells(m: mf.Manifest, todo: list[dict], corpus: object, progress: bool, wait: bool,
-               paired: list[dict] | None = None) -> int:
+class Events:
+    """What the executor says of each cell and paired entry (started, queued, running, finished): their state and
+    attempts set in the manifest, a line on stderr; `notify` saves the manifest once per call."""
+
+    def __init__(self, m: mf.Manifest, total: int):
+        self.m, self.total = m, total
+        self.done = self.started = 0
+        self.begun: set[int] = set()  # cells an executor started or submitted
+        self.contended = m.doc.executor.contended
+
+    def notify(self, items: SweepCell | PairedEntry | list[SweepCell | PairedEntry], event: str) -> None:
+        for item in items if isinstance(items, list) else [items]:
+            if isinstance(item, PairedEntry):
+                self.entry(item, event)
+            else:
+                self.cell(item, event)
+        self.m.save()  # once per call: a submitted array of 1000 cells is one write of the manifest, not 1000
+
+    def cell(self, cell: SweepCell, event: str) -> None:
+        if event in ("started", "queued"):
+            cell.attempts += 1
+            cell.status = "running" if event == "started" else "queued"
+            self.begun.add(cell.index)
+            if event == "started":
+                cell.contended = cell.contended or self.contended
+                self.started += 1
+                print(f"[{self.started}/{self.total}] {cell.key}: run {cell.run_id}", file=sys.stderr, flush=True)
+        elif event == "running":
+            cell.status = "running"
+            print(f"  running {cell.key} (job {cell.job})", file=sys.stderr, flush=True)
+        elif event == "finished":
+            state, rec = mf.record_status(self.m.out, cell)
+            cell.status = "interrupted" if state == "running" else state  # a record left 'running' was killed
+            self.done += 1
+            info = mf.cell_summary(rec)
+            print(f"  {cell.key}: {cell.status} {info['steps']} val {info['val_loss']} "
+                  f"({self.done}/{self.total} done)", file=sys.stderr, flush=True)
+
+    def entry(self, entry: PairedEntry, event: str) -> None:
+        if event in ("started", "queued"):
+            entry.attempts += 1
+            entry.status = "running" if event == "started" else "queued"
+            where = f" as SLURM job {entry.job}" if event == "queued" else ""
+            print(f"  paired timing {entry.key}{where}", file=sys.stderr, flush=True)
+        elif event == "running":
+            entry.status = "running"
+        elif event == "finished":
+            from harness.timing import paired
+
+            state, doc = mf.paired_status(self.m.out, entry)
+            entry.status = "interrupted" if state == "running" else state  # a record left 'running' was killed
+            line = paired.headline(doc) if doc else "no record"
+            print(f"  {entry.key}: {entry.status}; {line}", file=sys.stderr, flush=True)
+
+
+def run_cells(m: mf.Manifest, todo: list[SweepCell], corpus: object, progress: bool, wait: bool,
+              paired: list[PairedEntry] | None = None) -> int:
     """Give every cell of `todo` a run directory (spec.json) and run them, each block's paired timing (`paired`)
     after its last cell; the manifest follows every event.
 
     Should anything fail before a cell was started or submitted (a full disk while the specs are written, sbatch
     refusing the array), the run directories made here for those cells are removed again, so no run directory
     exists that the manifest does not list."""
-    spec = m.doc["spec"]
-    total = len(todo)
-    done, started = [0], [0]
-    contended = m.doc["executor"]["kind"] == "local" and m.doc["executor"].get("jobs", 1) > 1
-    fresh: list[dict] = []  # cells given a run directory here
-    begun: set[int] = set()  # cells an executor started or submitted
-
-    def event_of(item: dict, event: str) -> None:
-        """One cell's or paired entry's event, in memory (`notify` saves the manifest)."""
-        entry = item.get("kind") == "paired"
-        if event in ("started", "queued"):
-            item["attempts"] = item.get("attempts", 0) + 1
-            item["status"] = "running" if event == "started" else "queued"
-            if entry:
-                where = f" as SLURM job {item['job_ids'][-1]}" if event == "queued" else ""
-                print(f"  paired timing {item['key']}{where}", file=sys.stderr, flush=True)
-                return
-            begun.add(item["index"])
-            if event == "started":
-                item["contended"] = item.get("contended") or contended
-                started[0] += 1
-                print(f"[{started[0]}/{total}] {item['key']}: run {item['run_id']}", file=sys.stderr, flush=True)
-        elif event == "running":
-            item["status"] = "running"
-            if not entry:
-                print(f"  running {item['key']} (job {item['job_ids'][-1]})", file=sys.stderr, flush=True)
-        elif event == "finished":
-            state, rec = (mf.paired_status if entry else mf.record_status)(m.out, item)
-            item["status"] = "interrupted" if state == "running" else state  # a record left 'running' was killed
-            if entry:
-                from harness.timing import paired
-
-                line = paired.headline(rec) if rec else "no record"
-                print(f"  {item['key']}: {item['status']}; {line}", file=sys.stderr, flush=True)
-            else:
-                done[0] += 1
-                info = mf.cell_summary(item, rec)
-                print(f"  {item['key']}: {item['status']} {info['steps']} val {info['val_loss']} "
-                      f"({done[0]}/{total} done)", file=sys.stderr, flush=True)
-
-    def notify(items: dict | list[dict], event: str) -> None:
-        for item in [items] if isinstance(items, dict) else items:
-            event_of(item, event)
-        m.save()  # once per call: a submitted array of 1000 cells is one write of the manifest, not 1000
-
+    events = Events(m, len(todo))
+    fresh: list[SweepCell] = []  # cells given a run directory here
     executor = executor_of(m, progress, wait)
     try:
         for cell in todo:
             if not has_run(m, cell):
-                cell["run_id"] = None
+                cell.run_id = None
                 fresh.append(cell)
-                cell["run_id"] = run_plan.write_spec(plan_of(m, cell, corpus, progress))
+                cell.run_id = run_plan.write_spec(plan_of(m, cell, corpus, progress)).run_id
         for entry in paired or []:
-            mf.ensure_paired_doc(m.out, entry, m.cells, spec.get("threads"))
+            mf.ensure_paired_doc(m.out, entry, m.cells, m.doc.spec.threads)
         m.save()
-        return executor.run(m.out, mf.ordered(todo, paired or []), notify)
+        return executor.run(m.out, mf.ordered(todo, paired or []), events.notify)
     except BaseException as exc:
-        unborn = [c for c in fresh if c["index"] not in begun]
+        unborn = [c for c in fresh if c.index not in events.begun]
         for cell in unborn:
-            if cell.get("run_id"):
-                shutil.rmtree(records.run_dir(m.out, cell["run_id"]), ignore_errors=True)
-            cell["run_id"] = None
+            if cell.run_id:
+                shutil.rmtree(m.run(cell).dir, ignore_errors=True)
+            cell.run_id = None
         if unborn:
             with contextlib.suppress(OSError):
                 m.save()
@@ -158,7 +171,7 @@ def finish(m: mf.Manifest, code: int, write_report: ReportWriter | None) -> int:
     if cells.get("queued") or cells.get("running"):
         print(f"follow with `harness status {m.sweep_id} --out {shlex.quote(str(m.out))}`", file=sys.stderr)
         return 0
-    rerun = [f"{cells[k]} {k}" for k in mf.RERUNNABLE if cells.get(k)]
+    rerun = [f"{cells[k]} {k}" for k in RERUNNABLE if cells.get(k)]
     if rerun:  # e.g. a cell whose job was cancelled: say how to go on (it continues from its checkpoint)
         print(f"{', '.join(rerun)}: run them again (each from its last checkpoint) with {again}", file=sys.stderr)
     return 0 if cells.get("completed", 0) == len(m.cells) else 1
@@ -171,21 +184,22 @@ def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: 
     any cell ran or was submitted leaves nothing behind."""
     check_count(spec, yes)  # by arithmetic: nothing is built for a sweep that is refused for its size
     cells = expand(spec)
+    ex = ExecutorSettings.from_dict(executor)  # checked by harness.sweep.settings.check_executor
     slurm = None
-    if executor["kind"] == "slurm":
+    if ex.kind == "slurm":
         from harness.sweep.slurm import SlurmExecutor, check_cluster
 
-        check_cluster(executor["slurm"].get("partition"))
-        slurm = SlurmExecutor.from_settings(SweepPaths(Path(out).resolve(), "ID").slurm, executor["slurm"],
+        check_cluster(ex.slurm.partition)
+        slurm = SlurmExecutor.from_settings(SweepPaths(Path(out).resolve(), "ID").slurm, ex.slurm,
                                             job_name=f"harness-{spec.name}")
     cell_docs = [cell_doc(c, spec) for c in cells]
     entries = mf.paired_entries("ID", cell_docs, spec.paired_rounds)  # their paths name the sweep once it has an id
-    corpus = validate(spec, cells, out, data, entries, jobs=executor["jobs"] if executor["kind"] == "local" else 1)
+    corpus = validate(spec, cells, out, data, entries, jobs=ex.jobs if ex.kind == "local" else 1)
     if slurm is not None:  # sbatch --test-only: what sbatch would refuse, refused now
-        slurm.check_submission(len(cells), (len(entries), max((len(e["members"]) for e in entries), default=0)))
+        slurm.check_submission(len(cells), (len(entries), max((len(e.members) for e in entries), default=0)))
     groups = len({c.group for c in cells})
-    where = ("one at a time on this machine" if executor["kind"] == "local" and executor["jobs"] == 1 else
-             f"{executor['jobs']} at a time on this machine (timings contended)" if executor["kind"] == "local"
+    where = ("one at a time on this machine" if ex.kind == "local" and ex.jobs == 1 else
+             f"{ex.jobs} at a time on this machine (timings contended)" if ex.kind == "local"
              else "as a SLURM job array")
     print(f"sweep: {len(cells)} cells ({groups} groups x {len(spec.seeds)} seeds), {where}", file=sys.stderr)
     if len({c.device for c in cells}) > 1 and spec.backend_devices:
@@ -193,28 +207,27 @@ def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: 
         print(f"sweep: note: {pinned}: cells on different devices are never timed side by side (no speed verdict "
               "between them)", file=sys.stderr)
     before = _existing(out, corpus)
-    sweep_id = mf.new_sweep_id(out, spec.name)
-    m = mf.Manifest(out, {
-        "schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "sweep_id": sweep_id,
-        "created_at": utc_now(), "spec": spec.to_dict(),
-        "executor": executor, "data": {"path": corpus.path, "sha256": corpus.sha256},  # type: ignore[attr-defined]
-        "cells": cell_docs})
+    paths = SweepPaths.new(Path(out), spec.name)
     for entry in entries:
-        entry["path"] = mf.paired_path(sweep_id, entry["index"])
-    m.doc["paired"] = entries
+        entry.path = mf.paired_path(paths.sweep_id, entry.index)
+    m = mf.Manifest(paths, SweepManifest(
+        sweep_id=paths.sweep_id, created_at=utc_now(), spec=SweepSettings.from_dict(spec.to_dict()),
+        executor=ex,
+        data=DataInfo(path=corpus.path, sha256=corpus.sha256),  # type: ignore[attr-defined]
+        cells=cell_docs, paired=entries))
     own(m)
     try:
         m.save()
-        print(f"sweep {sweep_id}: manifest {m.path}", file=sys.stderr)
-        if m.doc["paired"]:
-            print(f"sweep: {len(m.doc['paired'])} paired timings (each block's backends side by side after its "
+        print(f"sweep {paths.sweep_id}: manifest {m.path}", file=sys.stderr)
+        if m.paired:
+            print(f"sweep: {len(m.paired)} paired timings (each block's backends side by side after its "
                   f"cells, {spec.paired_rounds} undisturbed rounds)", file=sys.stderr)
-        code = run_cells(m, m.cells, corpus, progress=progress, wait=wait, paired=m.doc["paired"])
+        code = run_cells(m, m.cells, corpus, progress=progress, wait=wait, paired=m.paired)
     except DiskFull as exc:
         print(exc, file=sys.stderr)
         return 2
     except (UsageError, OSError):
-        if not any(c.get("attempts") for c in m.cells):  # nothing ran or was submitted: leave nothing behind
+        if not any(c.attempts for c in m.cells):  # nothing ran or was submitted: leave nothing behind
             _discard(m, before)
         raise
     return finish(m, code, write_report)
@@ -224,18 +237,18 @@ def _existing(out: Path, corpus: object) -> set[Path]:
     """The paths a new sweep may create (its --out, runs/, sweeps/, data/, the corpus copy) that exist already."""
     out = Path(out)
     paths = [out, RunPaths.root(out), SweepPaths.root(out), out / "data",
-             records.corpus_copy(out, corpus.sha256)]  # type: ignore[attr-defined]
+             corpus_copy(out, corpus.sha256)]  # type: ignore[attr-defined]
     return {p for p in paths if p.exists()}
 
 
 def _discard(m: mf.Manifest, before: set[Path]) -> None:
     """Remove a new sweep that never started a cell: its run directories, its manifest and what it created."""
     for cell in m.cells:
-        if cell.get("run_id"):
-            shutil.rmtree(records.run_dir(m.out, cell["run_id"]), ignore_errors=True)
+        if cell.run_id:
+            shutil.rmtree(m.run(cell).dir, ignore_errors=True)
     shutil.rmtree(m.dir, ignore_errors=True)
     out = Path(m.out)
-    copy = records.corpus_copy(out, m.doc["data"]["sha256"])
+    copy = corpus_copy(out, m.doc.data.sha256)
     if copy not in before:
         with contextlib.suppress(OSError):
             copy.unlink()
@@ -255,32 +268,32 @@ def resume(out: Path, sweep_id: str, *, jobs: int | None = None, progress: bool 
     from harness.core.data import load_corpus
 
     m = mf.Manifest.load(out, sweep_id)  # schema, executor settings and cell configs checked
-    ex = m.doc["executor"]
-    if jobs and ex["kind"] == "local":
-        ex["jobs"] = jobs
+    ex = m.doc.executor
+    if jobs and ex.kind == "local":
+        ex.jobs = jobs
     elif jobs:
         raise UsageError(f"--jobs is for the local executor and sweep {m.sweep_id} runs on SLURM; drop --jobs")
     if local_alive(m):
         raise UsageError(f"sweep {m.sweep_id} is still running (or waiting for its jobs) in process "
-                         f"{m.doc['owner']['pid']}; wait for it or stop it first")
-    if ex["kind"] == "slurm":
+                         f"{m.doc.owner.pid if m.doc.owner else '?'}; wait for it or stop it first")
+    if ex.kind == "slurm":
         from harness.sweep.slurm import check_cluster
 
-        check_cluster(ex.get("slurm", {}).get("partition"))
-    corpus = load_corpus(m.doc["data"]["path"])
-    if corpus.sha256 != m.doc["data"]["sha256"]:
+        check_cluster(ex.slurm.partition)
+    corpus = load_corpus(m.doc.data.path)
+    if corpus.sha256 != m.doc.data.sha256:
         raise UsageError(f"data file {corpus.path!r} changed since the sweep started; restore it")
     if not refresh(m).squeue_answered:  # which jobs still run is unknown: submitting now could run a cell twice
         raise UsageError(f"squeue did not answer, so whether the jobs of sweep {m.sweep_id} still run is unknown and "
                          "nothing is submitted again; retry `harness resume` once squeue answers")
-    todo = [c for c in m.cells if c["status"] in mf.RERUNNABLE]
-    ptodo = [e for e in m.doc.get("paired") or [] if e["status"] in mf.PAIRED_RERUNNABLE]
-    check_plans([plan_of(m, c, corpus) for c in todo], ex.get("jobs", 1) if ex["kind"] == "local" else 1)
-    check_paired_memory({i: plan_of(m, m.cells[i], corpus) for e in ptodo for i in e["members"]}, ptodo)
-    if (todo or ptodo) and ex["kind"] == "slurm":
+    todo = [c for c in m.cells if c.status in RERUNNABLE]
+    ptodo = [e for e in m.paired if e.status in mf.PAIRED_RERUNNABLE]
+    check_plans([plan_of(m, c, corpus) for c in todo], ex.jobs if ex.kind == "local" else 1)
+    check_paired_memory({i: plan_of(m, m.cells[i], corpus) for e in ptodo for i in e.members}, ptodo)
+    if (todo or ptodo) and ex.kind == "slurm":
         executor_of(m, progress=False).check_submission(
-            len(todo), (len(ptodo), max((len(e["members"]) for e in ptodo), default=0)))
-    busy = sum(c["status"] in ("queued", "running") for c in m.cells)
+            len(todo), (len(ptodo), max((len(e.members) for e in ptodo), default=0)))
+    busy = sum(c.status in ("queued", "running") for c in m.cells)
     print(f"sweep {m.sweep_id}: {len(todo)} of {len(m.cells)} cells to run"
           + (f", {len(ptodo)} paired timings" if ptodo else "")
           + (f", {busy} still queued or running (left alone)" if busy else ""), file=sys.stderr)
@@ -297,6 +310,6 @@ def resume(out: Path, sweep_id: str, *, jobs: int | None = None, progress: bool 
 def report(out: Path, sweep_id: str, write_report: ReportWriter) -> Path:
     """Rebuild the report of sweep `sweep_id` from its records (its cells' states refreshed first)."""
     m = mf.Manifest.load(out, sweep_id)
-    records.check_writable(out)
+    check_writable(out)
     refresh(m)
     return write_report(m.out, m.sweep_id)

@@ -11,7 +11,7 @@ caller reads the records.
   at any moment leaves no worker training unsupervised.
 - `SlurmExecutor` (harness/sweep/slurm.py): the cells as SLURM job arrays through submitit.
 
-The list may also hold paired-timing entries (`kind` "paired", harness.sweep.manifest): their command is `python -m
+The list may also hold paired-timing entries (harness.store.sweep.PairedEntry): their command is `python -m
 harness --worker paired <record>` (`paired_command`), which starts every contender on the machine it runs on (one
 node), alive at once, and times them in alternating bursts. Locally they run one at a time, never beside a training
 cell: with `jobs=N` after the pool of cells. Both command lines come from harness.run.processes.child_command, the one
@@ -31,13 +31,15 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.errors import UsageError
-from harness.run import records, supervise
+from harness.run import supervise
 from harness.run.processes import child_command
-from harness.sweep.manifest import paired_record
+from harness.store import RunPaths
+from harness.store.sweep import PairedEntry, SweepCell
 
-# (cell, or several cells at once, event) -> None; events: "started", "queued", "running", "finished". Several cells
-# in one call (a submitted job array, the jobs one poll found over) are one write of the manifest, not one each.
-Notify = Callable[[dict | list[dict], str], None]
+Item = SweepCell | PairedEntry  # what an executor runs: a cell's worker, or a paired entry's coordinator
+# (item, or several at once, event) -> None; events: "started", "queued", "running", "finished". Several items in one
+# call (a submitted job array, the jobs one poll found over) are one write of the manifest, not one each.
+Notify = Callable[[Item | list[Item], str], None]
 
 
 class Executor(Protocol):
@@ -45,29 +47,34 @@ class Executor(Protocol):
 
     kind: str
 
-    def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
+    def run(self, out: Path, cells: list[Item], notify: Notify) -> int:
         """Run `cells` (each with a run_id whose spec exists); returns 0, or 130 when interrupted."""
         ...
 
 
-def paired_command(out: Path, entry: dict) -> list[str]:
+def cell_run(out: Path, cell: SweepCell) -> RunPaths:
+    """The run directory of `cell` (it has a run id)."""
+    return RunPaths(Path(out), cell.run_id or "")
+
+
+def paired_command(out: Path, entry: PairedEntry) -> list[str]:
     """The command of a paired-timing entry: a coordinator that adds one session to its record."""
-    return child_command("paired", paired_record(out, entry))
+    return child_command("paired", entry.record(out))
 
 
-def run_paired_entry(out: Path, entry: dict, progress: bool) -> int:
+def run_paired_entry(out: Path, entry: PairedEntry, progress: bool) -> int:
     """A paired-timing entry in this process (its record exists: harness.sweep.manifest.ensure_paired_doc)."""
     from harness.run import paired_timing
 
     try:
-        doc = paired_timing.run(paired_record(out, entry), progress=progress)
+        doc = paired_timing.run(entry.record(out), progress=progress)
     except KeyboardInterrupt:
         return 130
     except UsageError as exc:  # a damaged record: this entry fails, the sweep's other cells go on
-        print(f"harness: error: paired timing {entry['key']}: {exc}", file=sys.stderr)
+        print(f"harness: error: paired timing {entry.key}: {exc}", file=sys.stderr)
         return 1
-    last = doc["sessions"][-1] if doc.get("sessions") else {}
-    return 1 if last.get("status") == "failed" else 0
+    last = doc.last_session
+    return 1 if last is not None and last.status == "failed" else 0
 
 
 def worker_command(run_dir: Path, backend: str, resume: bool) -> list[str]:
@@ -88,14 +95,14 @@ class LocalExecutor:
         self.jobs, self.progress = jobs, progress
         self.worker_error = False  # a worker exited with status 2 (it printed its one error line itself)
 
-    def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
+    def run(self, out: Path, cells: list[Item], notify: Notify) -> int:
         if self.jobs <= 1:
             return self._serial(out, cells, notify)
         return self._parallel(out, cells, notify)
 
-    def _serial(self, out: Path, cells: list[dict], notify: Notify) -> int:
+    def _serial(self, out: Path, cells: list[Item], notify: Notify) -> int:
         for cell in cells:
-            if cell.get("kind") == "paired":
+            if isinstance(cell, PairedEntry):
                 notify(cell, "started")
                 code = run_paired_entry(out, cell, self.progress)
                 notify(cell, "finished")
@@ -103,21 +110,20 @@ class LocalExecutor:
                     return 130
                 continue
             notify(cell, "started")
-            directory = records.run_dir(out, cell["run_id"])
-            codes = supervise.execute(directory, [cell["backend"]], resume=True,
-                                   progress=self.progress, threads=cell.get("threads"))
-            self.worker_error = self.worker_error or codes.get(cell["backend"]) == 2
+            codes = supervise.execute(cell_run(out, cell), [cell.backend], resume=True, progress=self.progress,
+                                      threads=cell.threads)
+            self.worker_error = self.worker_error or codes.get(cell.backend) == 2
             notify(cell, "finished")
-            if codes.get(cell["backend"]) == 130:
+            if codes.get(cell.backend) == 130:
                 return 130
         return 0
 
-    def _parallel(self, out: Path, cells: list[dict], notify: Notify) -> int:
+    def _parallel(self, out: Path, cells: list[Item], notify: Notify) -> int:
         """Up to `jobs` workers at once, started and watched from this (the main) thread; the paired-timing entries
         after them, one at a time."""
-        entries = [c for c in cells if c.get("kind") == "paired"]
-        queue = [c for c in cells if c.get("kind") != "paired"]
-        running: dict[subprocess.Popen, dict] = {}
+        entries: list[Item] = [c for c in cells if isinstance(c, PairedEntry)]
+        queue = [c for c in cells if isinstance(c, SweepCell)]
+        running: dict[subprocess.Popen, SweepCell] = {}
         interrupted = False
 
         def reap(proc: subprocess.Popen, stopped_by: str | None = None, killed: bool = False) -> None:
@@ -126,8 +132,8 @@ class LocalExecutor:
             code = proc.returncode
             self.worker_error = self.worker_error or code == 2
             if code < 0:  # killed by a signal: its record must not stay "running"
-                supervise.mark_ended(records.run_dir(out, cell["run_id"]), cell["backend"], -code,
-                                  stopped_by=stopped_by, killed_by_us=killed)
+                supervise.mark_ended(cell_run(out, cell), cell.backend, -code, stopped_by=stopped_by,
+                                     killed_by_us=killed)
             interrupted = interrupted or code == 130 or stopped_by is not None
             notify(cell, "finished")
 
@@ -136,8 +142,8 @@ class LocalExecutor:
                 while queue and len(running) < self.jobs:
                     cell = queue.pop(0)
                     notify(cell, "started")
-                    proc = supervise.spawn_worker(records.run_dir(out, cell["run_id"]), cell["backend"], resume=True,
-                                               progress=False, threads=cell.get("threads"))
+                    proc = supervise.spawn_worker(cell_run(out, cell), cell.backend, resume=True, progress=False,
+                                                  threads=cell.threads)
                     running[proc] = cell
                 for proc in [p for p in running if p.poll() is not None]:
                     reap(proc)
@@ -148,7 +154,7 @@ class LocalExecutor:
         return 130 if interrupted else self._serial(out, entries, notify)
 
     @staticmethod
-    def _stop(running: dict[subprocess.Popen, dict], reap: Callable[..., None]) -> None:
+    def _stop(running: dict[subprocess.Popen, SweepCell], reap: Callable[..., None]) -> None:
         """Ctrl-C / SIGTERM: each worker gets one SIGINT (it saves its record as interrupted and exits); one that
         has not exited `launch.KILL_GRACE_S` seconds later is killed. Further signals wait until this is done."""
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -163,7 +169,7 @@ class LocalExecutor:
                     reap(proc, stopped_by="SIGINT")
                 time.sleep(0.05)
             for proc in list(running):
-                print(f"{running[proc]['backend']}: the worker did not stop {supervise.KILL_GRACE_S:g} s after SIGINT; "
+                print(f"{running[proc].backend}: the worker did not stop {supervise.KILL_GRACE_S:g} s after SIGINT; "
                       "killing it (SIGKILL)", file=sys.stderr, flush=True)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -46,9 +46,10 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from harness.errors import UsageError
-from harness.run import records
 from harness.run.processes import child_env, pdeathsig
-from harness.sweep.executors import Notify, paired_command, worker_command
+from harness.store import os_error_message
+from harness.store.sweep import PairedEntry, SlurmSettings, SweepCell
+from harness.sweep.executors import Notify, cell_run, paired_command, worker_command
 from harness.sweep.settings import DEFAULT_TIME_MIN, check_text, parse_sbatch
 
 ALIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
@@ -205,12 +206,13 @@ class SlurmExecutor:
             self.params["additional_parameters"] = extra
 
     @classmethod
-    def from_settings(cls, folder: Path, slurm: dict, wait: bool = True, job_name: str = "harness") -> SlurmExecutor:
+    def from_settings(cls, folder: Path, slurm: SlurmSettings, wait: bool = True,
+                      job_name: str = "harness") -> SlurmExecutor:
         """From the `slurm` settings of a sweep (already checked by harness.sweep.settings)."""
-        return cls(folder, partition=slurm.get("partition"), gpus_per_job=slurm.get("gpus_per_job"),
-                   cpus_per_job=slurm.get("cpus_per_job"), mem_gb=slurm.get("mem_gb"),
-                   time_min=slurm.get("time_min") or DEFAULT_TIME_MIN, sbatch=slurm.get("sbatch"),
-                   array_parallelism=slurm.get("array_parallelism"), wait=wait, job_name=job_name)
+        return cls(folder, partition=slurm.partition, gpus_per_job=slurm.gpus_per_job,
+                   cpus_per_job=slurm.cpus_per_job, mem_gb=slurm.mem_gb,
+                   time_min=slurm.time_min or DEFAULT_TIME_MIN, sbatch=slurm.sbatch,
+                   array_parallelism=slurm.array_parallelism, wait=wait, job_name=job_name)
 
     def params_for(self, members: int = 0) -> dict:
         """The sbatch parameters of a training array (`members` 0) or of the paired timings' array whose elements
@@ -256,14 +258,14 @@ class SlurmExecutor:
                                  "the [slurm] settings or the flags (--partition, --gpus-per-job, --cpus-per-job, "
                                  "--mem-gb, --time-min, --sbatch)")
 
-    def submit(self, out: Path, cells: list[dict], dependency: str | None = None) -> list[str]:
+    def submit(self, out: Path, cells: list[SweepCell | PairedEntry], dependency: str | None = None) -> list[str]:
         """Submit `cells` as one job array (one plain job for a single cell); returns their job ids, in order.
 
-        Paired-timing entries (`kind` "paired") go as their own array, after `dependency` (the training jobs they
+        Paired-timing entries go as their own array, after `dependency` (the training jobs they
         time): each element starts every contender of its block on one node, so its memory is theirs together."""
         executor = submitit.SlurmExecutor(folder=self.folder)
-        paired = [c for c in cells if c.get("kind") == "paired"]
-        params = self.params_for(max((len(c["members"]) for c in paired), default=0))
+        paired = [c for c in cells if isinstance(c, PairedEntry)]
+        params = self.params_for(max((len(c.members) for c in paired), default=0))
         if dependency:
             params["dependency"] = dependency
         executor.update_parameters(job_name=self.job_name + ("-paired" if paired else ""), **params)
@@ -272,9 +274,9 @@ class SlurmExecutor:
         said = io.StringIO()  # submitit prints sbatch's stderr itself when sbatch fails: that goes into our one line
         try:
             with contextlib.redirect_stderr(said), executor.batch():
-                jobs = [executor.submit(CellJob(str(out), "paired", c.get("threads"), paired_command(out, c))
-                                        if c.get("kind") == "paired" else
-                                        CellJob(str(records.run_dir(out, c["run_id"])), c["backend"], c.get("threads")))
+                jobs = [executor.submit(CellJob(str(out), "paired", None, paired_command(out, c))
+                                        if isinstance(c, PairedEntry) else
+                                        CellJob(str(cell_run(out, c).dir), c.backend, c.threads))
                         for c in cells]
         except BaseException:
             for name in set(os.listdir(self.folder)) - before:  # the pickles and script of a refused submission
@@ -284,17 +286,17 @@ class SlurmExecutor:
         sys.stderr.write(said.getvalue())
         return [str(job.job_id) for job in jobs]
 
-    def run(self, out: Path, cells: list[dict], notify: Notify) -> int:
+    def run(self, out: Path, cells: list[SweepCell | PairedEntry], notify: Notify) -> int:
         """Submit the cells as job arrays, then the paired-timing entries as one more array that starts once every
         training job of this submission is over (`afterany`), and wait for all of them unless `wait` is False."""
-        training = [c for c in cells if c.get("kind") != "paired"]
-        entries = [c for c in cells if c.get("kind") == "paired"]
+        training = [c for c in cells if not isinstance(c, PairedEntry)]
+        entries = [c for c in cells if isinstance(c, PairedEntry)]
         size = max_array_size()
         submitted, arrays = 0, []
         chunks = [training[i:i + size] for i in range(0, len(training), size)]
         chunks += [entries[i:i + size] for i in range(0, len(entries), size)]
         for chunk in chunks:
-            paired = chunk[0].get("kind") == "paired"
+            paired = isinstance(chunk[0], PairedEntry)
             after = f"afterany:{':'.join(arrays)}" if paired and arrays else None
             what = "paired timing(s)" if paired else "cell(s)"
             try:
@@ -303,10 +305,10 @@ class SlurmExecutor:
                 raise SubmissionError(f"sbatch refused the {'job array' if len(chunk) > 1 else 'job'} of "
                                       f"{len(chunk)} {what}: {sbatch_reason(str(exc))}", submitted) from None
             except OSError as exc:
-                raise SubmissionError(records.os_error_message(exc, "cannot submit the SLURM jobs"),
+                raise SubmissionError(os_error_message(exc, "cannot submit the SLURM jobs"),
                                       submitted) from None
             for cell, job_id in zip(chunk, job_ids):
-                cell.setdefault("job_ids", []).append(job_id)
+                cell.job_ids.append(job_id)
             notify(chunk, "queued")  # the whole array at once: one write of the manifest
             submitted += len(chunk)
             array, limit = job_ids[0].split("_")[0], self.params.get("array_parallelism")
@@ -321,9 +323,9 @@ class SlurmExecutor:
             return 0
         return self.follow(cells, notify)
 
-    def follow(self, cells: list[dict], notify: Notify) -> int:
+    def follow(self, cells: list[SweepCell | PairedEntry], notify: Notify) -> int:
         """Wait until every cell's job is over (result file written, or squeue no longer lists it as alive)."""
-        pending = {cell["job_ids"][-1]: cell for cell in cells}
+        pending = {cell.job: cell for cell in cells}
         seen_running: set[str] = set()
         failures = 0
         try:

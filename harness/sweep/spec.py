@@ -24,20 +24,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from harness.backends import DEFAULT_BACKEND, taking
+from harness.backends.declaration import listing
 from harness.config import nanogpt
 from harness.config.fields import SEED_MAX, Config, short
 from harness.config.load import load_config
 from harness.config.presets import PRESETS
 from harness.errors import UsageError
 from harness.files import type_words
-from harness.sweep.manifest import SWEEP_NAME_RE
+from harness.store.sweep import SWEEP_NAME_RE
 from harness.sweep.settings import check_slurm
 from harness.timing.paired import ROUNDS
 
 DEFAULT_SEED = 1337  # seeds = N means DEFAULT_SEED, DEFAULT_SEED + 1, ..., as `harness run --seed` defaults to 1337
 MAX_CELLS_WITHOUT_YES = 300
 MAX_CELLS = 10_000  # even with --yes: one manifest, one process following it; split a larger study into sweeps
-PRECISION_BACKENDS = ("torch", "flux")  # the backends that take a matmul precision option
 TOP_KEYS = {"name", "sizes", "configs", "backends", "seeds", "devices", "backend_devices", "precision", "dtype",
             "steps", "epochs",
             "eval_interval", "checkpoint_every", "threads", "text", "fields", "slurm", "executor", "jobs",
@@ -57,7 +58,7 @@ class SweepSpec:
     name: str = "sweep"
     sizes: list[str] = field(default_factory=list)
     configs: list[str] = field(default_factory=list)  # TOML paths (absolute once parsed)
-    backends: list[str] = field(default_factory=lambda: ["torch"])
+    backends: list[str] = field(default_factory=lambda: [DEFAULT_BACKEND])
     seeds: list[int] | range = field(default_factory=lambda: [DEFAULT_SEED])  # a count stays a range until expanded
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     backend_devices: dict[str, str] = field(default_factory=dict)  # `--device NAME=DEVICE`: that backend's cells
@@ -167,7 +168,8 @@ def parse_set(items: list[str], option: str = "--axis") -> dict[str, list[Any]]:
 def _backend_devices(value: Any, spec: SweepSpec) -> dict[str, str]:
     """`backend_devices = {torch = "cuda"}` (`--device torch=cuda`): the device of one backend's cells, checked."""
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise UsageError("sweep backend_devices must be a table of backend = device, e.g. {torch = \"cuda\"}")
+        raise UsageError(f"sweep backend_devices must be a table of backend = device, e.g. "
+                         f"{{{DEFAULT_BACKEND} = \"cuda\"}}")
     for name, device in value.items():
         if name not in spec.backends:
             raise UsageError(f"sweep backend_devices names {short(name)}, which is not one of the sweep's backends "
@@ -240,9 +242,9 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
     for key in ("precision", "dtype"):
         if key in doc:
             setattr(spec, key, _list(doc[key], key))
-    if spec.precision != [None] and not set(PRECISION_BACKENDS) & set(spec.backends):
+    if spec.precision != [None] and not taking("precision", spec.backends):
         # as `harness run --precision` with such backends: an option that would apply to no cell is an error
-        raise UsageError(f"precision applies to {' and '.join(PRECISION_BACKENDS)} only, and this sweep has "
+        raise UsageError(f"precision applies to {listing(taking('precision'))} only, and this sweep has "
                          f"{', '.join(spec.backends)}; drop precision or add one of those backends")
     fields = doc.get("fields", {})
     targets: dict[str, str] = {}  # the field each name sets: a field and its nanoGPT alias may not both be swept
@@ -280,8 +282,9 @@ def build_spec(doc: dict, base: Path) -> SweepSpec:
 
 def count_cells(spec: SweepSpec) -> int:
     """How many cells `expand(spec)` makes, by arithmetic alone (nothing is built: seeds = 2**40 is counted at once)."""
+    takers = taking("precision", spec.backends)
     per_seed = len(spec.devices) * len(spec.dtype) * sum(
-        len(spec.precision) if backend in PRECISION_BACKENDS else 1 for backend in spec.backends)
+        len(spec.precision) if backend in takers else 1 for backend in spec.backends)
     return (len(spec.sizes) + len(spec.configs)) * math.prod(len(v) for v in spec.fields.values()) \
         * len(spec.seeds) * per_seed
 
@@ -317,6 +320,7 @@ def expand(spec: SweepSpec) -> list[Cell]:
     """The cells of `spec` (the cross product of every axis), each Config validated; raises UsageError."""
     cells: list[Cell] = []
     names = list(spec.fields)
+    takers = taking("precision", spec.backends)  # the backends that take a matmul precision option
     for source, base in _base_configs(spec):
         schedule: dict[str, Any] = {}
         if spec.steps is not None:
@@ -336,7 +340,7 @@ def expand(spec: SweepSpec) -> list[Cell]:
                 for device in spec.devices:
                     for dtype in spec.dtype:
                         for backend in spec.backends:
-                            precisions = spec.precision if backend in PRECISION_BACKENDS else [None]
+                            precisions = spec.precision if backend in takers else [None]
                             where = spec.backend_devices.get(backend, device)
                             for precision in precisions:
                                 options = {k: v for k, v in (("dtype", dtype), ("precision", precision)) if v}

@@ -7,15 +7,15 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple
 
+from harness.store.sweep import DONE, Owner, PairedEntry, SweepCell
 from harness.sweep import manifest as mf
 
 
 def alive_jobs(m: mf.Manifest) -> dict[str, str] | None:
     """The SLURM jobs of the sweep's cells and paired entries that squeue lists as alive, with their state (one squeue
     call for both; {} for a local sweep or one without jobs); None when squeue cannot answer."""
-    items = [*m.cells, *(m.doc.get("paired") or [])]
-    jobs = [i["job_ids"][-1] for i in items if i.get("job_ids")]
-    if m.doc["executor"]["kind"] != "slurm" or not jobs:
+    jobs = [i.job for i in [*m.cells, *m.paired] if i.job]
+    if m.doc.executor.kind != "slurm" or not jobs:
         return {}
     from harness.sweep.slurm import is_alive, job_states
 
@@ -23,18 +23,19 @@ def alive_jobs(m: mf.Manifest) -> dict[str, str] | None:
     return None if states is None else {j: s for j, s in states.items() if is_alive(s)}
 
 
-def state_now(m: mf.Manifest, item: dict, state: str, alive: dict[str, str] | None) -> tuple[str, str]:
+def state_now(m: mf.Manifest, item: SweepCell | PairedEntry, state: str,
+              alive: dict[str, str] | None) -> tuple[str, str]:
     """(state, job id) of a cell or paired entry now: its job's, while squeue lists it alive, else its record's
     `state`, where a record left "running" is running only if this sweep's local process is running it. When squeue
     could not answer (`alive` None), a job stored as queued or running keeps that state unless its record says it
     completed: an unanswered squeue must never make a job that still runs look gone (and be submitted again)."""
-    job = item["job_ids"][-1] if item.get("job_ids") else ""
-    if alive is None and job and item.get("status") in ("queued", "running") and state != mf.DONE:
-        return item["status"], job
+    job = item.job
+    if alive is None and job and item.status in ("queued", "running") and state != DONE:
+        return item.status, job
     if alive is not None and job in alive:
         return ("running" if alive[job].startswith("RUNNING") else "queued"), job
     if state == "running":
-        local = item.get("status") == "running" and m.doc["executor"]["kind"] == "local" and local_alive(m)
+        local = item.status == "running" and m.doc.executor.kind == "local" and local_alive(m)
         state = "running" if local else "interrupted"
     return state, job
 
@@ -51,23 +52,26 @@ def refresh(m: mf.Manifest) -> Refreshed:
     """Each cell's and paired-timing entry's state now (from squeue, asked once, for SLURM jobs still alive, else from
     its record), set in `m` in memory."""
     alive = alive_jobs(m)
-    return Refreshed([_refresh_item(m, c, alive) for c in m.cells],
-                     [_refresh_item(m, e, alive) for e in m.doc.get("paired") or []], alive is not None)
+    return Refreshed([_refresh_cell(m, c, alive) for c in m.cells],
+                     [_refresh_entry(m, e, alive) for e in m.paired], alive is not None)
 
 
-def _refresh_item(m: mf.Manifest, item: dict, alive: dict[str, str] | None) -> dict:
-    """A cell's or paired entry's state now, set in it; its row of the status table."""
-    if item.get("kind") == "paired":
-        from harness.timing import paired
+def _refresh_entry(m: mf.Manifest, entry: PairedEntry, alive: dict[str, str] | None) -> dict:
+    """A paired entry's state now, set in it; its row of the status table."""
+    from harness.timing import paired
 
-        state, doc = mf.paired_status(m.out, item)
-        item["status"], job = state_now(m, item, state, alive)
-        return {"paired": item["index"], "key": item["key"], "status": item["status"], "job": job,
-                "rounds": paired.status_text(doc) if doc else ""}
-    state, rec = mf.record_status(m.out, item)
-    item["status"], job = state_now(m, item, state, alive)
-    return {"cell": item["index"], "key": item["key"], "status": item["status"], "run": item.get("run_id") or "",
-            "job": job, **mf.cell_summary(item, rec)}
+    state, doc = mf.paired_status(m.out, entry)
+    entry.status, job = state_now(m, entry, state, alive)
+    return {"paired": entry.index, "key": entry.key, "status": entry.status, "job": job,
+            "rounds": paired.status_text(doc) if doc else ""}
+
+
+def _refresh_cell(m: mf.Manifest, cell: SweepCell, alive: dict[str, str] | None) -> dict:
+    """A cell's state now, set in it; its row of the status table."""
+    state, rec = mf.record_status(m.out, cell)
+    cell.status, job = state_now(m, cell, state, alive)
+    return {"cell": cell.index, "key": cell.key, "status": cell.status, "run": cell.run_id or "", "job": job,
+            **mf.cell_summary(rec)}
 
 
 def counts(rows: list[dict]) -> dict[str, int]:
@@ -86,11 +90,11 @@ def local_alive(m: mf.Manifest) -> bool:
     import os
     import socket
 
-    owner = m.doc.get("owner") or {}
-    if owner.get("host") != socket.gethostname() or not owner.get("pid"):
+    owner = m.doc.owner
+    if owner is None or owner.host != socket.gethostname() or not owner.pid:
         return False
     try:
-        os.kill(int(owner["pid"]), 0)
+        os.kill(int(owner.pid), 0)
     except (OSError, ValueError):
         return False
     return True
@@ -101,7 +105,7 @@ def own(m: mf.Manifest) -> None:
     import os
     import socket
 
-    m.doc["owner"] = {"pid": os.getpid(), "host": socket.gethostname()}
+    m.doc.owner = Owner(pid=os.getpid(), host=socket.gethostname())
 
 
 def print_status(m: mf.Manifest) -> dict[str, int]:
@@ -109,7 +113,7 @@ def print_status(m: mf.Manifest) -> dict[str, int]:
     import pandas as pd
 
     rows, prows, answered = refresh(m)
-    print(f"sweep {m.sweep_id} ({m.doc['executor']['kind']}), {len(rows)} cells, under {m.out}")
+    print(f"sweep {m.sweep_id} ({m.doc.executor.kind}), {len(rows)} cells, under {m.out}")
     print(pd.DataFrame(rows).to_string(index=False))
     counted = counts(rows)
     print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counted.items())))

@@ -42,8 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import UsageError
-from harness.files import check_types, column, short_json
+from harness.store.contention import Contention
 
 RULE_VERSION = 1
 CHUNK_S = 0.5  # seconds of training per chunk (the machine state is read at its two ends)
@@ -322,45 +321,6 @@ def chunk(a: Snapshot, b: Snapshot, first_step: int, steps: int) -> dict:
     return out
 
 
-# The types of a chunk's fields as `chunk` writes them, against which a chunk read back from disk is checked
-# (`check_chunks`): the four every chunk has, then the ones it may leave out. null: not measured, or not finite.
-_NUMBER = (int, float, type(None))
-CHUNK_REQUIRED: dict[str, tuple[type, ...]] = {"step": (int,), "n": (int,), "wall_s": _NUMBER, "cpu_s": _NUMBER}
-CHUNK_OPTIONAL: dict[str, tuple[type, ...]] = {
-    **{k: _NUMBER for k in ("exec_s", "wait_s", "busy_s", "steal_s", "total_s", "others_cpu_s", "psi_some_s", "at",
-                            "threads", "ncpu")},
-    "load": (list, type(None)), "gpu": (list, type(None)),
-}
-GPU_STATE: dict[str, tuple[type, ...]] = {"sm_mhz": _NUMBER, "reasons": (int, type(None)),
-                                          "others": (int, type(None)), "own_listed": (bool, type(None))}
-
-
-def check_chunks(chunks: Any, path: str | os.PathLike, where: str, fix: str) -> None:
-    """UsageError (harness.files' one line, naming the field) unless `chunks` is a list of chunks of the types
-    `chunk` writes (`CHUNK_REQUIRED`, `CHUNK_OPTIONAL`, the GPU states of `GPU_STATE`), none starting before step 0
-    or holding no step: what `summarize` and `reasons` read cannot fail on them. Linear in the chunks: C-level
-    passes, a Python loop only over chunks that hold GPU states."""
-    if not isinstance(chunks, list):
-        raise UsageError(f"{str(path)!r} is invalid at field {where!r}: {short_json(chunks)} is not a list; {fix}")
-    check_types(chunks, path, f"{where}/{{}}", fix, (dict,))
-    for key, kinds in CHUNK_REQUIRED.items():
-        column(chunks, key, path, where, fix, kinds)
-    for key, kinds in CHUNK_OPTIONAL.items():
-        column(chunks, key, path, where, fix, kinds, optional=True)
-    if chunks and (min(c["step"] for c in chunks) < 0 or min(c["n"] for c in chunks) < 1):
-        raise UsageError(f"{str(path)!r} is invalid at field {where!r}: a chunk starts before step 0 or holds no "
-                         f"step; {fix}")
-    loads = [(i, c["load"]) for i, c in enumerate(chunks) if c.get("load")]
-    for i, load in loads:
-        check_types(load, path, f"{where}/{i}/load/{{}}", fix, _NUMBER)
-    for i, c in ((i, c) for i, c in enumerate(chunks) if c.get("gpu")):
-        states = c["gpu"]
-        check_types(states, path, f"{where}/{i}/gpu/{{}}", fix, (dict, type(None)))
-        for j, state in enumerate(states):
-            for key, kinds in GPU_STATE.items() if state else ():
-                check_types([state.get(key)], path, f"{where}/{i}/gpu/{j}/{key}", fix, kinds)
-
-
 def wait_fraction(c: dict) -> float | None:
     """Share of the threads' runnable time spent waiting for a CPU: wait / (wait + exec)."""
     w, e = c.get("wait_s"), c.get("exec_s")
@@ -425,62 +385,60 @@ def disturbed_steps(chunks: list[dict], n_steps: int) -> np.ndarray | None:
     return _flags(chunks, n_steps, [bool(reasons(c)) for c in chunks])
 
 
-def summarize(chunks: list[dict], n_steps: int, first: int) -> dict:
+def summarize(chunks: list[dict], n_steps: int, first: int) -> Contention:
     """`timings.contention` of a record: the share of steady steps disturbed, the rule, the evidence in short.
     `first`: the first steady step (harness.timing.steady.steady_start(n_steps)), used as given."""
     verdicts = [reasons(c) for c in chunks]  # each chunk judged once
     flags = _flags(chunks, n_steps, [bool(v) for v in verdicts])
     steady = max(0, n_steps - first)
-    out: dict[str, Any] = {"rule": RULE, "evidence": evidence(chunks), "chunks": len(chunks),
-                           "steady_steps": steady, "disturbed_steps": None, "contended_fraction": None,
-                           "mostly_disturbed": False}
+    out = Contention(rule=RULE, evidence=evidence(chunks), chunks=len(chunks), steady_steps=steady)
     if flags is not None and steady > 0:
         bad = int(flags[first:].sum())
-        out.update(disturbed_steps=bad, contended_fraction=bad / steady, mostly_disturbed=bad / steady > MOSTLY)
+        out.disturbed_steps, out.contended_fraction, out.mostly_disturbed = bad, bad / steady, bad / steady > MOSTLY
     counts: dict[str, int] = {}
     for v in verdicts:
         for kind, _ in v:
             counts[kind] = counts.get(kind, 0) + 1
-    out["disturbed_chunks"] = sum(1 for v in verdicts if v)
-    out["reasons"] = counts
+    out.disturbed_chunks = sum(1 for v in verdicts if v)
+    out.reasons = counts
     ratios = [c["cpu_s"] / c["wall_s"] for c in chunks if c.get("wall_s")]
     waits = [w for w in map(wait_fraction, chunks) if w is not None]
     steals = [s for s in map(steal_fraction, chunks) if s is not None]
     others = [c["others_cpu_s"] / c["wall_s"] for c in chunks if c.get("others_cpu_s") is not None and c["wall_s"]]
     loads = [x for c in chunks for x in c.get("load") or [] if x is not None]
-    out["cpu_per_wall"] = float(np.median(ratios)) if ratios else None
-    out["wait_fraction_median"] = float(np.median(waits)) if waits else None
-    out["wait_fraction_max"] = float(max(waits)) if waits else None
-    out["steal_fraction_max"] = float(max(steals)) if steals else None
-    out["others_cpus_median"] = float(np.median(others)) if others else None
-    out["load_range"] = [min(loads), max(loads)] if loads else None
-    out["threads_max"] = max((c["threads"] for c in chunks if c.get("threads")), default=None)
-    out["ncpu"] = next((c["ncpu"] for c in reversed(chunks) if c.get("ncpu")), None)
+    out.cpu_per_wall = float(np.median(ratios)) if ratios else None
+    out.wait_fraction_median = float(np.median(waits)) if waits else None
+    out.wait_fraction_max = float(max(waits)) if waits else None
+    out.steal_fraction_max = float(max(steals)) if steals else None
+    out.others_cpus_median = float(np.median(others)) if others else None
+    out.load_range = [min(loads), max(loads)] if loads else None
+    out.threads_max = max((c["threads"] for c in chunks if c.get("threads")), default=None)
+    out.ncpu = next((c["ncpu"] for c in reversed(chunks) if c.get("ncpu")), None)
     return out
 
 
-def disturbed_tag(summary: dict | None) -> str:
+def disturbed_tag(summary: Contention | None) -> str:
     """"mostly disturbed, 87% of steps" for a run whose `timings.contention` (`summarize`) is mostly disturbed,
     else "": every console line and table cell that shows such a run's speed carries it."""
-    if not isinstance(summary, dict) or not summary.get("mostly_disturbed"):
+    if summary is None or not summary.mostly_disturbed:
         return ""
-    frac = summary.get("contended_fraction")
+    frac = summary.contended_fraction
     return "mostly disturbed" + (f", {frac:.0%} of steps" if isinstance(frac, (int, float)) else "")
 
 
-def sentence(contention: dict | None, name: str = "") -> str:
+def sentence(summary: Contention | None, name: str = "") -> str:
     """One line for a report: how much of the steady state was disturbed, and by what."""
     who = f"{name}: " if name else ""
-    if not contention:
+    if summary is None:
         return f"{who}no contention evidence (no chunk of steps recorded)"
-    if contention.get("contended_fraction") is None:
+    if summary.contended_fraction is None:
         return f"{who}contention not measurable here (no per-thread schedstat)"
-    frac, n = contention["contended_fraction"], contention.get("steady_steps") or 0
-    if not contention.get("disturbed_steps"):
+    frac, n = summary.contended_fraction, summary.steady_steps or 0
+    if not summary.disturbed_steps:
         return f"{who}undisturbed ({n:,} steady steps, none judged disturbed)"
-    why = ", ".join(sorted(contention.get("reasons") or {}, key=lambda k: -contention["reasons"][k]))
-    mark = "; mostly disturbed: kept out of speed verdicts" if contention.get("mostly_disturbed") else ""
-    clean = n - contention["disturbed_steps"]
+    why = ", ".join(sorted(summary.reasons, key=lambda k: -summary.reasons[k]))
+    mark = "; mostly disturbed: kept out of speed verdicts" if summary.mostly_disturbed else ""
+    clean = n - summary.disturbed_steps
     source = f"figures from the {clean:,} undisturbed ones" if clean else "figures from all of them (none undisturbed)"
     return f"{who}{frac:.0%} of {n:,} steady steps disturbed ({why}); {source}{mark}"
 

@@ -1,5 +1,5 @@
-"""The paired-timing record (`<run>/paired.json`) and its analysis: rounds, undisturbed rounds, ratios with intervals,
-and the one speed-verdict rule (`judge`).
+"""The analysis of a paired-timing record (harness.store.paired.PairedRecord, `<run>/paired.json`): rounds,
+undisturbed rounds, ratios with intervals, and the one speed-verdict rule (`judge`).
 
 Pure: the reports and sweeps read it; the coordinator that writes it is harness.run.paired_timing.
 """
@@ -7,22 +7,14 @@ Pure: the reports and sweeps read it; the coordinator that writes it is harness.
 from __future__ import annotations
 
 import math
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.errors import UsageError
-from harness.files import check_types, check_version, column, lock_held, pid_alive, read_json, validate
+from harness.pages import NEUTRAL, OK, WARN
+from harness.store.paired import Burst, PairedRecord, Round
 from harness.timing import contention, stats
-
-SCHEMA = "nanogpt-parity/paired-timing"
-
-
-SCHEMA_VERSION = 1
-
 
 ROUNDS = 10  # undisturbed rounds wanted (the default of --paired-rounds)
 
@@ -39,138 +31,37 @@ MIN_USABLE_ROUNDS = 3  # fewer undisturbed rounds than this (and than half the w
 CV_MAX = 0.10  # a coefficient of variation of the paired ratios above this is said in the verdict
 
 
-# --- the record on disk --------------------------------------------------------------------------------------------
-# The most bytes a paired.json can hold: the longest session (MAX_ROUNDS undisturbed rounds asked, MAX_ROUNDS_FACTOR
-# times as many made) of two contenders at MAX_BURST steps a burst, at about 36 bytes a step time as
-# harness.run.records.json_bytes writes it, is 4,000 x 2 x 500 x 36 bytes = 144 MB plus 4 KB of evidence a burst;
-# twice that leaves room for a resumed session. Anything bigger is no paired timing the harness wrote.
-MAX_BYTES = 320 * 2**20
-
-SESSION_STATES = ["running", "completed", "incomplete", "interrupted", "failed"]
-_NUMBER = (int, float, type(None))  # null: a non-finite time
-_COUNT = {"type": "integer", "minimum": 1}
-_SECONDS = {"type": "number", "minimum": 0}
-_STEPS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
-# The record without its rounds (`check_rounds` checks those: one jsonschema pass per item would take seconds on
-# a long session). Every field a reader or the coordinator takes from it is typed; contenders may carry more
-# fields (a sweep's: the cell and its run id).
-JSON_SCHEMA: dict = {
-    "type": "object",
-    "required": ["schema", "contenders", "plan", "sessions"],
-    "properties": {
-        "schema": {"const": SCHEMA}, "schema_version": {"type": "integer"},
-        "label": {"type": ["string", "null"]}, "seed": {"type": ["integer", "null"]},
-        "contenders": {"type": "array", "minItems": 2, "items": {
-            "type": "object", "required": ["name", "backend"],
-            "properties": {"name": {"type": "string", "minLength": 1}, "backend": {"type": "string"},
-                           "run_dir": {"type": "string"}, "run_id": {"type": ["string", "null"]},
-                           "cell": {"type": ["integer", "null"]}, "options": {"type": ["object", "null"]},
-                           "device": {"type": ["string", "null"]}}}},
-        "threads": {"type": ["integer", "null"], "minimum": 1},
-        "plan": {"type": "object",
-                 "required": ["rounds", "max_rounds", "burst_s", "min_burst", "max_burst", "gap_s", "warmup_s"],
-                 "properties": {"rounds": _COUNT, "max_rounds": _COUNT, "burst_s": {"type": "number",
-                                                                                     "exclusiveMinimum": 0},
-                                "min_burst": _COUNT, "max_burst": _COUNT, "gap_s": _SECONDS,
-                                "warmup_steps": {"type": "integer", "minimum": 0}, "warmup_s": _SECONDS,
-                                "order": {"type": "string"}}},
-        "rule": {"type": ["object", "null"]},
-        "status": {"enum": ["pending", *SESSION_STATES]},
-        "created_at": {"type": "string"},
-        "sessions": {"type": "array", "items": {
-            "type": "object",
-            "properties": {"status": {"enum": SESSION_STATES}, "started_at": {"type": "string"},
-                           "finished_at": {"type": "string"}, "host": {"type": "string"},
-                           "failure": {"type": "string"}, "ready": {"type": "object"},
-                           "burst_steps": _STEPS, "burst_steps_after_first_round": _STEPS,
-                           "rounds": {"type": "array"}}}},
-    },
-}
-
-
-def check_rounds(doc: dict, path: Path, fix: str) -> None:
-    """Every round of every session: an object whose `bursts` map a name to {"start": step, "times": [seconds],
-    "chunk": contention evidence}, typed as the coordinator writes them (UsageError naming the field). Linear in
-    the record: C-level passes over each burst's times."""
-    for i, session in enumerate(doc["sessions"]):
-        where = f"sessions/{i}/rounds"
-        rounds = session.get("rounds") or []
-        check_types(rounds, path, where + "/{}", fix, (dict,))
-        column(rounds, "order", path, where, fix, (list,), optional=True)
-        for j, bursts in enumerate(column(rounds, "bursts", path, where, fix, (dict,))):
-            for name, burst in bursts.items():
-                at = f"{where}/{j}/bursts/{name}"
-                check_types([burst], path, at, fix, (dict,))
-                check_types([burst.get("start")], path, at + "/start", fix, (int, type(None)))
-                times = burst.get("times")
-                check_types([times], path, at + "/times", fix, (list,))
-                check_types(times, path, at + "/times/{}", fix, _NUMBER)
-                contention.check_chunks([burst.get("chunk")], path, at + "/chunk", fix)
-
-
-def load(path: Path) -> dict:
-    """A paired-timing record, read within `MAX_BYTES`, checked against `JSON_SCHEMA` and `check_rounds`; a session
-    left "running" by a coordinator that is gone (killed, its disk full) reads as "interrupted" (`abandoned`).
-    UsageError in one line naming the file (and the field) when it is unreadable or not one."""
-    fix = "delete it to time again"
-    if not os.path.lexists(path):
-        raise UsageError(f"paired-timing record {str(path)!r} does not exist")
-    doc = read_json(path, "paired-timing record", fix, MAX_BYTES, f"no paired timing writes so much; {fix}")
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise UsageError(f"{str(path)!r} is not a nanogpt-parity paired-timing record")
-    check_version(doc, path, SCHEMA_VERSION)
-    validate(doc, JSON_SCHEMA, path, fix)
-    check_rounds(doc, path, fix)
-    return abandoned(doc, path)
-
-
-def lock_path(path: Path) -> Path:
-    """The lock file beside paired-timing record `path` (harness.run.paired_timing.RecordLock holds it)."""
-    return Path(path).with_name(f".{Path(path).name}.lock")
-
-
-def abandoned(doc: dict, path: Path) -> dict:
-    """`doc` with a session marked "running" whose coordinator is gone marked "interrupted" (`gone` True), and the
-    record's status with it; in memory only (a reader writes nothing). Gone: the session ran on this host and no
-    process holds the record's lock (harness.files.lock_held; the kernel drops the lock when its holder dies,
-    however it dies). A session of another host is left as it is: this host cannot see its locks."""
-    running = [s for s in doc["sessions"] if s.get("status") == "running"]
-    held = lock_held(lock_path(path)) if running else True
-    if held or (held is None and pid_alive(lock_path(path))):
-        return doc
-    here = socket.gethostname()
-    for session in running:
-        if session.get("host") in (None, here):
-            session.update(status="interrupted", gone=True)
-    if doc.get("status") == "running" and not any(s.get("status") == "running" for s in doc["sessions"]):
-        doc["status"] = "interrupted"
-    return doc
-
-
 # --- analysis (pure: the report reads it) ---------------------------------------------------------------------------
-def rounds_of(doc: dict) -> list[dict]:
+def load(path: Path) -> PairedRecord:
+    """The paired-timing record at `path` (harness.store.paired.PairedRecord.load: UsageError when it is
+    unreadable)."""
+    return PairedRecord.load(path)
+
+
+def rounds_of(doc: PairedRecord) -> list[Round]:
     """Every round of every session, in order."""
-    return [r for s in doc.get("sessions") or [] for r in s.get("rounds") or []]
+    return [r for s in doc.sessions for r in s.rounds]
 
 
-def _burst_median(burst: dict) -> float | None:
-    times = [t for t in burst.get("times") or [] if isinstance(t, (int, float)) and math.isfinite(t) and t > 0]
+def burst_median(burst: Burst) -> float | None:
+    """The median of a burst's step times (the positive, finite ones); None without one."""
+    times = [t for t in burst.times if isinstance(t, (int, float)) and math.isfinite(t) and t > 0]
     return float(np.median(times)) if times else None
 
 
-def burst_disturbed(burst: dict) -> bool:
-    return bool(contention.judge(burst.get("chunk") or {}))
+def burst_disturbed(burst: Burst) -> bool:
+    return bool(contention.judge(burst.chunk or {}))
 
 
-def pair_rounds(doc: dict, a: str, b: str) -> list[dict]:
+def pair_rounds(doc: PairedRecord, a: str, b: str) -> list[dict]:
     """Per round holding both: {"ratio": time a / time b, "disturbed": either burst disturbed, "session": i}."""
     out = []
-    for i, s in enumerate(doc.get("sessions") or []):
-        for r in s.get("rounds") or []:
-            ba, bb = (r.get("bursts") or {}).get(a), (r.get("bursts") or {}).get(b)
+    for i, s in enumerate(doc.sessions):
+        for r in s.rounds:
+            ba, bb = r.bursts.get(a), r.bursts.get(b)
             if not ba or not bb:
                 continue
-            ma, mb = _burst_median(ba), _burst_median(bb)
+            ma, mb = burst_median(ba), burst_median(bb)
             if ma is None or mb is None:
                 continue
             out.append({"ratio": ma / mb, "disturbed": burst_disturbed(ba) or burst_disturbed(bb), "session": i,
@@ -178,12 +69,12 @@ def pair_rounds(doc: dict, a: str, b: str) -> list[dict]:
     return out
 
 
-def round_clean(rnd: dict) -> bool:
+def round_clean(rnd: Round) -> bool:
     """Whether no burst of round `rnd` was disturbed (every contender)."""
-    return not any(burst_disturbed(b) for b in (rnd.get("bursts") or {}).values())
+    return not any(burst_disturbed(b) for b in rnd.bursts.values())
 
 
-def clean_rounds(doc: dict) -> int:
+def clean_rounds(doc: PairedRecord) -> int:
     """Rounds in which no burst was disturbed (every contender)."""
     return sum(1 for r in rounds_of(doc) if round_clean(r))
 
@@ -192,7 +83,7 @@ def usable(n_clean: int, wanted: int) -> bool:
     return n_clean >= max(1, min(MIN_USABLE_ROUNDS, wanted), (wanted + 1) // 2)
 
 
-def pair_summary(doc: dict, a: str, b: str) -> dict:
+def pair_summary(doc: PairedRecord, a: str, b: str) -> dict:
     """The time ratio a / b of one session or several: estimate, 95 % interval, CV, rounds used and dropped.
 
     Within one session the interval is over its undisturbed rounds; with several sessions each session's
@@ -200,7 +91,7 @@ def pair_summary(doc: dict, a: str, b: str) -> dict:
     the figures come from every round and must stay out of a verdict.
     """
     rows = pair_rounds(doc, a, b)
-    wanted = (doc.get("plan") or {}).get("rounds", ROUNDS)
+    wanted = doc.plan.rounds
     clean = [r for r in rows if not r["disturbed"]]
     ok = usable(len(clean), wanted)
     use = clean if ok else rows
@@ -266,11 +157,11 @@ def speed_words(s: dict, a: str | None = None, b: str | None = None) -> dict:
 
 def judge(s: dict) -> dict:
     """The speed verdict a summary (`pair_summary`, or `combine` over a sweep's seeds) can carry: one rule for
-    every report. `level` is "ok" only for a usable timing whose interval excludes 1, from 3 or more seeds, whose
-    ratios vary by at most CV_MAX (one pair of processes cannot show how much a process's own speed varies:
-    docs/benchmarks.md); "neutral" for an inconclusive, thin or noisy one; "warn" for a timing mostly disturbed.
-    Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is over) and `notes` (what
-    the verdict must say plainly)."""
+    every report, in the levels of harness.pages. `level` is OK only for a usable timing whose interval excludes 1,
+    from 3 or more seeds, whose ratios vary by at most CV_MAX (one pair of processes cannot show how much a
+    process's own speed varies: docs/benchmarks.md); NEUTRAL for an inconclusive, thin or noisy one; WARN for a
+    timing mostly disturbed. Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is
+    over) and `notes` (what the verdict must say plainly)."""
     w = speed_words(s)
     seeds, cv = s.get("seeds", 1), s.get("cv")
     noisy = cv is not None and cv > CV_MAX
@@ -292,21 +183,21 @@ def judge(s: dict) -> dict:
     elif cv is not None:
         over += f", coefficient of variation {cv:.1%}"
     if not s["usable"]:
-        return {"level": "warn", "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
+        return {"level": WARN, "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
             f"no verdict: {s['disturbed_rounds']} of {s['rounds']} paired rounds were disturbed by other work on the "
             f"machine, too many to rely on (all of them together say {w['text']})")}
     if not w["conclusive"]:
-        return {"level": "neutral", "label": "speed: no clear difference", "over": over, "notes": notes,
+        return {"level": NEUTRAL, "label": "speed: no clear difference", "over": over, "notes": notes,
                 "claim": f"{w['text']}: the interval includes 1, so no clear difference"}
     label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "") + (
         f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds < 3 else "")
-    return {"level": "neutral" if noisy or seeds < 3 else "ok", "label": label, "over": over, "notes": notes,
+    return {"level": NEUTRAL if noisy or seeds < 3 else OK, "label": label, "over": over, "notes": notes,
             "claim": w["text"]}
 
 
-def headline(doc: dict) -> str:
+def headline(doc: PairedRecord) -> str:
     """One line per pair for the terminal: the ratio, its interval, the rounds behind it."""
-    names = [c["name"] for c in doc.get("contenders") or []]
+    names = doc.names
     parts = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -317,23 +208,22 @@ def headline(doc: dict) -> str:
             note = "" if s["usable"] else "; mostly disturbed: no verdict"
             parts.append(f"{speed_words(s)['text']} ({s['clean_rounds']} undisturbed of {s['rounds']} rounds"
                          f"{note})")
-    last = (doc.get("sessions") or [{}])[-1]
-    if last.get("failure"):
-        parts.append(f"last session failed: {last['failure']}")
+    last = doc.last_session
+    if last is not None and last.failure:
+        parts.append(f"last session failed: {last.failure}")
     return "paired timing: " + ("; ".join(parts) or "none")
 
 
-def status_text(doc: dict) -> str:
+def status_text(doc: PairedRecord) -> str:
     """One line: how much paired timing the record holds."""
     n, clean = len(rounds_of(doc)), clean_rounds(doc)
-    last = (doc.get("sessions") or [{}])[-1]
-    failure = last.get("failure")
-    if failure:
-        return f"paired timing failed: {failure}"
-    gone = "; the last session was interrupted (its process is gone)" if last.get("gone") else ""
-    return f"{len(doc.get('sessions') or [])} session(s), {n} rounds, {clean} undisturbed{gone}"
+    last = doc.last_session
+    if last is not None and last.failure:
+        return f"paired timing failed: {last.failure}"
+    gone = "; the last session was interrupted (its process is gone)" if last is not None and last.gone else ""
+    return f"{len(doc.sessions)} session(s), {n} rounds, {clean} undisturbed{gone}"
 
 
-def complete(doc: dict) -> bool:
+def complete(doc: PairedRecord) -> bool:
     """Whether the record already holds the undisturbed rounds it wants (then no new session is started)."""
-    return clean_rounds(doc) >= (doc.get("plan") or {}).get("rounds", ROUNDS)
+    return clean_rounds(doc) >= doc.plan.rounds

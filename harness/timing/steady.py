@@ -19,15 +19,6 @@ FIGURES_UNDISTURBED = "undisturbed steps"
 FIGURES_ALL = "all steady steps (none undisturbed)"
 
 
-def truncate_chunks(chunks: list[dict], steps: int) -> list[dict]:
-    """The chunks that cover steps before `steps`; one that straddles it keeps its evidence for its first part."""
-    out = []
-    for c in chunks:
-        if c["step"] < steps:
-            out.append(c if c["step"] + c["n"] <= steps else dict(c, n=steps - c["step"]))
-    return out
-
-
 def steady_start(n_steps: int, warmup: int = WARMUP_STEPS) -> int:
     """Index of the first steady-state step: after `warmup` steps, or after the first one in a shorter run."""
     return warmup if n_steps > warmup else (1 if n_steps > 1 else 0)

@@ -1,0 +1,230 @@
+"""How a check's outcome is judged: from its exit status and the records it wrote under its own directory.
+
+Each judge returns (passed, one-line summary, figures). A judge that finds nothing says what it looked for and
+where ("no run record under …"), so that a FAIL is never a bare "None".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Verdict = tuple[bool, str, dict]
+
+
+@dataclass
+class Outcome:
+    """What running one check gave: its exit status (None: it did not finish), wall time, directory and output."""
+
+    rc: int | None
+    wall_s: float
+    out: Path  # the check's directory: its --out, stdout.txt, stderr.txt
+    stdout: str = ""
+    stderr: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def last_lines(o: Outcome, n: int = 1) -> list[str]:
+    """The last `n` non-empty lines of the check's output (stderr after stdout: errors come last)."""
+    lines = [ln.strip() for ln in (o.stdout + "\n" + o.stderr).splitlines() if ln.strip()]
+    return [ln[:300] for ln in lines[-n:]] or [f"exit status {o.rc}, no output"]
+
+
+def last_line(o: Outcome) -> str:
+    return last_lines(o)[0]
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def records(out: Path) -> list[dict]:
+    """The run records (runs/*/BACKEND.json) under a check's --out."""
+    found = []
+    for path in sorted(out.glob("runs/*/*.json")):
+        if path.name in ("spec.json", "paired.json", "state.json", "parity.json"):
+            continue
+        doc = _load(path)
+        if doc is not None and doc.get("schema") == "nanogpt-parity/run-record":
+            found.append(doc)
+    return found
+
+
+def run_figures(doc: dict) -> dict:
+    """The figures of one run record: status, median ms/step, last and best validation loss, FLOP/s, the step
+    mode, compile time and its cache, contention, and the time to the config's target loss."""
+    timings, evals = doc.get("timings") or {}, doc.get("evals") or []
+    best = min(evals, key=lambda e: e["val_loss"]) if evals else None
+    reach, info = doc.get("time_to_target") or {}, doc.get("backend_info") or {}
+    median = timings.get("step_median_s")
+    return {"backend": doc.get("backend"), "status": doc.get("status"), "steps": doc.get("total_steps"),
+            "ms_per_step": None if median is None else round(median * 1e3, 3),
+            "val_loss": evals[-1]["val_loss"] if evals else None,
+            "best_val_loss": best["val_loss"] if best else None, "best_step": best["step"] if best else None,
+            "achieved_flops": timings.get("achieved_flops"), "compile_s": timings.get("compile_s"),
+            "compile_cache": info.get("compile_cache"), "wall_s": timings.get("wall_s"), "step_mode": info.get("step"),
+            "contended_fraction": (timings.get("contention") or {}).get("contended_fraction"),
+            "target": reach.get("target_val_loss"), "target_step": reach.get("step"),
+            "target_train_s": reach.get("train_s")}
+
+
+def run(check: Any, o: Outcome) -> Verdict:
+    """A run passes when it exits 0 and every record completed with a finite validation loss."""
+    figs = [run_figures(d) for d in records(o.out)]
+    if not figs:
+        return False, f"no run record under {o.out / 'runs'} (exit status {o.rc}): {last_line(o)}", {"runs": []}
+    ok = o.rc == 0 and all(f["status"] == "completed" and f["val_loss"] is not None and math.isfinite(f["val_loss"])
+                           for f in figs)
+    text = "; ".join(f"{f['backend']}: {f['status']}, {f['ms_per_step']} ms/step, val {f['val_loss']}" for f in figs)
+    return ok, text if o.rc == 0 else f"exit status {o.rc}: {text}; {last_line(o)}", {"runs": figs}
+
+
+def paired(need_verdict: bool) -> Callable[[Any, Outcome], Verdict]:
+    """A two-backend run: the run passes, and its paired timing line exists and (on a GPU) gives a verdict: usable
+    (not mostly disturbed) and conclusive (its interval excludes 1: one backend is faster)."""
+    def judge(check: Any, o: Outcome) -> Verdict:
+        ok, text, figs = run(check, o)
+        line = next((ln.strip() for ln in (o.stdout + "\n" + o.stderr).splitlines()
+                     if ln.strip().startswith("paired timing:") and "faster" in ln), "")
+        figs["paired"] = line
+        if not line:
+            return False, f"no paired timing line on the console of {o.out} ({text})", figs
+        interval = re.search(r"faster than \S+ \[([\d.]+), ([\d.]+)\]", line)
+        verdict = "no verdict" not in line and interval is not None and float(interval[1]) > 1
+        figs["verdict"] = verdict
+        return ok and (verdict or not need_verdict), line if ok else f"{text}; {line}", figs
+
+    return judge
+
+
+VERDICT_PROBE = ("import json, sys; from pathlib import Path; from harness.report.sweep import sweep_verdict; "
+                 "print(json.dumps(sweep_verdict(Path(sys.argv[1]), sys.argv[2])))")
+
+
+def sweep_levels(out: Path, sweep_id: str) -> dict:
+    """The sweep's comparisons as its report judges them (harness.report.sweep.sweep_verdict), asked of a child."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                       os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    done = subprocess.run([sys.executable, "-c", VERDICT_PROBE, str(out), sweep_id], capture_output=True, text=True,
+                          timeout=300, env=env)
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300])
+    return json.loads(done.stdout)
+
+
+def sweep(need_green: bool) -> Callable[[Any, Outcome], Verdict]:
+    """A seeded sweep: every cell completed, and (on a GPU) a comparison whose speed verdict is green (3 seeds,
+    an interval that excludes 1, paired ratios that agree: harness.timing.paired.judge)."""
+    def judge(check: Any, o: Outcome) -> Verdict:
+        found = sorted(o.out.glob("sweeps/*/sweep.json"))
+        if not found:
+            return False, f"no sweep manifest under {o.out / 'sweeps'} (exit status {o.rc}): {last_line(o)}", {}
+        try:
+            v = sweep_levels(o.out, found[-1].parent.name)
+        except (RuntimeError, ValueError, OSError, subprocess.SubprocessError) as exc:
+            return False, f"the sweep's verdict could not be read: {exc}", {}
+        comps = v.get("comparisons") or []
+        text = "; ".join(f"{c['name']}: {c['label']} ({c['level']})" for c in comps) or "no comparison"
+        complete = o.rc == 0 and v.get("completed") == v.get("cells")
+        green = any(c.get("level") == "ok" for c in comps)
+        return (complete and (green or not need_green), f"{v.get('completed')}/{v.get('cells')} cells; {text}",
+                {"verdict": v})
+
+    return judge
+
+
+def bench(check: Any, o: Outcome) -> Verdict:
+    """bench overhead: exit 0 (with --check: every target met), one result per size."""
+    paths = sorted(o.out.glob("bench/bench-*.json"))
+    doc = _load(paths[-1]) if paths else None
+    if doc is None:
+        return False, f"no bench record under {o.out / 'bench'} (exit status {o.rc}): {last_line(o)}", {}
+    rows = [{"size": r["size"], "overhead_pct": round(r["overhead_pct"], 2),
+             "ci95_pct": [round((v - 1) * 100, 2) for v in r.get("overhead_ratio_ci95") or []],
+             "runner_ms": round(r["runner"]["step_ms_median"], 3), "bare_ms": round(r["bare"]["step_ms_median"], 3),
+             "harness_us_per_step": round(r["harness_only"]["us_per_step_median"], 1),
+             "step": (r.get("backend_info") or {}).get("step")} for r in doc.get("results", [])]
+    text = "; ".join(f"{r['size']} {r['overhead_pct']:+.2f}% ({r['runner_ms']}/{r['bare_ms']} ms)" for r in rows)
+    if doc.get("misses"):
+        text += f"; targets missed: {doc['misses']}"
+    return o.rc == 0 and bool(rows), text or last_line(o), {"results": rows, "misses": doc.get("misses")}
+
+
+def exit_status(check: Any, o: Outcome) -> Verdict:
+    """Exit 0; the summary is the command's last line on stdout (its logs go to stderr)."""
+    tail = [ln.strip() for ln in o.stdout.splitlines() if ln.strip()][-6:]
+    return o.rc == 0, (tail[-1][:300] if tail and o.rc == 0 else last_line(o)), {"tail": tail}
+
+
+def refusal(check: Any, o: Outcome) -> Verdict:
+    """A CUDA-only mode on the CPU: exit 2 and one line on stderr that names the device."""
+    lines = [ln for ln in o.stderr.splitlines() if ln.strip()]
+    ok = o.rc == 2 and len(lines) == 1 and "cuda" in lines[0].lower()
+    return ok, f"refused on the CPU as it must be: {lines[0].strip() if lines else '(nothing)'}", {}
+
+
+def recipe(target: float) -> Callable[[Any, Outcome], Verdict]:
+    """The full recipe: completed, and its best validation loss at most `target` (--recipe-target), with the step
+    and training time at which it first reached the preset's target (nanoGPT's published 1.4697)."""
+    def judge(check: Any, o: Outcome) -> Verdict:
+        ok, text, figs = run(check, o)
+        if not figs["runs"]:
+            return ok, text, figs
+        f = figs["runs"][0]
+        best = f.get("best_val_loss")
+        ok = ok and best is not None and best <= target
+        reach = (f"reached {f.get('target')} at step {f.get('target_step')} after {f.get('target_train_s')} s of "
+                 "training" if f.get("target_step") is not None else f"did not reach {f.get('target')}")
+        return ok, (f"best val {best} at step {f.get('best_step')} (passes at <= {target}); {reach}; "
+                    f"{f.get('ms_per_step')} ms/step"), figs
+
+    return judge
+
+
+def parity(check: Any, o: Outcome) -> Verdict:
+    """harness parity: exit 0 and its verdict line "PASS: ..."; the figures are its table (value, tolerance per
+    check), which is how the GPU check reports whether the CUDA tolerances hold."""
+    lines = [ln.rstrip() for ln in o.stdout.splitlines() if ln.strip()]
+    verdict = next((ln.strip() for ln in lines if ln.startswith(("PASS:", "FAIL:"))), None)
+    rows = {}
+    for ln in lines:
+        m = re.match(r"(.+?)\s{2,}(\S+)\s+(\S+)\s+(ok|FAIL\S*)\b", ln)
+        if m:
+            rows[m[1].strip()] = {"value": m[2], "tolerance": m[3], "result": m[4]}
+    if verdict is None:
+        return False, f"no PASS/FAIL line in {o.out / 'stdout.txt'} (exit status {o.rc}): {last_line(o)}", {}
+    return o.rc == 0 and verdict.startswith("PASS:"), verdict, {"table": rows}
+
+
+def speedup(target: float, eager_run: str, captured_run: str) -> Callable[[dict[str, dict]], Verdict]:
+    """Derived from the benches: the captured small step (--cuda-graphs) at least `target` times faster than the
+    eager one (bench runner ms, small); the medium runs' ratio is shown beside it when they ran."""
+    def derive(results: dict[str, dict]) -> Verdict:
+        def small(name: str) -> float | None:
+            rows = ((results.get(name) or {}).get("figures") or {}).get("results") or []
+            return next((r["runner_ms"] for r in rows if r.get("size") == "small"), None)
+
+        eager, captured = small("bench-fp32"), small("bench-cuda-graphs")
+        if not eager or not captured:
+            return False, ("no small result in bench-fp32 and bench-cuda-graphs to compare (their figures in "
+                           "summary.json)"), {}
+        ratio = eager / captured
+        runs = [((results.get(n) or {}).get("figures") or {}).get("runs") or [{}] for n in (eager_run, captured_run)]
+        mid = [r[0].get("ms_per_step") for r in runs]
+        extra = f"; medium runs {mid[0]} / {mid[1]} ms/step" if all(mid) else ""
+        return ratio >= target, (f"small: captured {captured} ms, eager {eager} ms: {ratio:.2f}x (target >= "
+                                 f"{target:g}x){extra}"), {"ratio": ratio, "medium_ms": mid}
+
+    return derive
