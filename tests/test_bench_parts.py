@@ -20,6 +20,7 @@ from harness.backends.numpy_parts import NumpyParts, reference
 from harness.bench import parts as bench_parts
 from harness.bench.parts_analysis import check_sums, diagnose, format_table, rounds_used, summary
 from harness.bench.parts_page import write_page
+from harness.cli import bench_parts as bench_parts_cli
 from harness.cli.main import main
 from harness.config.load import load_config
 from harness.core.costs import flops_per_token, part_flops
@@ -344,6 +345,10 @@ def test_the_page_and_harness_report_id(tmp_path: Path, corpus, capsys: pytest.C
     assert "<svg" in page and "of the difference is h.*.attn.probs backward" in page and "<script" not in page
     page_path = path.with_suffix(".html")
     page_path.unlink()
+    assert bench_parts_cli.report(record, tmp_path, False) == 0  # the command's result for people: on stdout
+    out, err = capsys.readouterr()
+    assert "diagnosis: jax" in out and out.splitlines()[-1] == f"bench parts: {path}" and str(page_path) in err
+    page_path.unlink()
     assert main(["report", record.id, "--out", str(tmp_path)]) == 0
     assert page_path.is_file() and str(page_path) in capsys.readouterr().out
     assert main(["report", "parts-20990101-000000-abcdef", "--out", str(tmp_path)]) == 2
@@ -385,9 +390,13 @@ def test_bench_parts_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, m
     monkeypatch.setenv("HARNESS_PAIRED_BURST_S", "0.02")
     (tmp_path / "tiny.toml").write_text(TINY)
     code, out, err = run_bench(capsys, "--config", str(tmp_path / "tiny.toml"), "--backend", "torch,numpy",
-                               "--rounds", "2", "--threads", "1", "--out", str(tmp_path))
+                               "--rounds", "2", "--threads", "1", "--json", "--out", str(tmp_path))
     assert code == 0, err
     (path,) = (tmp_path / "bench").glob("parts-*.json")
+    result = json.loads(out)  # --json: one object on stdout, the table on stderr
+    assert result["command"] == "bench parts" and result["record"] == str(path) and result["id"] == path.stem
+    assert result["page"] == str(path.with_suffix(".html")) and [p["line"] for p in result["pairs"]] and \
+        all(set(p) == {"slow", "fast", "ratio", "lo", "hi", "conclusive", "line"} for p in result["pairs"])
     record = PartsRecord.load(path)
     assert record.status in ("completed", "incomplete") and record.all_parts and len(record.rounds) >= 2
     s = summary(record)
@@ -400,8 +409,8 @@ def test_bench_parts_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, m
         ready = record.contender(name).ready
         assert ready.passes >= 3 and set(ready.calls) == set(record.items)
     assert max(check_sums(record, s).values()) < 1e-12
-    assert "fusion and framework overhead" in out and "diagnosis: " in out and "step" in out
-    assert path.with_suffix(".html").is_file() and str(path) in err
+    assert "fusion and framework overhead" in err and "diagnosis: " in err and "step" in err
+    assert path.with_suffix(".html").is_file()
 
 
 # --- planted slowdowns ---------------------------------------------------------------------------------------------

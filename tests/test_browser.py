@@ -377,7 +377,8 @@ def test_markup_in_kit_check_paths_does_not_run(browser: DevTools, tmp_path: Pat
     with np.load(kit / "expected.npz") as f:
         np.savez(results, **{k: f[k] for k in f.files if k != "logits_loss"})
     page = tmp_path / "check.html"
-    assert main(["kit", "check", str(kit), str(results), "--html", str(page), "--json", str(tmp_path / "c.json")]) == 0
+    assert main(["kit", "check", str(kit), str(results), "--page", str(page),
+                 "--verdict", str(tmp_path / "c.json")]) == 0
     _unexecuted(render(browser, page))
 
 

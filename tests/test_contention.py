@@ -408,7 +408,7 @@ def test_the_evidence_survives_a_kill_and_a_resume_without_gaps_or_overlaps(tmp_
     assert first.returncode != 0
     (run,) = (out / "runs").iterdir()
     assert json.loads((run / "numpy.json").read_text())["status"] != "completed"
-    again = run_cli("run", "--resume", run.name, *common)
+    again = run_cli("resume", run.name, *common)
     assert again.returncode == 0, again.stderr
     rec = json.loads((run / "numpy.json").read_text())
     assert rec["schema_version"] == 3 and rec["resumed_at"]

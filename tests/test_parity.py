@@ -190,7 +190,7 @@ def test_tolerance_defaults_and_validation() -> None:
 
 
 def test_tolerances_per_option_set() -> None:
-    """Issue 29 item 6: tied embeddings (nanoGPT's options) were measured on their own: their entries are never
+    """Tied embeddings (nanoGPT's options) were measured on their own: their entries are never
     tighter than the preset's, and a config gets them when it is a preset changed only by what was measured."""
     from harness.config.load import load_config
     from harness.parity.tolerances import TIED, TIED_TOLERANCES, tolerance_entry, tolerances_for

@@ -590,7 +590,7 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-# --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) -------------------------------
+# --- tests: speed verdicts, contention, conventions ------------------------------------------------------------------
 def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (),
                  rounds: int = 10) -> PairedRecord:
     """A paired.json for run `run_id` whose round r has numpy steps ratios[r] times as long as torch's."""

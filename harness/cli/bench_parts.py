@@ -13,6 +13,7 @@ from harness.cli.options import (
     add_data,
     add_device,
     add_dtype,
+    add_json,
     add_out,
     add_quiet,
     add_seed,
@@ -25,6 +26,7 @@ from harness.cli.options import (
     listed,
     parse_devices,
     pick_backends,
+    print_json,
 )
 from harness.errors import UsageError
 from harness.store.parts import PartsRecord, record_path
@@ -67,6 +69,8 @@ def add_parts_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p)
     add_out(p, "default reports/; the record and its page go to DIR/bench/parts-<UTC time>-<random>.json/.html")
     add_quiet(p)
+    add_json(p, "the record's path, its page, its status, the rounds and each pair's diagnosis (the table then goes "
+             "to stderr)")
     exit_statuses(p, PARTS_EXIT)
 
 
@@ -112,22 +116,31 @@ def command(args: argparse.Namespace) -> int:
         {"backends": backends, "devices": devices, "dtype": args.dtype, "threads": args.threads,
          "parts": listed(args.parts, "--parts") or None, "per_block": args.per_block})
     bench_parts.run(record_path(args.out, record.id), record, jobs, args.threads, progress=not args.quiet)
-    return report(record, Path(args.out), args.per_block)
+    return report(record, Path(args.out), args.per_block, args.json)
 
 
-def report(record: PartsRecord, out: Path, per_block: bool) -> int:
-    """Print the table, the notes and the diagnosis of a finished record and write its page; the exit status."""
+def report(record: PartsRecord, out: Path, per_block: bool, as_json: bool = False) -> int:
+    """Write the page of a finished record and print its result (docs/usage.md, "Scripting"): the table, the notes,
+    the diagnosis and last the record's path on stdout (the page's on stderr), or with `as_json` one JSON object on
+    stdout and the table on stderr; returns the exit status."""
     from harness.bench.parts_analysis import format_table, summary
     from harness.bench.parts_page import notes, write_page
 
-    if record.rounds:
-        s = summary(record, per_block)
-        print(format_table(record, s))
-        for line in notes(record, s):
-            print(line)
-        for pair in s["pairs"]:
-            print(f"diagnosis: {pair['line']}")
+    stream = sys.stderr if as_json else sys.stdout
+    s = summary(record, per_block) if record.rounds else None
+    if s is not None:
+        print(format_table(record, s), file=stream)
+        for line in [*notes(record, s), *(f"diagnosis: {pair['line']}" for pair in s["pairs"])]:
+            print(line, file=stream)
     page = write_page(record, out, per_block)
-    print(f"bench parts: {record_path(out, record.id)}", file=sys.stderr)
+    path = record_path(out, record.id)
+    code = 1 if record.status == "failed" else 0
     print(f"bench parts: {page}", file=sys.stderr)
-    return 1 if record.status == "failed" else 0
+    if as_json:
+        pairs = [{k: p.get(k) for k in ("slow", "fast", "ratio", "lo", "hi", "conclusive", "line")}
+                 for p in (s["pairs"] if s else [])]
+        print_json("bench parts", code, id=record.id, record=path, page=page, status=record.status,
+                   failure=record.failure, rounds=s["rounds"] if s else None, pairs=pairs)
+    else:
+        print(f"bench parts: {path}", file=stream)
+    return code

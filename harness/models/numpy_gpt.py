@@ -53,19 +53,18 @@ def use_device(device: str) -> Any:
         xp = np
         return xp
     if device == "cuda":
-        hint = "numpy backend: --device cuda needs CuPy; pip install cupy-cuda12x, or use --device cpu"
         try:
             import cupy
         except ImportError:
-            raise DeviceUnavailable(hint) from None
+            raise DeviceUnavailable("--device cuda needs CuPy, which is not installed") from None
         try:
             if cupy.cuda.runtime.getDeviceCount() < 1:
                 raise RuntimeError("no CUDA device")
         except Exception as exc:  # CuPy installed, but no driver or no GPU
-            raise DeviceUnavailable(f"{hint} (CuPy found no usable GPU: {exc})") from None
+            raise DeviceUnavailable(f"--device cuda: CuPy found no usable GPU ({exc})") from None
         xp = cupy
         return xp
-    raise DeviceUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu (or cuda with CuPy)")
+    raise DeviceUnavailable(f"unknown device {device!r}")
 
 
 def _erf(x: Array) -> Array:

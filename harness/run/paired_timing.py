@@ -42,14 +42,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.progress import Line
 from harness.run.processes import spawn
 from harness.run.timed import MARK, WARMUP_S, WARMUP_STEPS
 from harness.store import RUN_ID_RE, RecordLock, RunPaths
 from harness.store.paired import Burst, Contender, PairedPlan, PairedRecord, Ready, Round, Session
 from harness.store.paths import RUNS
 from harness.timing import contention
-from harness.timing.paired import MAX_ROUNDS_FACTOR, ROUNDS, burst_median, clean_rounds, complete, round_clean
-from harness.units import utc_now
+from harness.timing.paired import (
+    MAX_ROUNDS_FACTOR,
+    ROUNDS,
+    burst_median,
+    clean_rounds,
+    complete,
+    needed_for_a_verdict,
+    out_of_reach,
+    round_clean,
+)
+from harness.units import fmt_duration, utc_now
 
 BURST_S = 0.25  # a burst's target length
 
@@ -204,9 +214,9 @@ def run(path: Path, doc: PairedRecord | None = None, progress: bool = True,
 
 def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: int | None) -> PairedRecord:
     """One session, under the record's lock: start the contenders, time rounds of alternating bursts until enough
-    are undisturbed, and write the record. One function, a little over 80 lines, because its `finally` must hold
-    every round measured so far and the children it started: a stop or a signal then loses nothing measured and
-    leaves no timed process behind."""
+    are undisturbed (`_rounds`, which adds each to the session as it is measured), and write the record. Its
+    `finally` holds every round measured so far and the children it started: a stop or a signal then loses nothing
+    measured and leaves no timed process behind."""
     if path.exists():  # read under the lock: what another coordinator wrote before is kept
         doc = PairedRecord.load(path)
         for old in doc.sessions:  # we hold the lock: a session still "running" lost its coordinator (SIGKILL)
@@ -220,12 +230,11 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
     if complete(doc):
         return doc
     check_contenders(doc, path)
-    n_clean = clean_rounds(doc)  # judged once here, then counted round by round (the record only grows)
+    clean = [clean_rounds(doc)]  # judged once here, then counted round by round by `_rounds` (the record only grows)
     session = Session(started_at=utc_now(), host=socket.gethostname(), status="running")
     doc.sessions.append(session)
     doc.status = "running"
     doc.dump(path)
-    last_write = time.monotonic()
     _say(progress, f"{' and '.join(doc.names)} side by side, {p.rounds} undisturbed rounds of short alternating "
                    f"bursts (at most {p.max_rounds} rounds)")
     children: list[Child] = []
@@ -236,36 +245,8 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
         pids = [c.proc.pid for c in children]
         for child in children:
             child.send({"siblings": [p for p in pids if p != child.proc.pid], "coordinator": os.getpid()})
-        steps = {c.name: session.ready[c.name].next_step for c in children}
-        burst = _burst_sizes(p, {c.name: session.ready[c.name].step_s for c in children})
-        session.burst_steps = burst
-        last_said = time.monotonic()
-        for r in range(p.max_rounds):
-            order = children if r % 2 == 0 else children[::-1]
-            rnd = Round(order=[c.name for c in order])
-            for child in order:
-                time.sleep(p.gap_s)
-                child.send({"burst": burst[child.name], "start": steps[child.name]})
-                reply = child.receive(max(REPLY_TIMEOUT_S, 50 * session.ready[child.name].step_s
-                                          * burst[child.name]))
-                steps[child.name] += burst[child.name]
-                rnd.bursts[child.name] = Burst(start=reply["start"], times=reply["times"], chunk=reply["chunk"])
-            session.rounds.append(rnd)
-            n_clean += round_clean(rnd)
-            if r == 0:  # the warm-up ran with every contender at once: size the bursts again from a timed round
-                burst = _burst_sizes(p, {name: burst_median(b) for name, b in rnd.bursts.items()})
-                session.burst_steps_after_first_round = burst
-            # the whole record is rewritten every few seconds, not every round (it grows with the rounds); the
-            # `finally` below writes it once more, so a stop or a signal loses nothing measured
-            if time.monotonic() - last_write >= PERSIST_EVERY_S:
-                doc.dump(path)
-                last_write = time.monotonic()
-            if time.monotonic() - last_said > 5:
-                last_said = time.monotonic()
-                _say(progress, f"{r + 1} rounds, {n_clean} undisturbed")
-            if n_clean >= p.rounds:
-                break
-        session.status = "completed" if n_clean >= p.rounds else "incomplete"
+        _rounds(path, doc, session, children, clean, progress)
+        session.status = "completed" if clean[0] >= p.rounds else "incomplete"
     except KeyboardInterrupt:
         session.status = "interrupted"
         raise
@@ -275,13 +256,72 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
     finally:
         with signals_deferred():
             session.finished_at = utc_now()
-            doc.status = "completed" if n_clean >= p.rounds else session.status
+            doc.status = "completed" if clean[0] >= p.rounds else session.status
             with contextlib.suppress(OSError):
                 doc.dump(path)
             for child in children:
                 child.stop()
-    _say(progress, f"{len(session.rounds)} rounds, {n_clean} undisturbed in all; {path}")
+    _say(progress, f"{len(session.rounds)} rounds, {clean[0]} undisturbed in all; {path}")
+    if session.stopped:
+        print(f"paired timing: {session.stopped}: no verdict (`harness resume` times more rounds later)",
+              file=sys.stderr, flush=True)
     return doc
+
+
+def _rounds(path: Path, doc: PairedRecord, session: Session, children: list[Child], clean: list[int],
+            progress: bool) -> None:
+    """Time rounds of alternating bursts into `session` until `doc` holds its undisturbed rounds, its cap of rounds
+    is reached, or no verdict can come any more (harness.timing.paired.out_of_reach: then `session.stopped` says
+    why); the record rewritten every PERSIST_EVERY_S; `clean[0]`, the undisturbed rounds in all, counted as they
+    come (a progress line on a terminal says how far it is)."""
+    p = doc.plan
+    steps = {c.name: session.ready[c.name].next_step for c in children}
+    burst = _burst_sizes(p, {c.name: session.ready[c.name].step_s for c in children})
+    session.burst_steps = burst
+    line = Line("paired timing", progress)
+    last_write, clean_here = time.monotonic(), 0
+    for r in range(p.max_rounds):
+        order = children if r % 2 == 0 else children[::-1]
+        rnd = Round(order=[c.name for c in order])
+        for child in order:
+            time.sleep(p.gap_s)
+            child.send({"burst": burst[child.name], "start": steps[child.name]})
+            reply = child.receive(max(REPLY_TIMEOUT_S, 50 * session.ready[child.name].step_s * burst[child.name]))
+            steps[child.name] += burst[child.name]
+            rnd.bursts[child.name] = Burst(start=reply["start"], times=reply["times"], chunk=reply["chunk"])
+        session.rounds.append(rnd)
+        undisturbed = round_clean(rnd)  # each burst judged once
+        clean_here += undisturbed
+        clean[0] += undisturbed
+        n_clean = clean[0]
+        if r == 0:  # the warm-up ran with every contender at once: size the bursts again from a timed round
+            burst = _burst_sizes(p, {name: burst_median(b) for name, b in rnd.bursts.items()})
+            session.burst_steps_after_first_round = burst
+        # the whole record is rewritten every few seconds, not every round (it grows with the rounds); the
+        # coordinator's `finally` writes it once more, so a stop or a signal loses nothing measured
+        if time.monotonic() - last_write >= PERSIST_EVERY_S:
+            doc.dump(path)
+            last_write = time.monotonic()
+        left = p.max_rounds - r - 1
+        if n_clean >= p.rounds:
+            break
+        if left and out_of_reach(n_clean, left, p.rounds):
+            session.stopped = (f"stopped after {r + 1} of at most {p.max_rounds} rounds: {n_clean} undisturbed, and "
+                               f"even {left} more could not make the {needed_for_a_verdict(p.rounds)} a verdict needs")
+            break
+        line.show(f"round {r + 1} of at most {p.max_rounds}, {n_clean} of {p.rounds} undisturbed",
+                  _expected(line.elapsed_s, r + 1, clean_here, p.rounds - n_clean, left))
+    line.close()
+
+
+def _expected(elapsed_s: float, rounds: int, clean: int, wanted: int, left: int) -> str:
+    """"about 0:20 left (at most 1:10)": the time the `wanted` undisturbed rounds more take at this session's pace
+    (`clean` of `rounds` undisturbed in `elapsed_s`), and the time the `left` rounds of the cap take."""
+    per_round = elapsed_s / rounds
+    cap = f"at most {fmt_duration(per_round * left)}"
+    if not clean:
+        return f"{cap} left"
+    return f"about {fmt_duration(per_round * min(left, wanted * rounds / clean))} left ({cap})"
 
 
 def _interrupt(signum: int, frame: object) -> None:

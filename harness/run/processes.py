@@ -2,7 +2,8 @@
 
 Every child is one program, `python -m harness --worker KIND ARGS...` (harness.run.child: the kinds), and one function
 builds its command line (`child_command`), whoever starts it: `spawn` here (a run's workers, the sweep's parallel
-executor, the paired timing's timed processes, `harness bench --isolate`) and the SLURM jobs (harness.sweep.slurm).
+executor, the paired timing's timed processes, `harness bench overhead --isolate`) and the SLURM jobs
+(harness.sweep.slurm).
 Every child gets the same environment (`child_env`: the thread caps, an unbuffered stdout, no inherited run lock
 and, where the backend compiles, the compile caches under --out) and, when started locally, the one parent-death
 signal (`pdeathsig`, PR_SET_PDEATHSIG at spawn), so that none outlives its coordinator.

@@ -79,8 +79,21 @@ def clean_rounds(doc: PairedRecord) -> int:
     return sum(1 for r in rounds_of(doc) if round_clean(r))
 
 
+def needed_for_a_verdict(wanted: int) -> int:
+    """The undisturbed rounds a speed verdict needs when `wanted` are asked for: half of them, at least
+    MIN_USABLE_ROUNDS (all of them when fewer are wanted), at least one."""
+    return max(1, min(MIN_USABLE_ROUNDS, wanted), (wanted + 1) // 2)
+
+
 def usable(n_clean: int, wanted: int) -> bool:
-    return n_clean >= max(1, min(MIN_USABLE_ROUNDS, wanted), (wanted + 1) // 2)
+    return n_clean >= needed_for_a_verdict(wanted)
+
+
+def out_of_reach(n_clean: int, rounds_left: int, wanted: int) -> bool:
+    """Whether a paired timing can no longer give a verdict: even were every one of the `rounds_left` rounds it may
+    still make undisturbed, its `n_clean` undisturbed rounds would stay fewer than a verdict needs. Then the rounds
+    left cannot change the outcome ("no verdict"), and the coordinator stops (harness.run.paired_timing)."""
+    return n_clean + rounds_left < needed_for_a_verdict(wanted)
 
 
 def pair_summary(doc: PairedRecord, a: str, b: str) -> dict:
