@@ -414,7 +414,7 @@ PLANTS: dict[str, tuple[str, str, Callable[[], Undo]]] = {
 
 
 # --- planted slowdowns (harness bench parts): one part made 20x+ slower, the model's result unchanged -----------------
-COPIES = 400  # the torch plant's extra copies of the MLP's activation
+COPIES = 2000  # the torch plant's extra copies of the MLP's activation
 REPEATS = 100  # the jax plant's repeats of GELU's pullback
 
 
