@@ -5,6 +5,7 @@ harness starts (pyperf's model: one program; `harness.run.processes.child_comman
     python -m harness --worker timed RUN_DIR BACKEND WARMUP_S                     harness.run.timed
     python -m harness --worker paired RECORD                                      harness.run.paired_timing
     python -m harness --worker bench JOB_JSON                                     harness.bench.overhead
+    python -m harness --worker parts JOB_JSON                                     harness.bench.parts_process
 
 The child checks that its parent is still alive (and the worker passes the test hook's "start" point) before it
 imports anything heavy (harness.run.child).
@@ -37,6 +38,10 @@ def worker(argv: list[str]) -> int:
         from harness.run import paired_timing
 
         return paired_timing.main(args)
+    if kind == "parts":
+        from harness.bench import parts_process
+
+        return parts_process.main(args)
     from harness.bench import overhead
 
     return overhead.child_main(args)

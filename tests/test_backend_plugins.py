@@ -159,6 +159,27 @@ def test_a_backend_from_outside_is_listed_where_backends_are(numpy64: Path) -> N
     assert backend_dtype("numpy64", None) == ("float64", {})
 
 
+def test_a_backend_from_outside_times_its_parts_with_the_runner_it_declares(numpy64: Path) -> None:
+    """`harness bench parts` asks the declaration, never a list of names: numpy64 inherits numpy's method `parts`
+    and part runner, so it is supported and timed by the runner its declaration names."""
+    from harness.backends import parts
+    from harness.backends.numpy_parts import NumpyParts
+
+    assert parts.supports("numpy64") and parts.runner_class("numpy64") is NumpyParts
+    parts.check_supported(["numpy64", "numpy"])
+
+
+def test_a_backend_from_outside_without_a_part_runner_is_refused_by_bench_parts(
+        bad_plugins: Path, tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture) -> None:
+    """"plain" declares no method `parts`: one line, exit 2, nothing written; `--backend all` leaves it out."""
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["bench", "parts", "--backend", "numpy,plain", "--config", str(config_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "backend 'plain' cannot time its parts" in err, err
+    assert not out.exists()
+
+
 def _help(command: str) -> str:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")

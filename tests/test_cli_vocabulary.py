@@ -38,27 +38,28 @@ SYNONYMS = {"output": "out", "outdir": "out", "output-dir": "out", "out-dir": "o
             "silent": "quiet", "backend-name": "backend", "model-size": "size", "preset": "size"}
 # where a shared concept must exist: what a user can rely on in every command that trains or writes
 EVERYWHERE = {
-    "--backend": ("run", "parity", "bench overhead", "bench noise", "sweep"),
-    "--size": ("run", "parity", "bench overhead", "bench noise", "sweep", "kit export"),
-    "--out": ("run", "status", "report", "resume", "parity", "bench overhead", "bench noise", "sweep", "kit export",
-              "kit check"),
-    "--json": ("run", "resume", "parity", "sweep", "bench overhead", "bench noise", "kit export", "kit check",
-               "status"),
+    "--backend": ("run", "parity", "bench overhead", "bench noise", "bench parts", "sweep"),
+    "--size": ("run", "parity", "bench overhead", "bench noise", "bench parts", "sweep", "kit export"),
+    "--out": ("run", "status", "report", "resume", "parity", "bench overhead", "bench noise", "bench parts", "sweep",
+              "kit export", "kit check"),
+    "--json": ("run", "resume", "parity", "sweep", "bench overhead", "bench noise", "bench parts", "kit export",
+               "kit check", "status"),
     "--dropout": ("run", "parity", "sweep", "kit export"),
-    "--threads": ("run", "resume", "parity", "bench overhead", "bench noise", "sweep"),
-    "--quiet": ("run", "resume", "parity", "bench overhead", "bench noise", "sweep", "kit export"),
+    "--threads": ("run", "resume", "parity", "bench overhead", "bench noise", "bench parts", "sweep"),
+    "--quiet": ("run", "resume", "parity", "bench overhead", "bench noise", "bench parts", "sweep", "kit export"),
     "--steps": ("run", "parity", "bench noise", "sweep", "kit export"),
-    "--device": ("run", "parity", "bench overhead", "sweep"),
-    "--set": ("run", "parity", "sweep", "kit export"),
-    "--data": ("run", "parity", "bench overhead", "bench noise", "sweep", "kit export"),
-    "--seed": ("run", "parity", "bench overhead", "sweep", "kit export"),
+    "--device": ("run", "parity", "bench overhead", "bench parts", "sweep"),
+    "--set": ("run", "parity", "bench parts", "sweep", "kit export"),
+    "--data": ("run", "parity", "bench overhead", "bench noise", "bench parts", "sweep", "kit export"),
+    "--seed": ("run", "parity", "bench overhead", "bench parts", "sweep", "kit export"),
 }
 # the exit statuses each command's code can end with (read from the code: its returns, and harness.cli.main's 2, 130
 # and 141 for every command); its --help must list each
 EXIT = {"": {0, 1, 2, 3, 130, 141}, "run": {0, 1, 2, 130, 141}, "parity": {0, 1, 2, 3, 130, 141},
         "sweep": {0, 1, 2, 130, 141}, "status": {0, 2, 130, 141}, "report": {0, 2, 130, 141},
         "resume": {0, 1, 2, 130, 141}, "bench": {0, 1, 2, 130, 141}, "bench overhead": {0, 1, 2, 130, 141},
-        "bench noise": {0, 1, 2, 130, 141}, "kit": {0, 1, 2, 130, 141}, "kit export": {0, 2, 130, 141},
+        "bench noise": {0, 1, 2, 130, 141}, "bench parts": {0, 1, 2, 130, 141}, "kit": {0, 1, 2, 130, 141},
+        "kit export": {0, 2, 130, 141},
         "kit check": {0, 1, 2, 130, 141}, "sizes": {0, 2, 130, 141}, "doctor": {0, 130, 141},
         "setup": {0, 2, 130, 141}, "setup julia": {0, 2, 130, 141}}
 

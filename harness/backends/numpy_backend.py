@@ -28,9 +28,9 @@ from harness.models import numpy_gpt
 DTYPES = ("float64", "float32")
 DECLARATION = Declaration(
     name="numpy", dtypes=DTYPES, devices=("cpu", "cuda"), options=frozenset(OPTION_NAMES),
-    methods=frozenset({"gradients", "taps"}), needs="", install="", color="#1c7ed6",
+    methods=frozenset({"gradients", "taps", "parts"}), needs="", install="", color="#1c7ed6",
     cuda_install="pip install 'cupy-cuda12x[ctk]' (or 'cupy-cuda13x[ctk]' for CUDA 13)",
-    doctor="harness.backends.numpy_backend:doctor_rows")
+    part_runner="harness.backends.numpy_parts:NumpyParts", doctor="harness.backends.numpy_backend:doctor_rows")
 CUPY_FIX = f"install CuPy with its CUDA components: {DECLARATION.cuda_install}; or use --device cpu"
 
 

@@ -27,9 +27,9 @@ CUDA_INSTALL = "pip install torch==2.13.0 (PyPI's Linux wheel is the CUDA build)
 DECLARATION = Declaration(
     name="torch", dtypes=DTYPE_NAMES, devices=("cpu", "cuda"), precisions=PRECISIONS, compile_modes=COMPILE_MODES,
     options=frozenset({*OPTION_NAMES, "cuda_graphs", "parity"}),
-    methods=frozenset({"gradients", "taps", "warm_up", "device_clock", "fetch_losses", "check_device"}),
+    methods=frozenset({"gradients", "taps", "warm_up", "device_clock", "fetch_losses", "check_device", "parts"}),
     needs="PyTorch", install=INSTALL, cuda_install=CUDA_INSTALL, color="#d9480f",
-    bare_loop="harness.backends.torch_bare:BareTorch",
+    bare_loop="harness.backends.torch_bare:BareTorch", part_runner="harness.backends.torch_parts:TorchParts",
     doctor="harness.backends.torch_options:doctor_rows")
 MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
 

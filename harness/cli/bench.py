@@ -124,12 +124,12 @@ def add_noise_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The subcommands of `harness bench`: overhead and noise."""
+    """The subcommands of `harness bench`: overhead, noise and parts."""
     from harness.cli.options import Parser
 
     exit_statuses(p, {0: "measured (see each subcommand)", 1: "a measurement or a leg failed, or --check and a "
                       "target or check missed"})
-    sub = p.add_subparsers(dest="bench_command", required=True, metavar="overhead|noise", parser_class=Parser)
+    sub = p.add_subparsers(dest="bench_command", required=True, metavar="overhead|noise|parts", parser_class=Parser)
     o = sub.add_parser("overhead", help="harness overhead, bare-loop speed and batch-stream speed",
                        description="Is the harness part of what it measures? Times the harness's training loop, a "
                        "bare loop doing the same work, the batch stream and the harness driving a no-op backend, "
@@ -142,6 +142,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "docs/benchmarks.md.")
     add_noise_arguments(n)
     n.set_defaults(func=noise_command)
+    from harness.cli.bench_parts import add_parts_arguments
+    from harness.cli.bench_parts import command as parts_command
+
+    t = sub.add_parser("parts", help="where the time goes: every part of the step, forward and backward, side by "
+                       "side in every backend",
+                       description="Times every part of the training step (the activation taps' parts: emb, per "
+                       "block ln_1 ... res2, ln_f, logits, loss), forward and backward, the optimizer and the whole "
+                       "step, in each backend's own idiom on the same step-0 activations, the backends side by side "
+                       "in alternating rounds; prints a table and one diagnosis per pair of backends naming the "
+                       "parts that make up most of their difference, and writes a record and its page.")
+    add_parts_arguments(t)
+    t.set_defaults(func=parts_command)
 
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:

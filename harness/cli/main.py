@@ -1,9 +1,9 @@
 """`harness`: the command line. Bad input ends with one line on stderr and exit status 2, never a traceback.
 
 One grammar (docs/usage.md): `harness VERB [ID...] [--option ...]`; the verbs that act on something stored take its
-id (`status`, `report`, `resume`: a run id or a sweep id); `bench` has the subcommands `overhead` and `noise`, `kit`
-`export` and `check`, `setup` `julia`. Every option of every command is in its --help: there are no hidden
-spellings.
+id (`status`, `report`, `resume`: a run id or a sweep id; `report` also a `bench parts` record's id); `bench` has
+the subcommands `overhead`, `noise` and `parts`, `kit` `export` and `check`, `setup` `julia`. Every option of every
+command is in its --help: there are no hidden spellings.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def add_stored_verbs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="rebuild an HTML report from stored records: runs side by side, or a sweep",
                        description="Rebuild an HTML report from stored records: one run's, several runs' in one "
                        "comparison, or a sweep's; and the index.")
-    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report")
+    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report; or "
+                   "the id of a `harness bench parts` record (DIR/bench/parts-....json): its page")
     add_out(p, "default reports/; the report and index.html are written there")
     exit_statuses(p, {0: "the report is written", 2: "bad input: a run or sweep missing or damaged (one line on "
                       "stderr, nothing written)"})

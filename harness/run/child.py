@@ -23,8 +23,9 @@ import time
 WORKER_FLAG = "--worker"  # `python -m harness --worker KIND ...`: hidden from `harness --help`
 # train: one backend's training (harness.run.worker); timed: a paired timing's timed process (harness.run.timed);
 # paired: a paired-timing coordinator, as a SLURM job runs it (harness.run.paired_timing); bench: one measurement of
-# `harness bench` in a fresh interpreter (harness.bench.overhead)
-KINDS = ("train", "timed", "paired", "bench")
+# `harness bench` in a fresh interpreter (harness.bench.overhead); parts: one backend's timed process of `harness
+# bench parts` (harness.bench.parts_process)
+KINDS = ("train", "timed", "paired", "bench", "parts")
 PARENT_PID_ENV = "HARNESS_PARENT_PID"  # set by harness.run.processes.spawn; not passed further down
 
 

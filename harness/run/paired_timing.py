@@ -112,15 +112,14 @@ def check_contenders(doc: PairedRecord, path: Path) -> None:
 
 
 # --- the coordinator -----------------------------------------------------------------------------------------------
-class Child:
-    """One timed process (harness.run.timed) and its protocol pipe (JSON lines prefixed with MARK on its stdout)."""
+class TimedProcess:
+    """A timed process started with pipes on its stdin and stdout (harness.run.processes.spawn), named `name`, and its
+    protocol (harness.run.timed): JSON lines to it, JSON lines prefixed with MARK from it; what else it prints is
+    passed on. The paired timing's `Child` is one; `harness bench parts` drives its own."""
 
-    def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
-        compiles = bool(contender.options.get("compile"))
-        self.name = contender.name
-        self.proc = spawn("timed", [contender.run_dir, contender.backend, repr(warmup_s)], threads,
-                          RunPaths.of_dir(Path(contender.run_dir)) if compiles else None, stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, bufsize=0)
+    def __init__(self, name: str, proc: subprocess.Popen):
+        self.name = name
+        self.proc = proc
         self.buf = b""
 
     def send(self, msg: dict) -> None:
@@ -167,6 +166,17 @@ def stop_children(children: list[Child]) -> None:
     processes.stop([c.proc for c in children], signal.SIGTERM)
 
 
+class Child(TimedProcess):
+    """One contender's timed process of the paired timing (harness.run.timed: its run directory and backend)."""
+
+    def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
+        compiles = bool(contender.options.get("compile"))
+        super().__init__(contender.name, spawn(
+            "timed", [contender.run_dir, contender.backend, repr(warmup_s)], threads,
+            RunPaths.of_dir(Path(contender.run_dir)) if compiles else None, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, bufsize=0))
+
+
 def _say(progress: bool, text: str) -> None:
     if progress:
         print(f"paired timing: {text}", file=sys.stderr, flush=True)
@@ -180,7 +190,7 @@ def _burst_sizes(p: PairedPlan, step_s: dict[str, float | None]) -> dict[str, in
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM held back (delivered at the end): the record's last write and the timing processes' stop
     must not be cut short by a second Ctrl-C or a SLURM time limit's signal."""
     signals = {signal.SIGINT, signal.SIGTERM}
@@ -249,7 +259,7 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
         session.status, session.failure = "failed", str(exc)
         print(f"paired timing: {exc}; the speed comparison has no paired timing", file=sys.stderr)
     finally:
-        with _signals_deferred():
+        with signals_deferred():
             session.finished_at = utc_now()
             doc.status = "completed" if clean[0] >= p.rounds else session.status
             with contextlib.suppress(OSError):

@@ -8,8 +8,9 @@
   schema-checked reader of harness.files, `dump` atomic, attributes instead of keys);
 - the records: `spec` (spec.json: `RunSpec`), `record` (`<backend>.json`: `RunRecord`, its `Curves` and parts),
   `contention` (the stored contention evidence), `parity` (parity.json: `ParityRecord`), `paired` (paired.json:
-  `PairedRecord`), `sweep` (sweep.json: `SweepManifest`, `SweepCell`, `PairedEntry`) and `bench` (the records of
-  `harness bench overhead` and `harness bench noise`).
+  `PairedRecord`), `sweep` (sweep.json: `SweepManifest`, `SweepCell`, `PairedEntry`), `bench` (the records of
+  `harness bench overhead` and `harness bench noise`) and `parts` (`PartsRecord`, the record of `harness bench
+  parts`).
 
 Below everything that runs, times or reports (docs/development.md, "The tree"): it imports only harness.files,
 harness.errors and the Config type.
