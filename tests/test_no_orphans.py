@@ -243,3 +243,15 @@ def test_the_paired_timing_leaves_nothing_running(two_backends: tuple[Path, str]
     proc = start(harness("resume", run_id, "--paired-rounds", "2", "--quiet", "--no-report", "--out", str(out)),
                  "timed-start:sleep")
     signal_and_check(proc, lambda d: worker_paused(d, "timed", 2), signal.SIGINT)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_bench_parts_leaves_nothing_running(sig: int, tmp_path: Path) -> None:
+    """Stopped while both of its timed processes start (stopped before they import a framework): both end within
+    seconds, and its record says "interrupted"."""
+    proc = start(harness("bench", "parts", "--backend", "numpy,torch", "--size", "small", "--quiet",
+                         "--out", str(tmp_path)), "parts-start:sleep")
+    signal_and_check(proc, lambda d: worker_paused(d, "parts", 2), sig)
+    assert proc.returncode != 0
+    records = list(tmp_path.glob("bench/**/*.json"))
+    assert records and all('"status": "interrupted"' in r.read_text() for r in records), records

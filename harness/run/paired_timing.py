@@ -38,7 +38,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.errors import UsageError
@@ -154,7 +154,7 @@ class TimedProcess:
                 self.buf += chunk
 
 
-def stop_children(children: list[Child]) -> None:
+def stop_children(children: Sequence[TimedProcess]) -> None:
     """End every timing process at once: each is asked to quit (between bursts it does at once); one still running
     `QUIT_S` seconds later (in a burst, or wedged) gets SIGTERM, and SIGKILL `processes.KILL_GRACE_S` after that."""
     for child in children:
