@@ -25,8 +25,8 @@ def worker(argv: list[str]) -> int:
         print(f"usage: python -m harness {child.WORKER_FLAG} {{{','.join(child.KINDS)}}} ARGS...", file=sys.stderr)
         return 2
     child.check_parent(kind)
+    child.pause_at("start" if kind == "train" else f"{kind}-start")
     if kind == "train":
-        child.pause_at("start")
         from harness.run import worker as train
 
         return train.main(args)

@@ -416,7 +416,7 @@ MARKS = """JSON.stringify((() => {
   for (const e of document.querySelectorAll('.banner')) marks.push({kind: 'banner', text: words(e), ...drawn(e, e)});
   for (const e of document.querySelectorAll('.verdict > .label'))
     marks.push({kind: 'label', text: own(e), ...drawn(e, e.parentElement)});
-  const broken = [], sci = /(?<![\\w.])[-+]?\\d+(\\.\\d+)?[eE][-+]?\\d+\\b/g;  // as harness.pages._SCI: not inside an id
+  const broken = [], sci = /(?<![\\w.])[-+]?\\d+(\\.\\d+)?[eE][-+]?\\d+\\b/g;  // harness.pages._SCI
   let numbers = 0;
   const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   for (let n = walk.nextNode(); n; n = walk.nextNode()) {

@@ -174,8 +174,7 @@ class FakeChild:
 
     def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
         self.name, self.sent, self.bursts = contender.name, [], 0
-        self.proc = type("Proc", (), {"pid": next(FakeChild.pids)})()
-        self.stopped = False
+        self.proc = type("Proc", (), {"pid": next(FakeChild.pids), "poll": lambda proc: 0})()  # quits when asked
 
     def send(self, msg: dict) -> None:
         self.sent.append(msg)
@@ -190,9 +189,6 @@ class FakeChild:
             raise KeyboardInterrupt
         chunk = BUSY if (r, self.name) in FakeChild.busy else QUIET
         return {"start": msg["start"], "times": [0.001] * 3, "chunk": dict(chunk, step=msg["start"], n=3)}
-
-    def stop(self) -> None:
-        self.stopped = True
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ import importlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,7 +64,7 @@ from harness.errors import UsageError
 from harness.progress import left_s
 from harness.run import loop as run_loop
 from harness.run.loop import Curves, LoopOptions, train
-from harness.run.processes import spawn
+from harness.run.processes import spawn, stop
 from harness.store.bench import (
     BenchCheck,
     HarnessOnly,
@@ -515,9 +516,8 @@ def measure_isolated(job: Job) -> OverheadResult:
                  text=True)
     try:
         stdout, _ = proc.communicate()
-    except BaseException:  # Ctrl-C: the child goes with us
-        proc.kill()
-        proc.wait()
+    except BaseException:  # Ctrl-C: the child goes with us, with anything it started (harness.run.processes.stop)
+        stop([proc], signal.SIGKILL, grace_s=0)
         raise
     lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:

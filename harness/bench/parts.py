@@ -27,7 +27,7 @@ from harness.config.fields import Config
 from harness.core.costs import flops_per_token, part_flops
 from harness.core.parts import items, part_names
 from harness.environment import capture, loadavg, usable_cores
-from harness.run.paired_timing import REPLY_TIMEOUT_S, TimedProcess, signals_deferred
+from harness.run.paired_timing import REPLY_TIMEOUT_S, TimedProcess, signals_deferred, stop_children
 from harness.run.processes import spawn
 from harness.store.parts import (
     PartsBurst,
@@ -112,7 +112,8 @@ def run(path: Path, record: PartsRecord, jobs: list[PartsJob], threads: int | No
     children: list[TimedProcess] = []
     n_clean = 0
     try:
-        children = [start(job, threads) for job in jobs]  # set up in parallel: nothing is timed yet
+        for job in jobs:  # one by one: a signal between two starts leaves none unstopped; set-up runs in parallel
+            children.append(start(job, threads))
         for child, contender in zip(children, record.contenders):
             contender.ready = PartsReady.from_dict(child.receive(REPLY_TIMEOUT_S * 3))
             _say(progress, _ready_line(child.name, contender.ready))
@@ -133,8 +134,7 @@ def run(path: Path, record: PartsRecord, jobs: list[PartsJob], threads: int | No
             record.environment.loadavg_end = (loadavg() or (None,))[0]
             with contextlib.suppress(OSError):
                 record.dump(path)
-            for child in children:
-                child.stop()
+            stop_children(children)
     return record
 
 

@@ -58,8 +58,8 @@ PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
                EXIT_FAIL: "FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say "
                           "where)",
                EXIT_USAGE: "bad input: one line on stderr, nothing run (or a backend refused its input)",
-               EXIT_CRASH: "a backend crashed or left no result: nothing was compared (parity.json: verdict "
-                           "\"error\")",
+               EXIT_CRASH: "a backend crashed or left no result, or its probe is unreadable: nothing was compared "
+                           "(parity.json: verdict \"error\")",
                EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)"}
 
 
@@ -166,6 +166,7 @@ def command(args: argparse.Namespace) -> int:
     FAIL, 2 bad input, 3 a backend crashed, 130 interrupted; --help lists them)."""
     from harness.run import plan as run_plan
     from harness.run import supervise
+    from harness.run.probe import ProbeUnreadable
     from harness.store import load_run
 
     pp = plan_parity(args)
@@ -178,6 +179,11 @@ def command(args: argparse.Namespace) -> int:
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
+        # a worker that refused its input (exit 2): if that was the probe of the one before, that one left no usable
+        # result, a crash of that backend
+        broken = parity_record.unreadable_probe(pp, paths, codes) if status == EXIT_USAGE else None
+        if broken:
+            reason, status = broken, EXIT_CRASH
         return _error(args, paths, record, reason, status, "; nothing compared (see the messages above)")
 
     _, recs = load_run(paths)
@@ -187,7 +193,10 @@ def command(args: argparse.Namespace) -> int:
     if missing:
         return _error(args, paths, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH,
                       "; nothing compared")
-    result = parity_record.compare_workers(pp, workers, paths)
+    try:
+        result = parity_record.compare_workers(pp, workers, paths)
+    except ProbeUnreadable as exc:  # a backend that left no usable result: a crash, never a FAIL of the model
+        return _error(args, paths, record, str(exc), EXIT_CRASH, "; nothing compared")
     parity_record.finish_record(record, pp, result, workers)
     record.dump(paths)
 

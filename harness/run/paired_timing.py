@@ -38,11 +38,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.errors import UsageError
 from harness.progress import Line
+from harness.run import processes
 from harness.run.processes import spawn
 from harness.run.timed import MARK, WARMUP_S, WARMUP_STEPS
 from harness.store import RUN_ID_RE, RecordLock, RunPaths
@@ -71,6 +72,7 @@ GAP_S = 0.05  # pause between bursts: lets the previous contender's spinning wor
 
 
 REPLY_TIMEOUT_S = 600.0  # a timing process silent this long is hung
+QUIT_S = 2.0  # a timing process asked to quit that has not within this is sent SIGTERM
 
 
 PERSIST_EVERY_S = 5.0  # how often the record is rewritten during a session (and always at its end)
@@ -151,15 +153,17 @@ class TimedProcess:
                                        "is above, or in the job's log)")
                 self.buf += chunk
 
-    def stop(self) -> None:
+
+def stop_children(children: Sequence[TimedProcess]) -> None:
+    """End every timing process at once: each is asked to quit (between bursts it does at once); one still running
+    `QUIT_S` seconds later (in a burst, or wedged) gets SIGTERM, and SIGKILL `processes.KILL_GRACE_S` after that."""
+    for child in children:
         with contextlib.suppress(OSError, ValueError):
-            self.send({"quit": True})
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            child.send({"quit": True})
+    deadline = time.monotonic() + QUIT_S
+    while any(c.proc.poll() is None for c in children) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    processes.stop([c.proc for c in children], signal.SIGTERM)
 
 
 class Child(TimedProcess):
@@ -239,7 +243,8 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
                    f"bursts (at most {p.max_rounds} rounds)")
     children: list[Child] = []
     try:
-        children = [Child(c, doc.threads, p.warmup_s) for c in doc.contenders]
+        for c in doc.contenders:  # one by one: a signal between two starts leaves none unstopped
+            children.append(Child(c, doc.threads, p.warmup_s))
         for child in children:  # set-up and warm-up run in parallel; they are not timed against each other
             session.ready[child.name] = Ready.from_dict(child.receive(REPLY_TIMEOUT_S * 3))
         pids = [c.proc.pid for c in children]
@@ -259,8 +264,7 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
             doc.status = "completed" if clean[0] >= p.rounds else session.status
             with contextlib.suppress(OSError):
                 doc.dump(path)
-            for child in children:
-                child.stop()
+            stop_children(children)
     _say(progress, f"{len(session.rounds)} rounds, {clean[0]} undisturbed in all; {path}")
     if session.stopped:
         print(f"paired timing: {session.stopped}: no verdict (`harness resume` times more rounds later)",
