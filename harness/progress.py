@@ -76,3 +76,14 @@ class Line:
 
     def close(self) -> None:
         self.clear()
+
+
+def expected_rounds(elapsed_s: float, rounds: int, clean: int, wanted: int, left: int) -> str:
+    """"about 0:20 left (at most 1:10)" of rounds timed until enough are undisturbed (the paired timing, bench
+    parts): the time the `wanted` undisturbed rounds more take at this pace (`clean` of `rounds` undisturbed in
+    `elapsed_s`), and the time the `left` rounds of the cap take."""
+    per_round = elapsed_s / rounds
+    cap = f"at most {fmt_duration(per_round * left)}"
+    if not clean:
+        return f"{cap} left"
+    return f"about {fmt_duration(per_round * min(left, wanted * rounds / clean))} left ({cap})"

@@ -388,6 +388,7 @@ def test_bench_parts_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, m
     backend, forward and backward, each with a median and an interval, parts + overhead = step, the page."""
     pytest.importorskip("torch")
     monkeypatch.setenv("HARNESS_PAIRED_BURST_S", "0.02")
+    monkeypatch.setattr("harness.progress.watched", lambda stream=None: True)  # as on a terminal
     (tmp_path / "tiny.toml").write_text(TINY)
     code, out, err = run_bench(capsys, "--config", str(tmp_path / "tiny.toml"), "--backend", "torch,numpy",
                                "--rounds", "2", "--threads", "1", "--json", "--out", str(tmp_path))
@@ -410,6 +411,7 @@ def test_bench_parts_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, m
         assert ready.passes >= 3 and set(ready.calls) == set(record.items)
     assert max(check_sums(record, s).values()) < 1e-12
     assert "fusion and framework overhead" in err and "diagnosis: " in err and "step" in err
+    assert "\rparts: round 1 of at most " in err and " elapsed, " in err  # the progress line of every long work
     assert path.with_suffix(".html").is_file()
 
 

@@ -27,6 +27,7 @@ from harness.config.fields import Config
 from harness.core.costs import flops_per_token, part_flops
 from harness.core.parts import items, part_names
 from harness.environment import capture, loadavg, usable_cores
+from harness.progress import Line, expected_rounds
 from harness.run.paired_timing import REPLY_TIMEOUT_S, TimedProcess, signals_deferred, stop_children
 from harness.run.processes import spawn
 from harness.store.parts import (
@@ -142,7 +143,8 @@ def _rounds(path: Path, record: PartsRecord, children: list[TimedProcess], progr
     """Rounds of one burst per process, the order alternating, until enough are undisturbed; the record is
     rewritten every few seconds. Returns the undisturbed rounds."""
     p = record.plan
-    n_clean, last_write, last_said = 0, time.monotonic(), time.monotonic()
+    n_clean, last_write = 0, time.monotonic()
+    line = Line("parts", progress)
     _say(progress, f"{' and '.join(c.name for c in children)} side by side: {p.rounds} undisturbed rounds wanted "
                    f"(at most {p.max_rounds})")
     for r in range(p.max_rounds):
@@ -157,10 +159,10 @@ def _rounds(path: Path, record: PartsRecord, children: list[TimedProcess], progr
         if time.monotonic() - last_write >= PERSIST_EVERY_S:
             record.dump(path)
             last_write = time.monotonic()
-        if time.monotonic() - last_said >= 5:
-            last_said = time.monotonic()
-            _say(progress, f"{r + 1} rounds, {n_clean} undisturbed")
         if n_clean >= p.rounds:
             break
+        line.show(f"round {r + 1} of at most {p.max_rounds}, {n_clean} of {p.rounds} undisturbed",
+                  expected_rounds(line.elapsed_s, r + 1, n_clean, p.rounds - n_clean, p.max_rounds - r - 1))
+    line.close()
     _say(progress, f"{len(record.rounds)} rounds, {n_clean} undisturbed in all")
     return n_clean

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.progress import Line
+from harness.progress import Line, expected_rounds
 from harness.run import processes
 from harness.run.processes import spawn
 from harness.run.timed import MARK, WARMUP_S, WARMUP_STEPS
@@ -60,7 +60,7 @@ from harness.timing.paired import (
     out_of_reach,
     round_clean,
 )
-from harness.units import fmt_duration, utc_now
+from harness.units import utc_now
 
 BURST_S = 0.25  # a burst's target length
 
@@ -314,18 +314,8 @@ def _rounds(path: Path, doc: PairedRecord, session: Session, children: list[Chil
                                f"even {left} more could not make the {needed_for_a_verdict(p.rounds)} a verdict needs")
             break
         line.show(f"round {r + 1} of at most {p.max_rounds}, {n_clean} of {p.rounds} undisturbed",
-                  _expected(line.elapsed_s, r + 1, clean_here, p.rounds - n_clean, left))
+                  expected_rounds(line.elapsed_s, r + 1, clean_here, p.rounds - n_clean, left))
     line.close()
-
-
-def _expected(elapsed_s: float, rounds: int, clean: int, wanted: int, left: int) -> str:
-    """"about 0:20 left (at most 1:10)": the time the `wanted` undisturbed rounds more take at this session's pace
-    (`clean` of `rounds` undisturbed in `elapsed_s`), and the time the `left` rounds of the cap take."""
-    per_round = elapsed_s / rounds
-    cap = f"at most {fmt_duration(per_round * left)}"
-    if not clean:
-        return f"{cap} left"
-    return f"about {fmt_duration(per_round * min(left, wanted * rounds / clean))} left ({cap})"
 
 
 def _interrupt(signum: int, frame: object) -> None:
