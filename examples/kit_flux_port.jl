@@ -1,6 +1,6 @@
 # A Flux.jl nanoGPT checked from outside with the conformance kit (docs/kit.md).
 #
-#     harness kit export kit/ --size small --steps 5
+#     harness kit export --out kit/ --size small --steps 5
 #     julia --project=@kit -e 'using Pkg; Pkg.develop(path="julia/NanoGPTFlux"); Pkg.add(["NPZ", "JSON"])'
 #     julia --project=@kit examples/kit_flux_port.jl kit/ kit-results.npz
 #     harness kit check kit/ kit-results.npz

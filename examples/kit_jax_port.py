@@ -6,7 +6,7 @@ learns everything from the kit's manifest.json and NPZ files (docs/kit.md): the 
 parameter names (PyTorch layouts: a Linear weight is (out, in)), the per-step learning rates (batches.npz `lr`), the
 decayed parameters (manifest `training.decayed_parameters`), the dropout masks (masks.npz) and the tap names.
 
-    harness kit export kit/ --size small --steps 5
+    harness kit export --out kit/ --size small --steps 5
     python examples/kit_jax_port.py kit/ kit-results.npz --dtype float32
     harness kit check kit/ kit-results.npz
 

@@ -8,7 +8,7 @@ gradients), exact GELU, no biases, and the learning rate of each step computed b
 warmup_steps, decay_steps and min_lr (not read from the kit: the check then tests the port's schedule too), and
 dropout on the attention probabilities when the kit has their masks (attn_dropout).
 
-    harness kit export kit/ --size small --steps 5
+    harness kit export --out kit/ --size small --steps 5
     python examples/kit_torch_port.py kit/ kit-results.npz --dtype float32
     harness kit check kit/ kit-results.npz
 

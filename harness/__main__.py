@@ -5,6 +5,7 @@ harness starts (pyperf's model: one program; `harness.run.processes.child_comman
     python -m harness --worker timed RUN_DIR BACKEND WARMUP_S                     harness.run.timed
     python -m harness --worker paired RECORD                                      harness.run.paired_timing
     python -m harness --worker bench JOB_JSON                                     harness.bench.overhead
+    python -m harness --worker parts JOB_JSON                                     harness.bench.parts_process
 
 The child checks that its parent is still alive (and the worker passes the test hook's "start" point) before it
 imports anything heavy (harness.run.child).
@@ -24,8 +25,8 @@ def worker(argv: list[str]) -> int:
         print(f"usage: python -m harness {child.WORKER_FLAG} {{{','.join(child.KINDS)}}} ARGS...", file=sys.stderr)
         return 2
     child.check_parent(kind)
+    child.pause_at("start" if kind == "train" else f"{kind}-start")
     if kind == "train":
-        child.pause_at("start")
         from harness.run import worker as train
 
         return train.main(args)
@@ -37,6 +38,10 @@ def worker(argv: list[str]) -> int:
         from harness.run import paired_timing
 
         return paired_timing.main(args)
+    if kind == "parts":
+        from harness.bench import parts_process
+
+        return parts_process.main(args)
     from harness.bench import overhead
 
     return overhead.child_main(args)

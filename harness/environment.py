@@ -45,6 +45,15 @@ def nvidia_smi(fields: str) -> list[str] | None:
         return None
 
 
+def gpu_seen() -> bool:
+    """Whether this machine shows an NVIDIA GPU at all: its driver lists one (/proc/driver/nvidia/gpus), or
+    nvidia-smi is installed. False says "there is no GPU here" in an error, rather than an install hint."""
+    import shutil
+
+    gpus = "/proc/driver/nvidia/gpus"
+    return (os.path.isdir(gpus) and bool(os.listdir(gpus))) or shutil.which("nvidia-smi") is not None
+
+
 def gpu_capability() -> tuple[int, int] | None:
     """The compute capability of that GPU, e.g. (9, 0), from nvidia-smi; None when it cannot tell (no nvidia-smi, or
     a driver older than 510, whose nvidia-smi has no compute_cap)."""

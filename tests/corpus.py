@@ -1,138 +1,35 @@
-"""The project's own test corpus: a generated play in Tiny Shakespeare's 65-symbol alphabet.
+"""The project's own test corpus: the harness's sample text (harness.core.sample, `--data sample`), as a file.
 
 The tests must pass in any clone, with no `../shared`, no network and no HARNESS_DATA, so they train on a text the
-project makes itself. It is generated, not committed: a seeded word-level Markov chain over a fixed lexicon, laid
-out as a play (speaker names in capitals, a colon, verse lines, blank lines), so that
-
-- its alphabet is exactly Tiny Shakespeare's 65 symbols (every tensor shape the tests know stays the same);
-- a character model has something to learn at every scale: spelling (a few hundred words), word order (each word
-  has a handful of likely successors), layout (speakers, line lengths, punctuation);
-- the bytes are identical on every machine and Python version: only `random.Random(seed).random()` (the Mersenne
-  Twister's documented, stable stream) and integer arithmetic decide anything, and `CORPUS_SHA256` pins them.
-
-Loss levels measured on it (`harness run --size small --steps 600 --eval-interval 50`, torch, CPU, seed 1337):
-unigram entropy 3.40 nats; validation loss 4.18 at step 0, 2.54 at 50, 2.43 at 100, 2.35 at 300, 2.31 at 600. The
-small preset's target_val_loss (2.55, chosen for Tiny Shakespeare) is reached by step 50 here.
+project makes itself: the generated play of harness/core/sample.py (its docstring says how it is made and the loss
+levels measured on it), written here into the temporary directory so that no test fills the user cache.
+`python tests/corpus.py PATH` writes it to PATH.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import random
 import tempfile
 from pathlib import Path
 
-N_CHARS = 250_000  # large enough for every preset's batch (large: 64 x 256 = 16,384 characters) in both splits
-SEED = 20261124
-ALPHABET = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65 symbols
+from harness.core.sample import ALPHABET, N_CHARS, sample_path
 
-_WORDS = """
-the and to of a my in you that is not with it be your his this but for me have he as thou so will what by him
-all do no we are shall thee her our if on they thy lord good now or more from then would king was here let at
-sir which come there make love how them one well man like their say know an upon than may must too when go such
-hath did see us should am out speak yet were these death life time day night heart blood hand eyes father mother
-son brother sister queen duke prince lady noble gentle sweet fair true dead old young great little poor
-honour grace power crown sword peace war field house world heaven earth soul mind tongue word name friend enemy
-citizen senator soldier servant master mistress gods fortune nature truth faith fear hope grief joy tears
-give take bring keep hear tell think bear stand fall die live pray swear fight call stay leave follow answer
-marry kill break weep laugh sleep wake rise strike seek find lose hold turn send
-never ever still again away forth indeed perhaps nay yea alas farewell welcome
-against before after within without between under above through
-quick strange proud wise foolish honest false cruel kind bold
-rome england france york lancaster verona padua mantua
-""".split()
-
-_SPEAKERS = ("KING RICHARD", "QUEEN MARGARET", "FIRST CITIZEN", "SECOND CITIZEN", "MENENIUS", "CORIOLANUS",
-             "GLOUCESTER", "BUCKINGHAM", "ROMEO", "JULIET", "NURSE", "FRIAR LAURENCE", "PROSPERO", "MIRANDA",
-             "DUKE VINCENTIO", "ISABELLA", "LUCIO", "PETRUCHIO", "KATHARINA", "BAPTISTA", "HERMIONE", "LEONTES",
-             "WARWICK", "CLARENCE", "YORK", "NORTHUMBERLAND", "BOLINGBROKE", "JOHN OF GAUNT", "VOLUMNIA",
-             "SICINIUS", "BRUTUS", "ESCALUS", "TYBALT", "MERCUTIO", "BENVOLIO", "CAMILLO", "PAULINA", "ANTONIO",
-             "QUEEN ELIZABETH", "LADY ANNE", "HASTINGS", "JACK CADE", "ZOUCH", "VAUX", "OXFORD", "XANTIPPE")
-_RARE = ("$", "&", "3", "zounds", "quoth", "jest", "vex", "zeal", "quarrel", "jewel", "oxen", "xerxes")
+__all__ = ["ALPHABET", "N_CHARS", "corpus_path", "make_corpus"]
 
 
-class _Stream:
-    """Draws from `random.Random(seed).random()` only, with integer arithmetic: the same on every machine."""
+def make_corpus() -> str:
+    """The test corpus's text (harness.core.sample.make_sample)."""
+    from harness.core.sample import make_sample
 
-    def __init__(self, seed: int):
-        self._random = random.Random(seed).random
-
-    def below(self, n: int) -> int:
-        return min(int(self._random() * n), n - 1)
-
-    def weighted(self, cumulative: list[int]) -> int:
-        """Index i with probability proportional to cumulative[i] - cumulative[i - 1]."""
-        r = self.below(cumulative[-1])
-        lo, hi = 0, len(cumulative) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if cumulative[mid] > r:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-
-def make_corpus(n_chars: int = N_CHARS, seed: int = SEED) -> str:
-    """The test corpus: exactly `n_chars` characters, every one of the 65 symbols present."""
-    s = _Stream(seed)
-    words = _WORDS + list(_RARE[3:])
-    # each word gets 6 likely successors, Zipf-weighted (8, 4, 2, 2, 1, 1), plus a small chance of any word
-    successors = [[s.below(len(words)) for _ in range(6)] for _ in words]
-    zipf = [8, 12, 14, 16, 17, 18]
-    parts: list[str] = []
-    size = 0
-    previous = s.below(len(words))
-    while size < n_chars:
-        speaker = _SPEAKERS[s.below(len(_SPEAKERS))]
-        lines = [f"{speaker}:"]
-        for _ in range(1 + s.below(4)):
-            line: list[str] = []
-            n_words = 4 + s.below(7)
-            for k in range(n_words):
-                if s.below(20) == 0:
-                    previous = s.below(len(words))
-                else:
-                    previous = successors[previous][s.weighted(zipf)]
-                word = words[previous]
-                if not line or s.below(40) == 0:
-                    word = word.capitalize()
-                if s.below(12) == 0 and k < n_words - 1:
-                    word += ",;:-"[s.below(4)]
-                elif s.below(300) == 0:
-                    word = f"{word} {_RARE[s.below(3)]}"
-                elif s.below(150) == 0:
-                    word = f"{word}'s"
-                line.append(word)
-            lines.append(" ".join(line) + ".?!,;"[s.weighted([6, 8, 9, 11, 12])])
-        block = "\n".join(lines) + "\n\n"
-        parts.append(block)
-        size += len(block)
-    text = "".join(parts)[:n_chars]
-    missing = sorted(set(ALPHABET) - set(text))
-    if missing:  # a rare symbol the stream never drew: append it, so the vocabulary is always the 65
-        text = text[: n_chars - len(missing) - 1] + "".join(missing) + "\n"
-    return text
+    return make_sample()
 
 
 def corpus_path() -> Path:
-    """The generated corpus as a file (written once per machine, atomically; rewritten if altered)."""
-    text = make_corpus().encode("utf-8")
-    digest = hashlib.sha256(text).hexdigest()
-    folder = Path(tempfile.gettempdir()) / f"nanogpt-parity-tests-{os.getuid()}"  # per user: /tmp is shared
-    path = folder / f"corpus-{digest[:16]}.txt"
-    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    """The corpus as a file (written once per machine and user, atomically; rewritten if altered)."""
+    return sample_path(Path(tempfile.gettempdir()) / f"nanogpt-parity-tests-{os.getuid()}")
 
 
-if __name__ == "__main__":  # `python tests/corpus.py PATH` writes the corpus there (CI's wheel check trains on it)
+if __name__ == "__main__":  # `python tests/corpus.py PATH` writes the corpus there
     import sys
 
     if len(sys.argv) != 2:

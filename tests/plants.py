@@ -5,7 +5,8 @@ Each plant patches one thing in this process and returns a function that undoes 
 `sitecustomize.py`, so that a `harness parity` command and its worker processes all carry it: see `SITECUSTOMIZE`),
 or `with planted(name): ...`. NUMPY plants change the NumPy oracle (harness/models/numpy_gpt.py or its backend) forward
 and backward consistently, so the planted oracle is a coherent, differently-defined model; TORCH plants change the
-PyTorch model or optimizer.
+PyTorch model or optimizer. SLOWDOWNS (`harness bench parts`: tests/test_bench_parts.py, tools/planted_slowdowns.py)
+make one part of one backend's model 20x slower or more, its results unchanged.
 """
 
 from __future__ import annotations
@@ -412,8 +413,83 @@ PLANTS: dict[str, tuple[str, str, Callable[[], Undo]]] = {
 }
 
 
+# --- planted slowdowns (harness bench parts): one part made 20x+ slower, the model's result unchanged -----------------
+COPIES = 2000  # the torch plant's extra copies of the MLP's activation
+REPEATS = 100  # the jax plant's repeats of GELU's pullback
+
+
+def _numpy_softmax_loop() -> Undo:
+    from harness.models import numpy_gpt as g
+
+    def softmax_forward(scores: Any) -> tuple[Any, Any]:
+        rows = scores.reshape(-1, scores.shape[-1])
+        probs = g.xp.empty_like(rows)
+        for i in range(rows.shape[0]):  # the slowdown: one row at a time, in Python
+            e = g.xp.exp(rows[i] - rows[i].max())
+            probs[i] = e / e.sum()
+        probs = probs.reshape(scores.shape)
+        return probs, probs
+    return _patch(g, "softmax_forward", softmax_forward)
+
+
+def _torch_activation_copies() -> Undo:
+    from harness.models import torch_gpt as tg
+
+    act = tg.MLP.act
+
+    def planted(self: Any, h: Any) -> Any:
+        import torch
+
+        a = act(self, h)
+        with torch.no_grad():
+            for _ in range(COPIES):  # the slowdown: copies of the activation, made and dropped (forward only)
+                a.clone()
+        return a
+    return _patch(tg.MLP, "act", planted)
+
+
+def _jax_gelu_backward_repeated() -> Undo:
+    import jax
+    import jax.numpy as jnp
+
+    from harness.models import jax_gpt as m
+
+    gelu = m.gelu
+
+    def planted(x: Any, form: str) -> Any:
+        @jax.custom_vjp
+        def f(x: Any) -> Any:
+            return gelu(x, form)
+
+        def forward(x: Any) -> tuple[Any, Any]:
+            return gelu(x, form), x
+
+        def backward(x: Any, g: Any) -> tuple[Any]:
+            # the slowdown: the pullback recomputed REPEATS times in a loop (x * (1 + i * 1e-30) is x itself, but
+            # XLA cannot know it, so it cannot hoist the work out of the loop); the last one is the result
+            def again(i: Any, acc: Any) -> Any:
+                return jax.vjp(lambda t: gelu(t, form), x * (1 + i * 1e-30))[1](g)[0]
+            return (jax.lax.fori_loop(0, REPEATS, again, jnp.zeros_like(x)),)
+        f.defvjp(forward, backward)
+        return f(x)
+    return _patch(m, "gelu", planted)
+
+
+# name: (backend, the part it slows, direction, description, apply)
+SLOWDOWNS: dict[str, tuple[str, str, str, str, Callable[[], Undo]]] = {
+    "numpy-softmax-loop": ("numpy", "h.*.attn.probs", "forward", "the softmax of the attention computed row by row "
+                           "in a Python loop", _numpy_softmax_loop),
+    "torch-activation-copies": ("torch", "h.*.mlp.act", "forward", f"{COPIES} extra copies of the MLP's activation "
+                                "(made and dropped, no gradient)", _torch_activation_copies),
+    "jax-gelu-backward-loop": ("jax", "h.*.mlp.act", "backward", f"GELU's pullback recomputed {REPEATS} times in a "
+                               "lax.fori_loop", _jax_gelu_backward_repeated),
+}
+
+
 def apply(name: str) -> Undo:
-    """Plant bug `name` in this process; returns the undo."""
+    """Plant bug (or slowdown) `name` in this process; returns the undo."""
+    if name in SLOWDOWNS:
+        return SLOWDOWNS[name][4]()
     return PLANTS[name][2]()
 
 

@@ -1,4 +1,4 @@
-"""nanoGPT's fourth dropout site, on the attention probabilities (issue 27, item 1): the `attn_dropout` option, the
+"""nanoGPT's fourth dropout site, on the attention probabilities: the `attn_dropout` option, the
 harness's attention masks (their own stream: the three other sites' masks are what they were), and the torch model's
 two paths (SDPA's dropout_p without masks, the written-out probabilities with the harness's masks) against the NumPy
 oracle. The oracle's backward: tests/test_numpy_gradcheck.py; Flux: tests/test_flux_*.py; the kit: tests/test_kit.py.

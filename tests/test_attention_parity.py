@@ -1,4 +1,4 @@
-"""Parity with the shared attention masks (issue 27, item 2) and the causes of two mask bugs (issue 29, item 8).
+"""Parity with the shared attention masks, and the causes of two mask bugs (masks transposed, masks of another step).
 
 With attention dropout the activation taps are taken under the step-0 attention masks (harness.core.taps.tap_masks),
 so a bug of the attention dropout is located at `h.{i}.attn.y` with its cause; a side that applies its masks

@@ -19,6 +19,7 @@ import pytest
 from harness import backends
 from harness.backends import PluginRefused
 from harness.cli.main import build_parser, main
+from tests.conftest import record_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +116,7 @@ def test_a_backend_from_outside_runs_through_every_command(numpy64: Path, tmp_pa
     assert main(["run", "--backend", "numpy64", "--config", tiny, "--steps", "3", "--no-text", "--no-report",
                  "--quiet", "--out", str(out)]) == 0
     (run_id,) = run_ids(out)
-    record = json.loads((out / "runs" / run_id / "numpy64.json").read_text())
+    record = record_doc(out / "runs" / run_id / "numpy64.json")
     assert record["status"] == "completed" and record["backend"] == "numpy64" and len(record["steps"]["loss"]) == 3
 
     assert main(["parity", "--backend", "numpy64,numpy", "--config", tiny, "--steps", "2", "--quiet",
@@ -157,6 +158,27 @@ def test_a_backend_from_outside_is_listed_where_backends_are(numpy64: Path) -> N
     assert backend_rows("numpy64") == [("numpy64 backend (cpu)", "ready", "")]
     assert "backends: torch, numpy, flux, jax, numpy64, or all" in _help("run")
     assert backend_dtype("numpy64", None) == ("float64", {})
+
+
+def test_a_backend_from_outside_times_its_parts_with_the_runner_it_declares(numpy64: Path) -> None:
+    """`harness bench parts` asks the declaration, never a list of names: numpy64 inherits numpy's method `parts`
+    and part runner, so it is supported and timed by the runner its declaration names."""
+    from harness.backends import parts
+    from harness.backends.numpy_parts import NumpyParts
+
+    assert parts.supports("numpy64") and parts.runner_class("numpy64") is NumpyParts
+    parts.check_supported(["numpy64", "numpy"])
+
+
+def test_a_backend_from_outside_without_a_part_runner_is_refused_by_bench_parts(
+        bad_plugins: Path, tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture) -> None:
+    """"plain" declares no method `parts`: one line, exit 2, nothing written; `--backend all` leaves it out."""
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["bench", "parts", "--backend", "numpy,plain", "--config", str(config_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "backend 'plain' cannot time its parts" in err, err
+    assert not out.exists()
 
 
 def _help(command: str) -> str:

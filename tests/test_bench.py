@@ -63,9 +63,9 @@ def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_bench(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
-    """`harness bench ARGV` in this process: (exit status, stdout, stderr); argparse errors included."""
+    """`harness bench overhead ARGV` in this process: (exit status, stdout, stderr); argparse errors included."""
     try:
-        code = main(["bench", *argv])
+        code = main(["bench", "overhead", *argv])
     except SystemExit as exc:
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
@@ -128,7 +128,7 @@ def test_bench_isolated_and_numpy(tmp_path: Path, text_file: Path, capsys: pytes
     generic bare loop (backend.train_step over pre-built batches)."""
     pytest.importorskip("harness.backends.numpy_backend")
     out = tmp_path / "out"
-    code, _, stderr = run_bench(capsys, "--backends", "torch,numpy", "--sizes", "small", "--steps", "2",
+    code, _, stderr = run_bench(capsys, "--backends", "torch,numpy", "--sizes", "small", "--timed-steps", "2",
                                 "--warmup", "0", "--repeats", "1", "--isolate", "--quiet", "--threads", "1",
                                 "--data", str(text_file), "--out", str(out))
     assert code == 0, stderr
@@ -147,8 +147,8 @@ def test_threads_caps_each_measured_process(tmp_path: Path, text_file: Path, mon
     from harness.cli import bench
     from harness.cli.main import build_parser
 
-    args = build_parser().parse_args(["bench", "--backend", "torch,numpy", "--size", "small", "--threads", "2",
-                                      "--data", str(text_file), "--out", str(tmp_path / "out")])
+    args = build_parser().parse_args(["bench", "overhead", "--backend", "torch,numpy", "--size", "small", "--threads",
+                                      "2", "--data", str(text_file), "--out", str(tmp_path / "out")])
     jobs = bench.plan_jobs(args)
     assert [j.isolated for j in jobs] == [True, True] and {j.threads for j in jobs} == {2}
     seen = {}
@@ -169,7 +169,7 @@ def test_threads_caps_each_measured_process(tmp_path: Path, text_file: Path, mon
         "failed: child process exited with status 1")
     assert {seen[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"2"}
     assert seen["cmd"][1:5] == ["-m", "harness", "--worker", "bench"]  # the one child program, the bench kind
-    unset = build_parser().parse_args(["bench", "--size", "small", "--data", str(text_file), "--out",
+    unset = build_parser().parse_args(["bench", "overhead", "--size", "small", "--data", str(text_file), "--out",
                                        str(tmp_path / "out")])
     assert [j.isolated for j in bench.plan_jobs(unset)] == [False]  # without it: in this process, as before
 
@@ -224,7 +224,7 @@ BAD = [
     (["--backends", "tensorflow"], "unknown backend"),
     (["--backends", "numpy", "--compile"], "torch backend only"),
     (["--timed-steps", "0"], "--timed-steps"),
-    (["--steps", "many"], "--steps"),  # its old spelling
+    (["--steps", "3"], "unrecognized arguments: --steps"),  # --timed-steps: never silently taken for it
     (["--repeats", "-2"], "--repeats"),
     (["--warmup", "1.5"], "--warmup"),
     (["--device", "tpu"], "--device"),
@@ -420,9 +420,8 @@ def test_noise_benchmark_refuses_bad_input_before_any_leg(tmp_path, monkeypatch,
     for argv, words in ((["--data", str(tmp_path / "nope.txt")], "does not exist"),
                         (["--backend", "torch"], "two backends at one size"),
                         (["--data", str(short)], "too short")):
-        args = ["bench", "noise", "--backend", "torch,numpy", "--size", "small", "--out", str(out), *argv]
-        if "--backend" in argv:
-            args = ["bench", "--noise", "--size", "small", "--out", str(out), *argv]  # its old spelling
+        args = ["bench", "noise", *([] if "--backend" in argv else ["--backend", "torch,numpy"]), "--size", "small",
+                "--out", str(out), *argv]
         assert main(args) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err

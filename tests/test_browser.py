@@ -16,6 +16,7 @@ import base64
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -96,16 +97,32 @@ class DevTools:
                 return reply.get("result", {})
             self.events.append(reply)
 
-    def wait_event(self, method: str) -> dict:
-        """Wait for (and return) the first event `method`, looking at those already received first."""
+    def wait_event(self, method: str, session: str | None = None) -> dict:
+        """Wait for (and return) the first event `method` (of tab `session`, where given), looking at those already
+        received first."""
+        def wanted(ev: dict) -> bool:
+            return ev.get("method") == method and (session is None or ev.get("sessionId") == session)
+
         for i, ev in enumerate(self.events):
-            if ev.get("method") == method:
+            if wanted(ev):
                 return self.events.pop(i)
         while True:
             ev = self._read()
-            if ev.get("method") == method:
+            if wanted(ev):
                 return ev
             self.events.append(ev)
+
+    def take_events(self, session: str) -> list[dict]:
+        """The events received so far from tab `session`, removed from `events`."""
+        mine = [ev for ev in self.events if ev.get("sessionId") == session]
+        self.events = [ev for ev in self.events if ev.get("sessionId") != session]
+        return mine
+
+    def __enter__(self) -> DevTools:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _read(self) -> dict:
         deadline = time.monotonic() + self.timeout
@@ -167,29 +184,34 @@ MEASURE = """JSON.stringify({
 })"""
 
 
-def render(binary: str, page: Path, screenshot: Path | None = None) -> dict[str, Any]:
-    """Load `page` in headless Chromium; return figure sizes, console errors, requests, and save a screenshot."""
+def render(tools: DevTools | str, page: Path, screenshot: Path | None = None,
+           expression: str = MEASURE, width: int = WIDTH) -> dict[str, Any]:
+    """Load `page` in a new tab, `width` pixels wide, of the browser session `tools` (or of a browser `tools` names,
+    started for this page alone); return what `expression` measures (figure sizes, pills, ...), the console errors
+    and requests of that tab, and save a screenshot."""
+    if isinstance(tools, str):
+        with DevTools(tools) as own:
+            return render(own, page, screenshot, expression, width)
     url = page.resolve().as_uri()
-    tools = DevTools(binary)
+    target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     try:
-        target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             tools.send(f"{domain}.enable", session=session)
-        tools.send("Emulation.setDeviceMetricsOverride", {"width": WIDTH, "height": 900, "deviceScaleFactor": 1,
+        tools.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
                                                           "mobile": False}, session=session)
         tools.send("Page.navigate", {"url": url}, session=session)
-        tools.wait_event("Page.loadEventFired")
-        measured = json.loads(tools.send("Runtime.evaluate", {"expression": MEASURE, "returnByValue": True},
+        tools.wait_event("Page.loadEventFired", session)
+        measured = json.loads(tools.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
                                          session=session)["result"]["value"])
         if screenshot is not None:
-            height = int(min(measured["height"], 16000))
+            height = int(min(measured.get("height", 900), 16000))
             shot = tools.send("Page.captureScreenshot", {
                 "format": "png", "captureBeyondViewport": True,
-                "clip": {"x": 0, "y": 0, "width": WIDTH, "height": height, "scale": 1}}, session=session)
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}}, session=session)
             screenshot.write_bytes(base64.b64decode(shot["data"]))
         errors, requests = [], []
-        for ev in tools.events:
+        for ev in tools.take_events(session):
             method, params = ev.get("method"), ev.get("params", {})
             if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
                 errors.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in
@@ -205,16 +227,18 @@ def render(binary: str, page: Path, screenshot: Path | None = None) -> dict[str,
         measured.update(errors=errors, requests=requests, url=url)
         return measured
     finally:
-        tools.close()
+        tools.send("Target.closeTarget", {"targetId": target})
 
 
 # --- the tests -------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def browser() -> str:
+def browser() -> Any:
+    """One browser session for the whole module: each page opens in a tab of its own."""
     binary, why = find_browser()
     if binary is None:
         pytest.skip(why)
-    return binary
+    with DevTools(binary) as tools:
+        yield tools
 
 
 def _check(result: dict, expect_figures: int) -> None:
@@ -229,7 +253,7 @@ def _check(result: dict, expect_figures: int) -> None:
     assert result["width"] <= WIDTH, "the page scrolls sideways"
 
 
-def test_report_renders_in_chromium(browser: str, tmp_path: Path) -> None:
+def test_report_renders_in_chromium(browser: DevTools, tmp_path: Path) -> None:
     """A two-backend, three-size report: every figure drawn, no console error, nothing fetched, a screenshot."""
     from test_report import make_sized_runs
 
@@ -252,7 +276,7 @@ def test_report_renders_in_chromium(browser: str, tmp_path: Path) -> None:
     assert index["errors"] == [] and index["requests"] == [index["url"]]
 
 
-def test_failed_report_shows_banner_first(browser: str, tmp_path: Path) -> None:
+def test_failed_report_shows_banner_first(browser: DevTools, tmp_path: Path) -> None:
     """A failed record's report renders, and its banner is the first thing under the title."""
     from test_report import make_run
 
@@ -267,7 +291,7 @@ def test_failed_report_shows_banner_first(browser: str, tmp_path: Path) -> None:
     assert all(f["width"] > 200 and f["height"] > 100 for f in result["figures"])
 
 
-# --- markup planted in what a record holds must never run (issue 21) -------------------------------------------------
+# --- markup planted in what a record holds must never run -------------------------------------------------------------
 PWNED = "PWNED"
 PAYLOADS = [f'x"><script>document.title="{PWNED}"</script>', f"<img src=x onerror=\"document.title='{PWNED}'\">",
             f"</pre><script>document.title='{PWNED}'</script>"]
@@ -280,8 +304,8 @@ def _unexecuted(result: dict) -> None:
     assert result["errors"] == [], result["errors"]
 
 
-def test_markup_in_a_sweep_record_does_not_run(browser: str, tmp_path: Path) -> None:
-    """The attack of issue 21: a sweep cell's record whose config name is `x"><script>...`; also markup in the
+def test_markup_in_a_sweep_record_does_not_run(browser: DevTools, tmp_path: Path) -> None:
+    """The attack: a sweep cell's record whose config name is `x"><script>...`; also markup in the
     sweep manifest's cell keys and spec."""
     from conftest import run_cli
 
@@ -310,7 +334,7 @@ def test_markup_in_a_sweep_record_does_not_run(browser: str, tmp_path: Path) -> 
     _unexecuted(render(browser, write_sweep_report(out, manifest.parent.name)))
 
 
-def test_markup_in_a_run_record_does_not_run(browser: str, tmp_path: Path) -> None:
+def test_markup_in_a_run_record_does_not_run(browser: DevTools, tmp_path: Path) -> None:
     """Markup in every free-text field of a run's records that reaches the run report: sample text, the
     continuations, the traceback of a failure, environment and backend info, parity.json; the names themselves are
     refused by the record schema (tests/test_untrusted_input.py)."""
@@ -341,7 +365,7 @@ def test_markup_in_a_run_record_does_not_run(browser: str, tmp_path: Path) -> No
     _unexecuted(render(browser, write_index(out)))
 
 
-def test_markup_in_kit_check_paths_does_not_run(browser: str, tmp_path: Path) -> None:
+def test_markup_in_kit_check_paths_does_not_run(browser: DevTools, tmp_path: Path) -> None:
     """`harness kit check` writes the kit's and the results' paths into its page."""
     import numpy as np
 
@@ -353,11 +377,12 @@ def test_markup_in_kit_check_paths_does_not_run(browser: str, tmp_path: Path) ->
     with np.load(kit / "expected.npz") as f:
         np.savez(results, **{k: f[k] for k in f.files if k != "logits_loss"})
     page = tmp_path / "check.html"
-    assert main(["kit", "check", str(kit), str(results), "--html", str(page), "--json", str(tmp_path / "c.json")]) == 0
+    assert main(["kit", "check", str(kit), str(results), "--page", str(page),
+                 "--verdict", str(tmp_path / "c.json")]) == 0
     _unexecuted(render(browser, page))
 
 
-def test_sweep_verdicts_and_index_row_render_in_chromium(browser: str, tmp_path: Path) -> None:
+def test_sweep_verdicts_and_index_row_render_in_chromium(browser: DevTools, tmp_path: Path) -> None:
     """A sweep report's per-dtype verdicts and the index's one row for the sweep: visible pills whose colours tell a
     clear verdict (green) from an inconclusive one (grey), no console error, nothing fetched."""
     from test_report import make_sweep
@@ -378,6 +403,173 @@ def test_sweep_verdicts_and_index_row_render_in_chromium(browser: str, tmp_path:
             assert pill["width"] > 40 and pill["height"] > 10, pill  # drawn, not collapsed
         assert "ok" in clear["cls"] and "neutral" in unclear["cls"]
         assert clear["background"] != unclear["background"] and clear["color"] != unclear["color"]
+
+
+# --- every verdict in the colour of its meaning, one palette on every page ------------------------------------------
+MARKS = """JSON.stringify((() => {
+  const words = e => e.textContent.replace(/\\s+/g, ' ').trim();
+  const own = e => Array.from(e.childNodes).filter(n => n.nodeType === 3).map(n => n.textContent).join(' ')
+    .replace(/\\s+/g, ' ').trim();
+  const drawn = (e, box) => ({color: getComputedStyle(e).color, background: getComputedStyle(box).backgroundColor});
+  const marks = [];
+  for (const e of document.querySelectorAll('.pill')) marks.push({kind: 'pill', text: words(e), ...drawn(e, e)});
+  for (const e of document.querySelectorAll('.banner')) marks.push({kind: 'banner', text: words(e), ...drawn(e, e)});
+  for (const e of document.querySelectorAll('.verdict > .label'))
+    marks.push({kind: 'label', text: own(e), ...drawn(e, e.parentElement)});
+  const broken = [], sci = /(?<![\\w.])[-+]?\\d+(\\.\\d+)?[eE][-+]?\\d+\\b/g;  // harness.pages._SCI
+  let numbers = 0;
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    if (n.parentElement.closest('svg')) continue;
+    for (const m of n.textContent.matchAll(sci)) {
+      const r = document.createRange();
+      r.setStart(n, m.index);
+      r.setEnd(n, m.index + m[0].length);
+      const lines = new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top)));
+      numbers += 1;
+      if (lines.size > 1) broken.push(m[0]);
+    }
+  }
+  const text = document.body.innerText;
+  return {marks, broken, numbers, ticks: text.match(/`[^`\\n]+`/g) || [], text,
+          codes: document.querySelectorAll('code').length, height: document.documentElement.scrollHeight};
+})())"""
+
+# What a verdict's words mean, hence the level of harness.pages it must be drawn in (the first match wins).
+MEANINGS = [
+    ("neutral", r"no verdict|no clear difference|not compared|single backend|\(\d+ seeds?\)|\(noisy\)|not given"),
+    ("error", r"\bFAIL|\bdiffer|\bfailed\b|\bno records?\b|not a fair|unreadable|nothing compared"),
+    ("warn", r"too busy|incomplete|interrupted|still running|disturbed|busy machine"),
+    ("ok", r"\bpass\b|\bagree\b|× faster|^ok$"),
+]
+
+
+PASS = re.compile(r"\bpass\b|\bagree\b", re.I)  # whatever else the words say, never drawn as a caveat or failure
+
+
+def meaning(text: str) -> str | None:
+    return next((level for level, words in MEANINGS if re.search(words, text, re.I)), None)
+
+
+def drawn_level(mark: dict) -> str:
+    """The level of harness.pages.PALETTE whose text colour and background the browser drew `mark` in."""
+    from harness.pages import PALETTE
+
+    def rgb(hex_colour: str) -> str:
+        return "rgb({}, {}, {})".format(*(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)))
+
+    fg = [lv for lv, (f, _) in PALETTE.items() if rgb(f) == mark["color"]]
+    bg = [lv for lv, (_, b) in PALETTE.items() if rgb(b) == mark["background"]]
+    assert fg == bg and len(fg) == 1, f"drawn outside the one palette: {mark}"
+    return fg[0]
+
+
+@pytest.fixture(scope="module")
+def verdict_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A run, a parity check, a sweep, their index and two kit checks, built in this process from synthetic records
+    (figures stubbed: only the words and colours are read) and one real kit."""
+    from test_report import _chunks, make_run, make_sweep, parity_record, write_paired
+
+    from harness import store
+    from harness.report import figures, sweep, write_index, write_report
+
+    out = tmp_path_factory.mktemp("pages")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("loss_figure", "deviation_figure", "cost_figure", "scaling_figure"):
+            mp.setattr(figures, name, lambda *a, **k: None)
+        mp.setattr(sweep, "wallclock_figures", lambda *a, **k: [])
+        # a run whose losses agree (0.4 % apart), torch interrupted, numpy on a busy machine, the paired timing too
+        run_id = make_run(out, val_offset={"numpy": 0.01}, statuses={"torch": "interrupted"})
+        _busy(store.RunPaths(out, run_id).dir / "numpy.json", _chunks)
+        write_paired(out, run_id, [2.0] * 3 + [5.0] * 9, tuple(range(3, 12)))
+        pages = {"run": write_report(out, [run_id])}
+        # a parity check that passes, numpy on a busy machine (a parity check times nothing: no caveat of speed)
+        parity_id = make_run(out, dropout=0.0, loss_noise=1e-6, text=False)
+        directory = store.RunPaths(out, parity_id).dir
+        spec = json.loads((directory / "spec.json").read_text())
+        store.atomic_write_json(directory / "spec.json", dict(spec, parity={"opt_steps": 3, "reference": "numpy"}))
+        _busy(directory / "numpy.json", _chunks)
+        store.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy")))
+        pages["parity"] = write_report(out, [parity_id])
+        # a sweep whose losses are 0.3 to 0.5 % apart in every seed: inside the band, a pass; torch 3x faster
+        sweep_id = make_sweep(out, seeds=3)
+        for i, path in enumerate(sorted(out.glob("runs/*/numpy.json"))):
+            rec = json.loads(path.read_text())
+            if rec["run_id"] != parity_id and rec["run_id"] != run_id:
+                for e in rec["evals"]:
+                    e["val_loss"] += 0.008 + 0.002 * (i % 3)
+                store.atomic_write_json(path, rec)
+        pages["sweep"] = sweep.write_sweep_report(out, sweep_id)
+        pages["index"] = write_index(out)
+    pages.update(_kit_pages(tmp_path_factory.mktemp("kit")))
+    return pages
+
+
+def _busy(path: Path, chunks: Any) -> None:
+    """Make the record at `path` one of a backend that trained on a busy machine (most steady steps disturbed)."""
+    rec = json.loads(path.read_text())
+    rec["chunks"] = chunks(len(rec["steps"]["step"]), 10, len(rec["steps"]["step"]))
+    del rec["timings"]["step_median_s"]
+    path.write_text(json.dumps(rec))
+
+
+def _kit_pages(tmp: Path) -> dict[str, Path]:
+    """`harness kit check` pages of a port that passes (the oracle's own answers) and of one that fails (every
+    number it gives off by 1 %: every depth fails, the table's columns fill up)."""
+    import numpy as np
+
+    from harness.cli.main import main
+
+    kit = tmp / "kit"
+    assert main(["kit", "export", "--steps", "1", "--out", str(kit), "--quiet"]) == 0
+    with np.load(kit / "expected.npz") as f:
+        arrays = {k: f[k] for k in f.files if k != "logits_loss"}
+    np.savez(tmp / "good.npz", **arrays)
+    np.savez(tmp / "bad.npz", **{k: v * 1.01 if v.dtype.kind == "f" else v for k, v in arrays.items()})
+    for name in ("good", "bad"):
+        code = main(["kit", "check", str(kit), str(tmp / f"{name}.npz"), "--out", str(tmp)])
+        assert code == (0 if name == "good" else 1)
+    return {"kit-pass": tmp / "good.check.html", "kit-fail": tmp / "bad.check.html"}
+
+
+EXPECTED = {  # marks each page must show, in the level of their meaning (so that no page passes by showing none)
+    "run": {("label", "losses agree"), ("pill", "losses agree"), ("pill", "incomplete"),
+            ("pill", "speed: machine too busy")},
+    "parity": {("label", "parity: pass"), ("pill", "parity: pass"), ("pill", "ok")},
+    "sweep": {("pill", "losses agree"), ("pill", "speed: torch 3× faster")},
+    "index": {("pill", "losses agree"), ("pill", "parity: pass"), ("pill", "speed: torch 3× faster")},
+    "kit-pass": {("pill", "ok")},
+    "kit-fail": {("pill", "FAIL")},
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_every_verdict_is_drawn_in_the_colour_of_its_meaning(browser: DevTools, verdict_pages: dict[str, Path],
+                                                             name: str, tmp_path: Path) -> None:
+    """Read from the browser: every pill, banner and verdict box is drawn in harness.pages' palette, in the level
+    its words mean (a pass green, never in a caveat's amber); numbers stay on one line; inline code is code."""
+    shot = tmp_path / f"{name}.png"
+    result = render(browser, verdict_pages[name], shot, MARKS)
+    assert result["errors"] == [] and result["requests"] == [result["url"]], result["errors"]
+    seen = set()
+    for mark in result["marks"]:
+        level, means = drawn_level(mark), meaning(mark["text"])
+        assert not (PASS.search(mark["text"]) and level in ("warn", "error")), f"{name}: a pass drawn {level}: {mark}"
+        assert means is None or level == means, f"{name}: {mark['text']!r} means {means}, drawn {level}"
+        seen.add((mark["kind"], mark["text"]))
+    assert EXPECTED[name] <= seen, EXPECTED[name] - seen
+    assert result["broken"] == [], f"{name}: numbers broken across lines: {result['broken']}"
+    assert result["ticks"] == [], f"{name}: backticks shown as text: {result['ticks']}"
+    if name.startswith("kit"):
+        assert result["numbers"] > 10 and result["codes"] >= 3
+    if name == "parity":  # a correctness page: nothing of speed (but the note of how to read it, that says so)
+        text = result["text"][:result["text"].rindex("How to read this")]
+        assert not [w for w in ("tokens/s", "faster", "throughput", "Speed", "speed", "paired timing") if w in text]
+        assert text.startswith("nanogpt-parity parity check: small — torch vs numpy")
+    keep = os.environ.get("HARNESS_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / f"palette-{name}.png")
 
 
 if __name__ == "__main__":  # python tests/test_browser.py REPORT.html SHOT.png

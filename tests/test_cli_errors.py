@@ -54,8 +54,6 @@ CASES = {
     "steps zero": (lambda t: ["--steps", "0"], "must be positive"),
     "steps not a number": (lambda t: ["--steps", "ten"], "not a whole number"),
     "out not writable": (lambda t: ["--out", write(t, "file", "x") + "/sub"], "not a directory"),
-    "resume unknown run": (lambda t: ["--resume", "20990101-000000-small-0000"], "no run"),
-    "resume a path": (lambda t: ["--resume", "/other/runs/20990101-000000-small-0000"], "is not a run id"),
     "seed negative": (lambda t: ["--seed", "-1"], "out of range"),
     "seed too large": (lambda t: ["--seed", str(2**64)], "out of range"),
     "config name a path": (lambda t: ["--config", write(t, "c.toml", toml_with(**{'name = "tiny"': 'name = "../x"'}))],

@@ -5,13 +5,14 @@
 - one concept, one spelling: options whose names differ only by case, `_`/`-`, a plural `s` or a known synonym
   (`--output` for `--out`) must be the canonical spelling below, or one of its listed aliases, or be declared a
   different concept in DISTINCT;
-- one spelling, one meaning: a spelling is a flag everywhere or a value everywhere, and its help starts with the same
-  sentence in every command (up to the first "; ", where the command's own details begin; the command's noun aside);
+- one spelling, one meaning, from ONE table (harness.cli.options.VOCABULARY): every option two or more commands
+  have is in it, and in every command its help starts with the table's sentence (what the command adds follows
+  "; "), it takes the table's choices, and it is a flag or takes a value as the table says;
 - every command's and subcommand's help has an "exit status" section, listing at least the statuses its code returns;
-- every old spelling (a hidden alias, help=SUPPRESS) is parsed to its new spelling's dest, or is an old flag for a
-  verb (VERB_ALIASES), which still reaches that verb.
+- nothing is hidden: no option without its line in --help, no old spelling.
 
-Data-driven: a new option needs only help text; a new spelling that looks like an existing one needs a line here.
+Data-driven: a new option needs only help text; a new shared one a line in VOCABULARY; a new spelling that looks like
+an existing one a line here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import pytest
 
 from harness.cli.main import build_parser
-from harness.cli.options import listed, pick_backends, pick_sizes
+from harness.cli.options import VOCABULARY, listed, pick_backends, pick_sizes
 from harness.config.presets import SIZES
 
 # canonical spelling -> the aliases an option with that spelling may also carry
@@ -37,32 +38,30 @@ SYNONYMS = {"output": "out", "outdir": "out", "output-dir": "out", "out-dir": "o
             "silent": "quiet", "backend-name": "backend", "model-size": "size", "preset": "size"}
 # where a shared concept must exist: what a user can rely on in every command that trains or writes
 EVERYWHERE = {
-    "--backend": ("run", "parity", "bench overhead", "bench noise", "sweep"),
-    "--size": ("run", "parity", "bench overhead", "bench noise", "sweep", "kit export"),
-    "--out": ("run", "status", "report", "resume", "parity", "bench overhead", "bench noise", "sweep", "kit check"),
-    "--threads": ("run", "resume", "parity", "bench overhead", "bench noise", "sweep"),
-    "--quiet": ("run", "resume", "parity", "bench overhead", "bench noise", "sweep", "kit export"),
+    "--backend": ("run", "parity", "bench overhead", "bench noise", "bench parts", "sweep"),
+    "--size": ("run", "parity", "bench overhead", "bench noise", "bench parts", "sweep", "kit export"),
+    "--out": ("run", "status", "report", "resume", "parity", "bench overhead", "bench noise", "bench parts", "sweep",
+              "kit export", "kit check"),
+    "--json": ("run", "resume", "parity", "sweep", "bench overhead", "bench noise", "bench parts", "kit export",
+               "kit check", "status"),
+    "--dropout": ("run", "parity", "sweep", "kit export"),
+    "--threads": ("run", "resume", "parity", "bench overhead", "bench noise", "bench parts", "sweep"),
+    "--quiet": ("run", "resume", "parity", "bench overhead", "bench noise", "bench parts", "sweep", "kit export"),
     "--steps": ("run", "parity", "bench noise", "sweep", "kit export"),
-    "--device": ("run", "parity", "bench overhead", "sweep"),
-    "--set": ("run", "parity", "sweep", "kit export"),
-    "--data": ("run", "parity", "bench overhead", "bench noise", "sweep", "kit export"),
-    "--seed": ("run", "parity", "bench overhead", "sweep", "kit export"),
+    "--device": ("run", "parity", "bench overhead", "bench parts", "sweep"),
+    "--set": ("run", "parity", "bench parts", "sweep", "kit export"),
+    "--data": ("run", "parity", "bench overhead", "bench noise", "bench parts", "sweep", "kit export"),
+    "--seed": ("run", "parity", "bench overhead", "bench parts", "sweep", "kit export"),
 }
 # the exit statuses each command's code can end with (read from the code: its returns, and harness.cli.main's 2, 130
 # and 141 for every command); its --help must list each
 EXIT = {"": {0, 1, 2, 3, 130, 141}, "run": {0, 1, 2, 130, 141}, "parity": {0, 1, 2, 3, 130, 141},
         "sweep": {0, 1, 2, 130, 141}, "status": {0, 2, 130, 141}, "report": {0, 2, 130, 141},
         "resume": {0, 1, 2, 130, 141}, "bench": {0, 1, 2, 130, 141}, "bench overhead": {0, 1, 2, 130, 141},
-        "bench noise": {0, 1, 2, 130, 141}, "kit": {0, 1, 2, 130, 141}, "kit export": {0, 2, 130, 141},
+        "bench noise": {0, 1, 2, 130, 141}, "bench parts": {0, 1, 2, 130, 141}, "kit": {0, 1, 2, 130, 141},
+        "kit export": {0, 2, 130, 141},
         "kit check": {0, 1, 2, 130, 141}, "sizes": {0, 2, 130, 141}, "doctor": {0, 130, 141},
-        "setup": {0, 2, 130, 141}}
-# old flags that became verbs (or subcommands): (command, spelling) -> the new spelling
-VERB_ALIASES = {("run", "--resume"): "harness resume RUN_ID", ("sweep", "--status"): "harness status SWEEP_ID",
-                ("sweep", "--resume"): "harness resume SWEEP_ID", ("sweep", "--report"): "harness report SWEEP_ID"}
-# a value for each hidden alias's dest, to parse the old and the new spelling with
-ALIAS_VALUES = {"timed_steps": "3", "seeds": "2", "steps": "7", "run_steps": "9", "out": "some-dir"}
-# words that name the command itself in a help sentence ("every cell", "the run"): the same sentence otherwise
-NOUNS = re.compile(r"\b(runs?|sweeps?|cells?|kits?|checks?|benchmarks?|legs?)\b")
+        "setup": {0, 2, 130, 141}, "setup julia": {0, 2, 130, 141}}
 
 
 def commands() -> list[tuple[str, argparse.ArgumentParser]]:
@@ -80,11 +79,10 @@ def commands() -> list[tuple[str, argparse.ArgumentParser]]:
     return found
 
 
-def options(parser: argparse.ArgumentParser, hidden: bool = False) -> list[argparse.Action]:
-    """The options and positionals of `parser` shown in its help (or, with `hidden`, its hidden aliases only)."""
+def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The options and positionals of `parser` (but --help, --version and its subcommands)."""
     return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._VersionAction,
-                                                             argparse._SubParsersAction))
-            and (a.help == argparse.SUPPRESS) == hidden]
+                                                             argparse._SubParsersAction))]
 
 
 def key(spelling: str) -> str:
@@ -99,7 +97,8 @@ def test_every_parser_refuses_abbreviations():
         assert parser.allow_abbrev is False, f"`harness {name}` accepts abbreviations"
 
 
-def test_every_option_has_help():
+def test_every_option_has_help_and_none_is_hidden():
+    """No option without its line in --help: no hidden old spellings (release 0.1.0 keeps none)."""
     missing = [f"harness {name}: {a.option_strings or a.dest}" for name, parser in commands() for a in options(parser)
                if not a.help or a.help == argparse.SUPPRESS or not a.help.strip()]
     assert missing == [], "give these options help text"
@@ -149,7 +148,7 @@ def test_threads_help_says_its_default():
                 assert "default" in action.help, f"harness {name} --threads: say what the default is"
 
 
-@pytest.mark.parametrize("command", ["run", "parity", "bench", "bench overhead", "bench noise", "sweep"])
+@pytest.mark.parametrize("command", ["run", "parity", "bench overhead", "bench noise", "sweep"])
 def test_backend_and_size_take_lists_repeats_and_plurals(command):
     parser = build_parser()
     a = parser.parse_args([*command.split(), "--backend", "torch,numpy", "--size", "small"])
@@ -169,7 +168,8 @@ def test_all_and_lists():
 def test_a_prefix_is_an_error(capsys):
     with pytest.raises(SystemExit) as exc:  # parsed only: were the prefix accepted, nothing would start training
         build_parser().parse_args(["run", "--thread", "1"])
-    assert exc.value.code == 2 and "unrecognized arguments: --thread" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "unrecognized arguments: --thread" in err and "`harness run --help`" in err, err
 
 
 def test_size_help_names_every_size_the_command_takes():
@@ -183,27 +183,68 @@ def test_size_help_names_every_size_the_command_takes():
                 assert missing == [], f"`harness {name} --size` help leaves out {missing}: {action.help}"
 
 
-def first_clause(help_text: str) -> str:
-    """The sentence a shared option's help starts with (harness.cli.options.shared), the command's noun aside."""
-    return NOUNS.sub("NOUN", help_text.split("; ")[0])
-
-
-def test_one_help_sentence_per_option():
-    """An option name means one thing: its help starts with the same sentence in every command that has it."""
-    sentences: dict[str, dict[str, list[str]]] = {}
-    for name, parser in commands():
+def vocabulary_problems(found: list[tuple[str, argparse.ArgumentParser]]) -> list[str]:
+    """Where the options of the parsers `found` depart from harness.cli.options.VOCABULARY: a help that does not
+    start with the table's sentence, other choices, a flag for a value or a value for a flag, and an option two or
+    more commands have that the table does not list."""
+    where: dict[str, set[str]] = {}
+    problems = []
+    for name, parser in found:
         for action in options(parser):
             for spelling in (s for s in action.option_strings if s.startswith("--")):
-                sentences.setdefault(spelling, {}).setdefault(first_clause(action.help), []).append(name)
-    differ = {spelling: found for spelling, found in sentences.items() if len(found) > 1}
-    assert differ == {}, "say these options' meaning in one sentence (harness.cli.options.shared)"
+                where.setdefault(spelling, set()).add(name)
+                word = VOCABULARY.get(spelling)
+                if word is None:
+                    continue
+                text = action.help or ""
+                if not (text == word.sentence or text.startswith(word.sentence + "; ")):
+                    problems.append(f"harness {name} {spelling}: its help does not start with the vocabulary's "
+                                    f"sentence {word.sentence[:50]!r}...")
+                choices = tuple(action.choices) if action.choices is not None else None
+                if choices != word.choices:
+                    problems.append(f"harness {name} {spelling}: choices {choices}, the vocabulary's {word.choices}")
+                if (action.nargs == 0) != word.flag:
+                    problems.append(f"harness {name} {spelling}: {'a flag' if action.nargs == 0 else 'a value'}, "
+                                    f"the vocabulary's {'a flag' if word.flag else 'a value'}")
+    aliases = {a for names in CANONICAL.values() for a in names}
+    problems += [f"{spelling} is in {sorted(cmds)}: give it its line in VOCABULARY" for spelling, cmds in where.items()
+                 if len(cmds) > 1 and spelling not in VOCABULARY and spelling not in aliases]
+    return problems
 
 
-def test_the_noun_aside_is_all_that_may_differ():
-    """The check above can fail: two meanings of one spelling are two sentences."""
-    assert first_clause("train exactly N steps; every cell") == first_clause("train exactly N steps")
-    assert first_clause("the run's output directory") == first_clause("the sweep's output directory")
-    assert first_clause("timed steps of each repeat") != first_clause("train exactly N steps")
+def test_shared_options_match_the_one_vocabulary():
+    assert vocabulary_problems(commands()) == []
+
+
+def test_the_vocabulary_check_can_fail():
+    """Planted departures are each found: the check above is real."""
+    from harness.cli.options import Parser
+
+    a, b = Parser(prog="harness a"), Parser(prog="harness b")
+    a.add_argument("--dtype", choices=("float16",), help="the precision of the floats")
+    a.add_argument("--quiet", metavar="LEVEL", help="how quiet")
+    for p in (a, b):
+        p.add_argument("--verbosity", help="how much to say")
+    found = vocabulary_problems([("a", a), ("b", b)])
+    assert len(found) == 5, found  # --dtype: sentence and choices; --quiet: sentence and kind; --verbosity unlisted
+    assert any("--verbosity" in f and "VOCABULARY" in f for f in found)
+
+
+def test_size_help_offers_all_only_where_all_is_taken():
+    """`--size all` is refused by the commands that take one size (parity, kit export, bench noise): their help
+    must not offer it, and those that take several must."""
+    from harness.cli.options import SIZE_ALL
+
+    for name, parser in commands():
+        for action in options(parser):
+            if "--size" in action.option_strings:
+                one = action.metavar == "SIZE"
+                assert (SIZE_ALL in action.help) != one, f"`harness {name} --size`: {action.help}"
+    with pytest.raises(Exception, match="takes one size"):
+        pick_sizes(["all"], one=True)
+    with pytest.raises(Exception) as exc:
+        pick_sizes(["tiny"], one=True)
+    assert " or all" not in str(exc.value)
 
 
 def test_every_help_has_an_exit_status_section():
@@ -220,54 +261,75 @@ def test_every_help_has_an_exit_status_section():
     assert missing == {}, "these commands' --help leaves out statuses their code returns"
 
 
-def test_every_hidden_alias_is_parsed_to_the_new_dest():
-    """Each old spelling (help=SUPPRESS) stores where its new spelling does, and parses to the same value; an old
-    flag of a verb still reaches that verb's dest."""
-    checked = set()
+@pytest.mark.parametrize("argv", [
+    ["bench", "overhead", "--steps", "2"],  # --timed-steps, never a prefix or an old spelling of it
+    ["bench", "--size", "small"],  # `harness bench` alone is no command: overhead or noise
+    ["bench", "noise", "--noise-seeds", "2"], ["run", "--resume", "X"], ["sweep", "--status", "X"],
+    ["sweep", "--resume", "X"], ["sweep", "--report", "X"], ["kit", "export", "k"]])
+def test_old_spellings_are_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("harness: error: "), err
+
+
+def test_kit_export_takes_out_like_every_command(capsys):
     parser = build_parser()
-    for name, sub in commands():
-        visible = {a.dest: a for a in options(sub)}
-        for action in options(sub, hidden=True):
-            spelling = action.option_strings[0]
-            checked.add((name, spelling))
-            if (name, spelling) in VERB_ALIASES:
-                args = parser.parse_args([*name.split(), spelling, "ID-1"])
-                assert getattr(args, action.dest) == "ID-1", f"harness {name} {spelling}"
-                continue
-            assert action.dest in visible, f"harness {name} {spelling}: no new spelling stores to {action.dest}"
-            new = visible[action.dest]
-            value = ALIAS_VALUES[action.dest]
-            old_args = parser.parse_args([*name.split(), spelling, value])
-            new_line = [value] if not new.option_strings else [new.option_strings[0], value]
-            new_args = parser.parse_args([*name.split(), *new_line])
-            assert getattr(old_args, action.dest) == getattr(new_args, action.dest), f"harness {name} {spelling}"
-            assert "formerly " + spelling in new.help, f"harness {name}: say 'formerly {spelling}' in its new help"
-    assert set(VERB_ALIASES) <= checked
+    assert str(parser.parse_args(["kit", "export", "--out", "k"]).out) == "k"
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["kit", "export"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--out" in err and "`harness kit export --help`" in err, err
 
 
-def test_the_old_subcommand_spellings_of_bench():
-    """`harness bench ...` is `harness bench overhead ...`, `harness bench --noise ...` is `harness bench noise ...`."""
-    from harness.cli import bench
-
-    parser = build_parser()
-    plain = parser.parse_args(["bench", "--size", "small", "--steps", "4"])
-    assert plain.func is bench.command and plain.timed_steps == 4 and plain.size == ["small"]
-    assert parser.parse_args(["bench"]).func is bench.command
-    noise = parser.parse_args(["bench", "--noise", "--size", "small", "--noise-seeds", "2", "--noise-steps", "5"])
-    assert noise.func is bench.noise_command and (noise.seeds, noise.steps) == (2, 5)
-    assert parser.parse_args(["bench", "noise", "--run-steps", "8"]).run_steps == 8
+@pytest.mark.parametrize("argv, command", [(["run", "--thread", "1"], "harness run"),
+                                           (["bench", "noise", "--size", "small", "--hog", "2"], "harness bench noise"),
+                                           (["kit", "check", "k", "r", "--html", "p"], "harness kit check"),
+                                           (["--frobnicate"], "harness")])
+def test_a_usage_error_points_to_its_own_command_s_help(argv, command, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert err.startswith("harness: error: ") and err.rstrip().endswith(f"see `{command} --help`"), err
 
 
-def test_kit_export_takes_its_directory_once(capsys):
-    parser = build_parser()
-    assert str(parser.parse_args(["kit", "export", "k"]).out) == "k"
-    assert str(parser.parse_args(["kit", "export", "--out", "k"]).out) == "k"  # its old spelling
-    for argv in (["kit", "export"], ["kit", "export", "k", "--out", "j"]):
-        with pytest.raises(SystemExit) as exc:
-            parser.parse_args(argv)
-        assert exc.value.code == 2
-        err = capsys.readouterr().err
-        assert len(err.strip().splitlines()) == 1 and "KIT_DIR" in err, err
+def test_one_error_prefix_for_argparse_and_the_commands(capsys):
+    """A usage error caught by argparse and one found by a command start alike."""
+    from harness.cli.main import main
+
+    assert main(["run", "--size", "tiny"]) == 2
+    assert capsys.readouterr().err.startswith("harness: error: unknown size 'tiny'")
+    with pytest.raises(SystemExit):
+        main(["run", "--steps", "x"])
+    assert capsys.readouterr().err.startswith("harness: error: argument --steps")
+
+
+def test_setup_julia_has_its_own_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["setup", "julia", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: harness setup julia") and "--force" in out, out
+
+
+def test_the_top_level_help_names_every_backend():
+    """From the declarations: every backend, shipped or from outside, in `harness --help`."""
+    from harness.backends import declarations
+
+    text = " ".join(build_parser().format_help().split())
+    assert all(name in text for name in declarations()), text
+
+
+def test_sweep_takes_dropout_for_every_cell():
+    from harness.cli.sweep import spec_from_args
+
+    spec, _ = spec_from_args(build_parser().parse_args(["sweep", "--dropout", "0.1", "--steps", "3"]))
+    assert spec.fields == {"dropout": [0.1]}
+    for argv, fragment in ((["--dropout", "0.1", "--set", "dropout=0.2"], "--set dropout= both given"),
+                           (["--dropout", "0.1", "--axis", "dropout=0,0.2"], "--dropout and --axis dropout"),
+                           (["--set", "learning_rate=0.1,0.2"], "--axis learning_rate=0.1,0.2"),
+                           (["--device", "cpu,cuda"], "--axis device=cpu,cuda")):
+        with pytest.raises(Exception, match=re.escape(fragment)):
+            spec_from_args(build_parser().parse_args(["sweep", *argv]))
 
 
 def test_device_is_one_syntax_everywhere():

@@ -183,7 +183,8 @@ def test_the_modes_are_refused_in_one_line_where_they_cannot_apply(tmp_path: Pat
                  ["run", "--cuda-graphs", "--backend", "numpy"],
                  ["bench", "overhead", "--cuda-graphs"]):
         out = tmp_path / "out"
-        assert main([*argv, "--steps", "1", "--out", str(out)]) == 2, argv
+        steps = "--timed-steps" if argv[0] == "bench" else "--steps"  # bench overhead times steps, trains none
+        assert main([*argv, steps, "1", "--out", str(out)]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "cuda" in err.lower() and not out.exists(), (argv, err)
 

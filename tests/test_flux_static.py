@@ -92,7 +92,8 @@ def test_project_toml_matches_juliapkg_json():
 
 
 def test_bridge_calls_exported_functions():
-    """Every `self._mod.NAME(...)` in the bridge is an exported Julia function (`_b` suffix = `!`)."""
+    """Every `self._mod.NAME(...)` in the bridge (and `mod.NAME(...)` in its part runner) is an exported Julia function
+    (`_b` suffix = `!`)."""
     source = (PKG_DIR / "src" / "NanoGPTFlux.jl").read_text(encoding="utf-8")
     export_block = re.search(r"^export\b(.*?)\n\s*\n", source, re.S | re.M)  # up to the first blank line
     assert export_block
@@ -100,6 +101,10 @@ def test_bridge_calls_exported_functions():
     bridge = (ROOT / "harness" / "backends" / "flux.py").read_text(encoding="utf-8")
     called = {re.sub(r"_b$", "!", m) for m in re.findall(r"self\._mod\.(\w+)\(", bridge)}
     assert called, "no Julia calls found in the bridge"
+    runner = (ROOT / "harness" / "backends" / "flux_parts.py").read_text(encoding="utf-8")
+    in_runner = set(re.findall(r"\bmod\.(\w+)\(", runner))
+    assert in_runner >= {"part_forward", "part_backward", "optimizer_closure"}, in_runner
+    called |= in_runner
     assert called <= exported, called - exported
     julia_src = "\n".join(p.read_text(encoding="utf-8") for p in (PKG_DIR / "src").glob("*.jl"))
     for name in exported:

@@ -100,7 +100,12 @@ def dry(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     while processes_under(out) and time.time() < deadline:
         time.sleep(0.2)
     orphans = processes_under(out)
-    second = tool("--out", str(out), "--budget", "40", *common, cwd=ROOT)
+    # every check estimated at 30 s (as a slower machine's summary would say): a budget of 40 s then starts one or
+    # two of the checks left, however fast this machine is, and passes over the rest
+    slow = base / "slow-estimates.json"
+    slow.write_text(json.dumps({**after_kill, "checks": [{"name": r["name"], "result": "PASS", "wall_s": 30.0}
+                                           for r in after_kill["checks"]]}))
+    second = tool("--out", str(out), "--budget", "40", "--estimates", str(slow), *common, cwd=ROOT)
     _, err2 = second.communicate(timeout=600)
     after_budget = json.loads((out / "summary.json").read_text())
     third = tool("--out", "gpu-check", *common, cwd=elsewhere)
@@ -125,8 +130,9 @@ def killed_run_left_a_summary(dry: SimpleNamespace) -> None:
 
 
 def budget_left_the_rest_and_a_rerun_completed_only_the_rest(dry: SimpleNamespace) -> None:
-    """The second call (from the checkout) keeps the first call's results, runs what fits 25 s and lists the rest
-    as "not run: budget"; the third runs only what is left, and the dry run passes end to end."""
+    """The second call (from the checkout) keeps the first call's results, runs what fits 40 s and lists the rest
+    as "not run: budget" (the estimates it is given leave room for one or two); the third runs only what is left,
+    and the dry run passes end to end."""
     killed, budget, final = results(dry.killed), results(dry.budget), results(dry.final)
     assert dry.rc2 == 0 and dry.rc3 == 0, dry.err2 + dry.err3
     for name, r in killed.items():
@@ -437,7 +443,69 @@ def test_the_preflight_on_a_gpu_machine_names_each_missing_part_and_what_it_skip
     assert cupy.lstrip().startswith("MISSING") and "cupy-cuda12x 13.6.0 not ready on CUDA 13.0" in cupy
     assert "skips paired-torch-numpy, sweep-3-seeds" in cupy and "cupy-cuda13x" in cupy
     assert {"cupy", "jax-cuda", "nanogpt"} <= set(figs["missing"]) and "cuda" not in figs["missing"]
-    assert "skips paired-torch-jax" in next(ln for ln in lines if "JAX" in ln)
+    jax_line = next(ln for ln in lines if "JAX" in ln)
+    assert "skips paired-torch-jax" in jax_line and "runs parts-small without jax" in jax_line
     found["torch"] = {"version": "2.13.0+cpu", "cuda": None, "available": False}
     ok, _, figs, lines = preflight.preflight(args, checks[1:])
     assert not ok and "CPU build" in figs["parts"]["cuda"]["status"]
+
+
+def test_the_parts_check_leaves_jax_out_where_the_preflight_finds_no_plugin() -> None:
+    """bench parts (tier 7) runs torch,jax,numpy on the GPU; without JAX's CUDA plugin it runs torch,numpy and its
+    row says why jax was left out; without CuPy (the oracle on the GPU) it is skipped."""
+    checks = plan.plan(SimpleNamespace(dry_run=False, recipe_mode="eager", recipe_target=1.48))
+    parts = next(c for c in checks if c.name == "parts-small")
+    assert parts.tier == 7 and parts.needs == {"harness", "cuda", "cupy", "jax-cuda"} and parts.estimate_s == 100
+    assert parts.argv[parts.argv.index("--backend") + 1] == "torch,jax,numpy" and "--rounds" in parts.argv
+    rows: dict[str, tuple] = {}
+    status = {"jax-cuda": {"status": "jax is not installed"}, "cupy": {"status": "not ready"}}
+    session = SimpleNamespace(rows={"preflight": {"figures": {"parts": status}}, "parts-small": {"result": "not run"}},
+                              args=SimpleNamespace(skip_long=False),
+                              set=lambda c, result, text, **kw: rows.__setitem__(c.name, (result, text)))
+    (narrowed,) = runner.todo(session, [checks[0], parts], set(), {"jax-cuda"})
+    assert narrowed.argv[narrowed.argv.index("--backend") + 1] == "torch,numpy" and narrowed.needs == parts.needs - {
+        "jax-cuda"}
+    assert narrowed.left_out == "jax left out: needs jax-cuda (jax is not installed)" and not rows
+    assert runner.todo(session, [checks[0], parts], set(), {"jax-cuda", "cupy"}) == []
+    assert rows["parts-small"][0] == "skipped" and "cupy" in rows["parts-small"][1]
+
+
+def test_the_parts_judge_reads_the_record_and_its_page(tmp_path: Path, corpus) -> None:
+    """The parts check passes on a completed record whose page `harness report ID` rebuilds, every item covered,
+    finite steps, torch on CUDA events with kernels counted for every part; each of those missing fails, named."""
+    from harness.bench import parts as bench_parts
+    from harness.config.load import load_config
+    from harness.core.parts import STEP
+    from harness.store.parts import PartsBurst, PartsReady, PartsRound, record_path
+
+    config = load_config("small").replace(n_layer=1)
+    contenders = [{"name": n, "backend": n, "device": "cuda", "options": {}} for n in ("torch", "numpy")]
+    record, _ = bench_parts.new_record(config, corpus, contenders, ["emb", "h.0.mlp.fc"], 2, 1, {})
+    quiet = {"step": 0, "n": 1, "wall_s": 0.2, "cpu_s": 0.2, "exec_s": 0.2, "wait_s": 0.0}
+    for k in range(3):
+        times = {key: 1e-3 * (1 + 0.01 * k) for key in record.items if key != STEP}
+        times[STEP] = sum(times.values())
+        record.rounds.append(PartsRound(order=["torch", "numpy"], bursts={
+            n: PartsBurst(times=dict(times), chunk=quiet) for n in ("torch", "numpy")}))
+    for c in record.contenders:
+        c.ready = PartsReady(calls={k: 1 for k in record.items}, passes=3, clock="CUDA events around each item's "
+                             "calls" if c.backend == "torch" else "host clock", compile_s=None, launches={
+                                 k: {"kernels": 2, "kernel_us": 5.0} for k in record.items} if c.backend == "torch"
+                             else {})
+    record.status = "completed"
+    record.dump(record_path(tmp_path, record.id))
+    ok, text, facts = judges.parts(None, _outcome(out=tmp_path))  # through the child, as on the GPU machine
+    assert ok, text
+    assert text.startswith("torch step ") and (tmp_path / "bench" / f"{record.id}.html").is_file()
+    for change, words in ((lambda f: f["contenders"][0].update(fewest_kernels=0), "torch: a part launches 0"),
+                          (lambda f: f["contenders"][0].update(clock="host clock"), "not CUDA events"),
+                          (lambda f: f["contenders"][1].update(step_ms=float("nan")), "numpy's step median"),
+                          (lambda f: f["contenders"][1].update(covers=False), "numpy's calls or bursts miss"),
+                          (lambda f: f.update(status="incomplete"), "record incomplete"),
+                          (lambda f: f.update(report_rc=2), "harness report exit status 2")):
+        bad = json.loads(json.dumps(facts))
+        change(bad)
+        ok, text, _ = judges.parts_verdict(0, bad)
+        assert not ok and words in text, text
+    assert not judges.parts_verdict(1, facts)[0]
+    assert judges.parts(None, _outcome(out=tmp_path / "none"))[1].startswith("no parts record under")

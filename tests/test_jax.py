@@ -258,7 +258,7 @@ def test_bench_measures_jax_in_the_one_child_program(tmp_path: Path) -> None:
     from harness.cli.main import build_parser
     from harness.run.processes import child_command
 
-    args = build_parser().parse_args(["bench", "--backend", "jax,numpy", "--size", "small", "--data",
+    args = build_parser().parse_args(["bench", "overhead", "--backend", "jax,numpy", "--size", "small", "--data",
                                       str(data_path()), "--out", str(tmp_path)])
     assert [(j.backend, j.isolated) for j in bench.plan_jobs(args)] == [("jax", True), ("numpy", False)]
     assert child_command("bench", "{}")[1:5] == ["-m", "harness", "--worker", "bench"]
@@ -416,7 +416,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from harness.cli.main import main
 
     out = tmp_path_factory.mktemp("kit") / "kit"
-    assert main(["kit", "export", str(out), "--data", str(data_path()), "--size", "small", "--steps", "3",
+    assert main(["kit", "export", "--out", str(out), "--data", str(data_path()), "--size", "small", "--steps", "3",
                  "--dropout", "0.2", "--set", "attn_dropout=true"]) == 0
     return out
 

@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 
 
 def export(out: Path, *args: str) -> Path:
-    code = main(["kit", "export", str(out), "--data", str(data_path()), *args])
+    code = main(["kit", "export", "--out", str(out), "--data", str(data_path()), *args])
     assert code == 0
     return out
 
@@ -202,7 +202,7 @@ def test_a_port_without_attention_dropout_fails_an_attention_kit(kit_attn: Path,
     assert "dropout masks" in out
 
 
-# the attention dropout's bugs (issue 27, item 2) and the masks' (issue 29, item 8), at the attention site and the
+# the attention dropout's bugs and the masks' (transposed, of another step), at the attention site and the
 # others: (the kit, the depth, the tap named, the cause)
 MASK_PLANTS = {
     ("attn-drop-after-v", "kit_attn"): ("taps", "h.0.attn.y", "the dropout acts on y after the value product"),
@@ -291,7 +291,7 @@ NANOGPT_OPTIONS = ["--set", "tie_embeddings=true", "--set", "gelu=exact", "--set
 
 def test_a_correct_port_passes_the_kit_with_nanogpt_options_on_medium(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture) -> None:
-    """Issue 29 item 6, the attack: the kit of the issue's command (medium, nanoGPT's options, 5 steps). A correct
+    """The attack: a kit of medium with nanoGPT's options (5 steps). A correct
     port's free-running states drift from the oracle's (4e-12 at step 5 in float64, 8e-4 in float32, growing about
     tenfold a step), so each of its steps is graded from its own state before it: then it agrees to rounding."""
     kit = export(tmp_path / "kit", "--size", "medium", *NANOGPT_OPTIONS)
@@ -324,7 +324,7 @@ def test_a_correct_float32_port_passes_a_kit_in_its_warm_up(kit: Path, tmp_path:
 
 def test_the_float32_hint_needs_float32_evidence(kit: Path, good: dict, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture) -> None:
-    """Issue 29 item 6: float64 results whose step-0 depths agree to float64 rounding and whose one difference is
+    """Float64 results whose step-0 depths agree to float64 rounding and whose one difference is
     late (an optimizer step off by 1e-7 of itself, within the float32 tolerances) were told "float32 computed,
     float64 written". The hint needs the evidence it names: float32 values, or every step-0 depth at float32
     rounding level."""
@@ -484,7 +484,7 @@ def test_tampered_or_incomplete_kit_exit_2(kit: Path, good: dict, tmp_path: Path
 def test_a_kit_whose_answers_hold_nan_is_malformed_not_a_failing_port(where: str, kit: Path, good: dict,
                                                                       tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture) -> None:
-    """The attack of issue 29 item 7: NaN in expected.npz, the manifest's size and sha256 made to match. The port is
+    """The attack: NaN in expected.npz, the manifest's size and sha256 made to match. The port is
     not failing (exit 1): the kit is malformed (exit 2, one line, nothing written)."""
     import hashlib
     import shutil
@@ -569,9 +569,9 @@ def test_check_out_is_where_the_page_and_verdict_go(kit: Path, good: dict, tmp_p
     assert sorted(p.name for p in path.parent.iterdir()) == ["results.npz"]
 
 
-# ------------------------------------------------------------------------------------------ issue 20 through the kit
+# ------------------------------------------------------------- the planted bugs that parity names, through the kit
 # port plant: (kit, port dtype, port depths, what "first broken:" names, a word of the likely cause)
-ISSUE20 = {
+PLANTED_THROUGH_THE_KIT = {
     "tied": ("kit", "float32", None, "taps, tap logits", "tied"),
     "tied (logits only)": ("kit", "float32", "logits", "logits", "tied"),
     "no-decay-emb": ("kit", "float32", None, "optimizer, parameter wte.weight", "embeddings"),
@@ -584,10 +584,10 @@ ISSUE20 = {
 }
 
 
-@pytest.mark.parametrize("case", list(ISSUE20))
+@pytest.mark.parametrize("case", list(PLANTED_THROUGH_THE_KIT))
 def test_issue20_bugs_through_the_kit_are_named(case: str, request: pytest.FixtureRequest, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture) -> None:
-    which, dtype, depths, named, word = ISSUE20[case]
+    which, dtype, depths, named, word = PLANTED_THROUGH_THE_KIT[case]
     kit = request.getfixturevalue(which)
     args = ["--dtype", dtype, "--plant", case.split(" ")[0]] + (["--depths", depths] if depths else [])
     results = run_port(kit, tmp_path / "results.npz", *args)
@@ -602,17 +602,18 @@ def test_issue20_bugs_through_the_kit_are_named(case: str, request: pytest.Fixtu
     # the failure is stated once: the "First broken" section gives its detail and cause (a hint equal to the cause
     # is not repeated); its own line is not listed again among the other failed checks, each of which is listed once
     diagnosis = verdict["diagnosis"]
-    assert page.count(html_escape(diagnosis["cause"])) == 1 and page.count(html_escape(diagnosis["detail"])) == 1
+    assert page.count(as_html(diagnosis["cause"])) == 1 and page.count(as_html(diagnosis["detail"])) == 1
     (first,) = [f for f in verdict["failures"] if f not in verdict["other_failures"]]
-    assert html_escape(first) not in page
-    assert all(page.count(html_escape(f)) == 1 for f in verdict["other_failures"]), verdict["other_failures"]
+    assert as_html(first) not in page
+    assert all(page.count(as_html(f)) == 1 for f in verdict["other_failures"]), verdict["other_failures"]
     assert "<th>first broken</th><th>worst</th>" in page and "What the depths given cannot see" in page
 
 
-def html_escape(text: str) -> str:
-    import html
+def as_html(text: str) -> str:
+    """A message as every page renders it (harness.pages.inline: escaped, `code` and numbers marked up)."""
+    from harness.pages import inline
 
-    return html.escape(text)
+    return str(inline(text))
 
 
 def test_a_logits_only_port_without_lm_head_bias_passes_and_is_told_why(kit: Path, tmp_path: Path,

@@ -1,4 +1,4 @@
-"""nanoGPT's options, schedule, presets and config files (issue 19; docs/nanogpt.md).
+"""nanoGPT's options, schedule, presets and config files (docs/nanogpt.md).
 
 The options' defaults keep the original model (config hashes pinned from before the options existed; old stored
 configs load); the schedule is nanoGPT's get_lr and reaches every train_step; the NumPy oracle's hand-written backward
@@ -534,7 +534,7 @@ def test_kit_states_the_options_and_rates_and_a_nanogpt_port_passes(nanogpt_kit:
 
 KIT_PLANTS = {  # plant in the port: (dtype, what `kit check` must print)
     "tie-no-sum": ("float32", "likely cause: tied embeddings: only the shared wte.weight gradient differs"),
-    # the activation taps name it first, at h.0.mlp.act (issue 20): the oracle follows the config (exact)
+    # the activation taps name it first, at h.0.mlp.act: the oracle follows the config (exact)
     "gelu-tanh": ("float64", "likely cause: GELU form: oracle computes the exact (erf) GELU, port the "
                              "tanh-approximation GELU"),
     "warmup-off-by-one": ("float32", "likely cause: learning-rate schedule: the warm-up is off by one step"),
@@ -560,36 +560,3 @@ def _spec(doc: dict):
     from harness.store import RunSpec
 
     return RunSpec.from_dict(dict(doc, run_id="r", data={"path": "data.txt", "sha256": "ab" * 32}))
-
-
-def test_resume_of_a_run_from_before_the_options() -> None:
-    """A spec.json written before the options (no option keys) resumes; --set must reproduce what it stored."""
-    import argparse
-
-    from harness.cli.run import resume_conflicts
-
-    c = load_config("small")
-    old = _spec({"config": {k: v for k, v in c.to_dict().items() if k not in OPTION_DEFAULTS},
-                 "backend_options": {}, "backends": ["torch"], "label": "small", "device": "cpu", "seed": 1337})
-    args = argparse.Namespace(set=["gelu=tanh", "tie_embeddings=false"])
-    assert resume_conflicts(args, old) == []  # the defaults: what the old run ran
-    args = argparse.Namespace(set=["gelu=exact"])
-    assert resume_conflicts(args, old) == ["--set (the run has config 'small' as stored in its spec.json)"]
-
-
-def test_resume_reads_backend_all_as_a_new_run_does(capsys: pytest.CaptureFixture) -> None:
-    """`--resume X --backend all` names every backend available on the run's device, as `harness run --backend all`
-    does: no conflict with a run of exactly those backends, a conflict with a run of fewer."""
-    import argparse
-
-    from harness.cli.options import available_backends
-    from harness.cli.run import resume_conflicts
-
-    ready, _ = available_backends("cpu")
-    c = load_config("small")
-    spec = {"config": c.to_dict(), "backend_options": {b: {} for b in ready}, "backends": ready, "label": "small",
-            "device": "cpu", "seed": 1337}
-    assert resume_conflicts(argparse.Namespace(backend=["all"]), _spec(spec)) == []
-    fewer = _spec(dict(spec, backends=["numpy"], backend_options={"numpy": {}}))
-    assert len(ready) > 1 and resume_conflicts(argparse.Namespace(backend=["all"]), fewer) == [
-        "--backend (the run has numpy)"]

@@ -174,8 +174,7 @@ class FakeChild:
 
     def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
         self.name, self.sent, self.bursts = contender.name, [], 0
-        self.proc = type("Proc", (), {"pid": next(FakeChild.pids)})()
-        self.stopped = False
+        self.proc = type("Proc", (), {"pid": next(FakeChild.pids), "poll": lambda proc: 0})()  # quits when asked
 
     def send(self, msg: dict) -> None:
         self.sent.append(msg)
@@ -190,9 +189,6 @@ class FakeChild:
             raise KeyboardInterrupt
         chunk = BUSY if (r, self.name) in FakeChild.busy else QUIET
         return {"start": msg["start"], "times": [0.001] * 3, "chunk": dict(chunk, step=msg["start"], n=3)}
-
-    def stop(self) -> None:
-        self.stopped = True
 
 
 @pytest.fixture
@@ -240,6 +236,62 @@ def test_an_interrupted_session_keeps_every_round_it_measured(fake_session, monk
     assert len(session["rounds"]) == 3 and session["status"] == "interrupted" and saved["status"] == "interrupted"
     assert len(writes) == 2  # the last write, on the way out, holds the rounds
     assert session["finished_at"]
+
+
+def test_no_verdict_is_out_of_reach_only_when_every_round_left_could_not_make_one():
+    """A verdict needs half the wanted undisturbed rounds, at least 3 (or all when fewer are wanted): the rounds left
+    cannot change "no verdict" only when even all of them undisturbed would not bring the count there."""
+    assert paired.needed_for_a_verdict(10) == 5 and paired.needed_for_a_verdict(2) == 2
+    assert paired.out_of_reach(0, 4, 10) and not paired.out_of_reach(0, 5, 10)
+    assert paired.out_of_reach(3, 1, 10) and not paired.out_of_reach(4, 1, 10)
+    assert not paired.out_of_reach(5, 0, 10)  # enough already: nothing is out of reach
+    assert paired.out_of_reach(0, 0, 1) and not paired.out_of_reach(0, 1, 1)
+
+
+def test_a_session_that_can_no_longer_give_a_verdict_stops_early(fake_session, monkeypatch, capsys):
+    """Every round disturbed (a machine busy throughout): the session stops once the rounds left of its cap could not
+    make the undisturbed rounds a verdict needs, says so, and records why; it never runs to its cap for nothing."""
+    path, doc, _, _ = fake_session  # 5 undisturbed rounds wanted, at most 20: a verdict needs 3
+    FakeChild.busy = {(r, name) for r in range(100) for name in ("torch", "numpy")}
+    out = paired_timing.run(path, doc, progress=False)
+    (session,) = out.sessions
+    assert len(session.rounds) == 18 and session.status == "incomplete"  # 2 left: 0 + 2 < 3
+    assert session.stopped and "even 2 more could not make the 3 a verdict needs" in session.stopped
+    assert "no verdict" in capsys.readouterr().err
+    assert json.loads(path.read_text())["sessions"][0]["stopped"] == session.stopped  # recorded
+    assert not paired.pair_summary(out, "torch", "numpy")["usable"]
+
+
+def test_a_session_that_may_still_give_a_verdict_goes_on(fake_session):
+    """Disturbed until round 17, then quiet: 3 undisturbed rounds are still within reach, and come (4 of them)."""
+    path, doc, _, _ = fake_session
+    FakeChild.busy = {(r, name) for r in range(16) for name in ("torch", "numpy")}
+    (session,) = paired_timing.run(path, doc, progress=False).sessions
+    assert session.status == "incomplete" and not session.stopped and len(session.rounds) == 20
+    assert paired.pair_summary(paired.load(path), "torch", "numpy")["usable"]  # 5 undisturbed: a verdict
+
+
+def test_the_paired_timing_shows_its_round_count_cap_and_time_left_on_a_terminal(fake_session, monkeypatch):
+    import io
+
+    from harness import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    path, _, _, _ = fake_session
+    FakeChild.busy = {(1, "numpy")}
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    monkeypatch.setenv("COLUMNS", "200")  # the line is cut to the terminal's width
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr("sys.stderr", stream)
+        paired_timing.run(path.with_name(f"{shown}.json"), paired_timing.new_doc(two_contenders(), "s", 1, 5),
+                          progress=True)
+        text = stream.getvalue()
+        assert ("\rpaired timing: round 2 of at most 20, 1 of 5 undisturbed, 0:00 elapsed, about" in text) == shown
+        assert ("left (at most" in text) == shown, text
+        assert "paired timing: 6 rounds, 5 undisturbed in all" in text  # the lasting lines, terminal or not
 
 
 def test_a_second_coordinator_of_one_record_is_refused(fake_session, capsys):

@@ -190,7 +190,7 @@ def test_tolerance_defaults_and_validation() -> None:
 
 
 def test_tolerances_per_option_set() -> None:
-    """Issue 29 item 6: tied embeddings (nanoGPT's options) were measured on their own: their entries are never
+    """Tied embeddings (nanoGPT's options) were measured on their own: their entries are never
     tighter than the preset's, and a config gets them when it is a preset changed only by what was measured."""
     from harness.config.load import load_config
     from harness.parity.tolerances import TIED, TIED_TOLERANCES, tolerance_entry, tolerances_for
@@ -366,6 +366,11 @@ def test_parity_cli_small_torch_vs_numpy(tmp_path: Path, capsys: pytest.CaptureF
     assert len(run_dirs) == 1
     path = run_dirs[0] / "parity.json"
     assert f"parity record: {path}" in out
+    page = tmp_path / f"{run_dirs[0].name}.html"  # the parity check's own page, and the index
+    assert f"report: {page}" in err and (tmp_path / "index.html").is_file()
+    assert "<title>nanogpt-parity parity check: small — torch vs numpy</title>" in page.read_text()
+    page.unlink()
+    assert main(["report", run_dirs[0].name, "--out", str(tmp_path)]) == 0 and page.is_file()  # rebuilt the same
     rec = json.loads(path.read_text())
     assert rec["schema"] == "nanogpt-parity/parity-record" and rec["schema_version"] == 1
     assert rec["run_id"] == run_dirs[0].name and rec["verdict"] == "pass" and rec["failures"] == []
@@ -413,6 +418,7 @@ def test_parity_cli_worker_failure_is_an_error_record(tmp_path: Path, capsys: py
     assert code == EXIT_CRASH == 3  # not 1: a crashed backend is no numerical FAIL
     assert "parity record:" in out
     assert "ERROR: numpy exited 1; nothing compared" in err
+    assert "report: " in err and len(list(tmp_path.glob("*.html"))) == 2  # its page (nothing compared) and the index
     (path,) = tmp_path.glob("runs/*/parity.json")
     rec = json.loads(path.read_text())
     assert rec["verdict"] == "error" and rec["results"] is None and rec["worker_exit_codes"] == {"torch": 0, "numpy": 1}

@@ -1,8 +1,9 @@
 """The optimizer-step depth and the shared dropout masks of `harness parity`, proved by planting bugs.
 
-Every bug of issue 11 is planted in the torch backend (float32) and compared, exactly as `harness parity` does, with
-the unchanged NumPy float64 oracle on small and medium: the run must fail with a FAIL line that names a parameter
-and, for the optimizer bugs, the likely cause. Correct backends must pass, with dropout 0 and with dropout 0.2.
+Every optimizer bug of the planted-bug table is planted in the torch backend (float32) and compared, exactly as
+`harness parity` does, with the unchanged NumPy float64 oracle on small and medium: the run must fail with a FAIL
+line that names a parameter and, for the optimizer bugs, the likely cause. Correct backends must pass, with dropout 0
+and with dropout 0.2.
 In-process runs use the real training loop (harness.run.loop.train with the worker's mask and optimizer hooks);
 two end-to-end tests plant a bug in the worker processes of the real command.
 """

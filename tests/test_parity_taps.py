@@ -1,4 +1,4 @@
-"""Issue 20: parity names the broken part. Depth 0 (activation taps) names the first divergent tap and its cause;
+"""Parity names the broken part. Depth 0 (activation taps) names the first divergent tap and its cause;
 the re-synchronised optimizer depth names the step where a bug first acts; the diagnoses of the issue's patterns.
 
 Bugs are planted in the NumPy oracle (tests/plants.py; the same code plants them in a `harness parity` command's
@@ -306,7 +306,7 @@ def test_update_error_leaves_out_rounding_level_entries_only() -> None:
 
 
 def test_update_error_floor_is_where_one_entrys_rounding_reaches_the_tolerance() -> None:
-    """Issue 29 item 6, as measured: tied medium, seed 5, step 1, one entry of h.0.ln_2.weight with sqrt(v) at
+    """As measured: tied medium, seed 5, step 1, one entry of h.0.ln_2.weight with sqrt(v) at
     1.1e-4 of the parameter's median (a gradient of 1.4e-8 carrying its parameter's rounding, 3.3 eps of the
     gradient scale) moved by ~lr differently on each side: alone 1.3e-13 of the update in float64, a tenth of the
     tolerance. Below 1e-3 of the median an entry's update is rounding; above it, it is held to the update."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import data_path
+from conftest import data_path, record_doc
 
 from harness import store
 from harness.config.load import load_config
@@ -225,7 +225,7 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
     assert f"{16 * 64 / 0.01:,.0f}" in summary and f"{16 * 64 / 0.03:,.0f}" in summary
     assert "Contention: torch: no contention evidence" in summary  # a record without chunks says so
     # paired per-step differences: same common noise, so the CI is narrow and contains 0
-    assert "consistent with no systematic difference" in summary
+    assert "consistent with no difference. Verdict: both within the 2% band: the losses agree." in summary
     # costs: setup, first step (20 x 10 ms), FLOPs per token from the formula, memory
     cfg = load_config("small")
     n_non_emb = count_parameters(cfg, VOCAB, embeddings=False)
@@ -241,9 +241,11 @@ def test_two_backend_report_has_every_section_with_planted_numbers(tmp_path: Pat
 
 def test_losses_outside_band_are_called_different(tmp_path: Path, no_figures: None) -> None:
     run_id = make_run(tmp_path, val_offset={"numpy": 0.2})
-    text = text_of(write_report(tmp_path, [run_id]).read_text())
-    assert "outside the 2% band: the losses differ" in text
-    assert "losses differ" in text[:text.index("Run " + run_id)]
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    assert "outside the 2% band. On the same batches" in text
+    assert "Verdict: the validation losses differ by more than the 2% band: the losses differ." in text
+    assert "losses differ" in text[:text.index("Run " + run_id)] and ("error", "losses differ") in _pills(html)
 
 
 def test_dropout_zero_reports_numerical_difference(tmp_path: Path, no_figures: None) -> None:
@@ -343,10 +345,10 @@ def test_missing_backend_record_is_reported(tmp_path: Path, no_figures: None) ->
     run_id = make_run(tmp_path, backends=("torch",), missing=("flux",))
     html = write_report(tmp_path, [run_id]).read_text()
     assert "flux has no record" in _first_banner(html)
-    assert "single backend, incomplete" in text_of(html)
+    assert ("neutral", "single backend") in _pills(html) and ("error", "incomplete") in _pills(html)
     nothing = make_run(tmp_path, backends=(), missing=("torch", "numpy"))
     html = write_report(tmp_path, [nothing]).read_text()
-    assert "no backend wrote a record" in _first_banner(html) and "no records, incomplete" in text_of(html)
+    assert "no backend wrote a record" in _first_banner(html) and ("error", "no records") in _pills(html)
 
 
 def parity_record(run_dir: Path, backends: tuple[str, str], logits_shift: float = 0.0) -> dict:
@@ -407,6 +409,78 @@ def test_parity_json_verdicts(tmp_path: Path, no_figures: None) -> None:
         write_report(tmp_path, [run_id]).read_text())
 
 
+def make_parity_run(out: Path, logits_shift: float = 0.0) -> str:
+    """A run of `harness parity` (its spec's parity options, parity.json), numpy on a busy machine."""
+    run_id = make_run(out, dropout=0.0, loss_noise=1e-6, text=False)
+    directory = store.RunPaths(out, run_id).dir
+    spec = json.loads((directory / "spec.json").read_text())
+    store.atomic_write_json(directory / "spec.json", dict(spec, parity={"opt_steps": 3, "reference": "numpy"}))
+    path = directory / "numpy.json"
+    rec = json.loads(path.read_text())
+    rec["chunks"] = _chunks(120, 10, 120)
+    store.atomic_write_json(path, rec)
+    store.atomic_write_json(directory / "parity.json", parity_record(directory, ("torch", "numpy"), logits_shift))
+    return run_id
+
+
+def test_a_parity_page_is_a_correctness_page(tmp_path: Path, no_figures: None) -> None:
+    """Its own title, its verdict first, no speed anywhere (no banner of a busy machine, no tokens/s, no cost
+    section, no speed columns), and its index row shows no tokens/s; a FAIL is not contradicted by the band's
+    "the losses agree" (a parity check's verdict is its own)."""
+    run_id = make_parity_run(tmp_path)
+    html = write_report(tmp_path, [run_id]).read_text()
+    page, text = Page(html), text_of(html)
+    assert "<title>nanogpt-parity parity check: small — torch vs numpy</title>" in html
+    assert page.banners == [] and ("ok", "parity: pass") in _pills(html)
+    before = text[:text.rindex("How to read this")]  # the note there says why a parity check times nothing
+    assert not [w for w in ("tokens/s", "faster", "throughput", "Speed", "speed", "Cost: time", "step (median)",
+                            "Contention", "busy") if w in before]
+    assert "a correctness check" in text[text.rindex("How to read this"):]
+    index = text_of(write_index(tmp_path).read_text())
+    assert "parity: pass" in index and "— (a parity check times nothing)" in index and "102,400" not in index
+    failed = write_report(tmp_path, [make_parity_run(tmp_path, 1e-3)]).read_text()
+    assert ("error", "parity: FAIL") in _pills(failed) and "the losses agree" not in text_of(failed)
+
+
+# --- tests: a headline agrees with its own details -------------------------------------------------------------------
+def _plant_tail(out: Path, run_id: str, offset: float, noise: float) -> None:
+    """numpy's per-step training loss made torch's − `offset`, plus N(0, `noise`): torch − numpy averages `offset`."""
+    directory = store.RunPaths(out, run_id).dir
+    torch_loss = np.array(json.loads((directory / "torch.json").read_text())["steps"]["loss"])
+    path = directory / "numpy.json"
+    rec = json.loads(path.read_text())
+    rec["steps"]["loss"] = (torch_loss - offset + np.random.default_rng(1).normal(0, noise, len(torch_loss))).tolist()
+    store.atomic_write_json(path, rec)
+
+
+@pytest.mark.parametrize("offset, noise, level, label, conclusion", [
+    # torch higher by 0.2 % of the loss, an interval that excludes 0: inside the 2 % band, so they agree
+    (0.005, 0.002, "ok", "losses agree", "torch higher on average. Verdict: both within the 2% band: the losses "
+                                         "agree."),
+    # validation losses the same, but every step's training loss 4 % apart: they differ
+    (0.1, 0.002, "error", "losses differ", "Verdict: the per-step training losses differ by more than the 2% band: "
+                                           "the losses differ."),
+    # an interval across the band's edge: no verdict, said as such
+    (0.045, 0.05, "neutral", "losses: no verdict", "Verdict: the per-step interval reaches beyond the 2% band: too "
+                                                   "noisy to say whether the losses agree."),
+])
+def test_the_headline_and_its_sentence_come_from_one_judgement(tmp_path: Path, no_figures: None, offset: float,
+                                                                noise: float, level: str, label: str,
+                                                                conclusion: str) -> None:
+    """The contradiction a torch,jax run showed: headline "losses agree", next sentence "a systematic difference
+    (torch higher)". Both now come from one judgement against one band, in the headline, the sentence and the
+    table alike."""
+    run_id = make_run(tmp_path)
+    _plant_tail(tmp_path, run_id, offset, noise)
+    html = write_report(tmp_path, [run_id]).read_text()
+    text = text_of(html)
+    summary = text[text.index("Summary"):text.index("Run " + run_id)]
+    assert (level, label) in _pills(html) and f"{label} " in summary  # the box's label, then its sentences
+    assert conclusion in summary and "systematic difference" not in text
+    verdict = label.removeprefix("losses").lstrip(": ")
+    assert f" {verdict} torch − numpy = " in section(text, "Loss agreement and speed", "Loss curves")  # the table
+
+
 # --- tests: several sizes, the index ----------------------------------------------------------------------------------
 def test_scaling_section_for_several_sizes(sized_report: tuple[Path, list[str]]) -> None:
     path, run_ids = sized_report
@@ -436,7 +510,8 @@ def test_index_links_every_report_with_headline_numbers(tmp_path: Path, no_figur
     va = _curve(np.array(120)) + 0.02
     assert f"torch {va:.4f} numpy {va + 0.01:.4f}" in text
     assert f"torch {16 * 64 / 0.01:,.0f} numpy {16 * 64 / 0.03:,.0f}" in text
-    assert "torch interrupted" in text and "losses agree" in text and "single backend, incomplete" in text
+    assert "torch interrupted" in text
+    assert {("ok", "losses agree"), ("neutral", "single backend"), ("warn", "incomplete")} <= set(_pills(html))
     assert "Runs without a report" in text and lonely in text
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -486,7 +561,7 @@ def test_cli_run_writes_report_and_index(cli_run: tuple[Path, str]) -> None:
     out, run_id = cli_run
     report = out / f"{run_id}.html"
     assert report.is_file() and (out / "index.html").is_file()
-    rec = json.loads((out / "runs" / run_id / "torch.json").read_text())
+    rec = record_doc(out / "runs" / run_id / "torch.json")
     text = text_of(report.read_text())
     assert f"final validation loss {rec['evals'][-1]['val_loss']:.4f} at step 12" in text
     assert f"{rec['timings']['tokens_per_s']:,.0f} tokens/s" in text
@@ -517,7 +592,7 @@ def test_cli_report_bad_record_exit_2_one_line_nothing_written(tmp_path: Path, p
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-# --- tests: speed verdicts, contention, conventions (issue 17, issue 18 items 5 and 6) -------------------------------
+# --- tests: speed verdicts, contention, conventions ------------------------------------------------------------------
 def write_paired(out: Path, run_id: str, ratios: list[float], disturbed: tuple[int, ...] = (),
                  rounds: int = 10) -> PairedRecord:
     """A paired.json for run `run_id` whose round r has numpy steps ratios[r] times as long as torch's."""
@@ -722,3 +797,61 @@ def test_a_failed_paired_timing_says_why_and_is_not_a_verdict(tmp_path: Path, no
     html = write_report(tmp_path, [run_id]).read_text()
     assert ("warn", "speed: paired timing failed") in _pills(html)
     assert "the paired timing measured no round (numpy: the timing process exited with status 1)" in text_of(html)
+
+
+def test_each_seed_band_encloses_its_line_in_the_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation loss against elapsed time, read from the figure as drawn: the seeds' times differ (a busy
+    machine, a compilation cache warm for later seeds), and each backend's shaded band encloses its line at every
+    vertex and between them. The band was drawn on a grid from 0 to the fastest seed's end."""
+    from harness.report import figures
+    from harness.report.sweep import write_sweep_report
+
+    sweep_id = make_sweep(tmp_path, seeds=3)
+    for path in (tmp_path / "runs").glob("*/*.json"):
+        if path.name == "spec.json":
+            continue
+        rec = json.loads(path.read_text())
+        slow = {1337: 4.0, 1338: 1.0, 1339: 0.5}[rec["seed"]]
+        times = [t * slow for t in rec["steps"]["time_s"]]
+        times[0] += 4.0 if rec["seed"] == 1337 else 0.0  # the first seed compiles; the others hit the cache
+        rec["steps"]["time_s"] = times
+        store.atomic_write_json(path, rec)
+    drawn = []
+    real = figures.to_svg
+    monkeypatch.setattr(figures, "to_svg", lambda fig, title: drawn.append((title, fig)) or real(fig, title))
+    write_sweep_report(tmp_path, sweep_id)
+    (fig,) = [f for title, f in drawn if title.startswith("validation loss against time")]
+    ax = fig.axes[0]
+    bands = {tuple(np.round(c.get_facecolor()[0][:3], 3)): c for c in ax.collections}
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != ":"]  # the target's dotted line is no seed
+    assert len(lines) == 2 and len(bands) == 2
+    for line in lines:
+        band = bands[tuple(np.round(matplotlib_rgb(line.get_color()), 3))]
+        verts = np.concatenate([p.vertices for p in band.get_paths()])
+        xs = np.unique(verts[:, 0])
+        lo = np.array([verts[verts[:, 0] == x, 1].min() for x in xs])
+        hi = np.array([verts[verts[:, 0] == x, 1].max() for x in xs])
+        x, y = (np.asarray(v, dtype=float) for v in line.get_data())
+        x, y = np.concatenate([x, (x[1:] + x[:-1]) / 2]), np.concatenate([y, (y[1:] + y[:-1]) / 2])  # and between
+        assert xs[0] <= x.min() and x.max() <= xs[-1], (line.get_label(), xs[[0, -1]], x[[0, -1]])
+        assert np.all(np.interp(x, xs, lo) <= y + 1e-9) and np.all(y <= np.interp(x, xs, hi) + 1e-9), line.get_label()
+
+
+def matplotlib_rgb(colour: str) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(colour)
+
+
+def test_one_renderer_turns_inline_code_into_code_and_escapes_the_rest() -> None:
+    """Messages carry Markdown's inline code ("use `harness run`"); every page renders them with harness.pages.inline:
+    code as <code>, everything else escaped (a message may quote a record's text), numbers unbroken."""
+    from harness.pages import inline
+
+    assert str(inline("use `harness run` & <b>")) == "use <code>harness run</code> &amp; &lt;b&gt;"
+    assert str(inline("`<script>x</script>` then <img src=x>")) == \
+        "<code>&lt;script&gt;x&lt;/script&gt;</code> then &lt;img src=x&gt;"
+    assert str(inline("a ` lone tick")) == "a ` lone tick"
+    assert str(inline("rel err 2.86e-07 > tol 1e-06")) == \
+        'rel err <span class="num">2.86e-07</span> &gt; tol <span class="num">1e-06</span>'
+    assert str(inline(None)) == ""

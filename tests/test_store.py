@@ -124,7 +124,7 @@ JSON_READERS = {
     "kit/schema.py": "the kit's manifest (its own schema, harness.kit.schema)",
     "backends/flux.py": "Julia's own metadata files",
     "backends/numpy_backend.py": "a random generator's state inside a checkpoint",
-    "run/worker.py": "the contention chunks inside a checkpoint (read_checkpoint)",
+    "run/checkpoint.py": "the contention chunks and a JSON RNG state inside a checkpoint (checkpoint.read)",
     "run/timed.py": "the paired timing's protocol messages on its stdin",
     "run/paired_timing.py": "the paired timing's protocol messages from a timed process",
     "bench/overhead.py": "a bench child's job and its result (read as the store's OverheadResult)",

@@ -1,6 +1,8 @@
-"""Issue 21 (reliability and security, round 3), the sweep and run items: 1, 5, 6, 8, 9, 10, 13 and 14.
+"""Sweeps and runs that stay reliable and safe: no shell command through SLURM settings, cells counted before anything
+is built, workers that stop with their sweep, damaged manifests named, SLURM settings checked up front, empty ids
+refused, one line naming the right fix, states a person can act on.
 
-One test (or a few) per numbered item, each failing on the code before the fix. What needs a real SLURM cluster (the
+Each test failed on the code before its fix. What needs a real SLURM cluster (the
 injection payload that must not run there, sbatch's own refusals, job arrays, an element cancelled and resumed) is in
 test_sweep_slurm.py. Validation cases call the CLI in this process (fast); anything about processes runs the real
 CLI in a fresh interpreter.
@@ -48,7 +50,18 @@ def done_sweep(tmp_path_factory, config_file) -> Path:
     result = run_cli("sweep", "--configs", str(config_file), "--backends", "numpy", "--steps", "2", "--no-text",
                      "--no-report", "--quiet", "--out", str(out))
     assert result.returncode == 0, result.stderr
+    (sweep,) = (out / "sweeps").iterdir()
+    assert result.stdout == f"{sweep.name}\n"  # `ID=$(harness sweep ... --quiet)`: the id alone on stdout
     return out
+
+
+def test_status_lists_a_sweep_as_one_row_with_its_cells_under_it(done_sweep, capsys):
+    """`harness status` with no id: the sweep, its cells' states counted, and not its cells' runs one by one."""
+    from harness.cli.main import main
+
+    assert main(["status", "--out", str(done_sweep), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["recent"]
+    assert row["kind"] == "sweep" and row["state"] == "1 cell: 1 completed" and row["backends"] == "numpy"
 
 
 def copy_sweep(out: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -65,7 +78,7 @@ def edit(path: Path, change) -> None:
     path.write_text(json.dumps(doc))
 
 
-# --- 1: no shell command through SLURM settings ---------------------------------------------------------------------
+# --- no shell command through SLURM settings ------------------------------------------------------------------------
 @pytest.mark.parametrize("where, fragment", [
     ("toml-name", "control character '\\n'"),
     ("flag-name", "control character '\\n'"),
@@ -75,7 +88,7 @@ def edit(path: Path, change) -> None:
     ("flag-managed", "--array-parallelism"),
     ("toml-not-a-list", "must be a list"),
 ])
-def test_1_sbatch_injection_is_refused_up_front(tmp_path, capsys, monkeypatch, config_file, where, fragment):
+def test_sbatch_injection_is_refused_up_front(tmp_path, capsys, monkeypatch, config_file, where, fragment):
     """The payload never reaches a job script: one line, exit 2, nothing written, no PWNED (checked before the
     cluster is even asked, so this holds with or without SLURM here; test_sweep_slurm.py runs it on a cluster)."""
     monkeypatch.chdir(tmp_path)
@@ -95,7 +108,7 @@ def test_1_sbatch_injection_is_refused_up_front(tmp_path, capsys, monkeypatch, c
     assert tree(tmp_path) == sorted(str(p) for p in [spec] if p.exists())  # no --out, no PWNED
 
 
-def test_1_stored_sweep_json_with_injected_settings_is_refused(tmp_path, capsys, done_sweep):
+def test_stored_sweep_json_with_injected_settings_is_refused(tmp_path, capsys, done_sweep):
     """A sweep.json whose executor settings fail validation is refused on load (--resume, --status, --report)."""
     out, path = copy_sweep(done_sweep, tmp_path)
 
@@ -111,7 +124,7 @@ def test_1_stored_sweep_json_with_injected_settings_is_refused(tmp_path, capsys,
     assert tree(tmp_path) == before
 
 
-def test_1_stored_sweep_name_with_a_newline_is_refused(tmp_path, capsys, monkeypatch, done_sweep):
+def test_stored_sweep_name_with_a_newline_is_refused(tmp_path, capsys, monkeypatch, done_sweep):
     """The sweep's name goes into the job script (#SBATCH --job-name=harness-NAME): a stored sweep.json whose
     spec.name holds a newline would have the job run `touch PWNED` (in the submission directory, here tmp_path).
     The manifest's schema refuses it on load, before the cluster is asked: one line, exit 2, nothing written."""
@@ -131,7 +144,7 @@ def test_1_stored_sweep_name_with_a_newline_is_refused(tmp_path, capsys, monkeyp
     assert tree(tmp_path) == before and not (tmp_path / "PWNED").exists()
 
 
-def test_1_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path, monkeypatch):
+def test_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path, monkeypatch):
     """Defence in depth: the SLURM executor itself refuses a job name that is not one line of plain text. No cluster
     needed: submitit's SlurmExecutor (which writes the script) only looks for `srun` on PATH, so a stub stands in
     for it, as in test 9."""
@@ -147,7 +160,7 @@ def test_1_a_job_name_with_a_newline_never_reaches_a_job_script(tmp_path, monkey
     assert "--job-name=harness-ok" in SlurmExecutor(tmp_path / "slurm", job_name="harness-ok").script(1)
 
 
-# --- 5: cells are counted before anything is built ------------------------------------------------------------------
+# --- cells are counted before anything is built ---------------------------------------------------------------------
 CHILD = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))  # the old code built 2**40 seeds: 23 GB
@@ -162,7 +175,7 @@ print(f"code={code} seconds={time.perf_counter() - t:.3f}")
 
 
 @pytest.mark.parametrize("how", ["flag 2**40 seeds", "toml 10**9 seeds", "grid of 10**8 cells"])
-def test_5_huge_sweeps_are_refused_at_once(tmp_path, config_file, how):
+def test_huge_sweeps_are_refused_at_once(tmp_path, config_file, how):
     """Each sweep is too big to list under the child's 6 GB address-space limit (10**8 cells or more), so a refusal
     with exit status 2 (not a MemoryError) shows that the cells were counted, never built; no clock is read."""
     spec = tmp_path / "grid.toml"
@@ -183,7 +196,7 @@ def test_5_huge_sweeps_are_refused_at_once(tmp_path, config_file, how):
     assert not (tmp_path / "o").exists()
 
 
-def test_5_count_is_the_number_of_cells(tmp_path):
+def test_count_is_the_number_of_cells(tmp_path):
     from harness.sweep.spec import build_spec, count_cells, expand
 
     spec = build_spec({"sizes": ["small", "medium"], "backends": ["torch", "numpy"], "seeds": 2,
@@ -192,7 +205,7 @@ def test_5_count_is_the_number_of_cells(tmp_path):
     assert count_cells(spec) == len(expand(spec)) == 2 * 3 * 2 * 2 * (2 + 1)
 
 
-# --- 6: --jobs N workers stop with the sweep; memory counts every concurrent worker ---------------------------------
+# --- --jobs N workers stop with the sweep; memory counts every concurrent worker ------------------------------------
 SLOW_START = """
 import os, time
 try:
@@ -204,7 +217,7 @@ if b"--worker\x00train" in cmd:  # a worker slow to start: the sweep dies before
 """
 
 
-def test_6_parallel_workers_stop_when_the_sweep_dies_at_their_start(tmp_path, config_file):
+def test_parallel_workers_stop_when_the_sweep_dies_at_their_start(tmp_path, config_file):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_START)
@@ -243,7 +256,7 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def test_6_memory_preflight_counts_every_concurrent_worker(tmp_path, capsys, monkeypatch, config_file, corpus):
+def test_memory_preflight_counts_every_concurrent_worker(tmp_path, capsys, monkeypatch, config_file, corpus):
     from harness.config.load import load_config
 
     plan = run_plan.Plan(config=load_config(path=config_file).replace(steps=2), corpus=corpus, backends=["numpy"])
@@ -257,7 +270,7 @@ def test_6_memory_preflight_counts_every_concurrent_worker(tmp_path, capsys, mon
     assert harness(capsys, *args, "--jobs", "1")[0] == 0  # one at a time fits
 
 
-def test_6_memory_preflight_counts_the_paired_timing_s_contenders(tmp_path, capsys, monkeypatch, config_file,
+def test_memory_preflight_counts_the_paired_timing_s_contenders(tmp_path, capsys, monkeypatch, config_file,
                                                                    corpus):
     """A paired timing holds both backends of a block at once: their memory together must fit, before anything
     is written; without paired timing the same sweep runs."""
@@ -274,7 +287,7 @@ def test_6_memory_preflight_counts_the_paired_timing_s_contenders(tmp_path, caps
     assert harness(capsys, *args, "--paired-rounds", "0")[0] == 0
 
 
-# --- 8: a damaged sweep.json is one line naming the field -----------------------------------------------------------
+# --- a damaged sweep.json is one line naming the field --------------------------------------------------------------
 DAMAGE = {
     "cells as strings": (lambda d: d.update(cells=["a", "b"]), "is not of type 'object'"),
     "cell without key": (lambda d: d["cells"][0].pop("key"), "cells/0"),
@@ -291,13 +304,13 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_8_damaged_sweep_json_is_one_line(tmp_path, capsys, done_sweep, case):
+def test_damaged_sweep_json_is_one_line(tmp_path, capsys, done_sweep, case):
     damage, fragment = DAMAGE[case]
     out, path = copy_sweep(done_sweep, tmp_path)
     edit(path, damage)
     before = tree(tmp_path)
-    for option in ("--status", "--resume", "--report"):  # the old spellings of `harness status|resume|report ID`
-        code, err = harness(capsys, "sweep", option, path.parent.name, "--out", out)
+    for verb in ("status", "resume", "report"):
+        code, err = harness(capsys, verb, path.parent.name, "--out", out)
         one_line_error(code, err, "sweep.json", fragment)
     assert tree(tmp_path) == before
 
@@ -327,7 +340,7 @@ PAIRED_DAMAGE = {
 
 
 @pytest.mark.parametrize("case", list(PAIRED_DAMAGE))
-def test_8_damaged_paired_entry_is_one_line(tmp_path, capsys, done_sweep, case):
+def test_damaged_paired_entry_is_one_line(tmp_path, capsys, done_sweep, case):
     """A stored paired entry whose members are not one block's distinct cells is refused on load (it reached
     harness.run.paired_timing.new_doc, whose ValueError was a traceback on --resume)."""
     damage, fragment = PAIRED_DAMAGE[case]
@@ -342,7 +355,7 @@ def test_8_damaged_paired_entry_is_one_line(tmp_path, capsys, done_sweep, case):
     assert tree(tmp_path) == before
 
 
-def test_8_a_paired_entry_s_fields_come_from_its_member_cells(tmp_path, done_sweep):
+def test_a_paired_entry_s_fields_come_from_its_member_cells(tmp_path, done_sweep):
     """Key, label, seed, device and dtype of a stored paired entry are its cells', whatever the stored copy says."""
     from harness.sweep import manifest as mf
 
@@ -355,7 +368,7 @@ def test_8_a_paired_entry_s_fields_come_from_its_member_cells(tmp_path, done_swe
         ("tiny/cpu/seed=1337/paired", "tiny", 1337, "cpu", None)
 
 
-def test_8_a_named_pipe_at_sweep_json_does_not_hang_status(tmp_path, done_sweep):
+def test_a_named_pipe_at_sweep_json_does_not_hang_status(tmp_path, done_sweep):
     """sweep.json is read as a regular file only: a FIFO there is one line, at once (it blocked --status for ever)."""
     out, path = copy_sweep(done_sweep, tmp_path)
     path.unlink()
@@ -399,7 +412,7 @@ def test_a_silent_squeue_never_makes_a_queued_job_look_gone(tmp_path, capsys, mo
     assert "squeue did not answer" in capsys.readouterr().err
 
 
-# --- 9: every SLURM field checked up front ----------------------------------------------------------------------------
+# --- every SLURM field checked up front -------------------------------------------------------------------------------
 @pytest.mark.parametrize("toml, flags, fragment", [
     ("slurm = 5\n", [], "[slurm] must be a table"),
     ('[slurm]\ntime_min = "1h"\n', [], "time_min must be a positive whole number of minutes"),
@@ -412,7 +425,7 @@ def test_a_silent_squeue_never_makes_a_queued_job_look_gone(tmp_path, capsys, mo
     ("", ["--mem-gb", "nan"], "mem_gb must be a finite number"),
     ("", ["--mem-gb", "0.0001"], "at least 1/1024"),
 ])
-def test_9_slurm_settings_are_checked_up_front(tmp_path, capsys, monkeypatch, config_file, toml, flags, fragment):
+def test_slurm_settings_are_checked_up_front(tmp_path, capsys, monkeypatch, config_file, toml, flags, fragment):
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "grid.toml"
     spec.write_text(toml)
@@ -430,7 +443,7 @@ exit 1
 """
 
 
-def test_9_rejected_submission_is_one_line_and_leaves_no_half_made_sweep(tmp_path, config_file):
+def test_rejected_submission_is_one_line_and_leaves_no_half_made_sweep(tmp_path, config_file):
     """sbatch refusing the array after every check passed: one line with sbatch's reason, and nothing left under
     --out (no manifest, no run directories, no corpus copy). A fake SLURM on PATH: no cluster needed."""
     bin_ = tmp_path / "bin"
@@ -449,10 +462,9 @@ def test_9_rejected_submission_is_one_line_and_leaves_no_half_made_sweep(tmp_pat
     assert not out.exists(), tree(out)
 
 
-# --- 10: an empty id is an error, never new work ---------------------------------------------------------------------
-@pytest.mark.parametrize("args", [["sweep", "--resume", ""], ["sweep", "--report", ""], ["sweep", "--status", ""],
-                                  ["run", "--resume", ""], ["resume", ""], ["status", ""], ["report", ""]])
-def test_10_empty_id_is_an_error(tmp_path, capsys, monkeypatch, config_file, args):
+# --- an empty id is an error, never new work -------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [["resume", ""], ["status", ""], ["report", ""]])
+def test_empty_id_is_an_error(tmp_path, capsys, monkeypatch, config_file, args):
     monkeypatch.chdir(tmp_path)
     what = (["--configs", config_file, "--backends", "numpy"] if args[0] == "sweep" else
             ["--config", config_file, "--backend", "numpy"] if args[0] == "run" else [])  # short, should work start
@@ -462,9 +474,9 @@ def test_10_empty_id_is_an_error(tmp_path, capsys, monkeypatch, config_file, arg
     assert tree(tmp_path) == []
 
 
-# --- 13: one line, naming the right fix, never silently different ---------------------------------------------------
+# --- one line, naming the right fix, never silently different -------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "sweep"])
-def test_13_steps_refused_for_memory_names_steps(tmp_path, capsys, config_file, command):
+def test_steps_refused_for_memory_names_steps(tmp_path, capsys, config_file, command):
     target = ["--config", config_file, "--backend", "numpy"] if command == "run" else \
         ["--configs", config_file, "--backends", "numpy"]
     code, err = harness(capsys, command, *target, "--steps", str(10**12), "--no-text", "--out", tmp_path / "out")
@@ -477,7 +489,7 @@ def test_13_steps_refused_for_memory_names_steps(tmp_path, capsys, config_file, 
     ('seeds = "3"\n', [], "seeds = '3'"),
     ("seeds = 3.5\n", [], "seeds = 3.5"),
 ])
-def test_13_sweep_refuses_what_run_refuses(tmp_path, capsys, monkeypatch, config_file, toml, flags, fragment):
+def test_sweep_refuses_what_run_refuses(tmp_path, capsys, monkeypatch, config_file, toml, flags, fragment):
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "grid.toml"
     spec.write_text(toml)
@@ -488,7 +500,7 @@ def test_13_sweep_refuses_what_run_refuses(tmp_path, capsys, monkeypatch, config
 
 
 @pytest.mark.parametrize("change", [{"backend_options": {"dtype": "float16"}}, {"backend": "mxnet"}])
-def test_13_resume_writes_no_spec_for_a_cell_it_rejects(tmp_path, capsys, done_sweep, change):
+def test_resume_writes_no_spec_for_a_cell_it_rejects(tmp_path, capsys, done_sweep, change):
     out, path = copy_sweep(done_sweep, tmp_path)
 
     def add_cell(doc: dict) -> None:
@@ -506,7 +518,7 @@ def test_13_resume_writes_no_spec_for_a_cell_it_rejects(tmp_path, capsys, done_s
 
 @needs_mounts
 @pytest.mark.parametrize("command", ["run", "sweep"])
-def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file, command):
+def test_disk_full_while_training_prints_one_error_line(tmp_path, config_file, command):
     """The worker says the disk is full; the parent, failing to write the report (run) or the manifest (sweep) for
     the same reason, does not say it a second time."""
     full = tmp_path / "full"
@@ -529,7 +541,7 @@ def test_13_disk_full_while_training_prints_one_error_line(tmp_path, config_file
 
 
 @needs_mounts
-def test_13_disk_full_while_a_sweep_prepares_leaves_no_stray_run_directory(tmp_path, config_file):
+def test_disk_full_while_a_sweep_prepares_leaves_no_stray_run_directory(tmp_path, config_file):
     """The disk fills while the cells' run directories are made: one line, and no run directory that no manifest
     lists (a new sweep that never started a cell leaves nothing)."""
     full = tmp_path / "full"
@@ -546,8 +558,8 @@ def test_13_disk_full_while_a_sweep_prepares_leaves_no_stray_run_directory(tmp_p
     assert not listing.split() or set(listing.split()) <= {x.split('"')[0] for x in listed}, r.stdout
 
 
-# --- 14: states a person can act on --------------------------------------------------------------------------------
-def test_14_failed_cells_name_the_resume_command_and_resumes_record_their_step(tmp_path, config_file):
+# --- states a person can act on ------------------------------------------------------------------------------------
+def test_failed_cells_name_the_resume_command_and_resumes_record_their_step(tmp_path, config_file):
     out = tmp_path / "out"
     common = ["--configs", str(config_file), "--backends", "numpy", "--seeds", "2", "--steps", "30",
               "--checkpoint-every", "10", "--no-text", "--no-report", "--quiet", "--out", str(out)]
@@ -565,7 +577,7 @@ def test_14_failed_cells_name_the_resume_command_and_resumes_record_their_step(t
         assert rec.status is store.Status.COMPLETED and rec.resumed_from_step == [20]
 
 
-def test_14_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_path, config_file):
+def test_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_path, config_file):
     out = tmp_path / "out"
     args = ["--out", str(out), "--quiet", "--no-report"]
     first = run_cli("run", "--config", str(config_file), "--steps", "60", "--checkpoint-every", "20", "--backend",

@@ -96,7 +96,7 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = 
 
 
 def test_twelve_cells_one_array_cancel_one_resume_bit_identical(partition: str, tmp_path: Path, tiny_config):
-    """Issue 21, items 14 and 15: 12 cells go to sbatch as ONE job array (JOBID_0..JOBID_11); `scancel JOBID_3`
+    """12 cells go to sbatch as ONE job array (JOBID_0..JOBID_11); `scancel JOBID_3`
     while that cell sits at its checkpoint interrupts it alone; the waiting sweep exits 1 naming `harness sweep
     --resume ID`; the resume continues the cell from its checkpoint (`resumed_from_step` = [10]); every final loss
     equals the local sweep's bit for bit."""
@@ -158,12 +158,12 @@ def test_unknown_partition_is_one_line(partition: str, tmp_path: Path, tiny_conf
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-PAYLOAD = "requeue\ntouch PWNED\n#SBATCH --comment=b"  # issue 21: a newline ends the #SBATCH line, bash runs the rest
+PAYLOAD = "requeue\ntouch PWNED\n#SBATCH --comment=b"  # a newline ends the #SBATCH line, bash runs the rest
 
 
 @pytest.mark.parametrize("how", ["sweep file", "--sbatch", "stored sweep.json"])
 def test_sbatch_injection_does_not_run_on_the_cluster(partition: str, tmp_path: Path, tiny_config, how: str):
-    """Issue 21, item 1, written as the attack: the payload in a sweep file, on the command line, or in a stored
+    """Written as the attack: the payload in a sweep file, on the command line, or in a stored
     sweep.json on --resume. It is refused up front (one line, exit 2), nothing is submitted, and no job ever runs
     `touch PWNED` in the submission directory. (Before the fix each of these ran the job, and the sweep waited for
     it, so PWNED existed when the command returned.)"""
@@ -198,7 +198,7 @@ def test_sbatch_injection_does_not_run_on_the_cluster(partition: str, tmp_path: 
 @pytest.mark.parametrize("option, reason", [("bogus-option=1", "unrecognized option"),
                                             ("gres=gpu:-1", "Invalid generic resource")])
 def test_what_sbatch_refuses_is_refused_up_front(partition: str, tmp_path: Path, tiny_config, option, reason):
-    """Issue 21, item 9: an option sbatch does not know, or a value it refuses, is found by `sbatch --test-only`
+    """An option sbatch does not know, or a value it refuses, is found by `sbatch --test-only`
     before anything is written: one line with sbatch's own reason, no half-made sweep."""
     out = tmp_path / "out"
     result = run_cli("sweep", "--configs", str(tiny_config()), "--backends", "numpy", "--steps", "2", "--executor",
@@ -278,7 +278,7 @@ def test_time_limit_signal_requeues_the_element_and_it_resumes(partition: str, t
 
 
 def test_paired_timing_runs_after_the_array(partition: str, tmp_path: Path, tiny_config):
-    """Issue 17 on SLURM: a block's paired timing is one more job, started once the training array is over
+    """On SLURM: a block's paired timing is one more job, started once the training array is over
     (`afterany`), with every contender alive at once on its one node; the cells' losses equal a local sweep's."""
     from harness.sweep.slurm import is_alive, job_states
 

@@ -1,8 +1,8 @@
-"""Files the harness did not write itself, read as an attacker or an accident would shape them (issue 21).
+"""Files the harness did not write itself, read as an attacker or an accident would shape them.
 
 Each test is the attack or the accident: markup in the names of a record reaching a report page (the browser half
 is in test_browser.py), a kit manifest pointing outside the kit or of the wrong shape, an .npz declaring gigabytes,
-a FIFO or a device where a file belongs, a big-endian or pickled results file, an --html path that is a directory,
+a FIFO or a device where a file belongs, a big-endian or pickled results file, a --page path that is a directory,
 a full disk under `kit export`, a backend that crashes in `harness parity`. The answer is always one line naming
 the problem and the fix, exit status 2 (or the documented status), nothing written, nothing blocked, nothing run.
 """
@@ -66,7 +66,7 @@ def deadline(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-# --- item 2: nothing a record holds can inject markup into a page --------------------------------------------------
+# --- nothing a record holds can inject markup into a page ----------------------------------------------------------
 class Elements(HTMLParser):
     """Every start tag with its attributes, as a browser's tokenizer splits them."""
 
@@ -139,7 +139,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def plant_in_sweep(out: Path, sweep_id: str, name: str) -> None:
-    """The attack of issue 21: a cell's record whose config name is markup."""
+    """The attack: a cell's record whose config name is markup."""
     for path in (out / "runs").glob("*/numpy.json"):
         rec = json.loads(path.read_text())
         rec["config"]["name"] = name
@@ -157,7 +157,7 @@ def test_sweep_page_holds_no_markup_from_a_record(sweep: tuple[Path, str], tmp_p
     assert "PWNED" not in page.replace("&#34;PWNED&#34;", "")  # at most shown as text, never as markup
 
 
-# --- item 3: a kit reads only its own files ------------------------------------------------------------------------
+# --- a kit reads only its own files --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("kit") / "kit"
@@ -217,7 +217,7 @@ def test_kit_files_stay_inside_the_kit(how: str, kit: Path, good: Path, tmp_path
     assert out == "" and not (good.parent / "results.check.json").exists()
 
 
-# --- item 7: a manifest of the wrong shape is one line naming the field ------------------------------------------
+# --- a manifest of the wrong shape is one line naming the field --------------------------------------------------
 MANIFESTS = {
     "files a list": (lambda m: m.update(files=list(m["files"])), "'files' is a list, expected an object"),
     "files entry a string": (lambda m: m["files"].update({"weights.npz": "abc"}), "'files/weights.npz' is a string"),
@@ -254,7 +254,7 @@ def test_the_exported_manifest_is_what_its_schema_describes(kit: Path) -> None:
     assert set(manifest) <= set(MANIFEST_SCHEMA["properties"]) and MANIFEST_SCHEMA["additionalProperties"] is False
 
 
-# --- item 4: every read is bounded ----------------------------------------------------------------------------------
+# --- every read is bounded ------------------------------------------------------------------------------------------
 def bomb_npz(path: Path, key: str, shape: tuple[int, ...], chunk: int = 1 << 20) -> None:
     """An .npz whose one member declares `shape` (float64) and inflates to that many bytes, written in a few MB:
     the deflate stream of one zero chunk after a full flush is the same bytes every time, so it is repeated."""
@@ -336,7 +336,7 @@ def test_a_kit_file_declaring_more_than_its_manifest_is_refused(kit: Path, good:
     one_line(code, err, "kit file batches.npz: array 'x' is float64 (1000000, 1000000)", "export the kit again")
 
 
-# --- item 11 (and 4): only regular files are read, and a FIFO never blocks ------------------------------------------
+# --- only regular files are read, and a FIFO never blocks -----------------------------------------------------------
 def special(kind: str, tmp_path: Path) -> tuple[str, str]:
     """(path, what the message must call it) of a file that exists but is not a regular file."""
     if kind == "fifo":
@@ -366,8 +366,8 @@ def test_a_path_that_is_no_regular_file_says_what_it_is(option: str, kind: str, 
 @pytest.mark.parametrize("kind", KINDS)
 def test_results_that_are_no_regular_file_are_refused_at_once(kind: str, kit: Path, tmp_path: Path) -> None:
     path, words = special(kind, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "kit", "check", str(kit), path, "--html",
-                           str(tmp_path / "c.html"), "--json", str(tmp_path / "c.json")], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "kit", "check", str(kit), path, "--page",
+                           str(tmp_path / "c.html"), "--verdict", str(tmp_path / "c.json")], capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     one_line(proc.returncode, proc.stderr, f"results file {path!r} {words}")
 
@@ -398,7 +398,7 @@ def test_a_fifo_as_a_run_record_does_not_block_the_report(tmp_path: Path) -> Non
         write_report(out, [run_id])
 
 
-# --- item 12: kit check's dtypes, messages and outputs --------------------------------------------------------------
+# --- kit check's dtypes, messages and outputs -----------------------------------------------------------------------
 def test_big_endian_float64_results_are_graded_as_float64(kit: Path, good: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "be.npz"
@@ -427,18 +427,18 @@ def test_pickles_are_refused_in_our_words(how: str, kit: Path, tmp_path: Path, c
     assert ("holds Python objects" in line) if how == "object array" else ("not a readable .npz" in line)
 
 
-def test_html_path_that_is_a_directory_writes_nothing(kit: Path, good: Path, tmp_path: Path,
+def test_a_page_path_that_is_a_directory_writes_nothing(kit: Path, good: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture) -> None:
     results = tmp_path / "results.npz"
     shutil.copy(good, results)
     (tmp_path / "pages").mkdir()
-    code, out, err = harness(capsys, "kit", "check", kit, results, "--html", tmp_path / "pages")
-    line = one_line(code, err, f"--html {str(tmp_path / 'pages')!r} is a directory, not a file")
+    code, out, err = harness(capsys, "kit", "check", kit, results, "--page", tmp_path / "pages")
+    line = one_line(code, err, f"--page {str(tmp_path / 'pages')!r} is a directory, not a file")
     assert ".tmp" not in line and out == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pages", "results.npz"]
     assert not list((tmp_path / "pages").iterdir())
-    code, _, err = harness(capsys, "kit", "check", kit, results, "--json", "/dev/null")
-    one_line(code, err, "--json '/dev/null' is a character device, not a file")
+    code, _, err = harness(capsys, "kit", "check", kit, results, "--verdict", "/dev/null")
+    one_line(code, err, "--verdict '/dev/null' is a character device, not a file")
 
 
 def test_no_verdict_is_written_when_the_page_fails(kit: Path, good: Path, tmp_path: Path,
@@ -480,7 +480,7 @@ def test_an_export_killed_midway_does_not_block_the_next(tmp_path: Path, capsys:
     assert (out / "weights.npz").exists() and not (out / "manifest.json").exists()  # an unfinished kit
     code, out_text, err = harness(capsys, "kit", "export", "--data", data_path(), "--steps", "1", "--out", out)
     assert code == 0, err
-    assert "removing the unfinished kit" in err and "kit written" in out_text
+    assert "removing the unfinished kit" in err and "kit written" in err and out_text == f"{out}\n"
     assert (out / "manifest.json").exists() and not list(out.glob(".*"))
 
 
@@ -507,7 +507,7 @@ def test_export_on_a_full_disk_leaves_nothing_behind(tmp_path: Path) -> None:
     assert "manifest.json" in third
 
 
-# --- item 14: a crashed backend is not a numerical FAIL -------------------------------------------------------------
+# --- a crashed backend is not a numerical FAIL ----------------------------------------------------------------------
 CRASH = """
     # Loaded by every Python process of the test: the numpy backend crashes at its first training step.
     from harness.backends import numpy_backend

@@ -158,8 +158,9 @@ def port_rows(sizes: list[str], dtypes: list[str], data: str, only: list[str] | 
                     continue
                 if (dropout, attn) not in kits:
                     kits[dropout, attn] = Path(tmp) / f"kit-{size}-{dropout}-{attn}"
-                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", str(kits[dropout, attn]),
-                                    "--size", size, "--steps", "5", "--dropout", str(dropout), "--data", data,
+                    subprocess.run([sys.executable, "-m", "harness.cli", "kit", "export", "--out",
+                                    str(kits[dropout, attn]), "--size", size, "--steps", "5", "--dropout",
+                                    str(dropout), "--data", data,
                                     *(["--set", "attn_dropout=true"] if attn else [])],
                                    check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
                 kit = kits[dropout, attn]

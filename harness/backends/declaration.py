@@ -42,7 +42,7 @@ METHODS: dict[str, str] = {
                        "first be downloaded); else check_available",
     "check_device": "check_device(device) on a constructed instance: options that need the device (a GPU's "
                     "capability), checked by the parent before anything is written",
-    "parts": "the parts benchmark can time its model part by part",
+    "parts": "`harness bench parts` times its model part by part, with the part runner its `part_runner` names",
 }
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a backend's name: file names (`<name>.json`), lists (`a,b`)
@@ -58,12 +58,15 @@ class Declaration:
     `dtypes`: the float types it computes in, its default first. `devices`, `precisions` (`--precision` values;
     none: it takes no precision option) and `compile_modes` (`--compile MODE`; none: no compile option) are subsets
     of the harness's vocabularies above. `options` and `methods`: subsets of OPTIONS and METHODS. `needs`: the extra
-    or tool it needs beyond the harness ("" for nothing), `install`: the one line that installs it (the one place for
-    that hint). `color`: its colour in the reports ("" for one from the reports' palette). `own_process`: the
-    overhead benchmark always measures it in a fresh process (state fixed for a process's life: juliacall before
-    torch, JAX's float64 switch). `bare_loop`: "module:Class" of its hand-written floor for the overhead benchmark
-    (harness.backends.base.BareLoop; "" for the generic loop over `train_step`). `doctor`: "module:function" giving
-    its rows of `harness doctor` (component, status, fix)."""
+    or tool it needs beyond the harness ("" for nothing), `install`: the one line that installs it, `cuda_install`:
+    the one line that makes `--device cuda` work where `install` does not (numpy: CuPy; jax: its CUDA plugin); each
+    the one place for that hint (doctor, the errors and the README quote it). `color`: its colour in the reports
+    ("" for one from the reports' palette). `own_process`: the overhead benchmark always measures it in a fresh
+    process (state fixed for a process's life: juliacall before torch, JAX's float64 switch). `bare_loop`:
+    "module:Class" of its hand-written floor for the overhead benchmark (harness.backends.base.BareLoop; "" for the
+    generic loop over `train_step`). `part_runner`: "module:Class" of its part runner for `harness bench parts`
+    (harness.backends.parts.PartRunner; needed with the method `parts`). `doctor`: "module:function" giving its rows
+    of `harness doctor` (component, status, fix)."""
 
     name: str
     dtypes: tuple[str, ...]
@@ -74,9 +77,11 @@ class Declaration:
     methods: frozenset[str] = field(default_factory=frozenset)
     needs: str = ""
     install: str = ""
+    cuda_install: str = ""
     color: str = ""
     own_process: bool = False
     bare_loop: str = ""
+    part_runner: str = ""
     doctor: str = ""
 
     @property
@@ -104,16 +109,18 @@ class Declaration:
             out.append("it declares no dtype")
         if isinstance(self.devices, tuple) and "cpu" not in self.devices:
             out.append("its devices leave out cpu (every backend runs on the CPU)")
-        for what in ("needs", "install"):
+        for what in ("needs", "install", "cuda_install"):
             value = getattr(self, what)
             if not isinstance(value, str) or "\n" in value or len(value) > 300:
                 out.append(f"its {what} is not one line of text")
         if not isinstance(self.color, str) or (self.color and not COLOR_RE.match(self.color)):
             out.append(f"its color {self.color!r} is not \"\" or #rrggbb")
-        for what in ("bare_loop", "doctor"):
+        for what in ("bare_loop", "part_runner", "doctor"):
             value = getattr(self, what)
             if not isinstance(value, str) or (value and not HOOK_RE.match(value)):
                 out.append(f"its {what} {value!r} is not \"\" or \"module:attribute\"")
+        if isinstance(self.methods, frozenset) and "parts" in self.methods and not self.part_runner:
+            out.append("it declares the method parts but no part_runner (\"module:Class\" of its part runner)")
         if not isinstance(self.own_process, bool):
             out.append("its own_process is not true or false")
         return out

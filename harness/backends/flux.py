@@ -58,8 +58,9 @@ SETUP_HINT = ("install Julia 1.10+ and set PYTHON_JULIAPKG_EXE=/path/to/julia, "
               "or run `harness setup julia` on a machine with internet")
 DECLARATION = Declaration(
     name="flux", dtypes=("float32",), devices=("cpu", "cuda"), precisions=("fp32", "tf32"),
-    options=frozenset(OPTION_NAMES), methods=frozenset({"gradients", "taps", "check_installed"}), needs="Julia",
-    install="`harness setup julia`", color="#9c36b5", own_process=True,
+    options=frozenset(OPTION_NAMES), methods=frozenset({"gradients", "taps", "check_installed", "parts"}),
+    needs="Julia", install="`harness setup julia`", color="#9c36b5", own_process=True,
+    part_runner="harness.backends.flux_parts:FluxParts",
     doctor="harness.backends.flux_setup:doctor_rows")
 
 

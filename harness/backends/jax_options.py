@@ -15,11 +15,12 @@ from harness.backends.declaration import Declaration
 from harness.config.fields import OPTION_NAMES
 
 INSTALL = "pip install -e '.[jax]' (or pip install jax)"
-CUDA_INSTALL = "pip install 'jax[cuda12]' (or 'jax[cuda13]')"
+CUDA_INSTALL = "pip install 'jax[cuda12]' (or 'jax[cuda13]')"  # the declaration's cuda_install
 DECLARATION = Declaration(
     name="jax", dtypes=("float32", "float64"), devices=("cpu", "cuda"), options=frozenset({*OPTION_NAMES, "parity"}),
-    methods=frozenset({"gradients", "taps", "warm_up"}), needs="JAX (the jax extra)", install=INSTALL,
-    color="#2b8a3e", own_process=True, bare_loop="harness.backends.jax_bare:BareJax",
+    methods=frozenset({"gradients", "taps", "warm_up", "parts"}), needs="JAX (the jax extra)", install=INSTALL,
+    cuda_install=CUDA_INSTALL, color="#2b8a3e", own_process=True, bare_loop="harness.backends.jax_bare:BareJax",
+    part_runner="harness.backends.jax_parts:JaxParts",
     doctor="harness.backends.jax_options:doctor_rows")
 
 # run in a child interpreter: doctor's own process never starts JAX (nor, on a GPU, a CUDA context of JAX's)

@@ -26,12 +26,19 @@ from harness.errors import UsageError
 from harness.models import numpy_gpt
 
 DTYPES = ("float64", "float32")
-CUPY_INSTALL = "pip install 'cupy-cuda12x[ctk]', or cupy-cuda13x[ctk] for CUDA 13"
-CUPY_FIX = f"install the CuPy wheel for your CUDA with its CUDA components ({CUPY_INSTALL}), or use --device cpu"
 DECLARATION = Declaration(
     name="numpy", dtypes=DTYPES, devices=("cpu", "cuda"), options=frozenset(OPTION_NAMES),
-    methods=frozenset({"gradients", "taps"}), needs="", install="", color="#1c7ed6",
-    doctor="harness.backends.numpy_backend:doctor_rows")
+    methods=frozenset({"gradients", "taps", "parts"}), needs="", install="", color="#1c7ed6",
+    cuda_install="pip install 'cupy-cuda12x[ctk]' (or 'cupy-cuda13x[ctk]' for CUDA 13)",
+    part_runner="harness.backends.numpy_parts:NumpyParts", doctor="harness.backends.numpy_backend:doctor_rows")
+CUPY_FIX = f"install CuPy with its CUDA components: {DECLARATION.cuda_install}; or use --device cpu"
+
+
+def no_gpu_fix() -> str:
+    """The fix of a `--device cuda` that cannot work: that there is no GPU here, where none is seen, else CUPY_FIX."""
+    from harness.environment import gpu_seen
+
+    return CUPY_FIX if gpu_seen() else "there is no NVIDIA GPU here (no driver, no nvidia-smi): use --device cpu"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -131,11 +138,13 @@ class DeviceDropoutRNG:
 
 
 def _use_device(device: str) -> object:
-    """numpy_gpt.use_device, with the model's plain DeviceUnavailable turned into the backend layer's error."""
+    """numpy_gpt.use_device, with the model's plain DeviceUnavailable turned into the backend layer's error: what is
+    missing, and the fix (that there is no GPU, where there is none; else the declaration's CuPy line)."""
     try:
         return numpy_gpt.use_device(device)
     except numpy_gpt.DeviceUnavailable as exc:
-        raise BackendUnavailable(str(exc)) from None
+        fix = no_gpu_fix() if device == "cuda" else "use --device cpu"
+        raise BackendUnavailable(f"numpy backend: {exc}; {fix}") from None
 
 
 def _cpu_name() -> str:
@@ -362,7 +371,8 @@ def cupy_row() -> tuple[str, str, str]:
 
     what = "CuPy (numpy backend on cuda)"
     if importlib.util.find_spec("cupy") is None:
-        return (what, "not installed", f"only needed for --backend numpy --device cuda: {CUPY_INSTALL}")
+        return (what, "not installed", f"only needed for --backend numpy --device cuda: "
+                f"{DECLARATION.cuda_install}")
     version = _dist_version("cupy") or next((v for v in (_dist_version("cupy-cuda12x"),
                                                           _dist_version("cupy-cuda13x")) if v), "?")
     try:

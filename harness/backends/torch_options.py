@@ -23,11 +23,13 @@ DTYPE_NAMES = ("float32", "float64")
 PRECISIONS = ("fp32", "tf32", "bf16")
 INSTALL = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (or a CUDA build for "
            "--device cuda; README, Install)")
+CUDA_INSTALL = "pip install torch==2.13.0 (PyPI's Linux wheel is the CUDA build)"  # the declaration's cuda_install
 DECLARATION = Declaration(
     name="torch", dtypes=DTYPE_NAMES, devices=("cpu", "cuda"), precisions=PRECISIONS, compile_modes=COMPILE_MODES,
     options=frozenset({*OPTION_NAMES, "cuda_graphs", "parity"}),
-    methods=frozenset({"gradients", "taps", "warm_up", "device_clock", "fetch_losses", "check_device"}),
-    needs="PyTorch", install=INSTALL, color="#d9480f", bare_loop="harness.backends.torch_bare:BareTorch",
+    methods=frozenset({"gradients", "taps", "warm_up", "device_clock", "fetch_losses", "check_device", "parts"}),
+    needs="PyTorch", install=INSTALL, cuda_install=CUDA_INSTALL, color="#d9480f",
+    bare_loop="harness.backends.torch_bare:BareTorch", part_runner="harness.backends.torch_parts:TorchParts",
     doctor="harness.backends.torch_options:doctor_rows")
 MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0)}  # TF32 tensor cores and fast bf16 arrived with Ampere (sm80)
 
@@ -126,8 +128,8 @@ class TorchOptions:
 
             if not torch.cuda.is_available():
                 raise BackendUnavailable("torch backend: --device cuda but PyTorch sees no CUDA GPU "
-                                         f"(torch {torch.__version__}); use --device cpu or install a CUDA build of "
-                                         "torch")
+                                         f"(torch {torch.__version__}); use --device cpu, or install its CUDA "
+                                         f"build: {CUDA_INSTALL}")
 
 
 # --- harness doctor -------------------------------------------------------------------------------------------
@@ -146,7 +148,7 @@ def torch_row() -> tuple[str, str, str]:
         if built is None:
             gpu_here = shutil.which("nvidia-smi") is not None
             return ("torch", f"{torch.__version__}, CPU-only build (no CUDA)",
-                    "a GPU is present: install a CUDA build of torch for --device cuda" if gpu_here else "")
+                    f"a GPU is present: for --device cuda {CUDA_INSTALL}" if gpu_here else "")
         if not torch.cuda.is_available():
             return ("torch", f"{torch.__version__}, CUDA {built} build, but no usable GPU",
                     "the driver or the device is the problem: check `nvidia-smi` (a driver recent enough for "

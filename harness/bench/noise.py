@@ -17,14 +17,16 @@ run carries `contended_fraction` > 0. Everything goes under `<out>/bench/noise-<
 summary.
 
 Run it on a machine that is otherwise quiet: the "quiet" legs must be quiet for the comparison to mean anything
-(the script prints the load average before each leg). The hogs are this process's children, stopped by their pid.
+(the script prints the load average before each leg). The hogs and the legs are this process's children, started
+with the parent-death signal and ended with it (harness.run.processes): Ctrl-C or SIGTERM ends the leg (SIGINT, as
+from a terminal) and the hogs; SIGKILL of this process ends them all too.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from harness.environment import loadavg
 from harness.errors import UsageError
+from harness.run import processes
 from harness.store import RunPaths, RunRecord, SweepPaths, load_run
 from harness.store.bench import (
     DuringHogs,
@@ -52,19 +55,21 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in load) if load else "?"
 
 
+HOG = [sys.executable, "-c", "while True: pass"]  # one busy loop
+
+
 class Hogs:
     """`n` busy-loop processes from `start_s` to `stop_s` seconds after `begin()` (`stop_s` None: until `finish()`),
-    started and stopped by a timer thread. `epochs` says when they ran, as time.time(), to line them up with the
-    records' chunks (`at`); `window` the same in seconds after `begin()`."""
+    started and stopped from the main thread by `tick()`, which the leg's wait loop calls, each with the harness's
+    parent-death signal (harness.run.processes.start): they end with this process, even when it is killed.
+    `epochs` says when they ran, as time.time(), to line them up with the records' chunks (`at`); `window` the same
+    in seconds after `begin()`."""
 
     def __init__(self, n: int, start_s: float, stop_s: float | None = None):
         self.n, self.start_s, self.stop_s = n, start_s, stop_s
         self.procs: list[subprocess.Popen] = []
         self.epochs: list[float] = []
         self._begun = 0.0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     @property
     def window(self) -> list[float]:
@@ -73,32 +78,26 @@ class Hogs:
     def begin(self) -> None:
         self._begun = time.time()
 
-        def run() -> None:
-            if self._stop.wait(self.start_s):
-                return
-            with self._lock:
-                self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
-                self.epochs = [time.time()]
-            self._stop.wait(None if self.stop_s is None else max(0.0, self.stop_s - self.start_s))
+    def tick(self) -> float | None:
+        """Start or stop the hogs if it is time; the seconds until the next change (None: no change is due)."""
+        now = time.time() - self._begun
+        if not self.epochs and now >= self.start_s:
+            self.epochs = [time.time()]
+            for _ in range(self.n):
+                self.procs.append(processes.start(HOG))
+        if len(self.epochs) == 1 and self.stop_s is not None and now >= self.stop_s:
             self._kill()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
+        if not self.epochs:
+            return self.start_s - now
+        return self.stop_s - now if len(self.epochs) == 1 and self.stop_s is not None else None
 
     def _kill(self) -> None:
-        with self._lock:
-            for proc in self.procs:
-                if proc.poll() is None:
-                    proc.kill()  # our own child, by its pid
-                proc.wait()
-            if len(self.epochs) == 1:
-                self.epochs.append(time.time())
+        processes.stop(self.procs, signal.SIGKILL, grace_s=0)  # our own children, by their pid
+        if len(self.epochs) == 1:
+            self.epochs.append(time.time())
 
     def finish(self) -> list[float]:
         """Stop the hogs (if still running) and return `window`."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
         self._kill()
         return self.window
 
@@ -135,14 +134,20 @@ def _harness(args: list[str], hogs: Hogs | None, quiet: bool) -> tuple[int, floa
               file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(cmd, stdout=out, stderr=out)
-    if hogs:
-        hogs.begin()
-    try:
-        code = proc.wait()
-    finally:
+    with processes.ending() as children:  # Ctrl-C, SIGTERM or an error here: the leg gets SIGINT, as from a terminal
+        children.append(proc := processes.start(cmd, stdout=out, stderr=out))
         if hogs:
-            hogs.finish()
+            hogs.begin()
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=hogs.tick() if hogs else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue  # a change of the hogs is due
+        finally:
+            if hogs:
+                hogs.finish()
     return code, time.monotonic() - t0
 
 

@@ -41,6 +41,7 @@ import importlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,9 +61,10 @@ from harness.core.data import BatchStream, load_corpus
 from harness.core.weights import init_weights
 from harness.environment import loadavg
 from harness.errors import UsageError
+from harness.progress import left_s
 from harness.run import loop as run_loop
 from harness.run.loop import Curves, LoopOptions, train
-from harness.run.processes import spawn
+from harness.run.processes import spawn, stop
 from harness.store.bench import (
     BenchCheck,
     HarnessOnly,
@@ -73,6 +75,7 @@ from harness.store.bench import (
 )
 from harness.store.record import Environment, Memory
 from harness.timing.stats import median_ci as _median_ci
+from harness.units import fmt_duration
 
 # timed steps per repeat by default: on the CPU short rounds pair the two loops closely in time; on CUDA a repeat is
 # one flush interval of the runner (harness.run.loop.FLUSH_EVERY), so its flushes count at the rate a run has them
@@ -232,6 +235,13 @@ def _timing(repeats: list[Timed], steps: int, tokens_per_step: int) -> LoopTimin
                       tokens_per_s=tokens_per_step / loop_median if loop_median > 0 else None)
 
 
+def _pace(elapsed_s: float, done: int, total: int) -> str:
+    """"0:12 elapsed, about 0:48 left" (nothing left once `done` is `total`)."""
+    left = left_s(elapsed_s, done, total)
+    return f"{fmt_duration(elapsed_s)} elapsed" + (f", about {fmt_duration(left)} left" if done < total and left
+                                                   is not None else "")
+
+
 def _say(job: Job, text: str) -> None:
     if job.progress:
         print(f"bench {job.backend}/{job.size} {job.device}: {text}", file=sys.stderr, flush=True)
@@ -356,7 +366,7 @@ def _rounds(job: Job, r: _Runner, bare_repeat: Callable[..., Timed]) -> _Rounds:
     null, stream_n = NullBackend(), BatchStream(r.corpus.train, c.block_size, c.batch_size, job.seed, c.scheme)
     first_round, n = r.first_round, out.n_stream
     _say(job, f"{job.repeats} rounds of {job.steps} steps (runner, bare, stream, harness only)")
-    last_said = time.monotonic()
+    last_said = started = time.monotonic()
     for k in range(job.repeats):
         if k == 0 and first_round is not None:  # run before the bare model existed (--warmup 0)
             a, first_round = first_round, None
@@ -376,8 +386,9 @@ def _rounds(job: Job, r: _Runner, bare_repeat: Callable[..., Timed]) -> _Rounds:
         out.harness_only_s.append(runner_repeat(null, c, stream_n, k * n, n).wall_s / n)
         if time.monotonic() - last_said >= PROGRESS_EVERY_S or k + 1 == job.repeats:
             last_said = time.monotonic()
-            _say(job, f"round {k + 1}/{job.repeats}: runner {a.wall_s / job.steps * 1e3:.3f} ms/step, "
-                      f"bare {b.wall_s / job.steps * 1e3:.3f} ms/step, stream {np.median(batch_s) * 1e3:.4f} ms/batch")
+            _say(job, f"round {k + 1}/{job.repeats} ({_pace(last_said - started, k + 1, job.repeats)}): runner "
+                      f"{a.wall_s / job.steps * 1e3:.3f} ms/step, bare {b.wall_s / job.steps * 1e3:.3f} ms/step, "
+                      f"stream {np.median(batch_s) * 1e3:.4f} ms/batch")
     return out
 
 
@@ -505,9 +516,8 @@ def measure_isolated(job: Job) -> OverheadResult:
                  text=True)
     try:
         stdout, _ = proc.communicate()
-    except BaseException:  # Ctrl-C: the child goes with us
-        proc.kill()
-        proc.wait()
+    except BaseException:  # Ctrl-C: the child goes with us, with anything it started (harness.run.processes.stop)
+        stop([proc], signal.SIGKILL, grace_s=0)
         raise
     lines = stdout.strip().splitlines()
     if proc.returncode == 0 and lines:

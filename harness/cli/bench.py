@@ -41,13 +41,13 @@ from harness.cli.options import (
     add_data,
     add_device,
     add_dtype,
+    add_json,
     add_out,
     add_precision,
     add_quiet,
     add_seed,
     add_size,
     add_threads,
-    alias,
     backend_options,
     check_option_targets,
     common_device,
@@ -55,6 +55,8 @@ from harness.cli.options import (
     parse_devices,
     pick_backends,
     pick_sizes,
+    print_json,
+    result_stream,
     shared,
 )
 from harness.config.load import load_config
@@ -72,15 +74,13 @@ NOISE_EXIT = {0: "every leg ran (with --check: and every check passed)",
 
 
 def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `harness bench overhead` (and of plain `harness bench`, its old spelling)."""
+    """The options of `harness bench overhead`."""
     add_backend(p, f"default {DEFAULT_BACKEND}")
     add_size(p, "one or more, repeated or comma-separated (default small,medium)")
     add_device(p)
     p.add_argument("--timed-steps", type=_count(1), default=None, metavar="N",
                    help="timed steps of each repeat (on the CPU 5: short rounds pair the two loops closely in time; "
-                        "on CUDA 50, the runner's flush interval, so a repeat holds flushes at their real rate; "
-                        "formerly --steps)")
-    alias(p, "--steps", dest="timed_steps", type=_count(1), metavar="N")
+                        "on CUDA 50, the runner's flush interval, so a repeat holds flushes at their real rate)")
     p.add_argument("--warmup", type=_count(0), default=10, metavar="N",
                    help="untimed steps before the first repeat, per loop (10)")
     p.add_argument("--repeats", type=_count(1), default=30, metavar="N",
@@ -99,11 +99,12 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
                    help=shared(CHECK_HELP, "a target missed: overhead > 3%% on CPU for medium/large, > 1%% on "
                                            "CUDA, or a batch stream < 50x faster than a step"))
     add_quiet(p)
+    add_json(p, "the record's path and each backend's and size's overhead (the table then goes to stderr)")
     exit_statuses(p, OVERHEAD_EXIT)
 
 
 def add_noise_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `harness bench noise` (formerly `harness bench --noise`)."""
+    """The options of `harness bench noise`."""
     add_backend(p, f"exactly two, e.g. {','.join(PARITY_DEFAULT)}")
     add_size(p, "one, e.g. small", one=True)
     add_data(p)
@@ -111,40 +112,48 @@ def add_noise_arguments(p: argparse.ArgumentParser) -> None:
     add_threads(p, "passed to every leg; default: the frameworks' own choice", type=_count(1))
     p.add_argument("--hogs", type=_count(1), metavar="N", help="busy-loop processes (default: usable cores)")
     p.add_argument("--seeds", type=_count(1), default=3, metavar="N",
-                   help=shared(SEEDS_HELP, "the sweep leg's (3; formerly --noise-seeds)"))
-    alias(p, "--noise-seeds", dest="seeds", type=_count(1), metavar="N")
+                   help=shared(SEEDS_HELP, "the sweep leg's (3)"))
     p.add_argument("--steps", type=_count(1), default=200, metavar="N",
-                   help=shared(STEPS_HELP, "each cell of the sweep leg (200; formerly --noise-steps)"))
-    alias(p, "--noise-steps", dest="steps", type=_count(1), metavar="N")
+                   help=shared(STEPS_HELP, "each cell of the sweep leg (200)"))
     p.add_argument("--run-steps", type=_count(1), default=300, metavar="N",
-                   help="training steps of the single-backend run leg (300; formerly --noise-run-steps)")
-    alias(p, "--noise-run-steps", dest="run_steps", type=_count(1), metavar="N")
+                   help="training steps of the single-backend run leg (300)")
     p.add_argument("--check", action="store_true", help=shared(CHECK_HELP, "a check of docs/benchmarks.md failed"))
     add_quiet(p)
+    add_json(p, "the record's path and the checks (the table then goes to stderr)")
     exit_statuses(p, NOISE_EXIT)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The subcommands of `harness bench`: overhead (the default) and noise."""
+    """The subcommands of `harness bench`: overhead, noise and parts."""
     from harness.cli.options import Parser
 
     exit_statuses(p, {0: "measured (see each subcommand)", 1: "a measurement or a leg failed, or --check and a "
                       "target or check missed"})
-    sub = p.add_subparsers(dest="bench_command", required=True, metavar="overhead|noise", parser_class=Parser)
-    o = sub.add_parser("overhead", help="harness overhead, bare-loop speed and batch-stream speed (the default: "
-                       "`harness bench ...` = `harness bench overhead ...`)",
+    sub = p.add_subparsers(dest="bench_command", required=True, metavar="overhead|noise|parts", parser_class=Parser)
+    o = sub.add_parser("overhead", help="harness overhead, bare-loop speed and batch-stream speed",
                        description="Is the harness part of what it measures? Times the harness's training loop, a "
                        "bare loop doing the same work, the batch stream and the harness driving a no-op backend, "
                        "in alternating rounds.")
     add_overhead_arguments(o)
     o.set_defaults(func=command)
-    n = sub.add_parser("noise", help="does a speed verdict survive other work on the machine? (formerly "
-                       "`harness bench --noise`)",
+    n = sub.add_parser("noise", help="does a speed verdict survive other work on the machine?",
                        description="A sweep and a run of two backends at one size, each quiet and then with busy-loop "
                        "hogs during its middle third; prints both speed ratios, the disturbed cells and the checks of "
                        "docs/benchmarks.md.")
     add_noise_arguments(n)
     n.set_defaults(func=noise_command)
+    from harness.cli.bench_parts import add_parts_arguments
+    from harness.cli.bench_parts import command as parts_command
+
+    t = sub.add_parser("parts", help="where the time goes: every part of the step, forward and backward, side by "
+                       "side in every backend",
+                       description="Times every part of the training step (the activation taps' parts: emb, per "
+                       "block ln_1 ... res2, ln_f, logits, loss), forward and backward, the optimizer and the whole "
+                       "step, in each backend's own idiom on the same step-0 activations, the backends side by side "
+                       "in alternating rounds; prints a table and one diagnosis per pair of backends naming the "
+                       "parts that make up most of their difference, and writes a record and its page.")
+    add_parts_arguments(t)
+    t.set_defaults(func=parts_command)
 
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
@@ -224,26 +233,54 @@ def command(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     path = Path(args.out) / "bench" / f"bench-{stamp}-{secrets.token_hex(3)}.json"
     doc.dump(path)
-    print(format_table(results))
+    out = result_stream(args)
+    print(format_table(results), file=out)
     for r in results:
         cp = r.contention_probe
         if cp:
             print(f"contention evidence, {r.backend}/{r.size}: {cp.tick_us:.2f} us per step + a "
                   f"{cp.snapshot_us:.0f} us reading of the machine once every {cp.chunk_s:g} s = "
                   f"{cp.pct_of_step:.3f}% of a step (reading it at every step would cost "
-                  f"{cp.per_step_snapshot_pct:.1f}%)")
+                  f"{cp.per_step_snapshot_pct:.1f}%)", file=out)
     clock = ("process CPU time" if used == {"cpu"} else "wall time" if "cpu" not in used
              else "process CPU time on the CPU, wall time on CUDA")
     steps = "/".join(str(n) for n in sorted({j.steps for j in jobs}))
     print(f"overhead: runner / bare - 1, median of {args.repeats} paired rounds of {steps} steps, "
-          f"{clock}; harness us/step: the runner driving a no-op backend; stream x step: bare step time / batch time")
+          f"{clock}; harness us/step: the runner driving a no-op backend; stream x step: bare step time / batch time",
+          file=out)
     for line in missed:
         print(f"target missed: {line}", file=sys.stderr)
     if not missed:
         print("targets: all met", file=sys.stderr)
-    print(f"bench: {path}", file=sys.stderr)
+    print(f"bench: {path}", file=out)
     failed = any(r.status != "completed" for r in results)
-    return 1 if failed or (args.check and missed) else 0
+    code = 1 if failed or (args.check and missed) else 0
+    if args.json:
+        print_json("bench overhead", code, record=path, misses=missed, results=[
+            {"backend": r.backend, "size": r.size, "device": r.device, "status": r.status_text,
+             "overhead_pct": r.overhead_pct, "runner_ms_per_step": r.runner.step_ms_median if r.runner else None,
+             "bare_ms_per_step": r.bare.step_ms_median if r.bare else None} for r in results])
+    return code
+
+
+class Legs:
+    """The progress of `bench noise`'s four legs on stderr (not with --quiet): "leg 2 of 4: sweep, with 2 hogs; 1:10
+    elapsed, about 1:05 for this leg" (a disturbed leg is expected to take about what its quiet leg took)."""
+
+    TOTAL = 4
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.n, self.start = quiet, 0, time.monotonic()
+
+    def next(self, what: str, expected_s: float | None = None) -> None:
+        from harness.units import fmt_duration
+
+        self.n += 1
+        if self.quiet:
+            return
+        guess = f", about {fmt_duration(expected_s)} for this leg" if expected_s is not None else ""
+        print(f"noise: leg {self.n} of {self.TOTAL}: {what}; {fmt_duration(time.monotonic() - self.start)} "
+              f"elapsed{guess}", file=sys.stderr, flush=True)
 
 
 def noise_command(args: argparse.Namespace) -> int:
@@ -272,13 +309,16 @@ def noise_command(args: argparse.Namespace) -> int:
                                               run_steps=args.run_steps, hogs=hogs, cores=usable_cores(),
                                               threads=args.threads),
                          started_at=stamp, dir=str(root))
+    legs = Legs(args.quiet)
     for kind, argv, reader in (("sweep", sweep, sweep_result), ("run", run, run_result)):
+        legs.next(f"{kind}, quiet")
         code, quiet_s = _harness([*argv, "--out", str(root / f"{kind}-quiet")], None, args.quiet)
         if code != 0:
             return _leg_failed(argv, code, root)
         # the sweep: hogs in its middle third (disturbed cells among quiet ones, as on a shared machine); the run (a
         # few seconds, most of it start-up): hogs for the whole invocation, so that its training is disturbed
         h = Hogs(hogs, quiet_s / 3, 2 * quiet_s / 3) if kind == "sweep" else Hogs(hogs, 0.0, None)
+        legs.next(f"{kind}, with {hogs} hogs", expected_s=quiet_s)
         code_d, disturbed_s = _harness([*argv, "--out", str(root / f"{kind}-disturbed")], h, args.quiet)
         if code_d != 0:
             return _leg_failed(argv, code_d, root)
@@ -292,6 +332,10 @@ def noise_command(args: argparse.Namespace) -> int:
     result.checks = checks(result)
     path = root / "noise.json"
     result.dump(path)
-    print(format_result(result))
-    print(f"bench: {path}", file=sys.stderr)
-    return 1 if args.check and not all(c.ok for c in result.checks) else 0
+    out = result_stream(args)
+    print(format_result(result), file=out)
+    print(f"bench: {path}", file=out)
+    code = 1 if args.check and not all(c.ok for c in result.checks) else 0
+    if args.json:
+        print_json("bench noise", code, record=path, dir=root, checks=[c.to_dict() for c in result.checks])
+    return code

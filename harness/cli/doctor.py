@@ -84,13 +84,10 @@ def rows() -> list[tuple[str, str, str]]:
 
 
 def _print_table(table: list[tuple[str, str, str]]) -> None:
-    header = ("component", "status", "fix")
-    w0 = max(len(r[0]) for r in [header, *table])
-    w1 = min(60, max(len(r[1]) for r in [header, *table]))
-    print(f"{header[0]:<{w0}}  {header[1]:<{w1}}  {header[2]}")
-    print(f"{'-' * w0}  {'-' * w1}  {'-' * 3}")
-    for name, status, fix in table:
-        print(f"{name:<{w0}}  {status:<{w1}}  {fix}")
+    """The rows in three columns that line up (harness.units.text_table: a long status wraps within its column)."""
+    from harness.units import text_table
+
+    print(text_table(("component", "status", "fix"), table))
 
 
 def doctor() -> int:

@@ -9,7 +9,9 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
+from harness.cli.options import print_json, result_stream
 from harness.errors import UsageError
 from harness.files import kind_of
 from harness.kit import grade, page
@@ -28,19 +30,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         DROPOUT_HELP,
         PER_PARAMETER_HELP,
         STEPS_HELP,
-        Once,
         Parser,
         add_config,
         add_data,
         add_dtype,
+        add_json,
         add_out,
         add_quiet,
         add_seed,
         add_set,
         add_size,
-        alias,
         exit_statuses,
-        out_arg,
         positive_int,
         shared,
     )
@@ -49,12 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       "oracle (the table and the FAIL lines say where)"})
     sub = p.add_subparsers(dest="kit_command", required=True, metavar="export|check", parser_class=Parser)
     e = sub.add_parser("export", help="write a kit: inputs, the oracle's float64 answers and manifest.json",
-                       description="Write a conformance kit into KIT_DIR: the inputs (weights, batches, masks), the "
-                       "float64 oracle's answers at every depth and manifest.json (written last).")
-    e.add_argument("out", nargs="?", type=out_arg, action=Once, metavar="KIT_DIR",
-                   help="the kit's directory: new or empty (formerly --out DIR)")
-    alias(e, "--out", dest="out", type=out_arg, action=Once, metavar="KIT_DIR")
-    e.needs = {"out": "the kit's directory is missing; pass it: harness kit export KIT_DIR"}  # type: ignore[attr-defined]
+                       description="Write a conformance kit into the directory --out names: the inputs (weights, "
+                       "batches, masks), the float64 oracle's answers at every depth and manifest.json (written "
+                       "last).")
+    add_out(e, "the kit's directory, new or empty (required)", default=None, required=True)
     add_size(e, "one: a kit is one size (default small)", one=True)
     add_config(e)
     add_set(e)
@@ -66,9 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--dropout", type=float, default=0.0, metavar="P",
                    help=shared(DROPOUT_HELP, "> 0 exports the harness's dropout masks for every step (default 0)"))
     add_quiet(e)
+    add_json(e, "the kit's directory, its files and sizes (without it stdout holds the kit's directory)")
     e.add_argument("--allow-large", action="store_true", help=ALLOW_LARGE_HELP)
     exit_statuses(e, {0: "the kit is written"})
-    e.usage = e.format_usage().removeprefix("usage: ").replace("[KIT_DIR]", "KIT_DIR")  # needed, or its --out
     e.set_defaults(kit_func="export")
 
     c = sub.add_parser("check", help="grade a port's results file against a kit; exit 0 pass, 1 fail, 2 malformed",
@@ -78,9 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("results", type=Path, metavar="RESULTS", help="the port's results .npz")
     add_dtype(c, "the precision the port computed in (default: the dtype of the results' arrays)")
     add_out(c, "default: RESULTS' folder; RESULTS-name.check.html and .check.json are written there", default=None)
-    c.add_argument("--html", type=Path, metavar="PATH", help="the HTML page's exact path (overrides --out)")
-    c.add_argument("--json", type=Path, metavar="PATH", help="the JSON verdict's exact path (overrides --out)")
+    c.add_argument("--page", type=Path, metavar="PATH", help="the HTML page's exact path (overrides --out)")
+    c.add_argument("--verdict", type=Path, metavar="PATH", help="the JSON verdict's exact path (overrides --out)")
     c.add_argument("--per-parameter", action="store_true", help=PER_PARAMETER_HELP)
+    add_json(c, "the verdict, its summary and the two files' paths (the table then goes to stderr)")
     exit_statuses(c, {0: "pass: the port agrees with the oracle at every depth it gives", 1: "FAIL: the port "
                       "differs (the first broken depth and its likely cause are printed)", 2: "bad input: a "
                       "malformed kit or results file (one line on stderr, nothing written)"})
@@ -123,7 +122,12 @@ def export_command(args: argparse.Namespace) -> int:
     for name, blob in blobs.items():
         print(f"  {name}: {len(blob) / 1e6:.2f} MB", file=sys.stderr)
     print(f"kit written: {args.out} ({total / 1e6:.2f} MB); check a port's results with "
-          f"`harness kit check {args.out} RESULTS.npz`")
+          f"`harness kit check {args.out} RESULTS.npz`", file=sys.stderr)
+    if args.json:
+        print_json("kit export", 0, kit=args.out, manifest=args.out / MANIFEST, bytes=total,
+                   files={name: len(blob) for name, blob in blobs.items()})
+    else:
+        print(args.out, flush=True)
     return 0
 
 
@@ -147,9 +151,14 @@ def check_command(args: argparse.Namespace) -> int:
     html = page.render_html(verdict, checked.rows, table).encode()
     atomic_write_all([(html_path, html), (json_path, json_bytes(verdict))])  # both written first
 
-    _print_check(checked, table, getattr(args, "per_parameter", False))
-    print(f"check page: {html_path}\ncheck verdict: {json_path}")
-    return 0 if checked.passed else 1
+    out = result_stream(args)
+    _print_check(checked, table, getattr(args, "per_parameter", False), out)
+    print(f"check page: {html_path}\ncheck verdict: {json_path}", file=out)
+    code = 0 if checked.passed else 1
+    if args.json:
+        print_json("kit check", code, verdict="pass" if checked.passed else "fail", summary=checked.summary,
+                   dtype=checked.dtype, page=html_path, verdict_file=json_path, missing=list(checked.missing))
+    return code
 
 
 def _resync_progress(after_s: float = 2.0) -> Callable[[int, int], None]:
@@ -166,17 +175,17 @@ def _resync_progress(after_s: float = 2.0) -> Callable[[int, int], None]:
 
 
 def _check_paths(args: argparse.Namespace, kit: dict) -> tuple[Path, Path, Path]:
-    """(the folder, the page's path, the verdict's path) of `kit check`, from --out, --html and --json; UsageError
+    """(the folder, the page's path, the verdict's path) of `kit check`, from --out, --page and --verdict; UsageError
     for a path that is no file, in no directory, an input, or both the same."""
     from harness.store import check_writable
 
     folder = args.out if getattr(args, "out", None) is not None else args.results.parent
-    html_path = args.html or folder / args.results.with_suffix(".check.html").name
-    json_path = args.json or folder / args.results.with_suffix(".check.json").name
+    html_path = args.page or folder / args.results.with_suffix(".check.html").name
+    json_path = args.verdict or folder / args.results.with_suffix(".check.json").name
     if getattr(args, "out", None) is not None:
         check_writable(args.out)  # created below, once the inputs are known to be good
     inputs = (args.results.resolve(), *(args.kit.resolve() / n for n in (*kit, MANIFEST)))
-    for option, p, default in (("--html", html_path, ".check.html"), ("--json", json_path, ".check.json")):
+    for option, p, default in (("--page", html_path, ".check.html"), ("--verdict", json_path, ".check.json")):
         if os.path.lexists(p) and not os.path.isfile(p):
             what = kind_of(os.stat(p).st_mode) if os.path.exists(p) else "a dangling symlink"
             raise UsageError(f"{option} {str(p)!r} is {what}, not a file; pass the path of the file to write, e.g. "
@@ -184,37 +193,38 @@ def _check_paths(args: argparse.Namespace, kit: dict) -> tuple[Path, Path, Path]
         if p.parent != folder and not p.resolve().parent.is_dir():
             raise UsageError(f"cannot write {str(p)!r}: its directory does not exist; create it or pass another path")
         if p.resolve() in inputs:
-            raise UsageError(f"{str(p)!r} would overwrite an input; pass another --html/--json path")
+            raise UsageError(f"{str(p)!r} would overwrite an input; pass another --page/--verdict path")
     if html_path.resolve() == json_path.resolve():
-        raise UsageError(f"--html and --json are the same file {str(html_path)!r}; pass two paths")
+        raise UsageError(f"--page and --verdict are the same file {str(html_path)!r}; pass two paths")
     return folder, html_path, json_path
 
 
-def _print_check(checked: grade.Check, table: str, per_parameter: bool) -> None:
+def _print_check(checked: grade.Check, table: str, per_parameter: bool, out: TextIO) -> None:
     """The table (with `per_parameter`, every parameter's errors too), the FAIL lines and notes, what broke first and
-    why, what the depths given cannot see when some are missing, and the verdict."""
+    why, what the depths given cannot see when some are missing, and the verdict; into `out`."""
     result = checked.result
-    print(table)
+    print(table, file=out)
     if per_parameter:
         if "gradients" in checked.given:
-            print()
-            print(format_gradients(result))
+            print(file=out)
+            print(format_gradients(result), file=out)
         if "optimizer" in checked.given:
-            print()
-            print(format_optimizer(result))
+            print(file=out)
+            print(format_optimizer(result), file=out)
     for line in result.failures:
-        print(line)
+        print(line, file=out)
     for line in result.notes:
-        print(line)
+        print(line, file=out)
     diagnosis = checked.diagnosis
     if diagnosis:
         named = (f", tap {diagnosis['tap']}" if diagnosis.get("tap") else
                  f", parameter {diagnosis['parameter']}" if diagnosis.get("parameter") else "")
         print(f"first broken: {diagnosis['depth']}{named}" + (f" ({diagnosis['detail']})" if diagnosis.get("detail")
-                                                               else ""))
-        print(f"likely cause: {diagnosis['cause']}")
+                                                               else ""), file=out)
+        print(f"likely cause: {diagnosis['cause']}", file=out)
     if checked.missing:
-        print(f"not given: {', '.join(checked.missing)} (not checked); what the depths given cannot see:")
+        print(f"not given: {', '.join(checked.missing)} (not checked); what the depths given cannot see:", file=out)
         for d in checked.given:
-            print(f"  {d}: {BLIND_SPOTS[d]}")
-    print(f"{'PASS' if checked.passed else 'FAIL'}: {checked.summary} ({checked.dtype} results vs the float64 oracle)")
+            print(f"  {d}: {BLIND_SPOTS[d]}", file=out)
+    print(f"{'PASS' if checked.passed else 'FAIL'}: {checked.summary} ({checked.dtype} results vs the float64 oracle)",
+          file=out)

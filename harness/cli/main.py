@@ -1,9 +1,9 @@
 """`harness`: the command line. Bad input ends with one line on stderr and exit status 2, never a traceback.
 
 One grammar (docs/usage.md): `harness VERB [ID...] [--option ...]`; the verbs that act on something stored take its
-id (`status`, `report`, `resume`: a run id or a sweep id); `bench` has the subcommands `overhead` and `noise`, `kit`
-`export` and `check`. Old spellings are hidden aliases for one release (`RootParser.parse_known_args` rewrites the
-ones that were a flag of another command).
+id (`status`, `report`, `resume`: a run id or a sweep id; `report` also a `bench parts` record's id); `bench` has
+the subcommands `overhead`, `noise` and `parts`, `kit` `export` and `check`, `setup` `julia`. Every option of every
+command is in its --help: there are no hidden spellings.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
 
 from harness.backends import BOTH, DEFAULT_BACKEND
 from harness.cli.doctor import cmd_doctor, cmd_setup
@@ -28,13 +27,13 @@ from harness.cli.options import (
     add_backend,
     add_common,
     add_compile,
+    add_json,
     add_out,
     add_paired,
     add_precision,
     add_quiet,
     add_schedule,
     add_threads,
-    alias,
     exit_statuses,
     positive_int,
     shared,
@@ -43,33 +42,18 @@ from harness.cli.report import cmd_report, write_sweep_report
 from harness.cli.resume import cmd_resume
 from harness.cli.run import cmd_run
 from harness.cli.sizes import cmd_sizes
-from harness.cli.status import cmd_status
+from harness.cli.status import LAST, cmd_status
 from harness.config.presets import PRESETS
 from harness.errors import UsageError
 
 RUN_EXIT = {0: "every backend completed, with identical inputs",
             1: "a backend failed, or the backends' inputs differ (the comparison is not fair)",
             2: "bad input (one line on stderr, nothing written), or a worker refused its input or the disk filled up"}
+SETUP_EXIT = {0: "installed, precompiled and smoke-tested", 2: "it cannot be installed here (no juliacall, Julia or "
+              "network: one line says what and how to fix it)"}
 HARNESS_EXIT = {0: "done: passed, completed, measured or printed",
                 1: "the command ran and found a failure: a parity FAIL, a failed backend or cell, a missed target",
                 3: "parity: a backend crashed, nothing was compared"}
-
-
-class RootParser(Parser):
-    """The `harness` parser: also reads the spellings of earlier releases that were a flag of another command."""
-
-    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-                         ) -> tuple[argparse.Namespace, list[str]]:
-        return super().parse_known_args(old_spellings(list(sys.argv[1:] if args is None else args)), namespace)
-
-
-def old_spellings(argv: list[str]) -> list[str]:
-    """`harness bench ...` = `harness bench overhead ...`; `harness bench --noise ...` = `harness bench noise ...`."""
-    if argv[:1] != ["bench"] or (argv[1:2] and argv[1] in ("overhead", "noise", "-h", "--help")):
-        return argv
-    if "--noise" in argv[1:]:
-        return ["bench", "noise", *[a for a in argv[1:] if a != "--noise"]]
-    return ["bench", "overhead", *argv[1:]]
 
 
 def add_run(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +65,6 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     add_common(p, "one or more, repeated or comma-separated: one run each (default small)")
     add_schedule(p)
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N", help=CHECKPOINT_HELP)
-    alias(p, "--resume", dest="resume", metavar="RUN_ID")  # `harness resume RUN_ID`
     add_compile(p)
     add_precision(p, "%(precision_backends)s (default fp32)")
     add_threads(p)
@@ -89,6 +72,7 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     add_paired(p, None)
     p.add_argument("--no-report", action="store_true", help=NO_REPORT_HELP)
     add_quiet(p)
+    add_json(p, "the runs, their backends and records, the report (without it stdout holds each run's id)")
     p.add_argument("--allow-large", action="store_true", help=ALLOW_LARGE_HELP)
     p.add_argument("--keep-line-endings", action="store_true", help="keep CRLF/CR in the text as symbols (default: "
                    "turn them into LF)")
@@ -102,28 +86,34 @@ def add_run(sub: argparse._SubParsersAction) -> None:
 def add_stored_verbs(sub: argparse._SubParsersAction) -> None:
     """`status`, `report` and `resume`: the verbs on a stored run or sweep, named by its id."""
     id_help = "a run id or a sweep id (a folder name under DIR/runs/ or DIR/sweeps/)"
-    p = sub.add_parser("status", help="where a run or a sweep stands: each backend's or cell's state and step",
+    p = sub.add_parser("status", help="where a run or a sweep stands; with no id, the recent runs and sweeps",
                        description="Print where a run or a sweep stands: a run's backends (completed, running, "
                        "interrupted, failed, not started, with the step reached), its paired timing and parity "
-                       "verdict; a sweep's cells and paired timings (formerly `harness sweep --status ID`).")
-    p.add_argument("id", metavar="ID", help=id_help)
+                       "verdict; a sweep's cells and paired timings. Without an id, list the recent runs and sweeps "
+                       "of --out, newest first, as `git log` does (a sweep's cells under its sweep).")
+    p.add_argument("id", nargs="?", metavar="ID", help=f"{id_help}; without it, the recent runs and sweeps, one "
+                   "line each (id, kind, size, backends, state, verdict)")
     add_out(p, "default reports/; read only")
+    p.add_argument("--last", type=positive_int, default=LAST, metavar="N",
+                   help=f"without an ID: the N most recent runs and sweeps ({LAST})")
+    add_json(p, "the table's rows")
     exit_statuses(p, {0: "printed, whatever the states"})
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("report", help="rebuild an HTML report from stored records: runs side by side, or a sweep",
                        description="Rebuild an HTML report from stored records: one run's, several runs' in one "
-                       "comparison, or a sweep's (formerly `harness sweep --report ID`); and the index.")
-    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report")
+                       "comparison, or a sweep's; and the index.")
+    p.add_argument("ids", nargs="+", metavar="ID", help=f"{id_help}; several run ids make one comparison report; or "
+                   "the id of a `harness bench parts` record (DIR/bench/parts-....json): its page")
     add_out(p, "default reports/; the report and index.html are written there")
     exit_statuses(p, {0: "the report is written", 2: "bad input: a run or sweep missing or damaged (one line on "
                       "stderr, nothing written)"})
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("resume", help="continue an interrupted run, or run what a sweep has not completed",
-                       description="Continue an interrupted run from its checkpoints (formerly `harness run --resume "
-                       "ID`), or run a sweep's pending, failed and interrupted cells, each from its last checkpoint "
-                       "(formerly `harness sweep --resume ID`). Never a completed cell or one still running.")
+                       description="Continue an interrupted run from its checkpoints, or run a sweep's pending, failed "
+                       "and interrupted cells, each from its last checkpoint. Never a completed cell or one still "
+                       "running.")
     p.add_argument("id", metavar="ID", help=id_help)
     add_out(p)
     add_threads(p, "a run: instead of the run's own (default: the run's)", default=None)
@@ -132,6 +122,7 @@ def add_stored_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     p.add_argument("--no-report", action="store_true", help=NO_REPORT_HELP)
     add_quiet(p)
+    add_json(p, "as `harness run --json` or `harness sweep --json` (without it stdout holds the id)")
     exit_statuses(p, {0: "a run: every backend completed; a sweep: every cell completed (with --no-wait: submitted)",
                       1: "a backend or cell failed or was interrupted again, or a run's inputs differ",
                       2: "bad input (one line on stderr, nothing written), or the disk filled up"})
@@ -143,8 +134,9 @@ def build_parser() -> Parser:
     from harness import __version__
     from harness.cli import bench, kit, parity, sweep
 
-    parser = RootParser(prog="harness", description="Train the same nanoGPT in PyTorch, NumPy and Flux.jl, "
-                        "with identical data and weights, and compare them.")
+    parser = Parser(prog="harness", description="Train the same character-level nanoGPT in every backend "
+                    "(%(backends)s: each in its own process), with identical data and weights, and compare them: "
+                    "whether and how far they agree, and how fast they are.")
     parser.add_argument("--version", action="version", version=f"nanogpt-parity {__version__}")
     exit_statuses(parser, {**HARNESS_EXIT, 0: "done: passed, completed, measured or printed (`harness COMMAND "
                                               "--help` lists each command's own statuses)"})
@@ -171,7 +163,8 @@ def build_parser() -> Parser:
     add_stored_verbs(sub)
 
     p = sub.add_parser("bench", help="benchmarks: the harness's overhead, and speed verdicts under load",
-                       description="`harness bench overhead` (the default) and `harness bench noise`.")
+                       description="`harness bench overhead`: is the harness part of what it measures? `harness bench "
+                       "noise`: does a speed verdict survive other work on the machine?")
     bench.add_arguments(p)
 
     p = sub.add_parser("kit", help="a conformance kit for any nanoGPT port: export inputs and the oracle's answers, "
@@ -185,16 +178,22 @@ def build_parser() -> Parser:
     exit_statuses(p, {0: "printed"})
     p.set_defaults(func=cmd_sizes)
 
-    p = sub.add_parser("doctor", help="report what is installed (Python, torch, CUDA, Julia, Flux) and what to do")
+    p = sub.add_parser("doctor", help="report what each backend needs and finds installed here, and what to do about "
+                       "what is missing")
     exit_statuses(p, {0: "printed (a report, not a check: also when something is missing)"})
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("setup", help="install and precompile optional parts ahead of time")
-    p.add_argument("what", choices=("julia",), help="julia: the Flux.jl environment")
-    p.add_argument("--force", action="store_true", help="re-resolve and re-precompile even if it looks done")
-    exit_statuses(p, {0: "installed, precompiled and smoke-tested", 2: "it cannot be installed here (no juliacall, "
-                      "Julia or network: one line says what and how to fix it)"})
-    p.set_defaults(func=cmd_setup)
+    p = sub.add_parser("setup", help="install and precompile optional parts ahead of time",
+                       description="Install and precompile an optional part ahead of time (`harness setup julia`).")
+    exit_statuses(p, SETUP_EXIT)
+    parts = p.add_subparsers(dest="setup_command", required=True, metavar="julia", parser_class=Parser)
+    j = parts.add_parser("julia", help="the Flux.jl environment: install, precompile and smoke-test it",
+                         description="Install Flux.jl and the project's NanoGPTFlux package into juliapkg's "
+                         "environment, precompile them and train one tiny step as a smoke test (docs/usage.md, "
+                         "\"Julia support\").")
+    j.add_argument("--force", action="store_true", help="re-resolve and re-precompile even if it looks done")
+    exit_statuses(j, SETUP_EXIT)
+    j.set_defaults(func=cmd_setup)
     return parser
 
 

@@ -7,10 +7,12 @@ One spelling and one meaning per concept in every command (tests/test_cli_vocabu
 - a shared option's help is its one sentence here (`*_HELP`), then "; " and what the command adds (`shared`);
 - `--backend` and `--size` take one or more values, repeated or as a comma list (`--backend torch,numpy` =
   `--backend torch --backend numpy`), and `all`; the plural spellings `--backends`, `--sizes`, `--configs` are
-  aliases. A command that takes exactly one (parity: one size, two backends; kit export: one size) says so;
+  aliases. A command that takes exactly one (parity: one size, two backends; kit export: one size) says so, and
+  its --size help offers no `all`;
 - `--steps` is always training steps, `--threads` the CPU threads of each backend process, `--out` the output
-  directory, `--device` a plain device or NAME=DEVICE (`parse_devices`), `--set` one config value;
-- an old spelling stays one release as a hidden alias (`alias`), and the new spelling's help says "formerly".
+  directory (also of `kit export`), `--device` a plain device or NAME=DEVICE (`parse_devices`), `--set` one config
+  value, `--json` the command's result as one JSON object on stdout (`print_json`);
+- there are no hidden spellings: every option is in its command's --help.
 
 docs/usage.md has the whole table.
 """
@@ -22,7 +24,9 @@ import copy
 import sys
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, TextIO
 
 from harness.backends import BOTH, DEFAULT_BACKEND
 from harness.backends.declaration import DEVICES, DTYPES, PRECISIONS, listing
@@ -41,11 +45,10 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _expand_help(self, action: argparse.Action) -> str:
         if action.help and "%(" in action.help:
-            facts = {k: v for k, v in BACKEND_FACTS.items() if f"%({k})s" in action.help}
-            if facts:
+            filled = _fill_facts(action.help, escape=True)
+            if filled != action.help:
                 action = copy.copy(action)
-                for key, fact in facts.items():
-                    action.help = action.help.replace(f"%({key})s", fact().replace("%", "%%"))
+                action.help = filled
         return super()._expand_help(action)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
@@ -56,39 +59,39 @@ class HelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
+ERROR_PREFIX = "harness: error: "  # every usage error of every command starts so (harness.cli.main prints the rest)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the problem and where to look), exit 2, and no abbreviations: a
-    prefix (`--thread`, or `--size` where only `--sizes` exists) is an error, never silently another option."""
+    """argparse, but a usage error is one line (the problem and the command's own --help), exit 2, and no
+    abbreviations: a prefix (`--thread`, or `--size` where only `--sizes` exists) is an error, never silently another
+    option. A parser without subcommands refuses what it does not know itself, so that the line points at its own
+    --help (`harness run --help`), not its parent's."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs["allow_abbrev"] = False
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+    def format_help(self) -> str:
+        """argparse's, with the backends' facts (BACKEND_FACTS' placeholders) filled into the description."""
+        text = self.description
+        if text and "%(" in text:
+            self.description = _fill_facts(text)
+        try:
+            return super().format_help()
+        finally:
+            self.description = text
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{ERROR_PREFIX}{message}; see `{self.prog} --help`\n")
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
-        """argparse's, then the values this command needs in one of two spellings (`needs`: dest -> message)."""
         ns, extra = super().parse_known_args(args, namespace)
-        for dest, message in getattr(self, "needs", {}).items():
-            if getattr(ns, dest, None) is None:
-                self.error(message)
+        if extra and self._subparsers is None:  # a leaf command: nothing of it is left for a parent to read
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
         return ns, extra
-
-
-class Once(argparse.Action):
-    """A value given in its new spelling (a positional) or its old one (an option), once: the two store to the same
-    dest, and giving both is an error (`Parser.needs` makes one of them required)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        if values is None:  # the positional left out
-            return
-        if getattr(namespace, self.dest, None) is not None:
-            parser.error(f"{self.metavar or self.dest} is given twice (and its old spelling); pass it once")
-        setattr(namespace, self.dest, values)
 
 
 # --- exit statuses -----------------------------------------------------------------------------------------------
@@ -105,12 +108,6 @@ def exit_statuses(p: argparse.ArgumentParser, statuses: dict[int, str]) -> None:
     """An "exit status" section at the end of `p`'s --help: `statuses` (the command's own), then COMMON_EXIT's."""
     codes = {**statuses, **{k: v for k, v in COMMON_EXIT.items() if k not in statuses}}
     p.epilog = EXIT_HEADER + "\n" + "\n".join(f"  {code:<4} {text}" for code, text in sorted(codes.items()))
-
-
-def alias(p: argparse.ArgumentParser | argparse._ArgumentGroup, *names: str, dest: str, **kwargs: object) -> None:
-    """An old spelling kept for one release: parsed to `dest` (the new spelling's), hidden from --help (whose
-    text for the new spelling says "formerly ...")."""
-    p.add_argument(*names, dest=dest, help=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
 
 
 def shared(sentence: str, detail: str | None = None) -> str:
@@ -148,6 +145,16 @@ def _both_needs() -> str:
     return f" ({'; '.join(needs)})" if needs else ""
 
 
+def _fill_facts(text: str, escape: bool = False) -> str:
+    """`text` with each placeholder of BACKEND_FACTS (`%(backends)s`, ...) replaced by its fact (with `escape`, a
+    "%" of the fact doubled, for argparse's own %-formatting of an option's help)."""
+    for key, fact in BACKEND_FACTS.items():
+        if f"%({key})s" in text:
+            value = fact()
+            text = text.replace(f"%({key})s", value.replace("%", "%%") if escape else value)
+    return text
+
+
 BACKEND_FACTS = {
     "backends": lambda: ", ".join(_declared()),
     "dtype_defaults": _dtype_defaults,
@@ -161,13 +168,14 @@ BACKEND_FACTS = {
 
 # one sentence per shared option: its meaning, the same in every command
 BACKEND_HELP = "backends: %(backends)s, or all (every backend that can run here), repeated or comma-separated"
-SIZE_HELP = f"size preset: {', '.join(PRESETS)}, or all ({', '.join(SIZES)})"
+SIZE_HELP = f"size preset: {', '.join(PRESETS)}"
+SIZE_ALL = f"all = {', '.join(SIZES)}"  # what a command that takes several sizes adds
 CONFIG_HELP = ("a TOML config of your own instead of a preset (see `harness sizes --toml small`), or a nanoGPT "
                "config .py (read, never run: docs/nanogpt.md)")
 SET_HELP = ("override one config value (repeatable): a field (tie_embeddings=true, gelu=exact, lr_schedule=cosine, "
             "...) or nanoGPT's name (max_iters=2000, lr_decay_iters=2000, ...)")
-DATA_HELP = ("UTF-8 text to train on (default: $HARNESS_DATA, else Tiny Shakespeare, downloaded once into the user "
-             "cache)")
+DATA_HELP = ("UTF-8 text to train on, or `sample`: the harness's own sample text, made offline (default: "
+             "$HARNESS_DATA, else Tiny Shakespeare, downloaded once into the user cache)")
 DEVICE_HELP = (f"cpu or cuda for every backend, or NAME=DEVICE for one backend (repeatable), e.g. --device "
                f"{DEFAULT_BACKEND}=cuda: {DEFAULT_BACKEND} on the GPU, the others on the CPU")
 SEED_HELP = "seed of the weights, batches, dropout masks and sampling, 0 to 2**32-1"
@@ -185,6 +193,8 @@ STEPS_HELP = "train exactly N steps"
 EPOCHS_HELP = "train N epochs (preset: 20)"
 OUT_HELP = "the output directory"
 QUIET_HELP = "no progress bars or progress lines on stderr"
+JSON_HELP = ("print the result as one JSON object on stdout, and nothing else there (what people read goes to "
+             "stderr; docs/usage.md, \"Scripting\")")
 NO_REPORT_HELP = "no HTML report, records only"
 NO_TEXT_HELP = "skip generation, BLEU and chrF"
 ALLOW_LARGE_HELP = "go on even when the memory estimate exceeds the machine's available memory"
@@ -196,6 +206,44 @@ JOBS_HELP = "N cells at once on this machine (the local executor; their timings 
 NO_WAIT_HELP = "slurm: submit and return; follow with `harness status SWEEP_ID`"
 CHECK_HELP = "exit 1 on a miss"
 SEEDS_HELP = "a count N: the N seeds from 1337"
+PAIRED_HELP = ("with two or more backends: time them side by side after training, all alive at once, in alternating "
+               "short bursts, until N undisturbed rounds are in (default 10; 0: no paired timing, and then no speed "
+               "verdict)")
+
+
+@dataclass(frozen=True)
+class Word:
+    """One option of the shared vocabulary: the sentence its help starts with in every command (what a command
+    adds follows "; "), its choices (None: any value), and whether it is a flag (takes no value)."""
+
+    sentence: str
+    choices: tuple[str, ...] | None = None
+    flag: bool = False
+
+
+def _vocabulary() -> dict[str, Word]:
+    from harness.backends.declaration import COMPILE_MODES
+
+    return {
+        "--backend": Word(BACKEND_HELP), "--size": Word(SIZE_HELP), "--config": Word(CONFIG_HELP),
+        "--set": Word(SET_HELP), "--data": Word(DATA_HELP), "--device": Word(DEVICE_HELP), "--seed": Word(SEED_HELP),
+        "--dtype": Word(DTYPE_HELP, DTYPES), "--precision": Word(PRECISION_HELP, PRECISIONS),
+        "--compile": Word(COMPILE_HELP, COMPILE_MODES), "--cuda-graphs": Word(CUDA_GRAPHS_HELP, flag=True),
+        "--threads": Word(THREADS_HELP), "--steps": Word(STEPS_HELP), "--epochs": Word(EPOCHS_HELP),
+        "--eval-interval": Word(EVAL_HELP), "--out": Word(OUT_HELP), "--dropout": Word(DROPOUT_HELP),
+        "--checkpoint-every": Word(CHECKPOINT_HELP), "--paired-rounds": Word(PAIRED_HELP),
+        "--jobs": Word(JOBS_HELP), "--seeds": Word(SEEDS_HELP),
+        **{option: Word(sentence, flag=True) for option, sentence in (
+            ("--quiet", QUIET_HELP), ("--json", JSON_HELP), ("--no-report", NO_REPORT_HELP),
+            ("--no-text", NO_TEXT_HELP), ("--allow-large", ALLOW_LARGE_HELP), ("--per-parameter", PER_PARAMETER_HELP),
+            ("--no-wait", NO_WAIT_HELP), ("--check", CHECK_HELP))},
+    }
+
+
+# The shared vocabulary, in one table: every option two or more commands have is here, and in every command it
+# starts its help with this sentence, takes these choices and is a flag or not as said (tests/test_cli_vocabulary.py
+# walks every parser against it). docs/usage.md, "One vocabulary on the command line", is its table for people.
+VOCABULARY: dict[str, Word] = _vocabulary()
 
 
 def positive_int(text: str) -> int:
@@ -232,10 +280,7 @@ def rounds_arg(text: str) -> int:
 def add_paired(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None) -> None:
     """--paired-rounds (run, sweep, resume): the paired timing that every speed comparison rests on
     (harness.run.paired_timing)."""
-    p.add_argument("--paired-rounds", type=rounds_arg, default=default, metavar="N",
-                   help="with two or more backends: time them side by side after training, all alive at once, in "
-                        "alternating short bursts, until N undisturbed rounds are in (default 10; 0: no paired "
-                        "timing, and then no speed verdict)")
+    p.add_argument("--paired-rounds", type=rounds_arg, default=default, metavar="N", help=PAIRED_HELP)
 
 
 def out_arg(text: str) -> Path:
@@ -321,9 +366,9 @@ def add_backend(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: st
 
 def add_size(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str, one: bool = False) -> None:
     """--size (alias --sizes): one or more presets, repeated or comma-separated, or `all`; a command that takes one
-    (`one`) shows SIZE. Parsed by pick_sizes."""
+    (`one`) shows SIZE and offers no `all`. Parsed by pick_sizes."""
     p.add_argument("--size", "--sizes", dest="size", action="append", metavar="SIZE" if one else "SIZE[,SIZE...]",
-                   help=shared(SIZE_HELP, detail))
+                   help=shared(SIZE_HELP, detail if one else f"{detail}; {SIZE_ALL}"))
 
 
 def add_config(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -343,6 +388,26 @@ def add_data(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 def add_quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+
+
+def add_json(p: argparse.ArgumentParser | argparse._ArgumentGroup, detail: str | None = None) -> None:
+    """--json: the command's result as one JSON object on stdout (`print_json`); its tables go to stderr."""
+    p.add_argument("--json", action="store_true", help=shared(JSON_HELP, detail))
+
+
+def result_stream(args: argparse.Namespace) -> TextIO:
+    """Where a command prints its result for people (tables, verdict lines): stdout, or stderr under --json (stdout
+    then holds the JSON object alone)."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
+def print_json(command: str, exit_status: int, **result: object) -> None:
+    """The result of `command` as one JSON object on stdout: {"command", "exit_status", ...result}, paths as
+    strings (the one shape every --json has; docs/usage.md, "Scripting")."""
+    import json
+
+    doc = {"command": command, "exit_status": exit_status, **result}
+    print(json.dumps(doc, indent=2, default=str, ensure_ascii=False), flush=True)
 
 
 def listed(values: str | list[str] | None, option: str) -> list[str]:
@@ -380,8 +445,8 @@ def pick_sizes(values: str | list[str] | None, default: tuple[str, ...] = ("smal
         names = list(SIZES)
     for name in names:
         if name not in PRESETS:
-            raise UsageError(f"unknown size {name!r} in {option}; choose from {', '.join(PRESETS)} or all "
-                             f"({', '.join(SIZES)})")
+            also = "" if one else f" or all ({', '.join(SIZES)})"
+            raise UsageError(f"unknown size {name!r} in {option}; choose from {', '.join(PRESETS)}{also}")
     _once(names, option)
     if one and len(names) != 1:
         raise UsageError(f"{option} {given}: this command takes one size; run it once per size")

@@ -7,7 +7,8 @@ import argparse
 import math
 import sys
 from dataclasses import asdict
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from harness.backends import PARITY_DEFAULT
 from harness.cli.options import (
@@ -15,11 +16,14 @@ from harness.cli.options import (
     PER_PARAMETER_HELP,
     STEPS_HELP,
     add_backend,
+    add_json,
     add_quiet,
     add_threads,
     configure,
     exit_statuses,
     pick_sizes,
+    print_json,
+    result_stream,
     shared,
 )
 from harness.errors import UsageError
@@ -54,8 +58,8 @@ PARITY_EXIT = {EXIT_PASS: "pass: every check within its tolerance",
                EXIT_FAIL: "FAIL: both backends ran and differ beyond a tolerance (the table and the FAIL lines say "
                           "where)",
                EXIT_USAGE: "bad input: one line on stderr, nothing run (or a backend refused its input)",
-               EXIT_CRASH: "a backend crashed or left no result: nothing was compared (parity.json: verdict "
-                           "\"error\")",
+               EXIT_CRASH: "a backend crashed or left no result, or its probe is unreadable: nothing was compared "
+                           "(parity.json: verdict \"error\")",
                EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)"}
 
 
@@ -102,6 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "bit-identical numbers (parity times nothing)", type=int, default=1)
     p.add_argument("--per-parameter", action="store_true", help=PER_PARAMETER_HELP)
     add_quiet(p)
+    add_json(p, "the run id, the verdict, its FAIL lines and parity.json's path (the table then goes to stderr)")
 
 
 def parse_backends(values: str | list[str] | None) -> list[str]:
@@ -161,6 +166,7 @@ def command(args: argparse.Namespace) -> int:
     FAIL, 2 bad input, 3 a backend crashed, 130 interrupted; --help lists them)."""
     from harness.run import plan as run_plan
     from harness.run import supervise
+    from harness.run.probe import ProbeUnreadable
     from harness.store import load_run
 
     pp = plan_parity(args)
@@ -173,21 +179,53 @@ def command(args: argparse.Namespace) -> int:
     crashed = parity_record.crash(pp, codes)
     if crashed is not None:
         reason, status = crashed
-        return _error(paths, record, reason, status, "; nothing compared (see the messages above)")
+        # a worker that refused its input (exit 2): if that was the probe of the one before, that one left no usable
+        # result, a crash of that backend
+        broken = parity_record.unreadable_probe(pp, paths, codes) if status == EXIT_USAGE else None
+        if broken:
+            reason, status = broken, EXIT_CRASH
+        return _error(args, paths, record, reason, status, "; nothing compared (see the messages above)")
 
     _, recs = load_run(paths)
     workers = {rec.backend: rec for rec in recs}
     _adopt_dtypes(args, pp, workers, record)
     missing = [n for n in pp.backends if not paths.probe(n).is_file()]
     if missing:
-        return _error(paths, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH, "; nothing compared")
-    result = parity_record.compare_workers(pp, workers, paths)
+        return _error(args, paths, record, f"no step-0 probe from {', '.join(missing)}", EXIT_CRASH,
+                      "; nothing compared")
+    try:
+        result = parity_record.compare_workers(pp, workers, paths)
+    except ProbeUnreadable as exc:  # a backend that left no usable result: a crash, never a FAIL of the model
+        return _error(args, paths, record, str(exc), EXIT_CRASH, "; nothing compared")
     parity_record.finish_record(record, pp, result, workers)
     record.dump(paths)
 
-    _print_result(result, pp, getattr(args, "per_parameter", False))
-    print(f"parity record: {paths.parity}")
-    return EXIT_PASS if result.passed else EXIT_FAIL
+    out = result_stream(args)
+    _print_result(result, pp, getattr(args, "per_parameter", False), out)
+    return _said(args, paths, record, EXIT_PASS if result.passed else EXIT_FAIL)
+
+
+def _said(args: argparse.Namespace, paths: RunPaths, record: ParityRecord, status: int) -> int:
+    """The last line of the result (where parity.json is) and the check's page, or with --json the result as one
+    object; `status`."""
+    print(f"parity record: {paths.parity}", file=result_stream(args))
+    page = _write_page(paths)
+    if getattr(args, "json", False):
+        print_json("parity", status, id=paths.run_id, dir=paths.dir, record=paths.parity, report=page,
+                   verdict=record.verdict, failures=record.failures, backends=record.backends, dtypes=record.dtypes)
+    return status
+
+
+def _write_page(paths: RunPaths) -> Path | None:
+    """The parity check's page and the index, as `harness run` writes its report (its path on stderr); the page's
+    path. The exit status stays the parity verdict's: a page that cannot be written is a note."""
+    from harness.cli.run import write_reports
+
+    try:
+        return write_reports(paths.out, [paths.run_id], quiet_disk_error=True)
+    except UsageError as exc:
+        print(f"  no report: {exc}", file=sys.stderr)
+        return None
 
 
 def plan_parity(args: argparse.Namespace) -> ParityPlan:
@@ -251,13 +289,13 @@ def _headline(pp: ParityPlan, run_id: str) -> str:
             f"({pp.dtypes[b]}) on {' / '.join(pp.plan.devices[n] for n in pp.backends)}; {sync}")
 
 
-def _error(paths: RunPaths, record: ParityRecord, reason: str, status: int, said: str) -> int:
+def _error(args: argparse.Namespace, paths: RunPaths, record: ParityRecord, reason: str, status: int,
+           said: str) -> int:
     """Nothing compared: parity.json with verdict "error", the reason on stderr (`said` after it), `status`."""
     parity_record.mark_error(record, reason)
     record.dump(paths)
     print(f"ERROR: {reason}{said}", file=sys.stderr)
-    print(f"parity record: {paths.parity}")
-    return status
+    return _said(args, paths, record, status)
 
 
 def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, RunRecord],
@@ -275,23 +313,24 @@ def _adopt_dtypes(args: argparse.Namespace, pp: ParityPlan, workers: dict[str, R
         record.tolerance_source = pp.tol_source
 
 
-def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool) -> None:
-    """The summary table (with `per_parameter`, every parameter's errors too), the FAIL lines and notes, PASS."""
-    print(format_table(result))
+def _print_result(result: ParityResult, pp: ParityPlan, per_parameter: bool, out: TextIO) -> None:
+    """The summary table (with `per_parameter`, every parameter's errors too), the FAIL lines and notes, PASS; into
+    `out`."""
+    print(format_table(result), file=out)
     if per_parameter:
-        print()
-        print(format_gradients(result))
+        print(file=out)
+        print(format_gradients(result), file=out)
         if result.opt_rel_err:
-            print()
-            print(format_optimizer(result))
+            print(file=out)
+            print(format_optimizer(result), file=out)
     for line in result.failures:
-        print(line)
+        print(line, file=out)
     for line in result.notes:
-        print(line)
+        print(line, file=out)
     if result.passed:
         a, b = pp.backends
         print(f"PASS: {a} ({pp.dtypes[a]}) and {b} ({pp.dtypes[b]}) agree within tolerance over {result.loss_steps} "
-              "steps")
+              "steps", file=out)
 
 
 def parity_options(name: str) -> dict:

@@ -1,5 +1,5 @@
-"""`harness report ID...`: rebuild HTML reports from stored records: one run's, several runs' side by side, or a
-sweep's.
+"""`harness report ID...`: rebuild HTML reports from stored records: one run's, several runs' side by side, a
+sweep's, or a `harness bench parts` record's page.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the report of the runs `args.ids` (one comparison report) or of the one sweep among them."""
     from harness.store import RunPaths, check_writable, load_run
     from harness.store.paired import PairedRecord
+    from harness.store.parts import is_parts_id
 
+    if any(is_parts_id(ident) for ident in args.ids):
+        return report_parts(args)
     kinds = {ident: stored_kind(args.out, ident) for ident in args.ids}
     sweeps = [ident for ident, kind in kinds.items() if kind == "sweep"]
     if sweeps and len(args.ids) > 1:
@@ -37,6 +40,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.out, args.ids)
     write_index(args.out)
     print(f"report: {path}")
+    return 0
+
+
+def report_parts(args: argparse.Namespace) -> int:
+    """Rebuild the page of one `harness bench parts` record (`<out>/bench/<id>.html`) from the record."""
+    from harness.bench.parts_page import write_page
+    from harness.store import check_writable
+    from harness.store.parts import PartsRecord, check_id
+
+    if len(args.ids) > 1:
+        raise UsageError(f"{args.ids[0]} ... : a parts record's page stands alone; pass one parts id")
+    record = PartsRecord.load(check_id(args.out, args.ids[0]))  # a missing or damaged record: one line, no page
+    check_writable(args.out)
+    print(f"report: {write_page(record, Path(args.out), record.options.per_block)}")
     return 0
 
 

@@ -26,7 +26,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
         return resume_run(args, args.id)
     from harness.cli.report import write_sweep_report
+    from harness.cli.sweep import say_result
     from harness.sweep import drive
 
     return drive.resume(args.out, args.id, jobs=args.jobs, progress=not args.quiet, wait=not args.no_wait,
-                        write_report=None if args.no_report else write_sweep_report)
+                        write_report=None if args.no_report else write_sweep_report, result=say_result("resume", args))

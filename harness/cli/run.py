@@ -17,7 +17,6 @@ from harness.cli.options import (
     pick_backends,
     pick_sizes,
 )
-from harness.config.load import load_config
 from harness.errors import UsageError
 from harness.run.processes import compile_cache_env
 from harness.store import RunPaths, RunSpec
@@ -31,8 +30,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.run import supervise
     from harness.store import check_writable
 
-    if args.resume is not None:  # `harness resume RUN_ID`, formerly spelled `harness run --resume RUN_ID`; an
-        return resume_run(args, args.resume)  # empty id (an unset shell variable) is refused, never a new run
     args.seed = 1337 if args.seed is None else args.seed
     backends = pick_backends(args.backend, default=(), device=common_device(args.device), repeats=True)
     if args.both:
@@ -56,7 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_plan.preflight(plan)
     say_if_busy(args.threads, [plans[0].device_of(b) for b in backends])
     worst = 0
-    run_ids = []
+    run_ids: list[str] = []
+    runs: list[dict] = []
     for plan in plans:
         paths = run_plan.write_spec(plan)
         run_ids.append(paths.run_id)
@@ -69,18 +67,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  torch.compile caches go to {where}", file=sys.stderr)
         codes = supervise.execute(paths, backends, progress=plan.progress, threads=plan.threads,
                                   paired_rounds=plan.paired_rounds)
-        worst = max(worst, finish(paths, codes))
+        code, summary = finish(paths, codes)
+        worst = max(worst, code)
+        runs.append(summary)
         if 130 in codes.values():
             worst = 130
             break
-    if not args.no_report:
-        write_reports(args.out, run_ids, quiet_disk_error=worst == 2)
-    return worst
+    report = None if args.no_report else write_reports(args.out, run_ids, quiet_disk_error=worst == 2)
+    return said("run", args, worst, runs, report)
+
+
+def said(command: str, args: argparse.Namespace, code: int, runs: list[dict], report: Path | None) -> int:
+    """The result on stdout (docs/usage.md, "Scripting"): each run's id, one a line, or with --json one object
+    (the runs, their backends and records, the report); returns `code`. Nothing under Ctrl-C (130)."""
+    from harness.cli.options import print_json
+
+    if code == 130:
+        return code
+    if getattr(args, "json", False):
+        print_json(command, code, out=str(args.out), runs=runs, report=report,
+                   index=report.parent / "index.html" if report else None)
+    else:
+        for run in runs:
+            print(run["id"], flush=True)
+    return code
 
 
 def say_if_busy(threads: int | None, devices: list[str]) -> None:
     """Print harness.run.processes.busy_machine_line when a backend trains on the CPU of a machine without the idle
-    CPUs its threads need (issue 29: a busy machine made a first run 100x slower without a word)."""
+    CPUs its threads need (a busy machine once made a first run 100x slower without a word)."""
     from harness.run.processes import busy_machine_line
 
     line = busy_machine_line(threads) if "cpu" in devices else None
@@ -98,12 +113,14 @@ def paired_rounds(args: argparse.Namespace, spec: RunSpec | None = None) -> int:
     return ROUNDS if stored is None else stored
 
 
-def finish(paths: RunPaths, codes: dict[str, int]) -> int:
-    """Print where the records are, check the backends saw identical inputs; returns the exit status."""
+def finish(paths: RunPaths, codes: dict[str, int]) -> tuple[int, dict]:
+    """Print where the records are, check the backends saw identical inputs; returns the exit status and the run's
+    summary (what --json prints of it)."""
     from harness.store import compare_fingerprints, load_run
     from harness.timing import contention
 
-    _, recs = load_run(paths)
+    spec, recs = load_run(paths)
+    summary: dict = {"id": paths.run_id, "dir": str(paths.dir), "label": spec.label, "backends": []}
     for rec in recs:
         last = rec.curves.last_eval
         val = f", val loss {last.val_loss:.4f} at step {last.step}" if last else ""
@@ -115,31 +132,40 @@ def finish(paths: RunPaths, codes: dict[str, int]) -> int:
         since = f", resumed from step {', then '.join(map(str, resumed))}" if resumed else ""
         print(f"  {rec.backend}: {rec.status_text}{val}{speed}{since} -> {paths.record(rec.backend)}",
               file=sys.stderr)
+        summary["backends"].append({
+            "backend": rec.backend, "status": rec.status_text, "steps": rec.curves.steps_done,
+            "val_loss": last.val_loss if last else None, "tokens_per_s": tps, "disturbed": bool(tag),
+            "record": str(paths.record(rec.backend))})
+    summary["paired_timing"] = summary["speed"] = None
     if paths.paired_timing.exists():
         from harness.timing import paired
 
         try:
-            print(f"  {paired.headline(paired.load(paths.paired_timing))} -> {paths.paired_timing}", file=sys.stderr)
+            line = paired.headline(paired.load(paths.paired_timing))
+            print(f"  {line} -> {paths.paired_timing}", file=sys.stderr)
+            summary.update(paired_timing=str(paths.paired_timing), speed=line.removeprefix("paired timing: "))
         except UsageError as exc:
             print(f"  warning: {exc}", file=sys.stderr)
     problems = compare_fingerprints(recs)
     for problem in problems:
         print(f"  warning: {problem}: the comparison is not fair", file=sys.stderr)
+    summary["inputs_identical"] = not problems
     if any(c == 2 for c in codes.values()):
-        return 2
+        return 2, summary
     if problems or any(c not in (0, 130) for c in codes.values()):
-        return 1
-    return 130 if 130 in codes.values() else 0
+        return 1, summary
+    return (130 if 130 in codes.values() else 0), summary
 
 
-def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False) -> None:
+def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False) -> Path | None:
     """The run report and the index; with `quiet_disk_error` (a worker has already printed the error line of a full
-    or unwritable disk) a report that cannot be written is a note, not a second error line."""
+    or unwritable disk) a report that cannot be written is a note, not a second error line. Returns the report's
+    path (None: none written)."""
     from harness.report import write_index, write_report
     from harness.store import os_error_message
 
     if not run_ids:
-        return
+        return None
     try:
         path = write_report(out, run_ids)
         write_index(out)
@@ -147,93 +173,20 @@ def write_reports(out: Path, run_ids: list[str], quiet_disk_error: bool = False)
         if not quiet_disk_error:
             raise
         print(f"  no report: {os_error_message(exc, 'it cannot be written either')}", file=sys.stderr)
-        return
+        return None
     print(f"report: {path}", file=sys.stderr)
-
-
-# options of `harness run` that define what a run computes: on --resume they must match the stored spec
-_RESUME_FIXED = ("size", "config", "set", "data", "device", "seed", "dtype", "steps", "epochs", "eval_interval",
-                 "dropout", "scheme", "backend", "both", "checkpoint_every", "compile", "cuda_graphs", "precision",
-                 "keep_line_endings", "no_text", "allow_large")
-
-
-def resume_conflicts(args: argparse.Namespace, spec: RunSpec) -> list[str]:
-    """The options given with --resume that differ from what the run was started with (one phrase each)."""
-    from harness.backends import taking
-
-    config = spec.config
-    opts = {b: o or {} for b, o in spec.backend_options.items()}
-    stored_backends = list(spec.backends)
-    given = {k: getattr(args, k, None) for k in _RESUME_FIXED}
-    problems = []
-
-    def differ(option: str, stored: object) -> None:
-        problems.append(f"{option} (the run has {stored})")
-
-    if given["size"] is not None and pick_sizes(given["size"]) != [spec.label]:
-        differ("--size", f"config {spec.label!r}")
-    if given["config"] is not None or given["set"]:
-        from harness.config.nanogpt import apply_overrides, parse_sets
-
-        sets = parse_sets(given["set"])
-        mine = load_config(path=given["config"], overrides=sets) if given["config"] else apply_overrides(config, sets)
-        if any(v != getattr(config, k) for k, v in mine.to_dict().items() if k != "steps"):
-            differ("--config" if given["config"] else "--set", f"config {spec.label!r} as stored in its "
-                   "spec.json")
-    if given["data"] is not None:
-        from harness.core.data import load_corpus
-
-        if load_corpus(given["data"]).sha256 != spec.data.sha256:
-            differ("--data", f"{spec.data.path!r}, sha256 {spec.data.sha256[:12]}...")
-    if given["device"] is not None:
-        stored = {b: spec.device_of(b) for b in stored_backends}
-        if parse_devices(given["device"], stored_backends)[1] != stored:
-            differ("--device", spec.device if len(set(stored.values())) == 1 else
-                   ", ".join(f"{b}={d}" for b, d in stored.items()))
-    if given["seed"] is not None and given["seed"] != spec.seed:
-        differ("--seed", spec.seed)
-    for key in ("steps", "epochs", "eval_interval", "dropout", "scheme"):
-        if given[key] is not None and given[key] != getattr(config, key):
-            differ(f"--{key.replace('_', '-')} {given[key]}", f"{key} = {getattr(config, key)}")
-    # read as a new run reads them: `all` is every backend available on the run's device
-    wanted = (pick_backends(given["backend"], default=(), device=spec.device, repeats=True)
-              if given["backend"] else []) + (list(BOTH) if given["both"] else [])
-    if wanted and set(wanted) != set(stored_backends):
-        differ("--backend", ", ".join(stored_backends))
-    if given["checkpoint_every"] is not None and given["checkpoint_every"] != spec.checkpoint_every:
-        differ("--checkpoint-every", spec.checkpoint_every or "no checkpoints")
-    if given["dtype"] is not None and any(o.get("dtype", given["dtype"]) != given["dtype"] for o in opts.values()):
-        differ("--dtype", {b: o.get("dtype", "default") for b, o in opts.items()})
-    if given["compile"]:
-        stored_mode = next((o.get("compile") for o in opts.values() if o.get("compile")), None)
-        stored_mode = "default" if stored_mode is True else stored_mode  # a run stored before --compile MODE
-        if stored_mode != given["compile"]:
-            differ(f"--compile {given['compile']}", f"--compile {stored_mode}" if stored_mode else "no --compile")
-    if given["cuda_graphs"] and not any(o.get("cuda_graphs") for o in opts.values()):
-        differ("--cuda-graphs", "no --cuda-graphs")
-    takers = taking("precision", list(opts))
-    if given["precision"] is not None and any(o.get("precision", "fp32") != given["precision"]
-                                              for b, o in opts.items() if b in takers):
-        differ("--precision", {b: o.get("precision", "fp32") for b, o in opts.items()})
-    if given["keep_line_endings"] and spec.data.line_endings != "kept":
-        differ("--keep-line-endings", "line endings normalised")
-    if given["no_text"] and spec.text:
-        differ("--no-text", "text metrics on")
-    return problems
+    return Path(path)
 
 
 def resume_run(args: argparse.Namespace, run_id: str) -> int:
-    """`harness resume RUN_ID`: continue run `run_id` under --out from its checkpoints, as it was started (options
-    of `harness run` given beside it must match the run's spec); --threads and --paired-rounds may change."""
+    """`harness resume RUN_ID`: continue run `run_id` under --out from its checkpoints, as it was started (its
+    spec: `harness resume` takes no option that would change what it computes); --threads and --paired-rounds may
+    change."""
     from harness.run import supervise
     from harness.store import RunPaths, check_writable, load_run
 
     paths = RunPaths(Path(args.out), run_id)
     spec, _ = load_run(paths, runnable=True)  # the spec and every record checked here, before a worker starts
-    conflicts = resume_conflicts(args, spec)
-    if conflicts:
-        raise UsageError(f"resuming {run_id} continues the run as it was started, but these options differ: "
-                         f"{'; '.join(conflicts)}; drop them, or start a new run")
     check_writable(paths.dir)
     threads = spec.threads
     if args.threads is not None and args.threads != threads:
@@ -246,7 +199,6 @@ def resume_run(args: argparse.Namespace, run_id: str) -> int:
     print(f"resuming run {run_id}: data {data.path}{vocab}", file=sys.stderr)
     codes = supervise.execute(paths, spec.backends, resume=True, progress=not args.quiet, threads=threads,
                               paired_rounds=paired_rounds(args, spec))
-    code = finish(paths, codes)
-    if not args.no_report:
-        write_reports(args.out, [run_id], quiet_disk_error=code == 2)
-    return code
+    code, summary = finish(paths, codes)
+    report = None if args.no_report else write_reports(args.out, [run_id], quiet_disk_error=code == 2)
+    return said("resume", args, code, [summary], report)

@@ -4,38 +4,40 @@ itself is harness.sweep.drive.
     harness sweep --size small,medium --backend torch,numpy --seeds 3 --steps 300
     harness sweep --axis n_embd=16,32,64 --backend torch,numpy --steps 300
     harness sweep grid.toml --executor slurm --partition gpu --gpus-per-job 1
-    harness status SWEEP_ID            (formerly harness sweep --status SWEEP_ID; also --resume, --report)
+    harness status SWEEP_ID            (also harness resume SWEEP_ID, harness report SWEEP_ID)
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.backends import DEFAULT_BACKEND
 from harness.cli.options import (
     CHECKPOINT_HELP,
     CONFIG_HELP,
+    DROPOUT_HELP,
     DTYPE_DETAIL,
-    DTYPE_HELP,
     JOBS_HELP,
     NO_REPORT_HELP,
     NO_TEXT_HELP,
     NO_WAIT_HELP,
-    PRECISION_HELP,
     SEEDS_HELP,
     SET_HELP,
     add_backend,
     add_data,
     add_device,
+    add_dtype,
+    add_json,
     add_out,
     add_paired,
+    add_precision,
     add_quiet,
     add_schedule,
     add_seed,
     add_size,
     add_threads,
-    alias,
     common_device,
     exit_statuses,
     listed,
@@ -46,7 +48,6 @@ from harness.cli.options import (
     shared,
 )
 from harness.errors import UsageError
-from harness.store import check_sweep_id
 from harness.sweep.settings import check_executor, check_text
 from harness.sweep.spec import MAX_CELLS_WITHOUT_YES, SweepSpec, build_spec, load_toml, parse_seed_flag, parse_set
 
@@ -71,15 +72,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
                    help="an axis and its values (repeatable): a config field or nanoGPT's name for one, e.g. --axis "
                         "learning_rate=0.003,0.01 (d_hidden follows n_embd unless it is an axis too), or device, "
-                        "precision or dtype, e.g. --axis device=cpu,cuda (formerly --set FIELD=V1,V2)")
+                        "precision or dtype, e.g. --axis device=cpu,cuda")
     g = p.add_argument_group("every cell")
     add_set(g)
     add_device(g, "default cpu; a device axis: --axis device=cpu,cuda")
-    g.add_argument("--precision", metavar="{fp32,tf32,bf16}", help=shared(PRECISION_HELP, "%(precision_backends)s "
-                   "(default fp32; an axis: --axis precision=fp32,tf32)"))
-    g.add_argument("--dtype", metavar="{float32,float64}", help=shared(DTYPE_HELP, f"{DTYPE_DETAIL}; an axis: "
-                   "--axis dtype=float32,float64"))
+    add_precision(g, "%(precision_backends)s (default fp32; an axis: --axis precision=fp32,tf32)")
+    add_dtype(g, f"{DTYPE_DETAIL}; an axis: --axis dtype=float32,float64")
     add_schedule(g)
+    g.add_argument("--dropout", type=float, metavar="P", help=shared(DROPOUT_HELP, "every cell (default: the "
+                   "preset's; an axis: --axis dropout=0,0.1)"))
     g.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help=shared(CHECKPOINT_HELP, "an interrupted or requeued cell resumes there"))
     add_threads(g)
@@ -107,11 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_out(g)
     g.add_argument("--yes", action="store_true", help=f"allow more than {MAX_CELLS_WITHOUT_YES} cells")
     add_quiet(g)
+    add_json(g, "the sweep's id, manifest, cells' states and report (without it stdout holds the sweep's id)")
     g.add_argument("--no-report", action="store_true", help=NO_REPORT_HELP)
-    # the verbs `harness status|resume|report SWEEP_ID`, as they were spelled before
-    alias(g, "--status", dest="status", metavar="SWEEP_ID")
-    alias(g, "--resume", dest="resume", metavar="SWEEP_ID")
-    alias(g, "--report", dest="report", metavar="SWEEP_ID")
     exit_statuses(p, SWEEP_EXIT)
 
 
@@ -123,12 +121,22 @@ def add_set(g: argparse._ArgumentGroup) -> None:
 
 # --- spec --------------------------------------------------------------------------------------------------------
 def _axes(args: argparse.Namespace, doc: dict) -> None:
-    """--set and --axis into `doc` (the sweep file's keys): config fields under `fields`, device/precision/dtype at
-    the top level; a name given twice (in either) is an error."""
+    """--set, --dropout and --axis into `doc` (the sweep file's keys): config fields under `fields`,
+    device/precision/dtype at the top level; a name given twice (in any of them) is an error, and so is a list of
+    values in --set (an axis is --axis)."""
     fields = parse_set(args.set, "--set") if args.set else {}
+    for name, values in fields.items():
+        if len(values) > 1:
+            raise UsageError(f"--set {name}= takes one value for every cell; for an axis of several pass --axis "
+                             f"{name}={','.join(map(str, values))}")
+    if args.dropout is not None:
+        if "dropout" in fields:
+            raise UsageError("--dropout and --set dropout= both given; pass one")
+        fields["dropout"] = [args.dropout]
     for name, values in parse_set(args.axis, "--axis").items():
         if name in fields:
-            raise UsageError(f"--set {name} and --axis {name} both given; list every value in one --axis "
+            given = "--dropout" if name == "dropout" and args.dropout is not None else f"--set {name}"
+            raise UsageError(f"{given} and --axis {name} both given; list every value in one --axis "
                              f"{name}=V1,V2")
         if name in TOP_AXES:
             doc[TOP_AXES[name]] = [str(v) for v in values]
@@ -138,20 +146,16 @@ def _axes(args: argparse.Namespace, doc: dict) -> None:
         doc["fields"] = dict(doc.get("fields", {}), **fields)
 
 
-def _one_or_axis(values: str | None, option: str) -> list[str] | None:
-    """--precision/--dtype: one value for every cell; a comma list is the spelling from before `--axis`."""
-    return None if values is None else listed(values, option)
-
-
 def _devices(args: argparse.Namespace, doc: dict) -> None:
-    """--device into `doc`: a plain device for every cell, NAME=DEVICE for one backend's cells (backend_devices);
-    a comma list (`--device cpu,cuda`, the spelling from before `--axis device=...`) is the device axis."""
+    """--device into `doc`: a plain device for every cell, NAME=DEVICE for one backend's cells (backend_devices); a
+    device axis is --axis device=cpu,cuda."""
     values = args.device or []
-    if any("," in v and "=" not in v for v in values):
-        doc["devices"] = listed(values, "--device")
-        return
     if not values:
         return
+    for value in values:
+        if "," in value and "=" not in value:
+            raise UsageError(f"--device {value}: one device for every cell; for a device axis pass --axis "
+                             f"device={value}")
     backends = doc.get("backends") or [DEFAULT_BACKEND]
     common, devices = parse_devices(values, backends if isinstance(backends, list) else [backends])
     doc["devices"] = [common]
@@ -170,7 +174,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SweepSpec, dict]:
     device = common_device(args.device) if args.device else devices[0] if isinstance(devices, list) else devices
     flags = {"sizes": pick_sizes(args.size) if args.size else None,
              "backends": pick_backends(args.backend, device=device) if args.backend else None,
-             "precision": _one_or_axis(args.precision, "--precision"), "dtype": _one_or_axis(args.dtype, "--dtype"),
+             "precision": None if args.precision is None else [args.precision],
+             "dtype": None if args.dtype is None else [args.dtype],
              "steps": args.steps, "epochs": args.epochs, "eval_interval": args.eval_interval,
              "checkpoint_every": args.checkpoint_every, "threads": args.threads, "name": args.name,
              "paired_rounds": args.paired_rounds}
@@ -224,33 +229,26 @@ def _executor(args: argparse.Namespace, doc: dict) -> dict:
 
 # --- the command -------------------------------------------------------------------------------------------------
 def command(args: argparse.Namespace) -> int:
-    """`harness sweep`: a new sweep (harness.sweep.drive.start); its old flags --status, --resume and --report are
-    the verbs `harness status|resume|report SWEEP_ID`.
+    """`harness sweep`: a new sweep (harness.sweep.drive.start); `harness status|resume|report SWEEP_ID` follow it.
 
     `args.write_report(out, sweep_id) -> Path` writes the sweep's HTML report: the reports sit above the sweeps
     (they read sweep manifests), so the command line hands their writer in (harness.cli.main)."""
     from harness.sweep import drive
-    from harness.sweep import manifest as mf
 
-    chosen = [x for x in ("status", "resume", "report") if getattr(args, x) is not None]
-    if len(chosen) > 1:
-        raise UsageError(f"--{chosen[0]} and --{chosen[1]} exclude each other; pass one")
-    if chosen and args.spec:
-        raise UsageError(f"--{chosen[0]} takes a sweep id, not a sweep file; drop {args.spec}")
-    for option in chosen:  # an empty id (an unset shell variable) is an error, never a new sweep
-        check_sweep_id(getattr(args, option), args.out)
-    if args.status is not None:
-        from harness.sweep.state import print_status
-
-        print_status(mf.Manifest.load(args.out, args.status))  # reads only: its owner may be writing it
-        return 0
-    if args.report is not None:
-        print(f"report: {drive.report(args.out, args.report, args.write_report)}")
-        return 0
-    write_report = None if args.no_report else args.write_report
-    if args.resume is not None:
-        return drive.resume(args.out, args.resume, jobs=args.jobs, progress=not args.quiet, wait=not args.no_wait,
-                            write_report=write_report)
     spec, executor = spec_from_args(args)
     return drive.start(spec, executor, args.out, args.data, yes=args.yes, progress=not args.quiet,
-                       wait=not args.no_wait, write_report=write_report)
+                       wait=not args.no_wait, write_report=None if args.no_report else args.write_report,
+                       result=say_result("sweep", args))
+
+
+def say_result(command: str, args: argparse.Namespace) -> Callable[[dict], None]:
+    """What a sweep prints on stdout when it ends (docs/usage.md, "Scripting"): its id, or with --json one object
+    (the id, its manifest, how many cells and paired timings are in each state, the report)."""
+    from harness.cli.options import print_json
+
+    def say(result: dict) -> None:
+        if getattr(args, "json", False):
+            print_json(command, result.pop("exit_status"), out=str(args.out), **result)
+        else:
+            print(result["id"], flush=True)
+    return say

@@ -6,6 +6,7 @@ Kept apart from the worker and the report so that both (and sweeps) read one def
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,3 +53,25 @@ def time_to_target(target: float | None, evals: Sequence[Eval], steps: Sequence[
         result.reached, result.step, result.val_loss = True, k, val
         result.train_s, result.train_eval_s = train_s, train_s + eval_s
     return result
+
+
+def part_flops(config: Config, vocab_size: int) -> dict[str, dict[str, int]]:
+    """Training FLOPs per token of every part of harness.core.parts, {part: {"forward": F, "backward": 2F}}, split
+    so that they add up to `flops_per_token` exactly: each parameter counts 2 in the forward pass and 4 in the
+    backward pass in the part that uses it (the non-embedding ones, as `flops_per_token` counts them: with tied
+    embeddings the token table is the output layer's matrix and counts in `logits`), and the attention term's two
+    products, 2 T d per token and layer each in the forward pass, count in `h.{i}.attn.probs` (q k^T) and
+    `h.{i}.attn.y` (probs @ v). Elementwise parts (residual adds, GELU, softmax, the loss) count 0 in this model of
+    the cost, as in Kaplan's and PaLM's."""
+    from harness.core.parts import parts
+    from harness.core.weights import param_shapes
+
+    shapes = param_shapes(config, vocab_size)
+    attention = 2 * config.block_size * config.n_embd  # one of the two products, per token and layer, forward
+    out = {}
+    for part in parts(config, vocab_size):
+        # the embedding is a lookup: its tables count nothing there (a tied token table counts in `logits`)
+        n = 0 if part.kind == "emb" else sum(math.prod(shapes[p]) for p in part.params)
+        forward = 2 * n + (attention if part.kind in ("attn.probs", "attn.y") else 0)
+        out[part.name] = {"forward": forward, "backward": 2 * forward}
+    return out

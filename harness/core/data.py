@@ -49,8 +49,8 @@ def download_tiny_shakespeare(timeout: float = 20.0) -> Path:
     target = cache_dir() / "tinyshakespeare.txt"
     if target.is_file() and sha256_bytes(target.read_bytes()) == TINY_SHAKESPEARE_SHA256:
         return target
-    fix = ("download it by hand from " + TINY_SHAKESPEARE_URL + " and pass --data PATH "
-           "(or set HARNESS_DATA=PATH)")
+    fix = ("download it by hand from " + TINY_SHAKESPEARE_URL + " and pass --data PATH (or set HARNESS_DATA=PATH), "
+           "or pass --data sample for the harness's own sample text")
     try:
         with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=timeout) as response:
             blob = response.read()
@@ -68,12 +68,24 @@ def download_tiny_shakespeare(timeout: float = 20.0) -> Path:
 
 
 def resolve_data_path(data: str | os.PathLike | None) -> Path:
-    """--data wins, then HARNESS_DATA, then the cached (downloaded on first use) Tiny Shakespeare."""
+    """--data wins, then HARNESS_DATA, then the cached (downloaded on first use) Tiny Shakespeare; `sample` (in
+    either) is the harness's own sample text (harness.core.sample: no network)."""
+    from harness.core import sample
+
     chosen = data if data is not None else os.environ.get("HARNESS_DATA") or None
     if chosen is None:
         return download_tiny_shakespeare()
     path = Path(chosen)
     source = "--data" if data is not None else "HARNESS_DATA"
+    if str(chosen) == sample.NAME:
+        if os.path.lexists(path):
+            raise UsageError(f"{source} {sample.NAME} names the harness's sample text, and ./{sample.NAME} exists "
+                             f"too; pass ./{sample.NAME} for the file, or run from another directory")
+        try:
+            return sample.sample_path()
+        except OSError as exc:
+            raise UsageError(f"{source} {sample.NAME}: the sample text cannot be written ({exc.strerror}); set "
+                             "HARNESS_CACHE to a writable directory") from None
     from harness.files import check_regular
 
     return check_regular(path, source, "pass the path of a UTF-8 text file"
@@ -134,7 +146,12 @@ class Corpus:
         elif self.line_endings == "kept" and ("\r" in self.chars):
             notes.append("CR line endings kept (--keep-line-endings)")
         extra = f" ({'; '.join(notes)})" if notes else ""
-        return f"data {self.path}: {self.n_chars:,} characters, vocabulary of {self.vocab_size} symbols{extra}"
+        from harness.core.sample import SAMPLE_SHA256
+
+        what = (" (the harness's sample text, a generated play: not Tiny Shakespeare)" if self.sha256 == SAMPLE_SHA256
+                else " (Tiny Shakespeare)" if self.sha256 == TINY_SHAKESPEARE_SHA256 else "")
+        return (f"data {self.path}{what}: {self.n_chars:,} characters, vocabulary of {self.vocab_size} "
+                f"symbols{extra}")
 
 
 def load_corpus(data: str | os.PathLike | None = None, keep_line_endings: bool = False,

@@ -10,8 +10,7 @@ from the port's own state (resync.py). docs/kit.md.
 export.py  the oracle's answers and manifest.json, written into a new kit directory
 schema.py  manifest.json's JSON schema, and reading a manifest against it
 layout.py  every array's axes, and its layout for column-major frameworks (Flux)
-npz.py     reading .npz files from outside: every header checked before any data is read
-load.py    reading a kit (against its manifest) and a port's results (against the kit)
+load.py    reading a kit (against its manifest) and a port's results (against the kit), through harness.npz
 resync.py  the oracle's optimizer steps taken from the port's states (each step graded from the same state)
 grade.py   grading the results with parity's comparison: the rows, the first broken depth, the JSON verdict
 page.py    the verdict as one self-contained HTML page

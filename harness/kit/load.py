@@ -23,8 +23,8 @@ from harness.core.taps import PREFIX as TAP_PREFIX
 from harness.errors import UsageError
 from harness.files import open_regular
 from harness.kit.export import KINDS, MANIFEST, opt_key
-from harness.kit.npz import describe_dtype, read_npz, read_npz_file
 from harness.kit.schema import FIX, kit_file, load_manifest
+from harness.npz import describe_dtype, read_npz, read_npz_file
 
 # the depths of a check, in the order the model computes them: a port gives each but the learning rate, which is read
 # from the optimizer states it gives
@@ -77,11 +77,12 @@ def load_kit(kit: Path) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]
                 raise UsageError(f"kit file {name} does not match its sha256 in {MANIFEST} (the kit was changed or "
                                  "damaged); export it again")
             arrays[name] = read_npz_file(f, file, "kit file", FIX, _kit_array_check(name, entry["arrays"]),
-                                         stored_only=True)
+                                         max_array_bytes=size, stored_only=True)
         missing = sorted(set(entry["arrays"]) - set(arrays[name]))
         if missing:
             raise UsageError(f"kit file {name} lacks array {missing[0]!r}, which {MANIFEST} lists; {FIX}")
         _finite(name, arrays[name])
+    _check_batches(arrays.get("batches.npz") or {}, manifest["vocab_size"])
     for name in ("weights.npz", "expected.npz"):  # the schema requires both entries; their arrays must be right too
         params = manifest["parameters"]
         want = params if name == "weights.npz" else {f"grad/{n}": s for n, s in params.items()}
@@ -118,6 +119,31 @@ def _finite(name: str, arrays: Mapping[str, np.ndarray]) -> None:
                              f"no kit holds (the kit was changed or damaged); {FIX}")
 
 
+def _check_batches(batches: Mapping[str, np.ndarray], vocab_size: int) -> None:
+    """The inputs a port is graded on are possible ones: token ids of the batches (x, y) whole numbers within the
+    vocabulary 0..vocab_size - 1, and every step's learning rate (lr) >= 0 (finite: `_finite`). A kit that holds others
+    is malformed; a port is never graded against impossible inputs."""
+    for key in ("x", "y"):
+        ids = batches.get(key)
+        if ids is None:
+            continue
+        if ids.dtype.kind not in "iu":
+            raise UsageError(f"kit file batches.npz: array {key!r} holds {describe_dtype(ids.dtype)} values, not "
+                             f"token ids (whole numbers); {FIX}")
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bad.any():
+            first = int(np.argmax(bad))
+            where = tuple(int(i) for i in np.unravel_index(first, ids.shape))
+            raise UsageError(f"kit file batches.npz: array {key!r} holds token id {ids.flat[first]} at index {where}, "
+                             f"outside the vocabulary's 0..{vocab_size - 1} (field 'vocab_size' of {MANIFEST}); "
+                             f"{FIX}")
+    lr = batches.get("lr")
+    if lr is not None and (lr < 0).any():
+        first = int(np.argmax(lr < 0))
+        raise UsageError(f"kit file batches.npz: array 'lr' holds the negative learning rate {lr.flat[first]} at "
+                         f"step {first}; {FIX}")
+
+
 def load_results(path: Path, manifest: dict[str, Any], kit: dict[str, dict[str, np.ndarray]]
                  ) -> dict[str, np.ndarray]:
     """The port's results file, every array's name, shape and dtype checked (from its .npy header) against the kit
@@ -126,7 +152,9 @@ def load_results(path: Path, manifest: dict[str, Any], kit: dict[str, dict[str, 
     params, steps = list(manifest["parameters"]), int(manifest["steps"])
     cap = 2 * manifest["files"]["expected.npz"]["bytes"] + (16 << 20)
     return read_npz(path, "results file", RESULTS_FIX,
-                    lambda key, shape, dtype: check_array(key, shape, dtype, expected, params, steps), cap)
+                    lambda key, shape, dtype: check_array(key, shape, dtype, expected, params, steps),
+                    max_file_bytes=cap, max_array_bytes=cap,
+                    too_big="it is far larger than any results file of this kit; write only the arrays the kit names")
 
 
 def _depth_of(name: str) -> str | None:

@@ -88,17 +88,30 @@ def causal_attention(q: jax.Array, k: jax.Array) -> jax.Array:
     return jax.nn.softmax(jnp.where(future, -jnp.inf, scores), axis=-1)  # exp(-inf) = 0: exactly 0 there
 
 
+def embed(p: Params, idx: jax.Array) -> jax.Array:
+    """wte[idx] + wpe[t]: what the token is, plus where it is; idx (B, T) -> (B, T, C)."""
+    return p["wte.weight"][idx] + p["wpe.weight"][:idx.shape[1]]
+
+
+def qkv_heads(x: jax.Array, w: jax.Array, b: jax.Array | None, n_head: int) -> tuple[jax.Array, ...]:
+    """q, k, v of the fused qkv Linear (rows [q; k; v]), heads split: (B, T, C) -> 3 x (B, H, T, D)."""
+    return tuple(split_heads(t, n_head) for t in jnp.split(linear(x, w, b), 3, axis=-1))
+
+
+def attend(probs: jax.Array, v: jax.Array, keep: jax.Array | None, p: float) -> jax.Array:
+    """The probabilities dropped (`keep`: nanoGPT's attn_dropout; None: none), @ v, heads merged: (B, T, C)."""
+    return merge_heads(dropout(probs, keep, p) @ v)
+
+
 # --------------------------------------------------------------------------------------------------- model
 
 
 def attention(x: jax.Array, p: Params, prefix: str, config: Config, masks: Masks,
               taps: dict[str, jax.Array] | None) -> jax.Array:
     """Causal multi-head self-attention of block `prefix`: one fused qkv Linear (rows [q; k; v]), heads, c_proj."""
-    qkv = linear(x, p[prefix + "attn.c_attn.weight"], p.get(prefix + "attn.c_attn.bias"))
-    q, k, v = (split_heads(t, config.n_head) for t in jnp.split(qkv, 3, axis=-1))
+    q, k, v = qkv_heads(x, p[prefix + "attn.c_attn.weight"], p.get(prefix + "attn.c_attn.bias"), config.n_head)
     probs = causal_attention(q, k)
-    att = dropout(probs, masks.get(prefix + "attn.probs"), config.dropout)  # nanoGPT's attn_dropout: a mask here
-    y = merge_heads(att @ v)
+    y = attend(probs, v, masks.get(prefix + "attn.probs"), config.dropout)  # nanoGPT's attn_dropout: a mask here
     out = linear(y, p[prefix + "attn.c_proj.weight"], p.get(prefix + "attn.c_proj.bias"))
     if taps is not None:  # attn.probs before the probabilities' dropout, attn.y after it
         taps.update({prefix + "attn.q": q, prefix + "attn.k": k, prefix + "attn.v": v, prefix + "attn.probs": probs,
@@ -137,8 +150,7 @@ def forward(p: Params, idx: jax.Array, config: Config, masks: Masks | None = Non
     """Logits (B, T, V) of token ids idx (B, T). `masks`: dropout keep-masks by site (None: no dropout); `taps`:
     filled with the named activations of harness/core/taps.py."""
     masks = masks or {}
-    T = idx.shape[1]
-    x = p["wte.weight"][idx] + p["wpe.weight"][:T]  # what the token is, plus where it is
+    x = embed(p, idx)
     if taps is not None:
         taps["emb"] = x
     x = dropout(x, masks.get("emb"), config.dropout)

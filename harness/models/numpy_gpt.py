@@ -53,19 +53,18 @@ def use_device(device: str) -> Any:
         xp = np
         return xp
     if device == "cuda":
-        hint = "numpy backend: --device cuda needs CuPy; pip install cupy-cuda12x, or use --device cpu"
         try:
             import cupy
         except ImportError:
-            raise DeviceUnavailable(hint) from None
+            raise DeviceUnavailable("--device cuda needs CuPy, which is not installed") from None
         try:
             if cupy.cuda.runtime.getDeviceCount() < 1:
                 raise RuntimeError("no CUDA device")
         except Exception as exc:  # CuPy installed, but no driver or no GPU
-            raise DeviceUnavailable(f"{hint} (CuPy found no usable GPU: {exc})") from None
+            raise DeviceUnavailable(f"--device cuda: CuPy found no usable GPU ({exc})") from None
         xp = cupy
         return xp
-    raise DeviceUnavailable(f"numpy backend: unknown device {device!r}; use --device cpu (or cuda with CuPy)")
+    raise DeviceUnavailable(f"unknown device {device!r}")
 
 
 def _erf(x: Array) -> Array:
@@ -226,33 +225,56 @@ def softmax_backward(dprobs: Array, cache: Cache) -> Array:
     return probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
 
 
-def causal_attention_forward(q: Array, k: Array, v: Array, p: float = 0.0, rng: np.random.Generator | None = None,
-                             keep: np.ndarray | None = None) -> tuple[Array, Cache]:
-    """softmax(q k^T / sqrt(D), future masked), dropped, then @ v, for each head; q, k, v (B, H, T, D) -> (B, H, T, D).
-
-    The dropout on the probabilities is nanoGPT's attn_dropout (`dropout_forward` with `p`, `rng`, `keep`; the
-    identity with p = 0, or without both `rng` and `keep`). The cache's fourth entry is the probabilities before it.
-    """
+def attention_probs_forward(q: Array, k: Array) -> tuple[Array, Cache]:
+    """softmax(q k^T / sqrt(D)) over the keys, future keys masked: the attention probabilities (B, H, T, T), query t
+    against key s, of q, k (B, H, T, D)."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(D)  # keeps the scores' variance near 1, whatever the head size
     scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, H, T, T): query t against key s
     future = xp.triu(xp.ones((T, T), dtype=bool), k=1)  # s > t: a position may not look ahead
     scores = xp.where(future, -xp.inf, scores)  # exp(-inf) = 0: masked keys get probability exactly 0
     probs, softmax_cache = softmax_forward(scores)
+    return probs, (q, k, softmax_cache, scale)
+
+
+def attention_probs_backward(dprobs: Array, cache: Cache) -> tuple[Array, Array]:
+    """Gradients (dq, dk). Masked entries have probability 0, so the softmax gives them no gradient."""
+    q, k, softmax_cache, scale = cache
+    dscores = softmax_backward(dprobs, softmax_cache) * scale
+    return dscores @ k, dscores.swapaxes(-1, -2) @ q
+
+
+def attention_values_forward(probs: Array, v: Array, p: float = 0.0, rng: np.random.Generator | None = None,
+                             keep: np.ndarray | None = None) -> tuple[Array, Cache]:
+    """The probabilities dropped (nanoGPT's attn_dropout: `dropout_forward` with `p`, `rng`, `keep`; the identity
+    with p = 0, or without both `rng` and `keep`), then @ v: (B, H, T, T), (B, H, T, D) -> (B, H, T, D)."""
     dropped, drop_cache = dropout_forward(probs, p, rng, keep)
-    return dropped @ v, (q, k, v, probs, softmax_cache, dropped, drop_cache, scale)
+    return dropped @ v, (v, dropped, drop_cache)
+
+
+def attention_values_backward(dout: Array, cache: Cache) -> tuple[Array, Array]:
+    """Gradients (dprobs, dv); dropped probabilities pass no gradient back through the dropout."""
+    v, dropped, drop_cache = cache
+    ddropped = dout @ v.swapaxes(-1, -2)
+    dv = dropped.swapaxes(-1, -2) @ dout
+    return dropout_backward(ddropped, drop_cache), dv  # the kept entries, scaled by 1/(1-p) as in the forward
+
+
+def causal_attention_forward(q: Array, k: Array, v: Array, p: float = 0.0, rng: np.random.Generator | None = None,
+                             keep: np.ndarray | None = None) -> tuple[Array, Cache]:
+    """softmax(q k^T / sqrt(D), future masked), dropped, then @ v, for each head; q, k, v (B, H, T, D) -> (B, H, T, D):
+    `attention_probs_forward`, then `attention_values_forward` with `p`, `rng`, `keep`. The cache's fourth entry is
+    the probabilities before the dropout."""
+    probs, (_, _, softmax_cache, scale) = attention_probs_forward(q, k)
+    y, (_, dropped, drop_cache) = attention_values_forward(probs, v, p, rng, keep)
+    return y, (q, k, v, probs, softmax_cache, dropped, drop_cache, scale)
 
 
 def causal_attention_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array]:
-    """Gradients (dq, dk, dv). Masked entries have probability 0, so the softmax gives them no gradient; dropped
-    ones pass none back through the dropout."""
+    """Gradients (dq, dk, dv): `attention_values_backward`, then `attention_probs_backward`."""
     q, k, v, _, softmax_cache, dropped, drop_cache, scale = cache
-    ddropped = dout @ v.swapaxes(-1, -2)
-    dv = dropped.swapaxes(-1, -2) @ dout
-    dprobs = dropout_backward(ddropped, drop_cache)  # the kept entries, scaled by 1/(1-p) as in the forward
-    dscores = softmax_backward(dprobs, softmax_cache) * scale
-    dq = dscores @ k
-    dk = dscores.swapaxes(-1, -2) @ q
+    dprobs, dv = attention_values_backward(dout, (v, dropped, drop_cache))
+    dq, dk = attention_probs_backward(dprobs, (q, k, softmax_cache, scale))
     return dq, dk, dv
 
 
@@ -268,6 +290,20 @@ def merge_heads(y: Array) -> Array:
     return y.transpose(0, 2, 1, 3).reshape(B, T, H * D)
 
 
+def qkv_forward(x: Array, w_attn: Array, b_attn: Array | None, n_head: int) -> tuple[tuple[Array, Array, Array], Cache]:
+    """The fused qkv Linear (q, k, v in that order along the features), heads split: x (B, T, C) -> q, k, v
+    (B, H, T, D)."""
+    qkv, cache = linear_forward(x, w_attn, b_attn)  # (B, T, 3C)
+    q, k, v = (split_heads(t, n_head) for t in xp.split(qkv, 3, axis=-1))
+    return (q, k, v), cache
+
+
+def qkv_backward(dq: Array, dk: Array, dv: Array, cache: Cache) -> tuple[Array, Array, Array | None]:
+    """Gradients (dx, dw_attn, db_attn) from the heads' gradients."""
+    dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+    return linear_backward(dqkv, cache)
+
+
 def attention_forward(x: Array, w_attn: Array, b_attn: Array, w_proj: Array, b_proj: Array,
                       n_head: int, taps: dict[str, Array] | None = None, p: float = 0.0,
                       rng: np.random.Generator | None = None, keep: np.ndarray | None = None) -> tuple[Array, Cache]:
@@ -276,8 +312,7 @@ def attention_forward(x: Array, w_attn: Array, b_attn: Array, w_proj: Array, b_p
 
     `taps` (parity's depth 0, harness/core/taps.py): filled with "attn.q", "attn.k", "attn.v", "attn.probs" (before
     dropout), "attn.y" (the dropped probabilities @ v, heads merged) and "attn.proj"."""
-    qkv, attn_cache = linear_forward(x, w_attn, b_attn)  # (B, T, 3C)
-    q, k, v = (split_heads(t, n_head) for t in xp.split(qkv, 3, axis=-1))
+    (q, k, v), attn_cache = qkv_forward(x, w_attn, b_attn, n_head)
     y, core_cache = causal_attention_forward(q, k, v, p, rng, keep)
     merged = merge_heads(y)
     out, proj_cache = linear_forward(merged, w_proj, b_proj)
@@ -292,8 +327,7 @@ def attention_backward(dout: Array, cache: Cache) -> tuple[Array, Array, Array, 
     attn_cache, core_cache, proj_cache, n_head = cache
     dy, dw_proj, db_proj = linear_backward(dout, proj_cache)
     dq, dk, dv = causal_attention_backward(split_heads(dy, n_head), core_cache)
-    dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
-    dx, dw_attn, db_attn = linear_backward(dqkv, attn_cache)
+    dx, dw_attn, db_attn = qkv_backward(dq, dk, dv, attn_cache)
     return dx, dw_attn, db_attn, dw_proj, db_proj
 
 

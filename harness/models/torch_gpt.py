@@ -47,10 +47,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 taps: dict[str, torch.Tensor] | None = None,
                 probs_mask: torch.Tensor | None = None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, nh, T, hs): head h owns features h*hs:(h+1)*hs
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self.heads(x)
         probs = None
         if probs_mask is None:
             # softmax(q k^T / sqrt(hs) + causal mask), dropped while training, then @ v: one fused kernel (flash on
@@ -68,11 +65,23 @@ class CausalSelfAttention(nn.Module):
             # names that call.
             taps.update({"attn.q": q, "attn.k": k, "attn.v": v,
                          "attn.probs": self.probabilities(q, k) if probs is None else probs})
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = self.merge(y)
         out = self.c_proj(y)
         if taps is not None:
             taps.update({"attn.y": y, "attn.proj": out})
         return self.resid_dropout(out, mask)  # after the output projection, before the residual add
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of the fused c_attn, heads split: (B, T, C) -> (B, nh, T, hs), head h owns features h*hs:(h+1)*hs."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+
+    @staticmethod
+    def merge(y: torch.Tensor) -> torch.Tensor:
+        """(B, nh, T, hs) -> (B, T, C): the heads side by side again."""
+        B, nh, T, hs = y.shape
+        return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
     @staticmethod
     def probabilities(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -92,10 +101,14 @@ class MLP(nn.Module):
         # "tanh" (NNlib's default `gelu` is the tanh form too) or "exact" x * Phi(x), nanoGPT's nn.GELU()
         self.approximate = {"tanh": "tanh", "exact": "none"}[gelu]
 
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        """GELU in the config's form."""
+        return F.gelu(h, approximate=self.approximate)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 taps: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         h = self.c_fc(x)
-        a = F.gelu(h, approximate=self.approximate)
+        a = self.act(h)
         out = self.c_proj(a)
         if taps is not None:
             taps.update({"mlp.fc": h, "mlp.act": a, "mlp.proj": out})

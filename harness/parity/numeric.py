@@ -19,7 +19,7 @@ TINY = 1e-300  # floor of the relative error's denominator: two all-zero arrays 
 # absolute rounding error of a few epsilon times the parameter's gradient scale (measured: 3.3 eps), which Adam's
 # division by sqrt(v) turns into the update's relative error: at 1e-3 of the median about 3e3 eps for that entry
 # (4e-4 in float32, 7e-13 in float64), below either pair's optimizer tolerance (1e-3, 1e-12) before the parameter's
-# other entries dilute it; at 1e-4, ten times over it. (1e-4 until issue 29: one entry of h.0.ln_2.weight at 1.1e-4
+# other entries dilute it; at 1e-4, ten times over it. (1e-4 before: one entry of h.0.ln_2.weight at 1.1e-4
 # of the median, tied medium, seed 5, step 1, alone made float32's worst correct update error 1.5e-4 and float64's
 # 1.3e-13.)
 NOISE_FLOOR = 1e-3

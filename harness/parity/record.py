@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -115,10 +114,25 @@ def mark_error(record: ParityRecord, reason: str) -> None:
     record.verdict, record.failures, record.results = "error", [f"ERROR: {reason}; nothing compared"], None
 
 
-def load_probe(path: Path) -> dict[str, np.ndarray]:
-    """A worker's `<backend>.probe.npz`, every array read."""
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+def load_probe(pp: ParityPlan, paths: RunPaths, backend: str) -> dict[str, np.ndarray]:
+    """Worker `backend`'s `<backend>.probe.npz` of run `paths`, every array read and checked against the run
+    (harness.run.probe.read); ProbeUnreadable ("backend X's probe is unreadable: ...") otherwise."""
+    from harness.run.probe import read
+
+    return read(paths.probe(backend), backend, pp.plan.config, pp.plan.corpus.vocab_size, pp.steps, pp.opt_steps)
+
+
+def unreadable_probe(pp: ParityPlan, paths: RunPaths, codes: dict[str, int]) -> str | None:
+    """Why the probe of a worker that completed cannot be read (the cause when the worker after it failed), None
+    when each such probe reads."""
+    from harness.run.probe import ProbeUnreadable
+
+    for name in (n for n in pp.backends if codes.get(n) == 0):
+        try:
+            load_probe(pp, paths, name)
+        except ProbeUnreadable as exc:
+            return str(exc)
+    return None
 
 
 def final_val(rec: RunRecord) -> float | None:
@@ -141,8 +155,8 @@ def compare_workers(pp: ParityPlan, workers: dict[str, RunRecord], paths: RunPat
     ra, rb = workers[a], workers[b]
     va, vb = final_val(ra), final_val(rb)
     config, seed = pp.plan.config, pp.plan.seed
-    result = compare(load_probe(paths.probe(a)), load_probe(paths.probe(b)),
-                     ra.curves.loss, rb.curves.loss, pp.tolerances,
+    result = compare(load_probe(pp, paths, a), load_probe(pp, paths, b), ra.curves.loss, rb.curves.loss,
+                     pp.tolerances,
                      val_losses=(va, vb) if va is not None and vb is not None else None,
                      backends=(a, b), config=config, masks=step_masks(config, seed))
     for problem in compare_fingerprints([ra, rb]):

@@ -7,6 +7,10 @@ several (the same ids always give the same name, so rebuilding replaces the file
 file to be read. `write_index(out)` lists every report in `<out>` with its runs' headline numbers, read afresh
 from the records. Every write is atomic. A missing or corrupt record raises UsageError before anything is
 written.
+
+Every verdict is drawn in the colour of its own meaning (harness.pages: green pass, amber caveat, red failure, grey no
+verdict), the headline first; a page of parity checks only (`harness parity` writes it) is a correctness page: its
+own title, and no speed at all.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 import harness
+from harness import pages
 from harness.errors import UsageError
+from harness.pages import ERROR, NEUTRAL, OK, WARN
 from harness.report import analysis, tables
-from harness.report.analysis import ERROR, NEUTRAL, OK, WARN, RunView
+from harness.report.analysis import RunView
 from harness.report.results import costs, step_median_interval
-from harness.store import RunPaths, Status, atomic_write_bytes
+from harness.store import RunPaths, atomic_write_bytes
 from harness.store.parity import ParityRecord
 from harness.store.record import TextProtocol
 from harness.timing import contention
@@ -45,6 +51,8 @@ def _env() -> Environment:
     env.filters["rate"] = tables.fmt_rate
     env.filters["score"] = tables.fmt_score
     env.filters["known"] = lambda v: "?" if v is None else v  # a value a record left out
+    env.filters["inline"] = pages.inline  # a message's `inline code` as <code>, everything else escaped
+    env.globals["palette_css"] = pages.css()
     return env
 
 
@@ -57,19 +65,28 @@ def report_name(run_ids: list[str]) -> str:
 
 
 # --- words ------------------------------------------------------------------------------------------------------------
-def _pair_sentence(c: analysis.PairComparison, dropout: float | None) -> str:
+def _pair_sentence(c: analysis.PairComparison, dropout: float | None, parity: bool = False) -> str:
+    """The loss comparison of a pair in words, ending with the conclusion of its one verdict (`loss_judgement`).
+    In a parity check the verdict is the parity check's (its loss rows, against measured tolerances), so the
+    numbers are given without the band's verdict, which could only contradict it."""
     if c.val_diff is None:
-        return (f"{c.a} vs {c.b}: no evaluation step in common, so the validation losses cannot be compared.")
+        return f"{c.a} vs {c.b}: no evaluation step in common, so the validation losses cannot be compared."
     band = f"{analysis.LOSS_BAND_REL:.0%}"
-    verdict = (f"within the {band} band: the losses agree" if c.agree
-               else f"outside the {band} band: the losses differ")
+    where = "within" if c.val_rel is not None and c.val_rel <= analysis.LOSS_BAND_REL else "outside"
     s = (f"Validation loss at step {c.eval_step:,}: {c.a} {c.val_a:.4f}, {c.b} {c.val_b:.4f}; {c.a} − {c.b} = "
-         f"{c.val_diff:+.4f} ({c.val_rel:.2%} of their mean), {verdict}.")
-    if c.tail_mean is not None:
-        zero = ("consistent with no systematic difference" if c.tail_consistent_with_zero
-                else f"a systematic difference ({c.a} {'higher' if c.tail_mean > 0 else 'lower'})")
+         f"{tables.fmt_diff(c.val_diff)}")
+    s += "." if parity else f" ({c.val_rel:.2%} of their mean), {where} the {band} band."
+    tail = c.tail_interval
+    if tail is not None:
+        lo, hi = tail
+        sign = ("consistent with no difference" if lo <= 0 <= hi
+                else f"{c.a} {'higher' if c.tail_mean > 0 else 'lower'} on average")
+        scale = (f", at most {max(abs(lo), abs(hi)) / c.tail_scale:.2%} of the loss" if c.tail_scale and not parity
+                 else "")
         s += (f" On the same batches over the last {c.tail_steps} steps, the per-step training loss {c.a} − {c.b} "
-              f"averages {c.tail_mean:+.4f} ± {c.tail_ci:.4f} (95 % CI): {zero}.")
+              f"averages {tables.fmt_diff(c.tail_mean)} ± {c.tail_ci:.2g} (95 % CI{scale}): {sign}.")
+    if not parity:
+        s += f" Verdict: {analysis.loss_judgement(c).why}."
     if dropout == 0:
         s += f" Dropout is 0, so any difference is numerical; the largest per-step |Δ| is {c.max_dev:.2e}."
     return s
@@ -109,47 +126,50 @@ def _contention_sentence(view: RunView) -> str:
     return "Contention: " + "; ".join(parts) + "."
 
 
-def _worse(a: str, b: str) -> str:
-    return max(a, b, key=analysis.LEVELS.index)
-
-
 def _speed(view: RunView, comparisons: list[analysis.PairComparison]) -> list[dict[str, Any]]:
-    """A speed verdict per pair; none in a parity run (its exactness settings trade speed away)."""
-    if view.spec.parity is not None and comparisons:
+    """A speed verdict per pair; none in a parity check (a correctness check: its exactness trades speed away)."""
+    if analysis.is_parity(view):
         return []
     return [dict(speed_verdict(c), pair=f"{c.a} vs {c.b}") for c in comparisons]
 
 
-def _headline(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
-    """Label and level of one run, and its speed verdicts (what the index shows).
-
-    The label says the most important thing first: no records, an unfair comparison, the parity verdict, or the
-    loss agreement; ", incomplete" is added when a backend did not complete. The level is the worst of that and
-    the banners. A single backend is neutral: there is nothing to compare.
-    """
-    agrees = [c.agree for c in comparisons]
+def _primary(view: RunView, comparisons: list[analysis.PairComparison]) -> tuple[str, str]:
+    """(level, label) of what a run found, the most important first: no records, an unfair comparison, the parity
+    verdict, or the loss verdict of its pairs (each pair's `loss_judgement`, the worst one)."""
     if not view.records:
-        level, label = ERROR, "no records"
-    elif analysis.fairness_problems(view.records):
-        level, label = ERROR, "not a fair comparison"
-    elif view.parity is not None:
-        level, label = {True: (OK, "parity: pass"), False: (ERROR, "parity: FAIL"),
-                        None: (WARN, "parity: no verdict")}[view.parity.passed]
-    elif view.parity_error:
-        level, label = ERROR, "parity: unreadable"
-    elif len(view.records) == 1:
-        level, label = NEUTRAL, "single backend"
-    elif all(a is True for a in agrees):
-        level, label = OK, "losses agree"
-    elif any(a is False for a in agrees):
-        level, label = WARN, "losses differ"
-    else:
-        level, label = WARN, "losses not comparable"
-    for banner in view.banners:
-        level = _worse(level, banner.level)
-    if view.missing or any(r.status is not Status.COMPLETED for r in view.records):
-        label += ", incomplete"
-    return {"level": level, "label": label, "speed": _speed(view, comparisons)}
+        return ERROR, "no records"
+    if analysis.fairness_problems(view.records):
+        return ERROR, "not a fair comparison"
+    if view.parity is not None:
+        if view.parity.compared_nothing:
+            return ERROR, "parity: nothing compared"
+        return {True: (OK, "parity: pass"), False: (ERROR, "parity: FAIL"),
+                None: (NEUTRAL, "parity: no verdict")}[view.parity.passed]
+    if view.parity_error:
+        return ERROR, "parity: unreadable"
+    if len(view.records) == 1:
+        return NEUTRAL, "single backend"
+    judged = [analysis.loss_judgement(c) for c in comparisons]
+    worst = max(judged, key=lambda j: pages.LEVELS.index(j.level))
+    return worst.level, worst.label
+
+
+def _caveats(view: RunView) -> list[dict[str, str]]:
+    """What qualifies the verdict, each drawn in its own colour beside it: an unfinished or missing backend (amber
+    while interrupted or running, red when one failed or left no record)."""
+    if not view.records:
+        return []
+    levels = [analysis.status_of(r, view.age_s.get(r.backend))[0] for r in view.records]
+    levels += [ERROR] * len(view.missing)
+    level = max(levels, key=pages.LEVELS.index)
+    return [] if level == OK else [{"level": level, "label": "incomplete"}]
+
+
+def _headline(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
+    """What the index and the summary show first: the verdict's level and label (`_primary`), its caveats and the
+    speed verdicts, each in the colour of its own meaning (harness.pages): a pass beside a caveat stays green."""
+    level, label = _primary(view, comparisons)
+    return {"level": level, "label": label, "caveats": _caveats(view), "speed": _speed(view, comparisons)}
 
 
 def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[str, Any]:
@@ -163,24 +183,10 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
     if view.parity is not None:
         lines.append(analysis.parity_sentence(view.parity))
     if len(view.records) == 1:
-        rec = view.records[0]
-        c = analysis.costs(rec)
-        last = analysis.last_eval(rec)
-        parts = [f"Only {rec.backend} ran, so there is nothing to compare"]
-        if last:
-            parts.append(f"final validation loss {last.val_loss:.4f} at step {last.step:,}")
-        if c.tokens_per_s:
-            ci = step_median_interval(rec)
-            which = "undisturbed" if c.figures_from != FIGURES_ALL else "steady"
-            interval = (f" (median {which} step {tables.fmt_seconds(c.step_median_s)}, 95 % interval "
-                        f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c.steady_steps:,} "
-                        "steps)") if len(ci) == 2 and c.steady_steps else ""
-            tag = contention.disturbed_tag(c.contention)
-            parts.append(f"{c.tokens_per_s:,.0f} tokens/s{interval}" + (f" ({tag})" if tag else ""))
-        lines.append("; ".join(parts) + ".")
-    lines += [_pair_sentence(c, dropout) for c in comparisons]
-    if view.spec.parity is not None and comparisons:
-        lines.append("Speed: not compared in a parity run (it trades speed for exactness); use `harness run`.")
+        lines.append(_single_sentence(view, view.records[0]))
+    lines += [_pair_sentence(c, dropout, analysis.is_parity(view)) for c in comparisons]
+    if analysis.is_parity(view):
+        return dict(head, lines=lines)  # a correctness check: no speed, no contention (it times nothing)
     lines += [v["text"] for v in head["speed"]]
     if view.records:
         lines.append(_contention_sentence(view))
@@ -191,6 +197,24 @@ def _verdict(view: RunView, comparisons: list[analysis.PairComparison]) -> dict[
         lines.append(f"Text (chrF / BLEU of continuations at temperature {temp}): " + "; ".join(
             f"{r.backend} {r.text.chrf:.1f} / {r.text.bleu:.2f}" for r in scored) + ".")
     return dict(head, lines=lines)
+
+
+def _single_sentence(view: RunView, rec: Any) -> str:
+    """The summary of a run of one backend: its final loss, and its speed unless it is a parity check."""
+    c = analysis.costs(rec)
+    last = analysis.last_eval(rec)
+    parts = [f"Only {rec.backend} ran, so there is nothing to compare"]
+    if last:
+        parts.append(f"final validation loss {last.val_loss:.4f} at step {last.step:,}")
+    if c.tokens_per_s and not analysis.is_parity(view):
+        ci = step_median_interval(rec)
+        which = "undisturbed" if c.figures_from != FIGURES_ALL else "steady"
+        interval = (f" (median {which} step {tables.fmt_seconds(c.step_median_s)}, 95 % interval "
+                    f"[{tables.fmt_seconds(ci[0])}, {tables.fmt_seconds(ci[1])}] over {c.steady_steps:,} "
+                    "steps)") if len(ci) == 2 and c.steady_steps else ""
+        tag = contention.disturbed_tag(c.contention)
+        parts.append(f"{c.tokens_per_s:,.0f} tokens/s{interval}" + (f" ({tag})" if tag else ""))
+    return "; ".join(parts) + "."
 
 
 # --- page model -------------------------------------------------------------------------------------------------------
@@ -235,20 +259,22 @@ def _run_model(view: RunView) -> dict[str, Any]:
     from harness.report import figures
 
     comparisons = analysis.pairs(view)
+    parity = analysis.is_parity(view)
     return {
-        "id": view.run_id, "label": view.label, "anchor": f"run-{view.run_id}",
+        "id": view.run_id, "label": view.label, "anchor": f"run-{view.run_id}", "is_parity": parity,
         "device": view.spec.device, "created_at": view.spec.created_at,
         "backends": view.backends, "missing": view.missing,
         "banners": view.banners, "verdict": _verdict(view, comparisons),
-        "summary_table": tables.summary_table(view) if view.records or view.missing else None,
-        "pair_table": tables.pair_table(comparisons) if comparisons else None,
+        "summary_table": tables.summary_table(view, speed=not parity) if view.records or view.missing else None,
+        "pair_table": tables.pair_table(comparisons, parity=parity) if comparisons else None,
         "parity": view.parity, "parity_table": tables.parity_table(view.parity) if view.parity else None,
         "parity_note": _parity_note(view.parity) if view.parity else "",
         "config_table": tables.config_table(view), "env_table": tables.environment_table(view),
         "fingerprint_table": tables.fingerprint_table(view) if len(view.records) > 1 else None,
         "loss_fig": figures.loss_figure(view), "dev_fig": figures.deviation_figure(comparisons),
         "n_pairs": len(comparisons),
-        "cost_fig": figures.cost_figure(view), "cost_table": tables.cost_table(view) if view.records else None,
+        "cost_fig": None if parity else figures.cost_figure(view),
+        "cost_table": tables.cost_table(view) if view.records and not parity else None,
         "text_table": tables.text_table(view), "samples": _samples(view),
         "errors": {r.backend: r.error for r in view.records if r.error},
     }
@@ -259,7 +285,7 @@ def _scaling(views: list[RunView]) -> dict[str, Any] | None:
     from harness.report import figures
 
     sizes = {v.label for v in views if v.records}
-    if len(sizes) < 2:
+    if len(sizes) < 2 or all(analysis.is_parity(v) for v in views):
         return None
     rows = []
     for v in views:
@@ -278,9 +304,12 @@ def _scaling(views: list[RunView]) -> dict[str, Any] | None:
 
 
 def _title(views: list[RunView]) -> str:
+    """'nanogpt-parity: small — torch vs numpy'; a page of parity checks only says so: 'nanogpt-parity parity
+    check: small — torch vs numpy'."""
     sizes = ", ".join(dict.fromkeys(v.label for v in views))
     backends = list(dict.fromkeys(b for v in views for b in (v.spec.backends or v.backends)))
-    return f"nanogpt-parity: {sizes} — {' vs '.join(backends) or 'no backends'}"
+    what = "nanogpt-parity parity check" if all(analysis.is_parity(v) for v in views) else "nanogpt-parity"
+    return f"{what}: {sizes} — {' vs '.join(backends) or 'no backends'}"
 
 
 def write_report(out: Path, run_ids: list[str]) -> Path:
@@ -294,10 +323,13 @@ def write_report(out: Path, run_ids: list[str]) -> Path:
     run_ids = list(dict.fromkeys(run_ids))
     views = [analysis.load_view(RunPaths(out, run_id)) for run_id in run_ids]
     runs = [_run_model(v) for v in views]
+    parity_page = all(analysis.is_parity(v) for v in views)  # a page of correctness checks only: no speed at all
     page = _env().get_template("report.html.j2").render(
-        title=_title(views), generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        title=_title(views), parity_page=parity_page,
+        generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
         version=harness.__version__, run_ids=run_ids, runs=runs, banners=[b for v in views for b in v.banners],
-        scaling=_scaling(views), band=f"{analysis.LOSS_BAND_REL:.0%}", convention=analysis.CONVENTION,
+        scaling=_scaling(views), band=f"{analysis.LOSS_BAND_REL:.0%}",
+        convention=analysis.CONVENTION_PARITY if parity_page else analysis.CONVENTION,
         rule=contention.RULE_SENTENCE,
         tail_fraction=f"{analysis.TAIL_FRACTION:.0%}", stale=analysis.human_age(analysis.STALE_AFTER_S))
     path = out / f"{report_name(run_ids)}.html"
@@ -330,13 +362,13 @@ def _index_row(out: Path, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id, "error": None, "size": head["size"], "device": head["device"],
         "params": tables.fmt_int(head["n_params"]), "verdict": verdict["label"], "level": verdict["level"],
-        "speed": verdict["speed"],
+        "caveats": verdict["caveats"], "speed": verdict["speed"],
         "status": _per_backend(head["status"], str),
         "val_loss": _per_backend(head["val_loss"], tables.fmt_loss),
-        "tokens_per_s": [f"{b} {tables.fmt_speed(v, head['contention'][b])}" for b, v in head["tokens_per_s"].items()]
-        or [tables.DASH],
-        "bleu": _per_backend(head["bleu"], tables.fmt_score),
-        "chrf": _per_backend(head["chrf"], tables.fmt_score),
+        "tokens_per_s": ["— (a parity check times nothing)"] if analysis.is_parity(view) else
+        [f"{b} {tables.fmt_speed(v, head['contention'][b])}" for b, v in head["tokens_per_s"].items()] or [tables.DASH],
+        "bleu": [tables.DASH] if analysis.is_parity(view) else _per_backend(head["bleu"], tables.fmt_score),
+        "chrf": [tables.DASH] if analysis.is_parity(view) else _per_backend(head["chrf"], tables.fmt_score),
     }
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UsageError
+from harness.pages import ERROR, NEUTRAL, OK, WARN
 from harness.report.results import costs
 from harness.store import RunPaths, RunRecord, RunSpec, Status, compare_fingerprints, load_run
 from harness.store.curves import Eval
@@ -35,15 +36,14 @@ TAIL_MIN_STEPS = 10
 # A "running" record not rewritten for this long belongs to a worker that is no longer alive.
 STALE_AFTER_S = 600.0
 
-# Levels of a verdict or banner, best first. NEUTRAL: nothing wrong, nothing shown as a success either (a single
-# backend, a comparison whose interval includes "no difference", data too thin to carry a verdict).
-OK, NEUTRAL, WARN, ERROR = "ok", "neutral", "warn", "error"
-LEVELS = [OK, NEUTRAL, WARN, ERROR]
+# Levels of a verdict or banner, best first, and what each means: harness.pages (the one palette of every page).
 # The report's sign convention, stated once in every report so that no number can be read backwards: differences are
 # first − second with both names written out; ratios are "how many times faster", the faster one named; intervals
 # are 95 %.
 CONVENTION = ("Convention: a difference is written first − second with both names (e.g. torch − numpy); a speed "
               "ratio is written \"X is N× faster than Y\", the faster one named, N ≥ 1; every interval is 95 %.")
+CONVENTION_PARITY = ("Convention: a difference is written first − second with both names (e.g. torch − numpy); every "
+                     "interval is 95 %.")  # a parity check's page: it has no speed ratio
 
 
 @dataclass
@@ -107,6 +107,12 @@ def load_view(paths: RunPaths, now: float | None = None) -> RunView:
     return view
 
 
+def is_parity(view: RunView) -> bool:
+    """Whether the run is a parity check (`harness parity`, which writes parity.json): a correctness check, whose
+    page shows no speed."""
+    return view.spec.parity is not None or view.parity is not None or view.parity_error is not None
+
+
 # --- status and fairness -------------------------------------------------------------------------------------------
 def status_of(rec: RunRecord, age_s: float | None = None) -> tuple[str, str]:
     """(level, text) of one record's status: completed is ok; interrupted, failed and running are not."""
@@ -162,7 +168,7 @@ def banners(view: RunView) -> list[Banner]:
         out.append(Banner(ERROR, f"{run}: {name} has no record (it never started, or failed before setup)"))
     for problem in fairness_problems(view.records):
         out.append(Banner(ERROR, f"{run}: {problem}: the comparison is not fair"))
-    for rec in view.records:
+    for rec in view.records if not is_parity(view) else []:  # a parity check times nothing: no speed banner
         cont = costs(rec).contention
         if cont is not None and cont.mostly_disturbed:
             out.append(Banner(WARN, f"{run}: {rec.backend} trained on a busy machine: "
@@ -253,6 +259,7 @@ class PairComparison:
     tail_steps: int = 0
     tail_mean: float | None = None  # mean of loss_a - loss_b over the tail window
     tail_ci: float | None = None  # 95 % half-width of that mean
+    tail_scale: float | None = None  # the mean training loss of both over the tail window (the band's scale there)
     training_time_ratio: float | None = None  # time per token of a over b (< 1: a is faster), separate runs
     paired: dict | None = None  # harness.timing.paired.pair_summary of (a, b): time ratio a / b from the paired timing
     paired_failure: str | None = None  # why the paired timing has no round of (a, b), when it was tried
@@ -272,8 +279,8 @@ class PairComparison:
 
     @property
     def agree(self) -> bool | None:
-        rel = self.val_rel
-        return None if rel is None or not math.isfinite(rel) else rel <= LOSS_BAND_REL
+        """The loss verdict as a yes or no: True agree, False differ, None no verdict (`loss_judgement`)."""
+        return {OK: True, ERROR: False}.get(loss_judgement(self).level)
 
     @property
     def max_dev(self) -> float | None:
@@ -281,10 +288,75 @@ class PairComparison:
         return float(finite.max()) if finite.size else None
 
     @property
-    def tail_consistent_with_zero(self) -> bool | None:
-        if self.tail_mean is None or self.tail_ci is None:
+    def tail_interval(self) -> tuple[float, float] | None:
+        """The 95 % interval of the tail's mean per-step difference a − b, where there is a finite one."""
+        if self.tail_mean is None or self.tail_ci is None or not math.isfinite(self.tail_mean + self.tail_ci):
             return None
-        return abs(self.tail_mean) <= self.tail_ci
+        return self.tail_mean - self.tail_ci, self.tail_mean + self.tail_ci
+
+
+def inside_band(lo: float, hi: float, scale: float) -> bool | None:
+    """Where the interval [lo, hi] of a loss difference lies against the band ±LOSS_BAND_REL × `scale`: True wholly
+    inside (the losses agree, a difference of either sign included), False wholly outside (they differ), None
+    across an edge (the data cannot tell). A point is the interval [d, d]."""
+    band = LOSS_BAND_REL * abs(scale)
+    if -band <= lo and hi <= band:
+        return True
+    if lo > band or hi < -band:
+        return False
+    return None
+
+
+@dataclass(frozen=True)
+class LossJudgement:
+    """The one loss verdict of a pair: the headline's level and label and the sentence's conclusion come from it."""
+
+    level: str
+    label: str  # "losses agree", "losses differ", "losses: no verdict", "losses not comparable"
+    why: str  # the conclusion, in words
+
+    @property
+    def short(self) -> str:
+        """The label without "losses": "agree", "differ", "no verdict", "not comparable" (a table's cell)."""
+        return self.label.removeprefix("losses").lstrip(": ")
+
+
+def difference_judgement(lo: float, hi: float, scale: float, what: str) -> LossJudgement:
+    """A loss difference, an interval [lo, hi] or a point [d, d], judged against the band ±LOSS_BAND_REL × `scale`
+    (`inside_band`); `what` names the difference in the conclusion."""
+    band = f"{LOSS_BAND_REL:.0%}"
+    inside = inside_band(lo, hi, scale)
+    if inside is True:
+        return LossJudgement(OK, "losses agree", f"{what} within the {band} band: the losses agree")
+    if inside is False:
+        return LossJudgement(ERROR, "losses differ", f"{what} outside the {band} band: the losses differ")
+    return LossJudgement(NEUTRAL, "losses: no verdict", f"{what} reaches beyond the {band} band: too noisy to say "
+                                                        "whether the losses agree")
+
+
+def loss_judgement(c: PairComparison) -> LossJudgement:
+    """Both pieces of evidence against the one band (LOSS_BAND_REL): the validation losses at the last common
+    evaluation step, and the 95 % interval of the paired per-step training-loss difference over the tail.
+
+    They agree when both lie within the band (a small difference of either sign, even one the interval shows is
+    not zero, is inside it); they differ when either lies wholly outside; an interval across the band's edge
+    gives no verdict (too noisy to say)."""
+    band = f"{LOSS_BAND_REL:.0%}"
+    if c.val_rel is None or not math.isfinite(c.val_rel):
+        return LossJudgement(NEUTRAL, "losses not comparable", "no evaluation step in common: no verdict")
+    tail = c.tail_interval
+    tail_in = None if tail is None or c.tail_scale is None else inside_band(*tail, c.tail_scale)
+    if c.val_rel > LOSS_BAND_REL:
+        return LossJudgement(ERROR, "losses differ", f"the validation losses differ by more than the {band} band: "
+                                                     "the losses differ")
+    if tail is not None and tail_in is False:
+        return LossJudgement(ERROR, "losses differ", f"the per-step training losses differ by more than the {band} "
+                                                     "band: the losses differ")
+    if tail is not None and tail_in is None:
+        return LossJudgement(NEUTRAL, "losses: no verdict", f"the per-step interval reaches beyond the {band} "
+                                                            "band: too noisy to say whether the losses agree")
+    both = "both within" if tail is not None else "within"
+    return LossJudgement(OK, "losses agree", f"{both} the {band} band: the losses agree")
 
 
 def compare_pair(ra: RunRecord, rb: RunRecord) -> PairComparison:
@@ -310,6 +382,9 @@ def compare_pair(ra: RunRecord, rb: RunRecord) -> PairComparison:
             cmp.tail_mean = float(d.mean())
             ci = stats.mean_ci(d.tolist())  # Student t: with few steps, 1.96 would be too narrow
             cmp.tail_ci = float(ci.hi - ci.estimate)
+            level = (da + db)[-k:] / 2
+            level = level[np.isfinite(level)]
+            cmp.tail_scale = float(level.mean()) if level.size else None
     ta, tb = costs(ra).tokens_per_s, costs(rb).tokens_per_s
     if ta and tb:
         cmp.training_time_ratio = tb / ta  # time per token is 1 / throughput

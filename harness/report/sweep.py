@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ import numpy as np
 import pandas as pd
 
 import harness
+from harness.pages import NEUTRAL, WARN, worse
 from harness.report import tables
-from harness.report.analysis import CONVENTION, NEUTRAL, WARN
+from harness.report.analysis import CONVENTION, difference_judgement
 from harness.store import RunPaths, RunRecord, atomic_write_bytes
 from harness.store.paired import PairedRecord
 from harness.store.sweep import PairedEntry
@@ -187,7 +189,8 @@ def comparisons(df: pd.DataFrame, paired_docs: list[PairedRecord] | None = None)
                 name = comparison_name(label, device, dtype, precision, g)
                 c = {"label": label, "device": device, "dtype": dtype, "precision": precision, "name": name,
                      "a": a, "b": b, "seeds": seeds, "speed": speed, "training": training,
-                     "loss": loss, "disturbed": disturbed, "contended": bool(g["contended"].any())}
+                     "loss": loss, "loss_scale": float(np.mean(la + lb)) if loss is not None else None,
+                     "disturbed": disturbed, "contended": bool(g["contended"].any())}
                 c.update(verdict(c))
                 out.append(c)
     return out
@@ -199,7 +202,9 @@ def _truthy(x: Any) -> bool:
 
 def verdict(c: dict[str, Any]) -> dict[str, Any]:
     """The sentence, level and pills of one comparison: speed from the paired timing (green only when its interval
-    excludes 1 with 3 or more seeds and a CV of the paired ratios of at most 10 %), loss difference a − b."""
+    excludes 1 with 3 or more seeds and a CV of the paired ratios of at most 10 %), and the loss difference a − b
+    across seeds judged against the band of a run's report (`difference_judgement`). The box takes the worse of
+    the two levels; each pill keeps its own."""
     from harness.timing import paired
 
     a, b, s = c["a"], c["b"], c["speed"]
@@ -214,26 +219,41 @@ def verdict(c: dict[str, Any]) -> dict[str, Any]:
         parts.append(f"{j['claim']} (paired timing, interval {j['over']})")
     loss, loss_label, loss_level = c["loss"], None, NEUTRAL
     if loss is not None:
-        if loss.lo is None:
-            parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} (one seed: no interval)")
-            loss_label = "loss: one seed"
-        elif loss.lo <= 0 <= loss.hi:
-            parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}], "
-                         "consistent with no difference")
-            loss_label = "loss: no clear difference"
-        else:
-            parts.append(f"final validation loss {a} − {b}: {loss.estimate:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}], "
-                         "a systematic difference")
-            loss_label, loss_level = f"loss: {a} − {b} {loss.estimate:+.3g}", WARN
+        parts.append(_loss_words(c))
+        judged = _loss_judged(c)
+        loss_label, loss_level = judged.label, judged.level
     text = f"{c['name']}: " + "; ".join(parts) + "."
     if notes:
         text += " Said plainly: " + "; ".join(notes) + "."
     text += " " + contention_line(c)
     if c["contended"]:
         text += " Timings were taken with cells running side by side (--jobs), so they are contended."
-    level = WARN if WARN in (speed_level, loss_level) else speed_level  # the box: speed, unless the losses differ
+    level = worse(speed_level, loss_level) if loss_label else speed_level
     return {"sentence": text, "level": level, "speed_level": speed_level,
             "speed_label": speed_label, "loss_label": loss_label, "loss_level": loss_level}
+
+
+def _loss_judged(c: dict[str, Any]) -> Any:
+    """The loss verdict of a comparison: its interval across seeds (one seed: the point) against the band."""
+    loss = c["loss"]
+    lo, hi = (loss.estimate, loss.estimate) if loss.lo is None else (loss.lo, loss.hi)
+    what = "the difference" if loss.lo is None else "its interval"
+    return difference_judgement(lo, hi, c["loss_scale"], what)
+
+
+def _loss_words(c: dict[str, Any]) -> str:
+    """'final validation loss a − b: +0.0012 [-0.0003, +0.0027] (at most 0.11% of the mean loss; consistent with
+    no difference), its interval within the 2% band: the losses agree'."""
+    a, b, loss = c["a"], c["b"], c["loss"]
+    if loss.lo is None:
+        shown, how = f"{loss.estimate:+.3g} (one seed: no interval", abs(loss.estimate)
+    else:
+        sign = ("consistent with no difference" if loss.lo <= 0 <= loss.hi
+                else f"{a} {'higher' if loss.estimate > 0 else 'lower'} across seeds")
+        shown, how = f"{loss.estimate:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}] ({sign}", max(abs(loss.lo), abs(loss.hi))
+    scale = c["loss_scale"]
+    share = f"; at most {how / scale:.2%} of the mean loss" if scale else ""
+    return f"final validation loss {a} − {b}: {shown}{share}), {_loss_judged(c).why}"
 
 
 def contention_line(c: dict[str, Any]) -> str:
@@ -340,8 +360,24 @@ def _wall_curve(rec: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(xs), np.asarray(ys)
 
 
+def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(times, lowest, highest) validation loss over the seeds' curves (elapsed seconds, loss), each curve read only
+    within its own time range (a seed that ended early, or started late, is no measurement outside it), at every
+    time any curve was evaluated: so the band encloses each seed's line, every vertex and the straight pieces
+    between them. Seeds on a busy machine can take very different times for the same steps."""
+    times = np.unique(np.concatenate([x for x, _ in curves]))
+    table = np.full((len(curves), len(times)), np.nan)
+    for i, (x, y) in enumerate(curves):
+        inside = (times >= x[0]) & (times <= x[-1])
+        table[i, inside] = np.interp(times[inside], x, y)
+    with warnings.catch_warnings():  # a time at which every curve's loss is not finite stays a gap
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return times, np.nanmin(table, axis=0), np.nanmax(table, axis=0)
+
+
 def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per config: validation loss against elapsed time per backend, the median seed's curve and a min–max band."""
+    """Per config: validation loss against elapsed time per backend, the median seed's curve and the band over
+    every seed (`seed_band`), on the one time axis of `_wall_curve`."""
     from harness.report import figures
 
     plt = figures.plt
@@ -359,9 +395,8 @@ def wallclock_figures(out: Path, df: pd.DataFrame) -> list[dict[str, Any]]:
                 _, mx, my = curves[len(curves) // 2]  # the median seed (by final val loss)
                 col = figures.color(str(backend))
                 if len(curves) > 1:
-                    grid = np.linspace(0, min(c[1][-1] for c in curves), 60)
-                    band = np.array([np.interp(grid, c[1], c[2]) for c in curves])
-                    ax.fill_between(grid, band.min(axis=0), band.max(axis=0), color=col, alpha=0.18, linewidth=0)
+                    times, lo, hi = seed_band([(c[1], c[2]) for c in curves if len(c[1])])
+                    ax.fill_between(times, lo, hi, color=col, alpha=0.18, linewidth=0)
                 ax.plot(mx, my, color=col, marker="o", markersize=3,
                         label=f"{figures.plain(backend)} ({len(curves)} seeds)")
             target = g["target_val_loss"].dropna()
@@ -425,7 +460,7 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
     sc = scaling(df)
     banners = []
     if df["contended"].any():
-        banners.append({"level": "warn", "text": "Some cells ran side by side (--jobs): their timings are contended "
+        banners.append({"level": WARN, "text": "Some cells ran side by side (--jobs): their timings are contended "
                                                   "and not comparable; the losses are unaffected."})
     hit = df[df["contended_fraction"].fillna(0) > 0] if "contended_fraction" in df else df.iloc[:0]
     if len(hit):
@@ -433,12 +468,12 @@ def write_sweep_report(out: Path, sweep_id: str) -> Path:
         names = ", ".join(f"{r['label']}/{r['backend']} seed {r['seed']} (contended_fraction "
                           f"{r['contended_fraction']:.2f}{left if _truthy(r['mostly_disturbed']) else ''})"
                           for _, r in hit.iterrows())
-        banners.append({"level": "warn", "text": f"Disturbed by other work on the machine while training: {names}. "
+        banners.append({"level": WARN, "text": f"Disturbed by other work on the machine while training: {names}. "
                                                   "Their speed figures come from the undisturbed steps; the speed "
                                                   "verdicts rest on the paired timing."})
     if states.get("completed", 0) < len(m.cells):
         done = states.get("completed", 0)
-        banners.append({"level": "warn", "text": f"Incomplete sweep: {done} of {len(m.cells)} cells completed; "
+        banners.append({"level": WARN, "text": f"Incomplete sweep: {done} of {len(m.cells)} cells completed; "
                                                   f"`harness resume {sweep_id}` runs the rest."})
     run_ids = [c.run_id for c in m.cells if c.run_id]
     page = _env().get_template("sweep.html.j2").render(

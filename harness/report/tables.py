@@ -6,14 +6,16 @@ import math
 from typing import Any
 
 import pandas as pd
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
+from harness.pages import ERROR, OK
 from harness.report.analysis import (
     PairComparison,
     RunView,
     costs,
     fairness_problems,
     final_val,
+    loss_judgement,
     parity_checks,
     status_of,
     text_agreement,
@@ -81,6 +83,13 @@ def fmt_loss(x: float | None, digits: int = 4) -> str:
     return DASH if not _ok(x) else f"{x:.{digits}f}"
 
 
+def fmt_diff(x: float | None) -> str:
+    """A loss difference with its sign: 4 decimals, or 3 significant digits where 4 decimals would show 0."""
+    if not _ok(x):
+        return DASH
+    return f"{x:+.4f}" if x == 0 or abs(x) >= 5e-5 else f"{x:+.2e}"
+
+
 def fmt_sci(x: float | None) -> str:
     return DASH if not _ok(x) else f"{x:.2e}"
 
@@ -99,8 +108,9 @@ def html_table(df: pd.DataFrame, classes: str = "", index: bool = True, escape: 
 
 
 # --- tables --------------------------------------------------------------------------------------------------------
-def summary_table(view: RunView) -> Markup:
-    """One row per backend: status, steps, final losses, throughput, memory, BLEU and chrF."""
+def summary_table(view: RunView, speed: bool = True) -> Markup:
+    """One row per backend: status, steps, final losses, throughput, memory, BLEU and chrF; without `speed` (a
+    parity check) no throughput, step time or contention."""
     rows = {}
     for rec in view.records:
         c = costs(rec)
@@ -120,6 +130,11 @@ def summary_table(view: RunView) -> Markup:
             "BLEU": fmt_score(text.bleu, text.bleu_ci) if text else DASH,
             "chrF": fmt_score(text.chrf, text.chrf_ci) if text else DASH,
         }
+        if not speed:
+            for key in ("tokens/s", "step (median)", "steps disturbed", "peak memory"):
+                del rows[rec.backend][key]
+        if not speed and text is None:
+            del rows[rec.backend]["BLEU"], rows[rec.backend]["chrF"]
     for name in view.missing:
         rows[name] = {"status": "no record"}
     df = pd.DataFrame.from_dict(rows, orient="index").fillna(DASH)
@@ -146,22 +161,24 @@ def fmt_faster(a: str, b: str, time_ratio: float | None, lo: float | None = None
     return f"{w['fast']} {w['x']:.3g}× faster{interval}"
 
 
-def pair_table(comparisons: list[PairComparison]) -> Markup:
-    """One row per backend pair: validation losses and their difference (first − second), the paired per-step
-    difference, the largest deviation, the paired-timing speed, and the separate training runs' step-time ratio."""
+def pair_table(comparisons: list[PairComparison], parity: bool = False) -> Markup:
+    """One row per backend pair: validation losses and their difference (first − second), the loss verdict (the
+    summary's, `loss_judgement`), the paired per-step difference, the largest deviation, the paired-timing speed and
+    the separate training runs' step-time ratio. In a parity check neither speed nor the band's verdict (the parity
+    check's rows are its verdict)."""
     rows = []
     for c in comparisons:
         rel = c.val_rel
-        verdict = DASH if c.agree is None else ("agree" if c.agree else "differ")
+        verdict = loss_judgement(c).short
         tail = DASH
         if c.tail_mean is not None:
-            tail = f"{c.a} − {c.b} = {c.tail_mean:+.4f} ± {c.tail_ci:.4f} ({c.tail_steps} steps)"
+            tail = f"{c.a} − {c.b} = {fmt_diff(c.tail_mean)} ± {c.tail_ci:.2g} ({c.tail_steps} steps)"
         p = c.paired
         rows.append({
             "pair": f"{c.a} vs {c.b}",
             "eval step": fmt_int(c.eval_step),
             "validation loss": DASH if c.val_diff is None else f"{c.a} {fmt_loss(c.val_a)}, {c.b} {fmt_loss(c.val_b)}",
-            "Δ val (first − second)": DASH if c.val_diff is None else f"{c.a} − {c.b} = {c.val_diff:+.4f}",
+            "Δ val (first − second)": DASH if c.val_diff is None else f"{c.a} − {c.b} = {fmt_diff(c.val_diff)}",
             "|Δ| / mean": DASH if rel is None else f"{rel:.2%}",
             "verdict": verdict,
             "per-step training loss, first − second, last steps (mean ± 95 % CI)": tail,
@@ -170,6 +187,10 @@ def pair_table(comparisons: list[PairComparison]) -> Markup:
                 fmt_faster(c.a, c.b, p["ratio"], p["lo"], p["hi"]) + ("" if p["usable"] else " (too disturbed)")),
             "separate training runs (not paired: no verdict)": fmt_faster(c.a, c.b, c.training_time_ratio),
         })
+        if parity:
+            for key in ("|Δ| / mean", "verdict", "speed, paired timing (95 % interval)",
+                        "separate training runs (not paired: no verdict)"):
+                del rows[-1][key]
     return html_table(pd.DataFrame(rows), "pairs", index=False)
 
 
@@ -374,4 +395,7 @@ def parity_table(doc: ParityRecord) -> Markup | None:
     df = pd.DataFrame(rows).fillna(DASH)
     if "value" in df:
         df["value"] = df["value"].map(lambda v: f"{v:.2e}" if isinstance(v, float) else _cell(v))
-    return html_table(df.map(_cell), "parity", index=False)
+    df = df.map(lambda v: str(escape(_cell(v))))
+    if "result" in df:  # drawn as every page draws a check's result (harness.pages)
+        df["result"] = df["result"].map(lambda r: f'<span class="pill {OK if r == "ok" else ERROR}">{r}</span>')
+    return html_table(df, "parity", index=False, escape=False)

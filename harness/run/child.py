@@ -6,7 +6,8 @@ This module imports nothing heavy, so that the entry point can check its parent,
 "start", before any framework is imported.
 
 Test hook: `HARNESS_TEST_PAUSE_AT=<point>[:<action>[:<n>]]` makes the worker act at the n-th (default first) time
-it passes a named point of its life. Points: start, before-record, after-record, mid-checkpoint (temporary file
+it passes a named point of its life. Points: start (every other child kind passes its own before its imports:
+timed-start, paired-start, bench-start), before-record, after-record, mid-checkpoint (temporary file
 complete, not yet renamed), after-checkpoint (checkpoint renamed, record not yet rewritten), final-persist (CSVs
 written, record not), end (everything written). Actions: stop (SIGSTOP itself), kill (SIGKILL itself), term
 (SIGTERM itself), hang (block SIGTERM/SIGINT and sleep: a wedged worker), sleep (sleep, signals still work).
@@ -22,8 +23,9 @@ import time
 WORKER_FLAG = "--worker"  # `python -m harness --worker KIND ...`: hidden from `harness --help`
 # train: one backend's training (harness.run.worker); timed: a paired timing's timed process (harness.run.timed);
 # paired: a paired-timing coordinator, as a SLURM job runs it (harness.run.paired_timing); bench: one measurement of
-# `harness bench` in a fresh interpreter (harness.bench.overhead)
-KINDS = ("train", "timed", "paired", "bench")
+# `harness bench` in a fresh interpreter (harness.bench.overhead); parts: one backend's timed process of `harness
+# bench parts` (harness.bench.parts_process)
+KINDS = ("train", "timed", "paired", "bench", "parts")
 PARENT_PID_ENV = "HARNESS_PARENT_PID"  # set by harness.run.processes.spawn; not passed further down
 
 

@@ -24,6 +24,7 @@ completes everything, so a diverged model is never evaluated or checkpointed.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from harness.backends.base import Backend
 from harness.config.fields import Config
 from harness.core.data import BatchStream
 from harness.core.schedule import learning_rate
+from harness.progress import watched
 from harness.store.contention import truncate_chunks
 from harness.store.curves import Curves, Eval
 from harness.store.record import Status
@@ -234,17 +236,22 @@ class StepTimer:
 
 
 def _evaluate_at(step: int, backend: Backend, eval_sets: dict, curves: Curves, sampler: Sampler | NoSampler,
-                 bar: tqdm | None, label: str) -> float:
+                 bar: tqdm | None, label: str, say: bool = False) -> float:
     """Evaluate before training step `step` into `curves.evals` (no chunk spans it: evaluation is not training);
-    returns its seconds."""
+    its line goes above the bar, or (`say`: progress asked for where no bar is shown) on a line of its own; returns
+    its seconds."""
     sampler.close(step)
     t0 = time.perf_counter()
     point = evaluate(backend, eval_sets)
     dt = time.perf_counter() - t0
     sampler.open(step)
     curves.evals.append(Eval(step, point.get("train_loss", math.nan), point.get("val_loss", math.nan), dt))
-    if bar is not None:
-        bar.write(f"{label} step {step}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}")
+    if bar is not None or say:
+        line = f"{label} step {step}: train {point['train_loss']:.4f}  val {point['val_loss']:.4f}"
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
     return dt
 
 
@@ -263,8 +270,10 @@ def train(backend: Backend, config: Config, stream: BatchStream,
     opts = opts or LoopOptions()
     sampler = opts.sampler or NoSampler()
     sampler.chunks = curves.chunks
+    # the bar (steps done, elapsed and expected time, loss, tokens/s) only on a terminal; in a log the evaluations'
+    # lines say how far it is (harness.progress)
     bar = tqdm(total=total_steps, initial=opts.start_step, desc=opts.label, unit="step", dynamic_ncols=True,
-               mininterval=0.5) if opts.progress else None
+               mininterval=0.5) if opts.progress and watched() else None
     timer = StepTimer(backend, curves, opts.start_step, bar, config.batch_size * config.block_size)
     out = Outcome(status=Status.COMPLETED, steps_done=0, eval_s=0.0, train_s=0.0)
     every, ckpt_every, masks, after_step, tick = (config.eval_interval, opts.checkpoint_every, opts.masks,
@@ -279,7 +288,7 @@ def train(backend: Backend, config: Config, stream: BatchStream,
                 if failure:
                     out.stop(failure)
                     break
-                out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label)
+                out.eval_s += _evaluate_at(step, backend, eval_sets, curves, sampler, bar, opts.label, opts.progress)
             x, y = stream.batch(step)
             lr = learning_rate(config, step)  # the schedule's rate, the same for every backend
             step_masks = masks(step) if masks else None  # drawn outside the timed region
@@ -307,7 +316,8 @@ def train(backend: Backend, config: Config, stream: BatchStream,
         else:
             sampler.close(total_steps)
             if not curves.evals or curves.evals[-1].step != total_steps:
-                out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label)
+                out.eval_s += _evaluate_at(total_steps, backend, eval_sets, curves, sampler, bar, opts.label,
+                                           opts.progress)
     except (KeyboardInterrupt, Interrupted):
         out.stop(timer.flush())  # keep what was measured
     finally:

@@ -38,17 +38,28 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.progress import Line, expected_rounds
+from harness.run import processes
 from harness.run.processes import spawn
 from harness.run.timed import MARK, WARMUP_S, WARMUP_STEPS
 from harness.store import RUN_ID_RE, RecordLock, RunPaths
 from harness.store.paired import Burst, Contender, PairedPlan, PairedRecord, Ready, Round, Session
 from harness.store.paths import RUNS
 from harness.timing import contention
-from harness.timing.paired import MAX_ROUNDS_FACTOR, ROUNDS, burst_median, clean_rounds, complete, round_clean
+from harness.timing.paired import (
+    MAX_ROUNDS_FACTOR,
+    ROUNDS,
+    burst_median,
+    clean_rounds,
+    complete,
+    needed_for_a_verdict,
+    out_of_reach,
+    round_clean,
+)
 from harness.units import utc_now
 
 BURST_S = 0.25  # a burst's target length
@@ -61,6 +72,7 @@ GAP_S = 0.05  # pause between bursts: lets the previous contender's spinning wor
 
 
 REPLY_TIMEOUT_S = 600.0  # a timing process silent this long is hung
+QUIT_S = 2.0  # a timing process asked to quit that has not within this is sent SIGTERM
 
 
 PERSIST_EVERY_S = 5.0  # how often the record is rewritten during a session (and always at its end)
@@ -100,15 +112,14 @@ def check_contenders(doc: PairedRecord, path: Path) -> None:
 
 
 # --- the coordinator -----------------------------------------------------------------------------------------------
-class Child:
-    """One timed process (harness.run.timed) and its protocol pipe (JSON lines prefixed with MARK on its stdout)."""
+class TimedProcess:
+    """A timed process started with pipes on its stdin and stdout (harness.run.processes.spawn), named `name`, and its
+    protocol (harness.run.timed): JSON lines to it, JSON lines prefixed with MARK from it; what else it prints is
+    passed on. The paired timing's `Child` is one; `harness bench parts` drives its own."""
 
-    def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
-        compiles = bool(contender.options.get("compile"))
-        self.name = contender.name
-        self.proc = spawn("timed", [contender.run_dir, contender.backend, repr(warmup_s)], threads,
-                          RunPaths.of_dir(Path(contender.run_dir)) if compiles else None, stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, bufsize=0)
+    def __init__(self, name: str, proc: subprocess.Popen):
+        self.name = name
+        self.proc = proc
         self.buf = b""
 
     def send(self, msg: dict) -> None:
@@ -142,15 +153,28 @@ class Child:
                                        "is above, or in the job's log)")
                 self.buf += chunk
 
-    def stop(self) -> None:
+
+def stop_children(children: Sequence[TimedProcess]) -> None:
+    """End every timing process at once: each is asked to quit (between bursts it does at once); one still running
+    `QUIT_S` seconds later (in a burst, or wedged) gets SIGTERM, and SIGKILL `processes.KILL_GRACE_S` after that."""
+    for child in children:
         with contextlib.suppress(OSError, ValueError):
-            self.send({"quit": True})
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            child.send({"quit": True})
+    deadline = time.monotonic() + QUIT_S
+    while any(c.proc.poll() is None for c in children) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    processes.stop([c.proc for c in children], signal.SIGTERM)
+
+
+class Child(TimedProcess):
+    """One contender's timed process of the paired timing (harness.run.timed: its run directory and backend)."""
+
+    def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
+        compiles = bool(contender.options.get("compile"))
+        super().__init__(contender.name, spawn(
+            "timed", [contender.run_dir, contender.backend, repr(warmup_s)], threads,
+            RunPaths.of_dir(Path(contender.run_dir)) if compiles else None, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, bufsize=0))
 
 
 def _say(progress: bool, text: str) -> None:
@@ -166,7 +190,7 @@ def _burst_sizes(p: PairedPlan, step_s: dict[str, float | None]) -> dict[str, in
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM held back (delivered at the end): the record's last write and the timing processes' stop
     must not be cut short by a second Ctrl-C or a SLURM time limit's signal."""
     signals = {signal.SIGINT, signal.SIGTERM}
@@ -194,9 +218,9 @@ def run(path: Path, doc: PairedRecord | None = None, progress: bool = True,
 
 def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: int | None) -> PairedRecord:
     """One session, under the record's lock: start the contenders, time rounds of alternating bursts until enough
-    are undisturbed, and write the record. One function, a little over 80 lines, because its `finally` must hold
-    every round measured so far and the children it started: a stop or a signal then loses nothing measured and
-    leaves no timed process behind."""
+    are undisturbed (`_rounds`, which adds each to the session as it is measured), and write the record. Its
+    `finally` holds every round measured so far and the children it started: a stop or a signal then loses nothing
+    measured and leaves no timed process behind."""
     if path.exists():  # read under the lock: what another coordinator wrote before is kept
         doc = PairedRecord.load(path)
         for old in doc.sessions:  # we hold the lock: a session still "running" lost its coordinator (SIGKILL)
@@ -210,52 +234,24 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
     if complete(doc):
         return doc
     check_contenders(doc, path)
-    n_clean = clean_rounds(doc)  # judged once here, then counted round by round (the record only grows)
+    clean = [clean_rounds(doc)]  # judged once here, then counted round by round by `_rounds` (the record only grows)
     session = Session(started_at=utc_now(), host=socket.gethostname(), status="running")
     doc.sessions.append(session)
     doc.status = "running"
     doc.dump(path)
-    last_write = time.monotonic()
     _say(progress, f"{' and '.join(doc.names)} side by side, {p.rounds} undisturbed rounds of short alternating "
                    f"bursts (at most {p.max_rounds} rounds)")
     children: list[Child] = []
     try:
-        children = [Child(c, doc.threads, p.warmup_s) for c in doc.contenders]
+        for c in doc.contenders:  # one by one: a signal between two starts leaves none unstopped
+            children.append(Child(c, doc.threads, p.warmup_s))
         for child in children:  # set-up and warm-up run in parallel; they are not timed against each other
             session.ready[child.name] = Ready.from_dict(child.receive(REPLY_TIMEOUT_S * 3))
         pids = [c.proc.pid for c in children]
         for child in children:
             child.send({"siblings": [p for p in pids if p != child.proc.pid], "coordinator": os.getpid()})
-        steps = {c.name: session.ready[c.name].next_step for c in children}
-        burst = _burst_sizes(p, {c.name: session.ready[c.name].step_s for c in children})
-        session.burst_steps = burst
-        last_said = time.monotonic()
-        for r in range(p.max_rounds):
-            order = children if r % 2 == 0 else children[::-1]
-            rnd = Round(order=[c.name for c in order])
-            for child in order:
-                time.sleep(p.gap_s)
-                child.send({"burst": burst[child.name], "start": steps[child.name]})
-                reply = child.receive(max(REPLY_TIMEOUT_S, 50 * session.ready[child.name].step_s
-                                          * burst[child.name]))
-                steps[child.name] += burst[child.name]
-                rnd.bursts[child.name] = Burst(start=reply["start"], times=reply["times"], chunk=reply["chunk"])
-            session.rounds.append(rnd)
-            n_clean += round_clean(rnd)
-            if r == 0:  # the warm-up ran with every contender at once: size the bursts again from a timed round
-                burst = _burst_sizes(p, {name: burst_median(b) for name, b in rnd.bursts.items()})
-                session.burst_steps_after_first_round = burst
-            # the whole record is rewritten every few seconds, not every round (it grows with the rounds); the
-            # `finally` below writes it once more, so a stop or a signal loses nothing measured
-            if time.monotonic() - last_write >= PERSIST_EVERY_S:
-                doc.dump(path)
-                last_write = time.monotonic()
-            if time.monotonic() - last_said > 5:
-                last_said = time.monotonic()
-                _say(progress, f"{r + 1} rounds, {n_clean} undisturbed")
-            if n_clean >= p.rounds:
-                break
-        session.status = "completed" if n_clean >= p.rounds else "incomplete"
+        _rounds(path, doc, session, children, clean, progress)
+        session.status = "completed" if clean[0] >= p.rounds else "incomplete"
     except KeyboardInterrupt:
         session.status = "interrupted"
         raise
@@ -263,15 +259,63 @@ def _run_locked(path: Path, doc: PairedRecord | None, progress: bool, rounds: in
         session.status, session.failure = "failed", str(exc)
         print(f"paired timing: {exc}; the speed comparison has no paired timing", file=sys.stderr)
     finally:
-        with _signals_deferred():
+        with signals_deferred():
             session.finished_at = utc_now()
-            doc.status = "completed" if n_clean >= p.rounds else session.status
+            doc.status = "completed" if clean[0] >= p.rounds else session.status
             with contextlib.suppress(OSError):
                 doc.dump(path)
-            for child in children:
-                child.stop()
-    _say(progress, f"{len(session.rounds)} rounds, {n_clean} undisturbed in all; {path}")
+            stop_children(children)
+    _say(progress, f"{len(session.rounds)} rounds, {clean[0]} undisturbed in all; {path}")
+    if session.stopped:
+        print(f"paired timing: {session.stopped}: no verdict (`harness resume` times more rounds later)",
+              file=sys.stderr, flush=True)
     return doc
+
+
+def _rounds(path: Path, doc: PairedRecord, session: Session, children: list[Child], clean: list[int],
+            progress: bool) -> None:
+    """Time rounds of alternating bursts into `session` until `doc` holds its undisturbed rounds, its cap of rounds
+    is reached, or no verdict can come any more (harness.timing.paired.out_of_reach: then `session.stopped` says
+    why); the record rewritten every PERSIST_EVERY_S; `clean[0]`, the undisturbed rounds in all, counted as they
+    come (a progress line on a terminal says how far it is)."""
+    p = doc.plan
+    steps = {c.name: session.ready[c.name].next_step for c in children}
+    burst = _burst_sizes(p, {c.name: session.ready[c.name].step_s for c in children})
+    session.burst_steps = burst
+    line = Line("paired timing", progress)
+    last_write, clean_here = time.monotonic(), 0
+    for r in range(p.max_rounds):
+        order = children if r % 2 == 0 else children[::-1]
+        rnd = Round(order=[c.name for c in order])
+        for child in order:
+            time.sleep(p.gap_s)
+            child.send({"burst": burst[child.name], "start": steps[child.name]})
+            reply = child.receive(max(REPLY_TIMEOUT_S, 50 * session.ready[child.name].step_s * burst[child.name]))
+            steps[child.name] += burst[child.name]
+            rnd.bursts[child.name] = Burst(start=reply["start"], times=reply["times"], chunk=reply["chunk"])
+        session.rounds.append(rnd)
+        undisturbed = round_clean(rnd)  # each burst judged once
+        clean_here += undisturbed
+        clean[0] += undisturbed
+        n_clean = clean[0]
+        if r == 0:  # the warm-up ran with every contender at once: size the bursts again from a timed round
+            burst = _burst_sizes(p, {name: burst_median(b) for name, b in rnd.bursts.items()})
+            session.burst_steps_after_first_round = burst
+        # the whole record is rewritten every few seconds, not every round (it grows with the rounds); the
+        # coordinator's `finally` writes it once more, so a stop or a signal loses nothing measured
+        if time.monotonic() - last_write >= PERSIST_EVERY_S:
+            doc.dump(path)
+            last_write = time.monotonic()
+        left = p.max_rounds - r - 1
+        if n_clean >= p.rounds:
+            break
+        if left and out_of_reach(n_clean, left, p.rounds):
+            session.stopped = (f"stopped after {r + 1} of at most {p.max_rounds} rounds: {n_clean} undisturbed, and "
+                               f"even {left} more could not make the {needed_for_a_verdict(p.rounds)} a verdict needs")
+            break
+        line.show(f"round {r + 1} of at most {p.max_rounds}, {n_clean} of {p.rounds} undisturbed",
+                  expected_rounds(line.elapsed_s, r + 1, clean_here, p.rounds - n_clean, left))
+    line.close()
 
 
 def _interrupt(signum: int, frame: object) -> None:

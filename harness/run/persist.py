@@ -15,25 +15,24 @@ are deferred to the end of that write (`critical`); after the record says "compl
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from harness.errors import UsageError
+from harness.config.fields import Config
+from harness.run import checkpoint
 from harness.run.child import pause_at
 from harness.run.loop import Interrupted
-from harness.run.probe import Recorder
+from harness.run.probe import OPT_PREFIX, Recorder
+from harness.run.probe import read as read_probe
 from harness.store import RunPaths, RunRecord
-from harness.store.contention import truncate_chunks
 from harness.store.curves import Curves, append_curves, write_curves
 from harness.store.record import CheckpointRef
-from harness.store.writes import atomic_write_bytes, atomic_write_npz, npz_bytes
+from harness.store.writes import atomic_write_npz
 
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
 
@@ -126,25 +125,18 @@ class RecordWriter:
 @dataclass
 class Checkpointer:
     """The loop's `on_checkpoint`: the model's and optimizer's state (`state`, the backend's `state_dict`) and the
-    curves up to step `done`, in one file (resume needs nothing else), then the record that names it."""
+    curves up to step `done`, in one file (harness.run.checkpoint: resume needs nothing else, and validates it all),
+    then the record that names it."""
 
     writer: RecordWriter
     state: Callable[[], dict[str, np.ndarray]]
 
     def __call__(self, done: int) -> None:
         writer = self.writer
-        cv, paths, backend = writer.merged(), writer.paths, writer.record.backend
         with critical():
-            state = self.state()
-            state["harness/step"] = np.array(done, dtype=np.int64)
-            state["harness/loss"] = np.array(cv.loss[:done], dtype=np.float64)
-            state["harness/time_s"] = np.array(cv.time_s[:done], dtype=np.float64)
-            state["harness/evals"] = np.array([[e.step, e.train_loss, e.val_loss, e.time_s]
-                                               for e in cv.evals if e.step <= done], dtype=np.float64).reshape(-1, 4)
-            state["harness/chunks"] = np.frombuffer(json.dumps(truncate_chunks(cv.chunks, done)).encode(),
-                                                    dtype=np.uint8)  # JSON bytes: no pickle needed to read them
-            path = paths.checkpoint(backend)
-            atomic_write_bytes(path, npz_bytes(state), before_rename=lambda: pause_at("mid-checkpoint"))
+            # the curves up to `done` as the record holds them (an earlier attempt's steps kept, never re-measured)
+            path = checkpoint.write(writer.paths, writer.record.backend, self.state(), done, writer.merged(),
+                                    before_rename=lambda: pause_at("mid-checkpoint"))
             pause_at("after-checkpoint")
             writer.record.checkpoint = CheckpointRef(step=done, file=path.name)
             writer.write()
@@ -169,13 +161,12 @@ class ProbeWriter:
             atomic_write_npz(self.path, self.recorder.arrays)
 
 
-def reference_states(paths: RunPaths, reference: str, name: str) -> dict[str, np.ndarray]:
-    """The optimizer states of the reference's probe (its worker ran first), which backend `name` re-synchronises
-    its optimizer steps from; UsageError when it cannot be read."""
-    path = paths.probe(reference)
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files if k.startswith("opt/")}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"parity: cannot read the reference's probe {str(path)!r} ({type(exc).__name__}); "
-                         f"the {reference} worker must complete before {name} starts") from None
+def reference_states(paths: RunPaths, reference: str, config: Config, vocab_size: int, steps: int,
+                     opt_steps: int) -> dict[str, np.ndarray]:
+    """The optimizer states of the reference's probe (its worker ran first), which the other backend re-synchronises
+    its optimizer steps from: read through the one bounded reader against what a probe of this run holds
+    (harness.run.probe.read: `config`, `vocab_size`, the run's `steps` and its `opt_steps` compared); ProbeUnreadable
+    ("backend X's probe is unreadable: ...", exit status 2 from the worker, which `harness parity` reports as the
+    reference's crash) when it cannot be read."""
+    return read_probe(paths.probe(reference), reference, config, vocab_size, steps, opt_steps,
+                      only=lambda key: key.startswith(OPT_PREFIX))

@@ -36,8 +36,10 @@ from harness.config.fields import Config
 from harness.core.schedule import effective_rate, learning_rate, learning_rates
 from harness.core.taps import MASK_PREFIX as TAP_MASK_PREFIX
 from harness.core.taps import PREFIX as TAP_PREFIX
-from harness.core.taps import tap_masks, tap_rows
+from harness.core.taps import tap_mask_sites, tap_masks, tap_rows, tap_shapes
+from harness.core.weights import param_shapes
 from harness.errors import UsageError
+from harness.npz import Want, read_npz, spec_bytes
 
 # The probe's array names (docs/parity.md, "The probe"): defined here, where they are written; harness.parity
 # (harness/parity/states.py) reads them through these names.
@@ -53,6 +55,74 @@ SYNC_STEPS, SYNC_LOSS, SYNC_REFERENCE = "sync/steps", "sync/loss", "sync/referen
 def opt_key(step: int, key: str) -> str:
     """The probe's name of state_dict entry `key` ("param/<name>", "adam_t", ...) after training step `step`."""
     return f"{OPT_PREFIX}{step}/{key}"
+
+
+class ProbeUnreadable(UsageError):
+    """A probe that is no probe of this run (damaged, of the wrong shapes, not a regular file): its backend left no
+    usable result, which `harness parity` reports as a crash (exit status 3), never as a difference of the model."""
+
+
+FLOATS = ("float32", "float64")
+PROBE_FIX = "run `harness parity` again"
+
+
+def expected(config: Config, vocab_size: int, steps: int, opt_steps: int) -> dict[str, Want]:
+    """Every array a probe of this parity run may hold (the names of the module docstring), each of its canonical
+    shape (harness.core: weights, taps, masks) in float32 or float64 (token ids whole numbers, masks bool): the step-0
+    arrays are required, the taps, the optimizer states of steps 0..`opt_steps` and the rest optional."""
+    B, T, rows = config.batch_size, config.block_size, tap_rows(config)
+    params = param_shapes(config, vocab_size)
+    integer = ("integer",)
+    spec: dict[str, Want] = {"logits": Want((B, T, vocab_size), FLOATS), "x": Want((B, T), integer, 8 * B * T),
+                             "y": Want((B, T), integer, 8 * B * T), "lr": Want((steps,), FLOATS, required=False),
+                             "lr_used": Want((steps,), FLOATS, required=False)}
+    for name, shape in params.items():
+        spec[GRAD_PREFIX + name] = Want(shape, FLOATS)
+        spec[DROPOUT_GRAD_PREFIX + name] = Want(shape, FLOATS, required=False)
+    spec.update({TAP_PREFIX + n: Want(shape, FLOATS, required=False)
+                 for n, shape in tap_shapes(config, vocab_size).items()})
+    spec.update({TAP_MASK_PREFIX + site: Want((rows, config.n_head, T, T), ("bool",), required=False)
+                 for site in tap_mask_sites(config)})
+    for k in range(opt_steps + 1):
+        spec[opt_key(k, ADAM_T)] = Want((), integer, 8, required=False)
+        spec.update({opt_key(k, part + n): Want(shape, FLOATS, required=False) for part in STATE_PARTS
+                     for n, shape in params.items()})
+    spec.update({SYNC_STEPS: Want((opt_steps,), integer, 8 * opt_steps, required=False),
+                 SYNC_LOSS: Want((opt_steps,), FLOATS, required=False),
+                 SYNC_REFERENCE: Want((), ("text",), 4096, required=False)})
+    return spec
+
+
+def read(path: Any, backend: str, config: Config, vocab_size: int, steps: int, opt_steps: int,
+         only: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+    """Backend `backend`'s probe at `path` (its arrays that `only` keeps), read through the one bounded reader
+    (harness.npz) against `expected` and checked whole (the optimizer states of steps 0..K each complete);
+    ProbeUnreadable ("backend X's probe is unreadable: ...") otherwise."""
+    spec = expected(config, vocab_size, steps, opt_steps)
+    try:
+        probe = read_npz(path, "probe", PROBE_FIX, spec, max_file_bytes=spec_bytes(spec, 0), max_array_bytes=0,
+                         only=only)
+        _check_states(probe, list(param_shapes(config, vocab_size)), path)
+    except ProbeUnreadable:
+        raise
+    except UsageError as exc:
+        raise ProbeUnreadable(f"backend {backend}'s probe is unreadable: {exc}") from None
+    return probe
+
+
+def _check_states(probe: Mapping[str, np.ndarray], names: list[str], path: Any) -> None:
+    """The optimizer states a probe holds are those of steps 0..K, each whole: every parameter (and after step 0
+    both moments)."""
+    steps = sorted({int(k.split("/")[1]) for k in probe if k.startswith(OPT_PREFIX)})
+    if steps != list(range(len(steps))):
+        raise UsageError(f"probe {str(path)!r} holds the optimizer states of steps {steps}, not of steps 0..K; "
+                         f"{PROBE_FIX}")
+    for k in steps:
+        for part in STATE_PARTS if k else STATE_PARTS[:1]:
+            missing = [n for n in names if opt_key(k, part + n) not in probe]
+            if missing:
+                raise UsageError(f"probe {str(path)!r} lacks array {opt_key(k, part + missing[0])!r} (a step's "
+                                 f"state is kept whole); {PROBE_FIX}")
 
 
 def state_arrays(backend: Any) -> dict[str, np.ndarray]:

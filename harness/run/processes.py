@@ -2,10 +2,25 @@
 
 Every child is one program, `python -m harness --worker KIND ARGS...` (harness.run.child: the kinds), and one function
 builds its command line (`child_command`), whoever starts it: `spawn` here (a run's workers, the sweep's parallel
-executor, the paired timing's timed processes, `harness bench --isolate`) and the SLURM jobs (harness.sweep.slurm).
+executor, the paired timing's timed processes, `harness bench overhead --isolate`) and the SLURM jobs
+(harness.sweep.slurm).
 Every child gets the same environment (`child_env`: the thread caps, an unbuffered stdout, no inherited run lock
 and, where the backend compiles, the compile caches under --out) and, when started locally, the one parent-death
 signal (`pdeathsig`, PR_SET_PDEATHSIG at spawn), so that none outlives its coordinator.
+
+No orphans: every process the harness starts, a harness child or any other command (the busy-loop hogs of `harness
+bench noise`, a leg's `harness` command), starts through `start` (or `spawn`, which uses it): in its own session,
+with the parent-death signal, so that it stops when the harness dies, even by SIGKILL. A command that starts
+children ends them, whatever ends it (its end, an error, Ctrl-C, SIGTERM, which the CLI turns into Ctrl-C), by
+starting them inside `ending`:
+
+    with processes.ending() as children:
+        children.append(processes.start([sys.executable, "-c", "..."]))
+        ...  # on leaving the block, each still running gets SIGINT (and SIGCONT), SIGKILL KILL_GRACE_S s later
+
+(`stop` does the same for a list of processes at any moment.) Call `start` from the main thread: the parent-death
+signal fires when the *thread* that started the child ends, so a child started from a short-lived thread would be
+stopped with it.
 """
 
 from __future__ import annotations
@@ -15,12 +30,16 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from harness.run.child import KINDS, PARENT_PID_ENV, WORKER_FLAG
 from harness.store import LOCK_FD_ENV, RunPaths
 from harness.timing import contention
+
+KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # a stop signal -> SIGKILL, for a wedged child
 
 
 def child_command(kind: str, *args: str | os.PathLike) -> list[str]:
@@ -95,6 +114,61 @@ def pdeathsig() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def start(argv: Sequence[str | os.PathLike], **popen: Any) -> subprocess.Popen:
+    """Start any command as a child tied to this process: in its own session (a terminal's Ctrl-C reaches only us;
+    `stop` decides what the child gets) and with the parent-death signal (SIGTERM when this process dies, even by
+    SIGKILL). `popen`: the rest of Popen's arguments. From the main thread only (see the module docstring)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("processes.start: start children from the main thread (the parent-death signal fires "
+                           "when the thread that started the child ends)")
+    return subprocess.Popen([str(a) for a in argv], start_new_session=True, preexec_fn=pdeathsig, **popen)
+
+
+def stop(procs: Sequence[subprocess.Popen], sig: int = signal.SIGINT, grace_s: float | None = None) -> None:
+    """End every process of `procs` still running, with everything in its process group: `sig` (and SIGCONT, so
+    that a stopped one can handle it), then SIGKILL to the group of any still running `grace_s` seconds later
+    (default `KILL_GRACE_S`); each is reaped. Further SIGINT/SIGTERM wait until this is done (on the main thread)."""
+    grace_s = KILL_GRACE_S if grace_s is None else grace_s
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        running = [p for p in procs if p.poll() is None]
+        for proc in running:
+            _send(proc, sig)
+            _send(proc, signal.SIGCONT)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for proc in running:
+            if proc.poll() is None:
+                _send(proc, signal.SIGKILL)
+            proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _send(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to `proc`'s process group when it leads one (started by `start`), else to `proc` alone (never to a
+    group it shares with us)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+
+@contextlib.contextmanager
+def ending(sig: int = signal.SIGINT, grace_s: float | None = None) -> Iterator[list[subprocess.Popen]]:
+    """A list for the children started in the block (`start`), every one still running ended (`stop`) when the
+    block ends, however it ends."""
+    procs: list[subprocess.Popen] = []
+    try:
+        yield procs
+    finally:
+        stop(procs, sig, grace_s)
+
+
 def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compiles: RunPaths | None = None,
           env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
     """Start a child of `kind` with `args`, set up as every local child is: `child_env` (plus `env`), its own session
@@ -105,4 +179,4 @@ def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = No
     full[PARENT_PID_ENV] = str(os.getpid())
     full.update(env or {})
     return subprocess.Popen(child_command(kind, *args), env=full, start_new_session=True, preexec_fn=pdeathsig,
-                            **popen)
+                            **popen)  # as `start`, which refuses other threads: a worker may start from one

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from harness.errors import UsageError
+from harness.run import checkpoint
 from harness.store import RunPaths, RunRecord, RunSpec
 from harness.store.curves import Curves, eval_array, eval_columns
 
@@ -149,8 +150,6 @@ def check_checkpoint(paths: RunPaths, rec: RunRecord | None, step: int, curves: 
 def check_run(paths: RunPaths, spec: RunSpec, backends: Sequence[str]) -> None:
     """Every check above, for every backend of `backends` that a resume would continue (a completed one is left as
     it is), before any worker starts: a refusal of one backend continues none."""
-    from harness.run.worker import read_checkpoint
-
     check_spec(paths, spec)
     check_options(spec, backends)
     for name in backends:
@@ -162,6 +161,6 @@ def check_run(paths: RunPaths, spec: RunSpec, backends: Sequence[str]) -> None:
         ckpt = paths.checkpoint(name)
         if rec is not None and os.path.lexists(ckpt):
             total = rec.total_steps or spec.steps_bound() or 2**63 - 1
-            step, curves, _ = read_checkpoint(ckpt, total, f"delete {ckpt.name} to restart {name} from step 0, "
-                                                           "or start a new run")
+            # its step and curves alone (the worker checks the state against its backend's): each array capped
+            step, curves = checkpoint.read_curves(paths, name, total)
             check_checkpoint(paths, rec, step, curves)

@@ -25,12 +25,10 @@ import threading
 import time
 
 from harness.errors import UsageError
-from harness.run.processes import spawn
+from harness.run.processes import KILL_GRACE_S, spawn
 from harness.store import LOCK_FD_ENV, RunLock, RunPaths, RunRecord, RunSpec, Status
 from harness.store.paired import Contender, PairedRecord
 from harness.units import utc_now
-
-KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # SIGTERM -> SIGKILL for a wedged worker
 
 
 # --- the executor seam ------------------------------------------------------------------------------------------
@@ -114,7 +112,9 @@ def run_worker(paths: RunPaths, backend: str, resume: bool = False, progress: bo
     if code < 0:
         mark_ended(paths, backend, -code, stopped_by=asked[0] if asked else None, killed_by_us=killed, lock=lock)
         return 130 if asked else 128 - code
-    return code
+    # asked to stop, a worker that did not complete was interrupted, whatever its status says (one stopped while its
+    # interpreter was still starting exits 1): the caller (a sweep) must not go on to the next cell
+    return 130 if asked and code != 0 else code
 
 
 def mark_ended(paths: RunPaths, backend: str, signum: int, stopped_by: str | None = None,

@@ -19,7 +19,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from harness.errors import UsageError
 
@@ -29,9 +31,24 @@ MARK = "@harness-paired "  # protocol lines on the timing process's stdout start
 WARMUP_STEPS, WARMUP_S, WARMUP_MAX = 10, 1.0, 400  # warm-up: at least 10 steps and 1 s, at most 400 steps
 
 
-def _reply(msg: dict) -> None:
+def reply(msg: dict) -> None:
+    """Send protocol message `msg` to the coordinator (one line on stdout, prefixed with MARK)."""
     sys.stdout.write(MARK + json.dumps(msg) + "\n")
     sys.stdout.flush()
+
+
+def message(text: str) -> dict:
+    """A protocol message from the coordinator (one JSON object: a line on stdin, or a job on the command line)."""
+    msg = json.loads(text)
+    if not isinstance(msg, dict):
+        raise ValueError(f"a protocol message is a JSON object, not {type(msg).__name__}")
+    return msg
+
+
+def messages(stream: IO[str] | None = None) -> Iterator[dict]:
+    """The coordinator's messages on `stream` (default stdin), one per line, until it closes."""
+    for line in stream if stream is not None else sys.stdin:
+        yield message(line)
 
 
 def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
@@ -54,11 +71,10 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
         train(backend, config, stream, {}, cv, step + 5, LoopOptions(start_step=step, progress=False))
         step, last = step + 5, cv.time_s
     probe, _ = contention.default_probe(worker.device)
-    _reply(Ready(setup_s=setup_s, compile_s=compile_s, warmup_steps=step, warmup_s=time.perf_counter() - t0,
+    reply(Ready(setup_s=setup_s, compile_s=compile_s, warmup_steps=step, warmup_s=time.perf_counter() - t0,
                  step_s=float(np.median(last)), next_step=step, backend_info=backend.describe(), pid=os.getpid(),
                  gpu_evidence=probe.gpu is not None).to_dict())
-    for line in sys.stdin:
-        msg = json.loads(line)
+    for msg in messages():
         if msg.get("quit"):
             break
         if "siblings" in msg:
@@ -74,7 +90,7 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
         b = probe.snapshot()
         if outcome.status != "completed":
             raise RuntimeError(f"{backend_name}: a timing burst did not complete: {outcome.text}")
-        _reply({"start": start, "times": cv.time_s, "chunk": contention.chunk(a, b, start, n)})
+        reply({"start": start, "times": cv.time_s, "chunk": contention.chunk(a, b, start, n)})
     return 0
 
 

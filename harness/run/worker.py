@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
 import time
 import traceback
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,13 +53,13 @@ from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, loa
 from harness.core.masks import dropout_masks
 from harness.core.weights import count_parameters, fingerprint, init_weights
 from harness.errors import UsageError
-from harness.run import resumable
+from harness.run import checkpoint, resumable
 from harness.run.child import pause_at
 from harness.run.loop import Interrupted, LoopOptions, Outcome, train
 from harness.run.persist import Checkpointer, ProbeWriter, RecordWriter, raise_interrupted, reference_states
 from harness.run.probe import Recorder
 from harness.store import LOCK_FD_ENV, RunLock, RunPaths, RunRecord, RunSpec, Status
-from harness.store.curves import Curves, Eval
+from harness.store.curves import Curves
 from harness.store.record import CheckpointRef, Environment, Fingerprints, Memory, Timings
 from harness.store.spec import DataInfo
 from harness.store.writes import os_error_message
@@ -152,14 +150,15 @@ class Worker:
             resumable.check_record(self.paths, self.spec, old)
         if not os.path.lexists(ckpt):
             return 0, old, Curves()  # nothing saved: start again from the initial weights (the old curves: a tail)
-        fix = f"delete {ckpt.name} to restart {self.name} from step 0, or start a new run"
-        step, curves, state = read_checkpoint(ckpt, self.total_steps, fix)
+        shapes = {n: w.shape for n, w in self.inputs.weights.items()}  # canonical (harness.core.weights)
+        step, curves, state = checkpoint.read(self.paths, self.name, self.backend.state_dict(), shapes,
+                                              self.total_steps)
         resumable.check_checkpoint(self.paths, old, step, curves)
         try:
             self.backend.load_state_dict(state)
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
             raise UsageError(f"checkpoint {str(ckpt)!r} does not fit this run's model ({type(exc).__name__}: "
-                             f"{exc}); {fix}") from None
+                             f"{exc}); {checkpoint.restart_fix(self.paths, self.name)}") from None
         return step, old, curves
 
     def new_record(self, start: int, old: RunRecord | None) -> RunRecord:
@@ -225,8 +224,9 @@ class Worker:
         parity = self.spec.parity
         assert parity is not None
         ref = parity.reference
-        reference = reference_states(self.paths, ref, self.name) if ref and ref != self.name else None
         opt_steps = self.total_steps if parity.opt_steps is None else int(parity.opt_steps)  # None: every step
+        reference = (reference_states(self.paths, ref, self.config, self.inputs.corpus.vocab_size, self.total_steps,
+                                      opt_steps) if ref and ref != self.name else None)
         recorder = Recorder(self.backend, self.config, self.inputs.stream, opt_steps, self.total_steps,
                             masks=masks, reference=reference, reference_name=ref or "")
         return ProbeWriter(recorder, self.paths.probe(self.name))
@@ -292,38 +292,6 @@ class Worker:
         writer.record.error = traceback.format_exc()
         writer.record.finished_at = utc_now()
         writer.write()
-
-
-CHECKPOINT_CURVES = ("harness/loss", "harness/time_s", "harness/evals", "harness/chunks")  # beside harness/step
-
-
-def read_checkpoint(ckpt: Path, total_steps: int, fix: str) -> tuple[int, Curves, dict[str, np.ndarray]]:
-    """A checkpoint's step, the curves up to it (losses, step times, evaluations, contention chunks) and the model's
-    and optimizer's state; UsageError (ending in `fix`) when it is unreadable, outside 1..`total_steps`, or written by
-    an older nanogpt-parity (without the curves)."""
-    try:
-        with np.load(ckpt) as f:
-            state = {k: f[k] for k in f.files}
-        step = int(state.pop("harness/step"))
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"checkpoint {str(ckpt)!r} is unreadable ({type(exc).__name__}: "
-                         f"{str(exc) or 'truncated'}); {fix}") from None
-    if not 0 < step <= total_steps:
-        raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step}, outside this run's 1..{total_steps}; {fix}")
-    if any(k not in state for k in CHECKPOINT_CURVES):
-        raise UsageError(f"checkpoint {str(ckpt)!r} was written by an older nanogpt-parity (no curves in it); {fix}")
-    loss, times, evals, chunks_blob = (state.pop(k) for k in CHECKPOINT_CURVES)
-    try:
-        chunks = json.loads(chunks_blob.tobytes().decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"checkpoint {str(ckpt)!r} holds unreadable contention evidence ({exc}); {fix}") from None
-    if not (isinstance(chunks, list) and all(isinstance(c, dict) for c in chunks)):
-        raise UsageError(f"checkpoint {str(ckpt)!r} holds contention evidence that is not a list of chunks; {fix}")
-    if len(loss) != step or len(times) != step:
-        raise UsageError(f"checkpoint {str(ckpt)!r} holds {len(loss)} losses for step {step}; {fix}")
-    curves = Curves(step=list(range(step)), loss=[float(v) for v in loss], time_s=[float(t) for t in times],
-                    evals=[Eval(int(s), float(a), float(b), float(t)) for s, a, b, t in evals], chunks=chunks)
-    return step, curves, state
 
 
 def run_backend(paths: RunPaths, name: str, resume: bool = False, progress: bool = True,

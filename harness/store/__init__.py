@@ -9,8 +9,9 @@
 - the records: `spec` (spec.json: `RunSpec`), `record` (`<backend>.json`: `RunRecord` and its parts), `curves`
   (its `Curves`: the per-step columns, evaluations and chunks, in their own files beside the record),
   `contention` (the stored contention evidence), `parity` (parity.json: `ParityRecord`), `paired` (paired.json:
-  `PairedRecord`), `sweep` (sweep.json: `SweepManifest`, `SweepCell`, `PairedEntry`) and `bench` (the records of
-  `harness bench overhead` and `harness bench noise`).
+  `PairedRecord`), `sweep` (sweep.json: `SweepManifest`, `SweepCell`, `PairedEntry`), `bench` (the records of
+  `harness bench overhead` and `harness bench noise`) and `parts` (`PartsRecord`, the record of `harness bench
+  parts`).
 
 Below everything that runs, times or reports (docs/development.md, "The tree"): it imports only harness.files,
 harness.errors and the Config type.

@@ -62,7 +62,7 @@ JSON_SCHEMA: dict = {
             "type": "object",
             "properties": {"status": {"enum": SESSION_STATES}, "started_at": {"type": "string"},
                            "finished_at": {"type": "string"}, "host": {"type": "string"},
-                           "failure": {"type": "string"}, "ready": {"type": "object"},
+                           "failure": {"type": "string"}, "stopped": {"type": "string"}, "ready": {"type": "object"},
                            "burst_steps": _STEPS, "burst_steps_after_first_round": _STEPS,
                            "rounds": {"type": "array"}}}},
     },
@@ -138,11 +138,13 @@ class Round(Stored):
 
 @dataclass(kw_only=True)
 class Session(Stored):
-    """One coordinator's session: where and when it ran, its state (a failure's reason in `failure`), the timed
+    """One coordinator's session: where and when it ran, its state (a failure's reason in `failure`; an incomplete
+    session that stopped before its cap because no verdict could come any more: why, in `stopped`), the timed
     processes' ready messages, the burst sizes and its rounds. `gone`: a running session whose coordinator is gone
     (`abandoned`; never written)."""
 
-    OMIT_NONE = ("started_at", "host", "burst_steps", "burst_steps_after_first_round", "finished_at", "failure", "gone")
+    OMIT_NONE = ("started_at", "host", "burst_steps", "burst_steps_after_first_round", "finished_at", "failure", "gone",
+                 "stopped")
 
     started_at: str | None = None
     host: str | None = None
@@ -154,6 +156,7 @@ class Session(Stored):
     finished_at: str | None = None
     failure: str | None = None
     gone: bool | None = None
+    stopped: str | None = None
 
 
 @dataclass(kw_only=True)

@@ -401,7 +401,8 @@ class RunRecord(Stored):
         stored = str(doc.get("status", Status.RUNNING.value))
         config = doc["config"]
         keys = tuple(doc)
-        if "steps" in doc:  # version 3: the curves in the JSON
+        version = doc.get("schema_version", SCHEMA_VERSION)
+        if isinstance(version, int) and version < 4:  # version 3: the curves in the JSON
             curves = Curves.from_json(doc)
         elif isinstance(doc.get("curves"), dict):  # version 4: how much of its files the record vouches for
             curves = Curves(extents=Extents.from_dict(doc["curves"]))
@@ -454,6 +455,11 @@ class RunRecord(Stored):
         validate(doc, RECORD_V3_JSON_SCHEMA if in_json else RECORD_JSON_SCHEMA, path, fix)
         if in_json:
             check_columns(doc, path, fix)
+        else:
+            held = next((k for k in ("steps", "evals", "chunks") if k in doc), None)
+            if held:
+                raise UsageError(f"{str(path)!r} is invalid at field {held!r}: a record of schema version "
+                                 f"{doc['schema_version']} holds its curves in their own files, not in its JSON; {fix}")
         if backend is not None and doc["backend"] != backend:
             raise UsageError(f"{str(path)!r} is invalid at field 'backend': {doc['backend']!r} in the file of "
                              f"backend {backend!r}; {fix}")

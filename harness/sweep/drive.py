@@ -13,6 +13,7 @@ import errno
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from harness.sweep.state import SQUEUE_SILENT, counts, local_alive, own, refresh
 from harness.units import utc_now
 
 ReportWriter = Callable[[Path, str], Path]  # (out, sweep id) -> the report page written
+Result = Callable[[dict], None]  # what a sweep ended with (`finish`'s summary), for the command line to print
 
 
 def resume_line(m: mf.Manifest) -> str:
@@ -56,6 +58,7 @@ class Events:
     def __init__(self, m: mf.Manifest, total: int):
         self.m, self.total = m, total
         self.done = self.started = 0
+        self.start = time.monotonic()
         self.begun: set[int] = set()  # cells an executor started or submitted
         self.contended = m.doc.executor.contended
 
@@ -85,7 +88,17 @@ class Events:
             self.done += 1
             info = mf.cell_summary(rec)
             print(f"  {cell.key}: {cell.status} {info['steps']} val {info['val_loss']} "
-                  f"({self.done}/{self.total} done)", file=sys.stderr, flush=True)
+                  f"({self.pace()})", file=sys.stderr, flush=True)
+
+    def pace(self) -> str:
+        """"3/10 done, 1:23 elapsed, about 3:14 left": the cells done, and the rest at the pace so far."""
+        from harness.progress import left_s
+        from harness.units import fmt_duration
+
+        elapsed = time.monotonic() - self.start
+        left = left_s(elapsed, self.done, self.total) if self.done < self.total else None
+        return (f"{self.done}/{self.total} done, {fmt_duration(elapsed)} elapsed"
+                + (f", about {fmt_duration(left)} left" if left is not None else ""))
 
     def entry(self, entry: PairedEntry, event: str) -> None:
         if event in ("started", "queued"):
@@ -150,9 +163,10 @@ class DiskFull(Exception):
 
 
 
-def finish(m: mf.Manifest, code: int, write_report: ReportWriter | None) -> int:
+def finish(m: mf.Manifest, code: int, write_report: ReportWriter | None, result: Result | None = None) -> int:
     """Save the cells' states, print how the sweep stands, write its report; returns the exit status (0 every cell
-    completed, or cells still queued or running on SLURM; 1 some did not; 130 interrupted)."""
+    completed, or cells still queued or running on SLURM; 1 some did not; 130 interrupted) and hands `result` the
+    summary (id, manifest, the cells' and paired timings' states, report, exit status) unless interrupted."""
     rows, prows, answered = refresh(m)
     cells, paired = counts(rows), counts(prows)
     m.save()
@@ -161,6 +175,7 @@ def finish(m: mf.Manifest, code: int, write_report: ReportWriter | None) -> int:
         print("paired timing: " + ", ".join(f"{v} {k}" for k, v in sorted(paired.items())), file=sys.stderr)
     if not answered:
         print(SQUEUE_SILENT, file=sys.stderr)
+    path = None
     if write_report is not None and cells.get("completed"):
         path = write_report(m.out, m.sweep_id)
         print(f"report: {path}", file=sys.stderr)
@@ -170,18 +185,24 @@ def finish(m: mf.Manifest, code: int, write_report: ReportWriter | None) -> int:
         return 130
     if cells.get("queued") or cells.get("running"):
         print(f"follow with `harness status {m.sweep_id} --out {shlex.quote(str(m.out))}`", file=sys.stderr)
-        return 0
-    rerun = [f"{cells[k]} {k}" for k in RERUNNABLE if cells.get(k)]
-    if rerun:  # e.g. a cell whose job was cancelled: say how to go on (it continues from its checkpoint)
-        print(f"{', '.join(rerun)}: run them again (each from its last checkpoint) with {again}", file=sys.stderr)
-    return 0 if cells.get("completed", 0) == len(m.cells) else 1
+        status = 0
+    else:
+        rerun = [f"{cells[k]} {k}" for k in RERUNNABLE if cells.get(k)]
+        if rerun:  # e.g. a cell whose job was cancelled: say how to go on (it continues from its checkpoint)
+            print(f"{', '.join(rerun)}: run them again (each from its last checkpoint) with {again}",
+                  file=sys.stderr)
+        status = 0 if cells.get("completed", 0) == len(m.cells) else 1
+    if result is not None:
+        result({"id": m.sweep_id, "dir": str(m.dir), "manifest": str(m.path), "cells": cells,
+                "paired_timings": paired, "report": str(path) if path else None, "exit_status": status})
+    return status
 
 
 def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: bool = False, progress: bool = True,
-          wait: bool = True, write_report: ReportWriter | None = None) -> int:
+          wait: bool = True, write_report: ReportWriter | None = None, result: Result | None = None) -> int:
     """A new sweep: count, expand and validate its cells (on SLURM also `sbatch --test-only`), write its manifest,
-    run everything; returns the exit status of `finish` (2: the disk filled up). A sweep refused or stopped before
-    any cell ran or was submitted leaves nothing behind."""
+    run everything; returns the exit status of `finish` (2: the disk filled up), which hands `result` its summary.
+    A sweep refused or stopped before any cell ran or was submitted leaves nothing behind."""
     check_count(spec, yes)  # by arithmetic: nothing is built for a sweep that is refused for its size
     cells = expand(spec)
     ex = ExecutorSettings.from_dict(executor)  # checked by harness.sweep.settings.check_executor
@@ -230,7 +251,7 @@ def start(spec: SweepSpec, executor: dict, out: Path, data: str | None, *, yes: 
         if not any(c.attempts for c in m.cells):  # nothing ran or was submitted: leave nothing behind
             _discard(m, before)
         raise
-    return finish(m, code, write_report)
+    return finish(m, code, write_report, result)
 
 
 def _existing(out: Path, corpus: object) -> set[Path]:
@@ -259,7 +280,7 @@ def _discard(m: mf.Manifest, before: set[Path]) -> None:
 
 
 def resume(out: Path, sweep_id: str, *, jobs: int | None = None, progress: bool = True, wait: bool = True,
-           write_report: ReportWriter | None = None) -> int:
+           write_report: ReportWriter | None = None, result: Result | None = None) -> int:
     """Run the cells of a sweep that are pending, failed or interrupted (never one that completed or still runs);
     `jobs`: the local executor's cells at once, instead of the stored value.
 
@@ -304,7 +325,7 @@ def resume(out: Path, sweep_id: str, *, jobs: int | None = None, progress: bool 
     except DiskFull as exc:
         print(exc, file=sys.stderr)
         return 2
-    return finish(m, code, write_report)
+    return finish(m, code, write_report, result)
 
 
 def report(out: Path, sweep_id: str, write_report: ReportWriter) -> Path:

@@ -5,6 +5,7 @@ alive), the status table of `harness status SWEEP_ID`, and which local process o
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 from harness.store.sweep import DONE, Owner, PairedEntry, SweepCell
@@ -110,16 +111,37 @@ def own(m: mf.Manifest) -> None:
 
 def print_status(m: mf.Manifest) -> dict[str, int]:
     """Print the table of cells and of paired timings; returns how many cells are in each state."""
-    import pandas as pd
+    from harness.units import dict_table
 
     rows, prows, answered = refresh(m)
     print(f"sweep {m.sweep_id} ({m.doc.executor.kind}), {len(rows)} cells, under {m.out}")
-    print(pd.DataFrame(rows).to_string(index=False))
+    print(dict_table(rows, right=("cell", "steps", "val_loss")))
     counted = counts(rows)
     print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counted.items())))
     if prows:
         print(f"paired timing ({len(prows)}):")
-        print(pd.DataFrame(prows).to_string(index=False))
+        print(dict_table(prows, right=("paired",)))
     if not answered:
         print(f"{SQUEUE_SILENT}; ask again later", file=sys.stderr)
     return counted
+
+
+def sweep_summary(out: Path, sweep_id: str) -> tuple[dict[str, str], set[str]]:
+    """The sweep's row of the listing of `harness status` (id, kind, sizes, backends, state: how many cells are in
+    each state as the manifest last recorded them, a sweep whose process is gone not running) and the run ids of
+    its cells (listed under the sweep, not on their own). Reads sweep.json only (bounded, schema-checked), never the
+    cells' records. UsageError when it is unreadable."""
+    from harness.store import SweepPaths
+    from harness.store.sweep import SweepManifest
+
+    doc = SweepManifest.read(SweepPaths(Path(out), sweep_id))
+    m = mf.Manifest(SweepPaths(Path(out), sweep_id), doc)
+    alive = doc.executor.kind != "local" or local_alive(m)
+    states = [c.status if c.status != "running" or alive else "interrupted" for c in doc.cells]
+    tally = {s: states.count(s) for s in dict.fromkeys(states)}
+    sizes = dict.fromkeys(str(c.label or c.config.get("name") or "?") for c in doc.cells)
+    return ({"id": sweep_id, "kind": "sweep", "size": ",".join(sizes) or "?",
+             "backends": ",".join(dict.fromkeys(c.backend for c in doc.cells)),
+             "state": f"{len(states)} cell{'s' if len(states) != 1 else ''}: "
+                      + ", ".join(f"{n} {s}" for s, n in tally.items()), "verdict": ""},
+            {c.run_id for c in doc.cells if c.run_id})

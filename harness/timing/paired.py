@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.pages import NEUTRAL, OK, WARN
 from harness.store.paired import Burst, PairedRecord, Round
 from harness.timing import contention, stats
 
@@ -78,8 +79,21 @@ def clean_rounds(doc: PairedRecord) -> int:
     return sum(1 for r in rounds_of(doc) if round_clean(r))
 
 
+def needed_for_a_verdict(wanted: int) -> int:
+    """The undisturbed rounds a speed verdict needs when `wanted` are asked for: half of them, at least
+    MIN_USABLE_ROUNDS (all of them when fewer are wanted), at least one."""
+    return max(1, min(MIN_USABLE_ROUNDS, wanted), (wanted + 1) // 2)
+
+
 def usable(n_clean: int, wanted: int) -> bool:
-    return n_clean >= max(1, min(MIN_USABLE_ROUNDS, wanted), (wanted + 1) // 2)
+    return n_clean >= needed_for_a_verdict(wanted)
+
+
+def out_of_reach(n_clean: int, rounds_left: int, wanted: int) -> bool:
+    """Whether a paired timing can no longer give a verdict: even were every one of the `rounds_left` rounds it may
+    still make undisturbed, its `n_clean` undisturbed rounds would stay fewer than a verdict needs. Then the rounds
+    left cannot change the outcome ("no verdict"), and the coordinator stops (harness.run.paired_timing)."""
+    return n_clean + rounds_left < needed_for_a_verdict(wanted)
 
 
 def pair_summary(doc: PairedRecord, a: str, b: str) -> dict:
@@ -156,11 +170,11 @@ def speed_words(s: dict, a: str | None = None, b: str | None = None) -> dict:
 
 def judge(s: dict) -> dict:
     """The speed verdict a summary (`pair_summary`, or `combine` over a sweep's seeds) can carry: one rule for
-    every report. `level` is "ok" only for a usable timing whose interval excludes 1, from 3 or more seeds, whose
-    ratios vary by at most CV_MAX (one pair of processes cannot show how much a process's own speed varies:
-    docs/benchmarks.md); "neutral" for an inconclusive, thin or noisy one; "warn" for a timing mostly disturbed.
-    Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is over) and `notes` (what
-    the verdict must say plainly)."""
+    every report, in the levels of harness.pages. `level` is OK only for a usable timing whose interval excludes 1,
+    from 3 or more seeds, whose ratios vary by at most CV_MAX (one pair of processes cannot show how much a
+    process's own speed varies: docs/benchmarks.md); NEUTRAL for an inconclusive, thin or noisy one; WARN for a
+    timing mostly disturbed. Also: `label` (a pill), `claim` (the sentence's core), `over` (what the interval is
+    over) and `notes` (what the verdict must say plainly)."""
     w = speed_words(s)
     seeds, cv = s.get("seeds", 1), s.get("cv")
     noisy = cv is not None and cv > CV_MAX
@@ -182,15 +196,15 @@ def judge(s: dict) -> dict:
     elif cv is not None:
         over += f", coefficient of variation {cv:.1%}"
     if not s["usable"]:
-        return {"level": "warn", "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
+        return {"level": WARN, "label": "speed: machine too busy", "over": over, "notes": [], "claim": (
             f"no verdict: {s['disturbed_rounds']} of {s['rounds']} paired rounds were disturbed by other work on the "
             f"machine, too many to rely on (all of them together say {w['text']})")}
     if not w["conclusive"]:
-        return {"level": "neutral", "label": "speed: no clear difference", "over": over, "notes": notes,
+        return {"level": NEUTRAL, "label": "speed: no clear difference", "over": over, "notes": notes,
                 "claim": f"{w['text']}: the interval includes 1, so no clear difference"}
     label = f"speed: {w['fast']} {w['x']:.3g}× faster" + (" (noisy)" if noisy else "") + (
         f" ({seeds} seed{'s' if seeds != 1 else ''})" if seeds < 3 else "")
-    return {"level": "neutral" if noisy or seeds < 3 else "ok", "label": label, "over": over, "notes": notes,
+    return {"level": NEUTRAL if noisy or seeds < 3 else OK, "label": label, "over": over, "notes": notes,
             "claim": w["text"]}
 
 

@@ -64,8 +64,9 @@ def build_parser() -> Parser:
     ap.add_argument("--skip-long", action="store_true", help="skip the 5000-step runs")
     ap.add_argument("--nanogpt", type=Path, metavar="PATH", help="a checkout of karpathy/nanoGPT to run beside the "
                     "harness (its data is written from --data: no download)")
-    ap.add_argument("--data", type=Path, default=os.environ.get("HARNESS_DATA"),
-                    help="Tiny Shakespeare (default $HARNESS_DATA)")
+    ap.add_argument("--data", default=os.environ.get("HARNESS_DATA"),
+                    help="Tiny Shakespeare (default $HARNESS_DATA); a dry run without it trains on the harness's "
+                         "sample text (`sample`, made offline)")
     ap.add_argument("--jobs", type=int, help="untimed checks (parity, doctor) run this many at once (default: 5 on "
                     "a GPU, 1 in a dry run)")
     ap.add_argument("--recipe-mode", default="eager", metavar="MODE", help="the 5000-step recipe's step: eager, "
@@ -116,16 +117,30 @@ def validate(args: argparse.Namespace, argv: list[str]) -> None:
              "--compile, --compile reduce-overhead)")
     args.recipe_mode, args.argv = mode, argv
     args.out = resolve_out(args.out, write=not args.plan)
+    args.data = data_file(args)
     if not args.plan and (args.data is None or not Path(args.data).is_file()):
-        fail("no data file: set HARNESS_DATA or pass --data PATH (Tiny Shakespeare)")
-    if args.data is not None:
-        args.data = Path(os.path.abspath(args.data))
+        fail("no data file: set HARNESS_DATA or pass --data PATH (Tiny Shakespeare; a dry run may use --data sample)")
     if args.nanogpt is not None:
         args.nanogpt = Path(os.path.abspath(args.nanogpt))
         if missing_files(args.nanogpt):
             fail(f"--nanogpt {args.nanogpt}: no {', '.join(missing_files(args.nanogpt))} there; give a checkout of "
                  "karpathy/nanoGPT")
     args.estimates = estimates(args)
+
+
+def data_file(args: argparse.Namespace) -> Path | None:
+    """--data (or HARNESS_DATA) as an absolute path; `sample`, and nothing at all in a dry run, is the harness's
+    sample text (harness.core.sample), said on stderr: a dry run needs no file of one's own and no network."""
+    if str(plans.ROOT) not in sys.path:
+        sys.path.insert(0, str(plans.ROOT))  # this checkout's harness, as every check runs it
+    from harness.core.sample import NAME, sample_path
+
+    if args.data == NAME or (args.data is None and args.dry_run and not args.plan):
+        path = sample_path()
+        print(f"gpu_check: data: the harness's sample text {path} (a generated play, not Tiny Shakespeare; --data "
+              "PATH for another)", file=sys.stderr)
+        return path
+    return None if args.data is None else Path(os.path.abspath(args.data))
 
 
 def estimates(args: argparse.Namespace) -> dict[str, float]:
@@ -162,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         return profile(args.profile, args.device, args.dry_run)
     validate(args, raw)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(plans.ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if args.data is not None:  # what every check trains on, those run in this process too (runner.in_process)
+        os.environ["HARNESS_DATA"] = str(args.data)
     checks = plans.plan(args)
     selected, unmatched = plans.select(checks, args.only)
     if unmatched:

@@ -162,6 +162,99 @@ def bench(check: Any, o: Outcome) -> Verdict:
     return o.rc == 0 and bool(rows), text or last_line(o), {"results": rows, "misses": doc.get("misses")}
 
 
+PARTS_PROBE = ("import json, sys; from gpucheck.judges import parts_facts; "
+               "print(json.dumps(parts_facts(sys.argv[1], sys.argv[2])))")
+
+
+def parts_facts(out: str | Path, ident: str) -> dict:
+    """What the parts judge reads, in the process that calls it (a child of the check: `parts_probe`): `harness
+    report ID --out OUT`'s exit status (the record read back through the store's bounded reader, its page rebuilt),
+    the record's status and rounds, and per contender its backend, clock, set-up and compile seconds, whether its
+    calls and every burst cover every item, the fewest kernels any part's forward or backward launches (None: not
+    counted) and its step's median (ms), from harness.bench.parts_analysis."""
+    import contextlib
+    import io
+
+    from harness.bench.parts_analysis import summary
+    from harness.cli.main import main
+    from harness.core.parts import STEP, split_item
+    from harness.store.parts import PartsRecord, record_path
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        report_rc = main(["report", ident, "--out", str(out)])
+    record = PartsRecord.load(record_path(Path(out), ident))
+    s = summary(record) if record.rounds else None
+    items, part_items = set(record.items), [k for k in record.items if split_item(k)[1] is not None]
+    rows = []
+    for c in record.contenders:
+        ready = c.ready
+        launches = ready.launches if ready is not None else {}
+        kernels = [(launches.get(k) or {}).get("kernels") or 0 for k in part_items] if launches else None
+        step = s["tables"][c.name][STEP]["median_s"] if s else math.nan
+        rows.append({"name": c.name, "backend": c.backend, "device": c.device,
+                     "clock": ready.clock if ready is not None else None,
+                     "setup_s": ready.setup_s if ready is not None else None,
+                     "compile_s": ready.compile_s if ready is not None else None,
+                     "covers": ready is not None and set(ready.calls) == items and all(
+                         set(r.bursts[c.name].times) == items for r in record.rounds if c.name in r.bursts),
+                     "fewest_kernels": min(kernels) if kernels else None, "step_ms": step * 1e3})
+    return {"report_rc": report_rc, "status": record.status, "failure": record.failure,
+            "rounds": s["rounds"] if s else None, "contenders": rows, "pairs": [p["line"] for p in s["pairs"]] if s
+            else []}
+
+
+def parts_probe(out: Path, ident: str) -> dict:
+    """`parts_facts` asked of a child (this process never imports the frameworks)."""
+    tools = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tools.parent), str(tools),
+                                                       os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    done = subprocess.run([sys.executable, "-c", PARTS_PROBE, str(out), ident], capture_output=True, text=True,
+                          timeout=300, env=env)
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300])
+    return json.loads(done.stdout)
+
+
+def parts_verdict(rc: int | None, f: dict) -> Verdict:
+    """bench parts passes when it and `harness report ID` exit 0, its record completed, every contender's calls and
+    bursts cover every item and its step's median is finite, and torch's clock is CUDA events with at least one
+    kernel launched by every part's forward and backward."""
+    problems = [] if rc == 0 else [f"bench parts exit status {rc}"]
+    if f["report_rc"] != 0:
+        problems.append(f"harness report exit status {f['report_rc']}")
+    if f["status"] != "completed":
+        problems.append(f"record {f['status']}" + (f" ({f['failure']})" if f.get("failure") else ""))
+    for c in f["contenders"]:
+        if not c["covers"]:
+            problems.append(f"{c['name']}'s calls or bursts miss items")
+        if not (isinstance(c["step_ms"], (int, float)) and math.isfinite(c["step_ms"])):
+            problems.append(f"{c['name']}'s step median is not finite")
+        if c["backend"] == "torch" and not str(c["clock"]).startswith("CUDA events"):
+            problems.append(f"{c['name']}'s clock is {c['clock']!r}, not CUDA events")
+        if c["backend"] == "torch" and not (c["fewest_kernels"] or 0) >= 1:
+            problems.append(f"{c['name']}: a part launches {c['fewest_kernels']} kernels (or was not counted)")
+    steps = ", ".join(f"{c['name']} step {c['step_ms']:.3g} ms" + (f" (compiled in {c['compile_s']:.1f} s)"
+                                                                    if c.get("compile_s") else "")
+                      for c in f["contenders"])
+    r = f.get("rounds") or {}
+    text = f"{steps}; {r.get('clean', 0)} of {r.get('total', 0)} rounds undisturbed"
+    if f["pairs"]:
+        text += f"; {f['pairs'][0]}"
+    return not problems, "; ".join([*problems, text]), f
+
+
+def parts(check: Any, o: Outcome) -> Verdict:
+    """`harness bench parts`, judged from its record and `harness report ID` on it (`parts_verdict`)."""
+    found = sorted(o.out.glob("bench/parts-*.json"))
+    if not found:
+        return False, f"no parts record under {o.out / 'bench'} (exit status {o.rc}): {last_line(o)}", {}
+    try:
+        facts = parts_probe(o.out, found[-1].stem)
+    except (RuntimeError, ValueError, OSError, subprocess.SubprocessError) as exc:
+        return False, f"the parts record could not be read: {exc}", {}
+    return parts_verdict(o.rc, facts)
+
+
 def exit_status(check: Any, o: Outcome) -> Verdict:
     """Exit 0; the summary is the command's last line on stdout (its logs go to stderr)."""
     tail = [ln.strip() for ln in o.stdout.splitlines() if ln.strip()][-6:]

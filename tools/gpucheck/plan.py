@@ -8,6 +8,7 @@ the CUDA-only modes must then be refused in one line (exit 2), which proves thei
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ TIERS = {1: "preflight: what this machine has, and what each missing part skips"
          4: "bench overhead, fp32 and --cuda-graphs, at every preset",
          5: "medium with --cuda-graphs against eager (the small-step speedup judged from the bench)",
          6: "the 5000-step recipe (attention dropout) beside nanoGPT's train.py",
-         7: "the rest: bf16, reduce-overhead, the other presets, profiler tables, parity at every size, doctor"}
+         7: "the rest: bf16, reduce-overhead, the other presets, profiler tables, torch,jax, where the time goes "
+            "part by part, parity at every size, doctor"}
 GPU_PARTS = {"cuda", "cupy", "jax-cuda", "compiler"}  # what only the GPU plan needs (a dry run runs on the CPU)
 SPEEDUP_TARGET = 4.0  # --cuda-graphs: a small step at least this many times faster than eager (bench, small)
 
@@ -58,6 +60,9 @@ ESTIMATES: dict[str, float] = {
     "profile-eager": 25, "profile-cuda-graphs": 25,
     "nanogpt-300-compile-false": 25, "nanogpt-300-compile-true": 70,
     "paired-torch-jax": 70, "doctor": 15,
+    # bench parts at small, torch,jax,numpy, 5 rounds: about 100 s of wall time on an H200 (JAX's compilation of its
+    # parts and step 16 to 19 s of it, in parallel with the others' set-up), measured by its first GPU run
+    "parts-small": 100,
     "parity-small-float32-cpu-oracle": 15, "parity-small-float64-cpu-oracle": 15,
     "parity-medium-float32-cpu-oracle": 15, "parity-medium-float64-cupy": 23, "parity-large-float32-cupy": 31,
 }
@@ -88,6 +93,20 @@ class Check:
     cwd: str | None = None  # where the command runs, relative to the check's directory (default: the directory)
     after: tuple[str, ...] = ()  # checks whose results it reads (a derived check)
     derive: Callable[[dict[str, dict]], tuple[bool, str, dict]] | None = None
+    # parts the check can do without, each with the backend left out of its --backend list when the preflight does
+    # not find it (bench parts runs torch,numpy where JAX's CUDA plugin is missing), and what was left out (the
+    # summary's row says it)
+    optional: dict[str, str] = field(default_factory=dict)
+    left_out: str = ""
+
+    def without(self, parts: dict[str, str]) -> Check:
+        """This check with the backends of the missing optional `parts` (part -> why it is missing) left out of its
+        --backend list, and its row saying so."""
+        drop = {self.optional[p] for p in parts}
+        at = self.argv.index("--backend") + 1
+        argv = [*self.argv[:at], ",".join(b for b in self.argv[at].split(",") if b not in drop), *self.argv[at + 1:]]
+        said = "; ".join(f"{self.optional[p]} left out: needs {p} ({why})" for p, why in parts.items())
+        return dataclasses.replace(self, argv=argv, needs=self.needs - set(parts), optional={}, left_out=said)
 
 
 @dataclass
@@ -234,8 +253,18 @@ def rest(args: object, s: Scale) -> list[Check]:
         checks.append(make(s, "paired-torch-jax", 7, harness("run", "--size", s.mid, "--device", "cuda", "--backend",
                                                              "torch,jax", *s.paired, *QUIET), judges.paired(True),
                            ("jax-cuda",)))
+        checks.append(parts_check(s))
     checks.append(make(s, "doctor", 7, harness("doctor"), judges.exit_status, untimed=True, cpu=True))
     return checks + parity_checks(s)
+
+
+def parts_check(s: Scale) -> Check:
+    """`harness bench parts` at small on the GPU, torch,jax,numpy (the oracle on CuPy) in 5 rounds, and its page
+    rebuilt by `harness report ID` (the judge); without JAX's CUDA plugin it runs torch,numpy, its row saying why
+    jax was left out."""
+    argv = harness("bench", "parts", "--size", "small", "--backend", "torch,jax,numpy", "--device", s.device,
+                   "--rounds", "5", "--quiet")
+    return make(s, "parts-small", 7, argv, judges.parts, ("cupy", "jax-cuda"), optional={"jax-cuda": "jax"})
 
 
 def parity_checks(s: Scale) -> list[Check]:

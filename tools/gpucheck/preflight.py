@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,13 +85,14 @@ class Part:
     status: str
     fix: str = ""
 
-    def line(self, skips: list[str], needed: bool) -> str:
+    def line(self, skips: list[str], needed: bool, narrows: Sequence[str] = ()) -> str:
         what = PARTS.get(self.name, (self.name, ""))[0]
         if self.ok:
             return f"  ok       {what}: {self.status}"
         if not needed:
             return f"  -        {what}: {self.status} (no check of this plan needs it)"
-        return f"  MISSING  {what}: {self.status}; skips {', '.join(skips) or 'nothing'}; fix: {self.fix}"
+        without = f"; runs {', '.join(narrows)}" if narrows else ""
+        return f"  MISSING  {what}: {self.status}; skips {', '.join(skips) or 'nothing'}{without}; fix: {self.fix}"
 
 
 def probe(timeout_s: float = 180) -> dict[str, Any]:
@@ -265,8 +267,9 @@ def preflight(args: Any, checks: list[Any]) -> tuple[bool, str, dict, list[str]]
     parts, found = find_parts(args, needed)
     lines, missing = [], []
     for p in parts:
-        skips = [c.name for c in checks if p.name in c.needs]
-        lines.append(p.line(skips, p.name in needed))
+        skips = [c.name for c in checks if p.name in c.needs and p.name not in c.optional]
+        narrows = [f"{c.name} without {c.optional[p.name]}" for c in checks if p.name in c.optional]
+        lines.append(p.line(skips, p.name in needed, narrows))
         if not p.ok and p.name in needed:
             missing.append(p.name)
     required = REQUIRED & needed
@@ -274,5 +277,6 @@ def preflight(args: Any, checks: list[Any]) -> tuple[bool, str, dict, list[str]]
     figures = {"parts": {p.name: {"ok": p.ok, "status": p.status, "fix": p.fix} for p in parts}, "missing": missing,
                "environment": found["environment"]}
     summary = ("every part found" if not missing else
-               f"missing {', '.join(missing)}: {sum(bool(set(missing) & c.needs) for c in checks)} checks skipped")
+               f"missing {', '.join(missing)}: "
+               f"{sum(bool((set(missing) & c.needs) - set(c.optional)) for c in checks)} checks skipped")
     return ok, summary, figures, lines

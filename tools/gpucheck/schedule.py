@@ -80,7 +80,8 @@ def plan_text(checks: list[Any], budget: float | None, jobs: int, done: dict[str
             call = where[c.name]
             at = (f"done earlier ({done[c.name]})" if call == 0 else "fits no call of this budget" if call is None
                   else f"call {call}")
-            needs = ", ".join(sorted(c.needs - {"harness"}))
+            needs = ", ".join(f"{p} (else without {c.optional[p]})" if p in c.optional else p
+                              for p in sorted(c.needs - {"harness"}))
             lines.append(f"  {c.name:<34} {c.estimate_s:6.0f} s  {at:<12}{'  needs ' + needs if needs else ''}")
     lines.append("")
     for call in sorted(used):

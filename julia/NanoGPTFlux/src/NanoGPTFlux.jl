@@ -8,7 +8,8 @@ embedding tables (dim, rows), vectors unchanged) and token ids as 1-based (T, B)
 Entry points (see their docstrings): [`build`](@ref), [`train_step!`](@ref), [`eval_loss`](@ref),
 [`logits`](@ref), [`gradients`](@ref), [`parameters`](@ref), [`load_parameters!`](@ref),
 [`opt_state`](@ref), [`load_opt_state!`](@ref), [`memory_stats`](@ref), [`reset_peak!`](@ref),
-[`describe`](@ref), [`synchronize`](@ref), [`compile_time`](@ref), [`taps`](@ref).
+[`describe`](@ref), [`synchronize`](@ref), [`compile_time`](@ref), [`taps`](@ref); for
+`harness bench parts` [`part_forward`](@ref), [`part_backward`](@ref), [`optimizer_closure`](@ref).
 """
 module NanoGPTFlux
 
@@ -38,11 +39,15 @@ export build,
     describe,
     synchronize,
     compile_time,
-    taps
+    taps,
+    part_forward,
+    part_backward,
+    optimizer_closure
 
 include("layers.jl")
 include("devices.jl")
 include("state.jl")
 include("taps.jl")
+include("parts.jl")
 
 end # module NanoGPTFlux

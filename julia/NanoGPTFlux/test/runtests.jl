@@ -303,6 +303,49 @@ end
         @test t["h.0.mlp.act"] ≈ NG.NNlib.gelu_tanh.(t["h.0.mlp.fc"])
     end
 
+    @testset "the parts of harness bench parts: forwards on the taps, pullbacks" begin
+        cfg = tiny_cfg()
+        s = build(cfg, tiny_params(cfg))
+        x, y = tiny_batch(cfg)
+        t = Dict{String, Any}(taps(s, x))
+        t["idx"], t["targets"] = x, y
+        # (kind, block, inputs, the tap the forward gives)
+        cases = [
+            ("emb", -1, "idx", "emb"),
+            ("ln_1", 0, "emb", "h.0.ln_1"),
+            ("attn.qkv", 0, "h.0.ln_1", "h.0.attn.q"),
+            ("attn.probs", 0, "h.0.attn.q,h.0.attn.k", "h.0.attn.probs"),
+            ("attn.y", 0, "h.0.attn.probs,h.0.attn.v", "h.0.attn.y"),
+            ("attn.proj", 0, "h.0.attn.y", "h.0.attn.proj"),
+            ("res1", 0, "emb,h.0.attn.proj", "h.0.res1"),
+            ("ln_2", 0, "h.0.res1", "h.0.ln_2"),
+            ("mlp.fc", 0, "h.0.ln_2", "h.0.mlp.fc"),
+            ("mlp.act", 0, "h.0.mlp.fc", "h.0.mlp.act"),
+            ("mlp.proj", 0, "h.0.mlp.act", "h.0.mlp.proj"),
+            ("res2", 1, "h.1.res1,h.1.mlp.proj", "h.1.res2"),
+            ("ln_f", -1, "h.1.res2", "ln_f"),
+            ("logits", -1, "ln_f", "logits"),
+        ]
+        for (kind, block, inputs, out) in cases
+            o = part_forward(s, kind, block, inputs, t)()
+            @test (kind == "attn.qkv" ? o[1] : o) ≈ t[out] rtol = 1.0e-5
+        end
+        @test part_forward(s, "loss", -1, "logits,targets", t)() ≈
+            eval_loss(s, x, y) rtol = 1.0e-5
+        # the loss's pullback, then the head's, give the head's gradient of the whole model
+        unit = Dict{String, Any}("loss" => 1.0)
+        dlogits = part_backward(s, "loss", -1, "logits,targets", t, "loss", unit)()[2]
+        ct = Dict{String, Any}("logits" => dlogits)
+        head = part_backward(s, "logits", -1, "ln_f", t, "logits", ct)()[1]
+        full = gradients(s, x, y)
+        @test head.lm_head.weight ≈ full["lm_head.weight"] rtol = 1.0e-4
+        # the optimizer works on copies: the model's parameters stay as they are
+        before = parameters(s)
+        updated = optimizer_closure(s, full)()
+        @test parameters(s) == before
+        @test any(Array(u) != before[spec.name] for (spec, u) in zip(s.specs, updated))
+    end
+
     @testset "LayerNorm matches the formula" begin
         rng = Random.Xoshiro(3)
         x = randn(rng, Float32, 6, 4, 2) .* 3.0f0 .+ 1.0f0

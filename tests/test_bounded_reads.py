@@ -1,4 +1,4 @@
-"""Issue 29 (reliability round 4), items 1-5 and 9-11, each written as the attack.
+"""Files read back within bounds, each case written as the attack.
 
 Every file the harness reads back goes through one bounded reader (harness.files.read_json): a device or a FIFO
 where paired.json belongs, a file of gigabytes, JSON nested 100,000 deep, a paired.json of the wrong shape, values
@@ -56,9 +56,9 @@ def paired_path(out: Path, run_id: str) -> Path:
     return out / "runs" / run_id / "paired.json"
 
 
-# --- item 1: paired.json is read within a bound, as a regular file only --------------------------------------------
+# --- paired.json is read within a bound, as a regular file only ----------------------------------------------------
 @pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
-def test_1_a_paired_json_that_is_no_regular_file_is_refused_unread(kind, run, capsys):
+def test_a_paired_json_that_is_no_regular_file_is_refused_unread(kind, run, capsys):
     out, run_id = run
     path = paired_path(out, run_id)
     path.unlink()
@@ -68,7 +68,7 @@ def test_1_a_paired_json_that_is_no_regular_file_is_refused_unread(kind, run, ca
     assert not list(out.glob("*.html"))
 
 
-def test_1_a_paired_json_of_gigabytes_is_refused_by_its_size(run, capsys):
+def test_a_paired_json_of_gigabytes_is_refused_by_its_size(run, capsys):
     out, run_id = run
     path = paired_path(out, run_id)
     os.truncate(path, 2 * 2**30)  # 2 GiB (sparse): never read
@@ -77,7 +77,7 @@ def test_1_a_paired_json_of_gigabytes_is_refused_by_its_size(run, capsys):
              "no paired timing writes so much")
 
 
-# --- item 2: paired.json has a schema, checked on load --------------------------------------------------------------
+# --- paired.json has a schema, checked on load ----------------------------------------------------------------------
 def _set(doc: dict, path: str, value: object) -> dict:
     *parents, last = path.split(".")
     at = doc
@@ -94,7 +94,7 @@ MALFORMED = [("sessions", [1, 2]), ("sessions.0.rounds", "abc"), ("sessions.0.ro
 
 
 @pytest.mark.parametrize(("field", "value"), MALFORMED, ids=[f"{f}={v!r}" for f, v in MALFORMED])
-def test_2_a_malformed_paired_json_is_one_line_naming_the_field(field, value, run, capsys):
+def test_a_malformed_paired_json_is_one_line_naming_the_field(field, value, run, capsys):
     out, run_id = run
     path = paired_path(out, run_id)
     path.write_text(json.dumps(_set(json.loads(path.read_text()), field, value)))
@@ -106,16 +106,16 @@ def test_2_a_malformed_paired_json_is_one_line_naming_the_field(field, value, ru
     assert code == 0 and "paired timing: unreadable" in stdout and "Traceback" not in err, stdout + err
 
 
-# --- item 3: JSON nested 100,000 deep, in every file a report or a sweep reads --------------------------------------
+# --- JSON nested 100,000 deep, in every file a report or a sweep reads ----------------------------------------------
 @pytest.mark.parametrize("name", ["torch.json", "spec.json", "paired.json"])
-def test_3_deep_nesting_in_a_run_file_is_one_line(name, run, capsys):
+def test_deep_nesting_in_a_run_file_is_one_line(name, run, capsys):
     out, run_id = run
     (out / "runs" / run_id / name).write_bytes(DEEP)
     code, _, err = harness(capsys, "report", run_id, "--out", out)  # before: RecursionError
     one_line(code, err, name, "not valid JSON (nested too deeply)")
 
 
-def test_3_deep_nesting_in_a_sweep_manifest_is_one_line(tmp_path, capsys):
+def test_deep_nesting_in_a_sweep_manifest_is_one_line(tmp_path, capsys):
     sweep_id = "20260101-000000-sweep-abcd"
     directory = tmp_path / "out" / "sweeps" / sweep_id
     directory.mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_3_deep_nesting_in_a_sweep_manifest_is_one_line(tmp_path, capsys):
     one_line(code, err, "sweep.json", "nested too deeply")
 
 
-def test_3_a_number_of_hundreds_of_digits_is_one_line(run, capsys):
+def test_a_number_of_hundreds_of_digits_is_one_line(run, capsys):
     out, run_id = run
     path = out / "runs" / run_id / "torch.json"
     path.write_text(path.read_text().replace('"seed": 1337', '"seed": 1' + "0" * 400, 1))
@@ -132,7 +132,7 @@ def test_3_a_number_of_hundreds_of_digits_is_one_line(run, capsys):
     one_line(code, err, "torch.json", "a whole number of 401 digits")
 
 
-def test_3_a_step_past_int64_is_one_line(run, capsys):
+def test_a_step_past_int64_is_one_line(run, capsys):
     out, run_id = run
     path = out / "runs" / run_id / "torch.json"
     rec = json.loads(path.read_text())
@@ -142,8 +142,8 @@ def test_3_a_step_past_int64_is_one_line(run, capsys):
     one_line(code, err, "torch.json", "a whole number of 20 digits")
 
 
-# --- item 4: values that pass the schema, then meet a float -----------------------------------------------------------
-def test_4_losses_of_1e308_give_a_report_not_a_traceback(run, capsys):
+# --- values that pass the schema, then meet a float -------------------------------------------------------------------
+def test_losses_of_1e308_give_a_report_not_a_traceback(run, capsys):
     out, run_id = run
     path = out / "runs" / run_id / "torch.json"
     rec = json.loads(path.read_text())
@@ -160,7 +160,7 @@ def test_4_losses_of_1e308_give_a_report_not_a_traceback(run, capsys):
 @pytest.mark.parametrize(("field", "value"), [("contention", "x"), ("tokens_per_s", "fast"),
                                               ("contention", {"contended_fraction": "x"}),
                                               ("contention", {"load_range": ["x"]})])
-def test_4_a_timing_of_the_wrong_type_is_one_line(field, value, run, capsys):
+def test_a_timing_of_the_wrong_type_is_one_line(field, value, run, capsys):
     out, run_id = run
     path = out / "runs" / run_id / "torch.json"
     rec = json.loads(path.read_text())
@@ -170,7 +170,7 @@ def test_4_a_timing_of_the_wrong_type_is_one_line(field, value, run, capsys):
     one_line(code, err, "torch.json' is invalid at field 'timings/")
 
 
-def test_4_a_contention_summary_with_nulls_gives_a_report(run, capsys):
+def test_a_contention_summary_with_nulls_gives_a_report(run, capsys):
     """null is a valid value of every contention figure (not measured); the cost table must not format it."""
     out, run_id = run
     path = out / "runs" / run_id / "torch.json"
@@ -184,8 +184,8 @@ def test_4_a_contention_summary_with_nulls_gives_a_report(run, capsys):
     assert "10.0% / —" in page and "1 – —" in page
 
 
-# --- item 5: run records have a cap from their spec; the report is linear in their size -------------------------------
-def test_5_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsys):
+# --- run records have a cap from their spec; the report is linear in their size ---------------------------------------
+def test_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsys):
     out, run_id = run
     spec = json.loads((out / "runs" / run_id / "spec.json").read_text())
     path = out / "runs" / run_id / "torch.json"
@@ -198,7 +198,7 @@ def test_5_a_record_bigger_than_its_run_can_write_is_refused_unparsed(run, capsy
     one_line(code, err, "torch.json", "no run writes so much")
 
 
-def test_5_matching_two_records_evaluations_is_linear():
+def test_matching_two_records_evaluations_is_linear():
     """100,000 evaluations each: the old search of one record's evaluations per evaluation of the other made 5e9
     comparisons (many minutes); by step it is one pass (well under a second)."""
     from harness.config.load import load_config
@@ -216,7 +216,7 @@ def test_5_matching_two_records_evaluations_is_linear():
     assert cmp.eval_step == 99_999 and cmp.val_b - cmp.val_a == pytest.approx(0.01)
 
 
-# --- item 9: a paired timing left "running" by a process that is gone reads "interrupted" -----------------------------
+# --- a paired timing left "running" by a process that is gone reads "interrupted" -------------------------------------
 def _running(path: Path) -> None:
     doc = json.loads(path.read_text())
     doc["status"] = "running"
@@ -224,7 +224,7 @@ def _running(path: Path) -> None:
     path.write_text(json.dumps(doc))
 
 
-def test_9_a_session_whose_coordinator_is_gone_reads_interrupted(run, capsys):
+def test_a_session_whose_coordinator_is_gone_reads_interrupted(run, capsys):
     out, run_id = run
     path = paired_path(out, run_id)
     _running(path)  # what a SIGKILL of `harness` or a full disk during paired timing leaves behind
@@ -236,7 +236,7 @@ def test_9_a_session_whose_coordinator_is_gone_reads_interrupted(run, capsys):
     assert code == 0 and "its process is gone" in stdout, stdout + err
 
 
-def test_9_a_session_whose_coordinator_holds_the_lock_is_still_running(run):
+def test_a_session_whose_coordinator_holds_the_lock_is_still_running(run):
     from harness.store import RecordLock
 
     out, run_id = run
@@ -254,7 +254,7 @@ def _status_of(path: str) -> str:
     return paired.load(Path(path)).sessions[-1].status
 
 
-# --- item 10: a busy machine is said at the start, and no disturbed speed goes unmarked -------------------------------
+# --- a busy machine is said at the start, and no disturbed speed goes unmarked ----------------------------------------
 class Machine:
     """A stand-in for contention.Probe: other processes keep `others` of `ncpu` CPUs busy."""
 
@@ -267,7 +267,7 @@ class Machine:
                                    ncpu=self.ncpu)
 
 
-def test_10_oversubscription_is_said_at_the_start_in_one_line(monkeypatch):
+def test_oversubscription_is_said_at_the_start_in_one_line(monkeypatch):
     from harness.run import processes
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
@@ -279,7 +279,7 @@ def test_10_oversubscription_is_said_at_the_start_in_one_line(monkeypatch):
     assert "--threads" not in (processes.busy_machine_line(1, Machine(others=2.0)) or "--threads")
 
 
-def test_10_a_mostly_disturbed_speed_is_marked_on_the_console_and_in_the_index(run, capsys):
+def test_a_mostly_disturbed_speed_is_marked_on_the_console_and_in_the_index(run, capsys):
     from harness.cli.run import finish
     from harness.report import write_index, write_report
 
@@ -301,8 +301,8 @@ def test_10_a_mostly_disturbed_speed_is_marked_on_the_console_and_in_the_index(r
     assert "mostly disturbed, 100% of steps" in index
 
 
-# --- item 11: a sweep axis of the wrong type is named in words --------------------------------------------------------
-def test_11_a_sweep_value_of_the_wrong_type_is_named_in_words(tmp_path, capsys):
+# --- a sweep axis of the wrong type is named in words -----------------------------------------------------------------
+def test_a_sweep_value_of_the_wrong_type_is_named_in_words(tmp_path, capsys):
     toml = tmp_path / "sweep.toml"
     toml.write_text('sizes = ["small"]\nbackends = ["numpy"]\n[fields]\nlearning_rate = [[0.1]]\n')
     code, _, err = harness(capsys, "sweep", toml, "--out", tmp_path / "out")
