@@ -436,13 +436,14 @@ def test_ignored_options_are_refused(tmp_path, capsys, args, fragment, monkeypat
     assert tree(tmp_path) == []
 
 
-def test_compile_caches_go_into_out(tmp_path, monkeypatch):
+def test_compile_caches_go_into_the_user_cache(tmp_path, monkeypatch):
     from harness.run import processes
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    env = processes.compile_cache_env(store.RunPaths(tmp_path / "out", "r1"))
-    assert all(Path(v).is_relative_to((tmp_path / "out" / "cache").resolve()) for v in env.values())
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    env = processes.compile_cache_env()
+    assert all(Path(v).is_relative_to((tmp_path / "cache").resolve()) for v in env.values())
     assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 

@@ -62,7 +62,7 @@ def spawn_worker(paths: RunPaths, backend: str, resume: bool = False, progress: 
     if lock is not None and lock.fd is not None:
         env[LOCK_FD_ENV] = str(lock.fd)
         pass_fds = (lock.fd,)
-    return spawn("train", args, threads, paths if compiles else None, env=env, pass_fds=pass_fds)
+    return spawn("train", args, threads, compiles, env=env, pass_fds=pass_fds)
 
 
 def run_worker(paths: RunPaths, backend: str, resume: bool = False, progress: bool = True,
