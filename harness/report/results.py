@@ -24,6 +24,7 @@ import pandas as pd
 from harness.errors import UsageError
 from harness.store import RunPaths, RunRecord, SweepPaths, Timings
 from harness.store.contention import Contention
+from harness.store.curves import eval_array
 from harness.store.sweep import SweepManifest
 
 CONFIG_COLUMNS = ("n_embd", "n_layer", "n_head", "block_size", "batch_size", "d_hidden", "learning_rate", "dropout",
@@ -109,7 +110,7 @@ def costs(rec: RunRecord) -> Costs:
         t.train_s = float(times.sum())
         recomputed.append("train time")
     if t.eval_s is None and len(rec.curves.evals):
-        t.eval_s = float(sum(e.time_s or 0.0 for e in rec.curves.evals))
+        t.eval_s = float(np.nansum(eval_array(rec.curves.evals)[:, 3]))
         recomputed.append("eval time")
     flops_per_token = rec.flops_per_token
     if flops_per_token is None:

@@ -107,9 +107,9 @@ def median_ci(values: Sequence[float], n_boot: int = 2000, level: float = LEVEL)
 def exact_median_ci(data: np.ndarray, level: float = LEVEL) -> list[float]:
     """The percentile interval of the bootstrap distribution of the median, exactly (the limit of infinitely many
     resamples): a resample's median is at most the k-th smallest value x_(k) exactly when at least m = ceil(n/2)
-    of its n draws are, a Binomial(n, k/n) count (SciPy's), so each bound is the order statistic x_(k) whose
+    of its n draws are, a Binomial(n, k/n) count (SciPy's `bdtrc`), so each bound is the order statistic x_(k) whose
     probability first reaches the tail; found by bisection over k, read with one partial sort."""
-    from scipy.stats import binom
+    from scipy.special import bdtrc  # Binomial(n, p)'s survival function, P(X > k) (scipy.stats.binom.sf's kernel)
 
     n = len(data)
     m = (n + 1) // 2
@@ -118,7 +118,7 @@ def exact_median_ci(data: np.ndarray, level: float = LEVEL) -> list[float]:
         lo, hi = 1, n
         while lo < hi:
             mid = (lo + hi) // 2
-            if binom.sf(m - 1, n, mid / n) >= p:
+            if bdtrc(m - 1, n, mid / n) >= p:
                 hi = mid
             else:
                 lo = mid + 1
