@@ -21,22 +21,28 @@ from tests.conftest import data_path, harness_in_process, one_line_error, run_cl
 PLANNED = 10_000_000
 MEMORY_MB = 500
 
-# status (all runs, then this one), report and resume in one process, each's exit status, then the peak resident
-# memory of this process and of its largest child (the resume's worker): ru_maxrss is in KiB on Linux
+# status (all runs, then this one), report and resume, each in a process forked from this small one: its exit status
+# and its peak resident memory, its worker's included (wait4's ru_maxrss, KiB on Linux). Not getrusage(RUSAGE_SELF)
+# of a process started from pytest: Linux counts the peak of the image it was exec'd from (the pytest worker's).
 MEASURE = """
-import json, os, resource, sys
+import json, os, sys
 from harness.cli.main import main
 out, run_id = sys.argv[1:3]
-codes = {}
+codes, peak = {}, {}
 for name, args in (("status", ["status"]), ("status ID", ["status", run_id]), ("report", ["report", run_id]),
                    ("resume", ["resume", run_id, "--quiet", "--no-report"])):
     if name == "resume":
         os.environ["HARNESS_TEST_PAUSE_AT"] = "after-checkpoint:term"  # its first checkpoint stops it
-    try:
-        codes[name] = main([*args, "--out", out])
-    except SystemExit as exc:
-        codes[name] = exc.code
-peak = {who: resource.getrusage(getattr(resource, who)).ru_maxrss // 1024 for who in ("RUSAGE_SELF", "RUSAGE_CHILDREN")}
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = main([*args, "--out", out])
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+    _, status, usage = os.wait4(pid, 0)
+    codes[name], peak[name] = os.waitstatus_to_exitcode(status), usage.ru_maxrss // 1024
 print(json.dumps({"codes": codes, "peak_mb": peak}))
 """
 
