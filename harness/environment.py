@@ -119,3 +119,12 @@ def capture() -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
     }
+
+
+def cache_dir() -> Path:
+    """Where the downloaded corpus is kept (override with HARNESS_CACHE)."""
+    if os.environ.get("HARNESS_CACHE"):
+        return Path(os.environ["HARNESS_CACHE"])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("nanogpt-parity"))

@@ -43,7 +43,8 @@ def data_path() -> Path:
 
 def shakespeare_path() -> Path | None:
     """Tiny Shakespeare where this machine has it (HARNESS_DATA, else the harness's user cache), else None."""
-    from harness.core.data import TINY_SHAKESPEARE_SHA256, cache_dir, sha256_bytes
+    from harness.core.data import TINY_SHAKESPEARE_SHA256, sha256_bytes
+    from harness.environment import cache_dir
 
     for candidate in (USER_DATA, cache_dir() / "tinyshakespeare.txt"):
         if candidate and Path(candidate).is_file():

@@ -158,6 +158,10 @@ def every_tier_ran_and_nothing_was_written_outside_out(dry: SimpleNamespace) -> 
             "run-small-cuda-graphs", "recipe-5000", "nanogpt-5000", "recipe-300-eager", "profile-eager",
             "nanogpt-300-compile-false", "doctor", "parity-small-float64-cpu-oracle"} <= set(final)
     assert {r["tier"] for r in final.values()} == {1, 2, 3, 4, 5, 6, 7}
+    runs = final["recipe-5000"]["figures"]["runs"]  # the judges read the records through the store
+    assert runs and all(isinstance(r["best_val_loss"], float) and r["best_step"] is not None for r in runs), runs
+    sizes = final["bench-fp32"]["figures"]["results"]
+    assert sizes and all(isinstance(r["overhead_pct"], float) for r in sizes), sizes
     assert final["nanogpt-5000"]["figures"]["ms_per_iter"] == 12.0  # iterations 1..3: 11, 12, 13 ms
     work = dry.out / "checks" / "nanogpt-5000" / "nanoGPT"
     meta = pickle.loads((work / "data" / "shakespeare_char" / "meta.pkl").read_bytes())

@@ -64,12 +64,12 @@ def test_importing_the_harness_never_imports_jax() -> None:
 
 
 def test_doctor_row_without_jax_or_with_a_broken_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.backends import jax_backend, jax_options
+    from harness.backends import jax_options
 
-    monkeypatch.setattr(jax_backend, "installed", lambda module: False)
+    monkeypatch.setattr(jax_options, "installed", lambda module: False)
     assert jax_options.jax_row() == ("jax", "not installed",
                                      "only needed for --backend jax: pip install -e '.[jax]' (or pip install jax)")
-    monkeypatch.setattr(jax_backend, "installed", lambda module: True)
+    monkeypatch.setattr(jax_options, "installed", lambda module: True)
     monkeypatch.setattr(jax_options, "JAX_PROBE", "import sys; sys.exit('RuntimeError: no backend could be "
                         "initialised')")
     _, status, fix = jax_options.jax_row()

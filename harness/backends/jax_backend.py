@@ -20,7 +20,7 @@ calls after every step on the host clock) blocks until the step's outputs are re
 make a step look free.
 
 Compilation is cached across processes: JAX's persistent compilation cache in the user cache directory
-(`<harness cache>/jax`, harness.core.data.cache_dir; JAX_COMPILATION_CACHE_DIR chooses another), every program
+(`<harness cache>/jax`, harness.environment.cache_dir; JAX_COMPILATION_CACHE_DIR chooses another), every program
 cached however small or quick to compile. `backend_info.compile_cache` says whether the warm-up's compiles were
 read from it (a hit) or compiled; a hit reads an executable XLA compiled earlier for the same program, flags and
 device, so it computes what a fresh compile computes. CPU threads: `--threads N` reaches XLA through PJRT_NPROC
@@ -29,7 +29,6 @@ device, so it computes what a fresh compile computes. CPU threads: `--threads N`
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -39,25 +38,13 @@ import numpy as np
 
 from harness.backends.base import BackendUnavailable
 from harness.backends.declaration import Declaration
-from harness.backends.jax_options import CUDA_INSTALL, DECLARATION, INSTALL
+from harness.backends.jax_options import CUDA_INSTALL, CUDA_PLUGINS, DECLARATION, INSTALL, installed
 from harness.config.fields import Config
 from harness.core.weights import param_shapes
 from harness.environment import cpu_model, peak_rss_bytes
 from harness.errors import UsageError
 
 DTYPES = ("float32", "float64")
-# the modules of JAX's CUDA plugin (jax-cuda12/13-plugin and -pjrt); any one of them means it is installed
-CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
-
-
-def installed(module: str) -> bool:
-    """Whether `module` can be imported here, without importing it (a hidden or broken package counts as absent)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def import_jax(device: str, dtype: str) -> Any:
     """Import JAX for `device` and `dtype` in this process (see the module docstring); BackendUnavailable when
     JAX is missing."""
@@ -93,7 +80,7 @@ def compile_cache(jax: Any) -> str:
     JAX_COMPILATION_CACHE_DIR (JAX reads it), else `<harness cache>/jax`. Every program is cached (JAX's defaults
     skip programs that compile in under a second, which is every one of the small presets on a GPU)."""
     if jax.config.jax_compilation_cache_dir is None:
-        from harness.core.data import cache_dir
+        from harness.environment import cache_dir
 
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

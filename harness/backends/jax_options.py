@@ -6,6 +6,7 @@ that its training code and what the parent reads about it change independently.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -24,6 +25,18 @@ DECLARATION = Declaration(
     doctor="harness.backends.jax_options:doctor_rows")
 
 # run in a child interpreter: doctor's own process never starts JAX (nor, on a GPU, a CUDA context of JAX's)
+# the modules of JAX's CUDA plugin (jax-cuda12/13-plugin and -pjrt); any one of them means it is installed
+CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported here, without importing it (a hidden or broken package counts as absent)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 JAX_PROBE = ("import jax, jaxlib; print(jax.__version__, jaxlib.__version__); "
              "print('; '.join(f'{d.platform} {d.id}' + ('' if d.device_kind == d.platform else f' ({d.device_kind})') "
              "for d in jax.devices()))")
@@ -32,9 +45,7 @@ JAX_PROBE = ("import jax, jaxlib; print(jax.__version__, jaxlib.__version__); "
 def jax_row() -> tuple[str, str, str]:
     """JAX (the jax backend): its version and the devices it sees, asked of a child interpreter; on a machine with
     an NVIDIA GPU, whether JAX sees it (its CUDA plugin)."""
-    from harness.backends import jax_backend
-
-    if not jax_backend.installed("jax"):
+    if not installed("jax"):
         return ("jax", "not installed", f"only needed for --backend jax: {INSTALL}")
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     try:

@@ -125,7 +125,7 @@ def sample_path(folder: Path | None = None) -> Path:
     cache, else the temporary directory where that cannot be written), atomically, and written again where its bytes
     are not SAMPLE_SHA256's."""
     if folder is None:
-        from harness.core.data import cache_dir
+        from harness.environment import cache_dir
 
         try:
             return sample_path(cache_dir())

@@ -42,42 +42,39 @@ def last_line(o: Outcome) -> str:
     return last_lines(o)[0]
 
 
-def _load(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+def records(out: Path) -> list[Any]:
+    """The run records under a check's --out (harness.store's RunRecord, read by its bounded reader; one that
+    cannot be read is left out, and the judge says so by what it lists)."""
+    from harness.errors import UsageError
+    from harness.store import RUN_ID_RE, RunPaths, RunRecord
 
-
-def records(out: Path) -> list[dict]:
-    """The run records (runs/*/BACKEND.json) under a check's --out."""
     found = []
-    for path in sorted(out.glob("runs/*/*.json")):
-        if path.name in ("spec.json", "paired.json", "state.json", "parity.json"):
+    for directory in sorted(out.glob("runs/*")):
+        if not directory.is_dir() or not RUN_ID_RE.fullmatch(directory.name):
             continue
-        doc = _load(path)
-        if doc is not None and doc.get("schema") == "nanogpt-parity/run-record":
-            found.append(doc)
+        for path in RunPaths.of_dir(directory).record_files():
+            try:
+                found.append(RunRecord.load(path))
+            except UsageError:
+                continue
     return found
 
 
-def run_figures(doc: dict) -> dict:
-    """The figures of one run record: status, median ms/step, last and best validation loss, FLOP/s, the step
-    mode, compile time and its cache, contention, and the time to the config's target loss."""
-    timings, evals = doc.get("timings") or {}, doc.get("evals") or []
-    best = min(evals, key=lambda e: e["val_loss"]) if evals else None
-    reach, info = doc.get("time_to_target") or {}, doc.get("backend_info") or {}
-    median = timings.get("step_median_s")
-    return {"backend": doc.get("backend"), "status": doc.get("status"), "steps": doc.get("total_steps"),
+def run_figures(rec: Any) -> dict:
+    """The figures of one run record (harness.store.RunRecord): status, median ms/step, last and best validation
+    loss, FLOP/s, the step mode, compile time and its cache, contention, and the time to the config's target loss."""
+    t, evals, reach = rec.timings, list(rec.curves.evals), rec.time_to_target
+    best = min(evals, key=lambda e: e.val_loss) if evals else None
+    median, info = t.step_median_s, rec.backend_info or {}
+    return {"backend": rec.backend, "status": str(rec.status.value), "steps": rec.total_steps,
             "ms_per_step": None if median is None else round(median * 1e3, 3),
-            "val_loss": evals[-1]["val_loss"] if evals else None,
-            "best_val_loss": best["val_loss"] if best else None, "best_step": best["step"] if best else None,
-            "achieved_flops": timings.get("achieved_flops"), "compile_s": timings.get("compile_s"),
-            "compile_cache": info.get("compile_cache"), "wall_s": timings.get("wall_s"), "step_mode": info.get("step"),
-            "contended_fraction": (timings.get("contention") or {}).get("contended_fraction"),
-            "target": reach.get("target_val_loss"), "target_step": reach.get("step"),
-            "target_train_s": reach.get("train_s")}
+            "val_loss": evals[-1].val_loss if evals else None,
+            "best_val_loss": best.val_loss if best else None, "best_step": best.step if best else None,
+            "achieved_flops": t.achieved_flops, "compile_s": t.compile_s,
+            "compile_cache": info.get("compile_cache"), "wall_s": t.wall_s, "step_mode": info.get("step"),
+            "contended_fraction": t.contention.contended_fraction if t.contention else None,
+            "target": reach.target_val_loss if reach else None, "target_step": reach.step if reach else None,
+            "target_train_s": reach.train_s if reach else None}
 
 
 def run(check: Any, o: Outcome) -> Verdict:
@@ -146,20 +143,34 @@ def sweep(need_green: bool) -> Callable[[Any, Outcome], Verdict]:
 
 
 def bench(check: Any, o: Outcome) -> Verdict:
-    """bench overhead: exit 0 (with --check: every target met), one result per size."""
+    """bench overhead: exit 0 (with --check: every target met), one result per size (harness.store's
+    OverheadRecord, read by its bounded reader; a failed size is listed with its reason)."""
+    from harness.errors import UsageError
+    from harness.store.bench import OverheadRecord
+
     paths = sorted(o.out.glob("bench/bench-*.json"))
-    doc = _load(paths[-1]) if paths else None
+    try:
+        doc = OverheadRecord.load(paths[-1]) if paths else None
+    except UsageError as exc:
+        return False, f"{exc} (exit status {o.rc})", {}
     if doc is None:
         return False, f"no bench record under {o.out / 'bench'} (exit status {o.rc}): {last_line(o)}", {}
-    rows = [{"size": r["size"], "overhead_pct": round(r["overhead_pct"], 2),
-             "ci95_pct": [round((v - 1) * 100, 2) for v in r.get("overhead_ratio_ci95") or []],
-             "runner_ms": round(r["runner"]["step_ms_median"], 3), "bare_ms": round(r["bare"]["step_ms_median"], 3),
-             "harness_us_per_step": round(r["harness_only"]["us_per_step_median"], 1),
-             "step": (r.get("backend_info") or {}).get("step")} for r in doc.get("results", [])]
-    text = "; ".join(f"{r['size']} {r['overhead_pct']:+.2f}% ({r['runner_ms']}/{r['bare_ms']} ms)" for r in rows)
-    if doc.get("misses"):
-        text += f"; targets missed: {doc['misses']}"
-    return o.rc == 0 and bool(rows), text or last_line(o), {"results": rows, "misses": doc.get("misses")}
+
+    def ms(loop: Any) -> float | None:
+        return None if loop is None else round(loop.step_ms_median, 3)
+
+    rows = [{"size": r.size, "status": str(r.status.value), "failure": r.failure,
+             "overhead_pct": None if r.overhead_pct is None else round(r.overhead_pct, 2),
+             "ci95_pct": [round((v - 1) * 100, 2) for v in r.overhead_ratio_ci95 or []],
+             "runner_ms": ms(r.runner), "bare_ms": ms(r.bare),
+             "harness_us_per_step": None if r.harness_only is None else round(r.harness_only.us_per_step_median, 1),
+             "step": (r.backend_info or {}).get("step")} for r in doc.results]
+    text = "; ".join(f"{r['size']} {r['overhead_pct']:+.2f}% ({r['runner_ms']}/{r['bare_ms']} ms)"
+                     if r["overhead_pct"] is not None else f"{r['size']} {r['status']}: {r['failure']}" for r in rows)
+    if doc.misses:
+        text += f"; targets missed: {doc.misses}"
+    ok = o.rc == 0 and bool(rows) and all(r["overhead_pct"] is not None for r in rows)
+    return ok, text or last_line(o), {"results": rows, "misses": doc.misses}
 
 
 PARTS_PROBE = ("import json, sys; from gpucheck.judges import parts_facts; "
