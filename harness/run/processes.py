@@ -84,10 +84,10 @@ def busy_machine_line(threads: int | None, probe: contention.Probe | None = None
 
 
 def compile_cache_env() -> dict[str, str]:
-    """torch.compile's caches (Inductor, Triton) go into the user cache directory (harness.core.data.cache_dir:
+    """torch.compile's caches (Inductor, Triton) go into the user cache directory (harness.environment.cache_dir:
     `<harness cache>/torchinductor` and `/triton`, beside JAX's) unless the user chose a place: never into --out, where
     a linked folder would take them elsewhere, and shared by every run as JAX's cache is."""
-    from harness.core.data import cache_dir
+    from harness.environment import cache_dir
 
     env = {}
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
