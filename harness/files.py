@@ -107,12 +107,29 @@ def open_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | 
         raise
 
 
+READ_BLOCK = 16 * 2**20  # the most a bounded read asks of the file at once
+
+
+def read_bounded(f: BinaryIO, limit: int) -> bytes:
+    """At most `limit` bytes of open file `f`, read in blocks: what is allocated follows what the file holds, never
+    the limit (a cap of terabytes on a file of kilobytes allocates kilobytes)."""
+    parts: list[bytes] = []
+    left = limit
+    while left > 0:
+        part = f.read(min(left, READ_BLOCK))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
 def read_regular(path: str | os.PathLike, what: str, fix: str, max_bytes: int | None = None,
                  too_big: str = "") -> bytes:
     """The bytes of regular file `path` (at most `max_bytes`); UsageError naming what the path is otherwise."""
     with open_regular(path, what, fix, max_bytes, too_big) as f:
         try:
-            blob = f.read() if max_bytes is None else f.read(max_bytes + 1)
+            blob = f.read() if max_bytes is None else read_bounded(f, max_bytes + 1)
         except OSError as exc:
             raise _os_error(exc, Path(path), what, fix) from None
     if max_bytes is not None and len(blob) > max_bytes:  # it grew after the check
@@ -182,13 +199,14 @@ def pid_alive(pid_file: str | os.PathLike) -> bool:
     return True
 
 
-def check_version(doc: dict, path: str | os.PathLike, version: int) -> None:
+def check_version(doc: dict, path: str | os.PathLike, version: int, oldest: int | None = None) -> None:
     """The one schema-version check of every record kind the harness reads back (run record, spec, paired timing,
     sweep manifest, parity record): a record of another version is refused in one line, never read in an old format
-    (llm.c's way: "re-run it"). A `schema_version` that is not a whole number is left to the record's JSON schema,
-    which names the field; a record without one predates versioning (schema 0)."""
+    (llm.c's way: "re-run it"), unless the kind still reads it (`oldest`..`version`: the run record reads the
+    previous release's). A `schema_version` that is not a whole number is left to the record's JSON schema, which
+    names the field; a record without one predates versioning (schema 0)."""
     found = doc.get("schema_version", 0)
-    if isinstance(found, bool) or not isinstance(found, int) or found == version:
+    if isinstance(found, bool) or not isinstance(found, int) or (oldest or version) <= found <= version:
         return
     if found < version:
         raise UsageError(f"{str(path)!r} was written by an older nanogpt-parity (schema {found}); re-run it")

@@ -123,7 +123,7 @@ def spec_bytes(spec: Spec, default: int) -> int:
     return sum(w.limit(default) + MEMBER_OVERHEAD for w in spec.values())
 
 
-def read_npz(path: str | os.PathLike, what: str, fix: str, expect: Spec | Check, *, max_file_bytes: int,
+def read_npz(path: str | os.PathLike, what: str, fix: str, expect: Spec | Check, *, max_file_bytes: int | None,
              max_array_bytes: int, only: Callable[[str], bool] | None = None, stored_only: bool = False,
              too_big: str = "") -> dict[str, np.ndarray]:
     """The arrays of `.npz` file `path` that `expect` describes (and `only` keeps), every declared size and header

@@ -19,6 +19,7 @@ import pytest
 from harness import backends
 from harness.backends import PluginRefused
 from harness.cli.main import build_parser, main
+from tests.conftest import record_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +116,7 @@ def test_a_backend_from_outside_runs_through_every_command(numpy64: Path, tmp_pa
     assert main(["run", "--backend", "numpy64", "--config", tiny, "--steps", "3", "--no-text", "--no-report",
                  "--quiet", "--out", str(out)]) == 0
     (run_id,) = run_ids(out)
-    record = json.loads((out / "runs" / run_id / "numpy64.json").read_text())
+    record = record_doc(out / "runs" / run_id / "numpy64.json")
     assert record["status"] == "completed" and record["backend"] == "numpy64" and len(record["steps"]["loss"]) == 3
 
     assert main(["parity", "--backend", "numpy64,numpy", "--config", tiny, "--steps", "2", "--quiet",

@@ -267,7 +267,7 @@ def trained(corpus, config_file):
     from harness.core.data import BatchStream
     from harness.core.weights import init_weights
     from harness.run import checkpoint
-    from harness.store.record import Curves, Eval
+    from harness.store.curves import Curves, Eval
 
     config = load_config(path=config_file, overrides={"steps": 20})
     weights = init_weights(config, corpus.vocab_size, 1)

@@ -203,7 +203,7 @@ def test_matching_two_records_evaluations_is_linear():
     comparisons (many minutes); by step it is one pass (well under a second)."""
     from harness.config.load import load_config
     from harness.report.analysis import compare_pair
-    from harness.store.record import Curves, Eval
+    from harness.store.curves import Curves, Eval
 
     def rec(name: str) -> store.RunRecord:
         n = 100_000

@@ -398,7 +398,9 @@ def test_the_evidence_survives_a_kill_and_a_resume_without_gaps_or_overlaps(tmp_
     """Killed right after its second checkpoint, resumed: the record's chunks cover every step exactly once."""
     import json
 
-    from conftest import run_cli
+    from conftest import record_doc, run_cli
+
+    from harness import store
 
     out = tmp_path / "out"
     common = ["--quiet", "--no-report", "--out", str(out)]
@@ -410,8 +412,8 @@ def test_the_evidence_survives_a_kill_and_a_resume_without_gaps_or_overlaps(tmp_
     assert json.loads((run / "numpy.json").read_text())["status"] != "completed"
     again = run_cli("resume", run.name, *common)
     assert again.returncode == 0, again.stderr
-    rec = json.loads((run / "numpy.json").read_text())
-    assert rec["schema_version"] == 3 and rec["resumed_at"]
+    rec = record_doc(run / "numpy.json")
+    assert rec["schema_version"] == store.record.SCHEMA_VERSION and rec["resumed_at"]
     spans = sorted((c["step"], c["n"]) for c in rec["chunks"])
     covered = [s for start, n in spans for s in range(start, start + n)]
     assert covered == list(range(60)), spans  # contiguous, no step twice, none missing

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import random
 import signal
@@ -15,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import check_files, children, data_path, run_cli
+from harness.errors import UsageError
+from tests.conftest import check_files, children, data_path, record_doc, run_cli
 
 
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -40,9 +40,10 @@ def wait_for(predicate, timeout: float = 120.0, every: float = 0.1) -> None:
 
 
 def read_json(path: Path) -> dict | None:
+    """The record at `path` with its curves (conftest.record_doc); None while it is missing or being replaced."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return record_doc(path)
+    except (FileNotFoundError, UsageError):
         return None
 
 

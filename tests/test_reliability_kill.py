@@ -10,13 +10,12 @@ run, bit for bit.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import check_files, run_cli
+from tests.conftest import check_files, record_doc, run_cli
 
 STEPS, EVERY = 60, 20
 # (hook, what must hold on disk right after the kill)
@@ -31,10 +30,7 @@ STAGES = [
 
 
 def read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
+    return record_doc(path) if path.exists() else None
 
 
 # torch's checkpoints resume bit-exact in test_reliability.py::test_resume_is_bit_exact too; every moment for torch

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import data_path
+from conftest import data_path, record_doc
 
 from harness import store
 from harness.config.load import load_config
@@ -43,7 +43,9 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
              step_time: dict[str, float] | None = None, dropout: float | None = None,
              fingerprints: dict[str, dict] | None = None, text: bool = True, missing: tuple[str, ...] = (),
              loss_noise: float = 0.01) -> str:
-    """Write a run directory with spec.json and one synthetic RunRecord per backend; returns the run id.
+    """Write a run directory with spec.json and one synthetic RunRecord per backend; returns the run id. The records
+    are of schema version 3 (the previous release's: the curves in the JSON, where a test can edit them), which every
+    reader still reads; real runs write the current version.
 
     Per-step losses are a common curve plus common batch noise plus `loss_noise` of backend-specific noise; the
     validation loss at every evaluation is the curve + 0.02 + `val_offset[backend]`. Step times are constant
@@ -86,7 +88,7 @@ def make_run(out: Path, backends: tuple[str, ...] = ("torch", "numpy"), *, size:
                            train_s=float(times.sum()), eval_s=0.05 * len(evals), wall_s=float(times.sum()) + 2)
             timings["achieved_flops"] = timings["tokens_per_s"] * flops_per_token(config, VOCAB)
         rec = {
-            "schema": store.record.SCHEMA, "schema_version": store.record.SCHEMA_VERSION, "run_id": run_id,
+            "schema": store.record.SCHEMA, "schema_version": 3, "run_id": run_id,
             "backend": b, "backend_options": {}, "status": status, "started_at": "2026-01-01T00:00:01Z",
             "finished_at": None if status == "running" else "2026-01-01T00:01:00Z",
             "error": "Traceback (most recent call last):\n  RuntimeError: boom" if status.startswith("failed")
@@ -559,7 +561,7 @@ def test_cli_run_writes_report_and_index(cli_run: tuple[Path, str]) -> None:
     out, run_id = cli_run
     report = out / f"{run_id}.html"
     assert report.is_file() and (out / "index.html").is_file()
-    rec = json.loads((out / "runs" / run_id / "torch.json").read_text())
+    rec = record_doc(out / "runs" / run_id / "torch.json")
     text = text_of(report.read_text())
     assert f"final validation loss {rec['evals'][-1]['val_loss']:.4f} at step 12" in text
     assert f"{rec['timings']['tokens_per_s']:,.0f} tokens/s" in text

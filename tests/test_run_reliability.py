@@ -25,12 +25,14 @@ from harness import store
 from harness.errors import UsageError
 from tests.conftest import (
     TINY,
+    as_version_3,
     children,
     data_path,
     harness_in_process,
     in_own_mounts,
     needs_mounts,
     one_line_error,
+    record_doc,
     run_cli,
     tree,
 )
@@ -71,7 +73,7 @@ def state(pid: int) -> str | None:
 
 
 def record_of(run: Path, backend: str = "numpy") -> dict:
-    return json.loads((run / f"{backend}.json").read_text())
+    return record_doc(run / f"{backend}.json")
 
 
 @pytest.fixture(scope="module")
@@ -434,13 +436,14 @@ def test_ignored_options_are_refused(tmp_path, capsys, args, fragment, monkeypat
     assert tree(tmp_path) == []
 
 
-def test_compile_caches_go_into_out(tmp_path, monkeypatch):
+def test_compile_caches_go_into_the_user_cache(tmp_path, monkeypatch):
     from harness.run import processes
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    env = processes.compile_cache_env(store.RunPaths(tmp_path / "out", "r1"))
-    assert all(Path(v).is_relative_to((tmp_path / "out" / "cache").resolve()) for v in env.values())
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    env = processes.compile_cache_env()
+    assert all(Path(v).is_relative_to((tmp_path / "cache").resolve()) for v in env.values())
     assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 
@@ -471,7 +474,7 @@ CORRUPT = {
                                 "older nanogpt-parity (schema 0); re-run it"),
     "steps a list": (lambda r: _edit(r / "numpy.json", lambda d: d.update(steps=[])), "numpy.json", "'steps'"),
     "evals malformed": (lambda r: _edit(r / "numpy.json", lambda d: d.update(evals=[{"step": "x"}])),
-                        "numpy.json", "evals/0"),
+                        "numpy.json", "'evals'"),
     "config not a table": (lambda r: _edit(r / "numpy.json", lambda d: d.update(config="x")), "numpy.json",
                            "'config'"),
     "backend mismatch": (lambda r: _edit(r / "numpy.json", lambda d: d.update(backend="torch")), "numpy.json",
@@ -521,6 +524,7 @@ def test_non_finite_numbers_are_null(tmp_path, done_run):
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [1.0, None, None]}
     _, run = copy_run(done_run, tmp_path)
+    as_version_3(run / "numpy.json")
     _edit(run / "numpy.json", lambda d: d["steps"]["loss"].__setitem__(3, None))
     loaded = store.RunRecord.load(run / "numpy.json")
     assert math.isnan(loaded.curves.loss[3]) and math.isfinite(loaded.curves.loss[2])

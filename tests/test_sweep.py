@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import data_path, run_cli
+from conftest import data_path, record_doc, run_cli
 
 from harness.errors import UsageError
 from harness.sweep.spec import DEFAULT_SEED, build_spec, expand, parse_seed_flag, parse_seeds, parse_set
@@ -203,7 +203,7 @@ def test_local_sweep_end_to_end(tmp_path: Path, tiny_config):
         assert g["final_val_loss"].max() - g["final_val_loss"].min() < 1e-4, seed
     # time to target from the record equals the sum of the step times before the evaluation that reached it
     for _, r in df.iterrows():
-        rec = json.loads((out / "runs" / r["run_id"] / f"{r['backend']}.json").read_text())
+        rec = record_doc(out / "runs" / r["run_id"] / f"{r['backend']}.json")
         ttt = rec["time_to_target"]
         first = next(e for e in rec["evals"] if e["val_loss"] <= 3.3)
         assert ttt["reached"] and ttt["step"] == first["step"] == r["target_step"]
@@ -263,8 +263,8 @@ def _record(out: Path, cell: dict) -> dict | None:
         return None
     path = out / "runs" / cell["run_id"] / f"{cell['backend']}.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return record_doc(path)
+    except (OSError, UsageError):
         return None
 
 

@@ -590,7 +590,7 @@ def test_every_resume_of_a_run_is_recorded_and_old_records_are_refused(tmp_path,
     assert third.returncode == 0 and "resuming from step 40" in third.stderr, third.stderr
     assert "resumed from step 20, then 40" in third.stderr
     rec = store.RunRecord.load(run / "numpy.json")
-    assert rec.resumed_from_step == [20, 40] and rec.schema_version == store.record.SCHEMA_VERSION == 3
+    assert rec.resumed_from_step == [20, 40] and rec.schema_version == store.record.SCHEMA_VERSION == 4
     report = run_cli("report", run.name, "--out", str(out))
     assert report.returncode == 0 and "resumed from step" in (out / f"{run.name}.html").read_text()
     edit(run / "numpy.json", lambda d: d.update(resumed_from_step=["x"]))

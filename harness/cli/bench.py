@@ -7,7 +7,6 @@ import argparse
 import secrets
 import sys
 import time
-from pathlib import Path
 
 from harness.backends import DEFAULT_BACKEND, PARITY_DEFAULT, check_backend, declaration
 from harness.bench import overhead
@@ -65,6 +64,7 @@ from harness.environment import usable_cores
 from harness.errors import UsageError
 from harness.store import check_writable
 from harness.store.bench import LegTiming, NoiseOptions, NoiseRecord, OverheadOptions, OverheadRecord, OverheadResult
+from harness.store.paths import BENCH, inside
 from harness.units import utc_now
 
 OVERHEAD_EXIT = {0: "measured (with --check: and every target met)",
@@ -231,7 +231,7 @@ def command(args: argparse.Namespace) -> int:
             devices=devices if set(devices.values()) != {device} else None),
         targets=TARGETS, environment=environment, results=results, misses=missed)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    path = Path(args.out) / "bench" / f"bench-{stamp}-{secrets.token_hex(3)}.json"
+    path = inside(args.out, BENCH) / f"bench-{stamp}-{secrets.token_hex(3)}.json"
     doc.dump(path)
     out = result_stream(args)
     print(format_table(results), file=out)
@@ -299,7 +299,7 @@ def noise_command(args: argparse.Namespace) -> int:
     check_writable(args.out)
     hogs = args.hogs or usable_cores()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    root = Path(args.out) / "bench" / f"noise-{stamp}-{secrets.token_hex(3)}"
+    root = inside(args.out, BENCH) / f"noise-{stamp}-{secrets.token_hex(3)}"
     common = [*(["--threads", str(args.threads)] if args.threads else []), "--data", corpus.path, "--no-text",
               "--quiet"]
     sweep = ["sweep", "--size", sizes[0], "--backend", ",".join(backends), "--seeds", str(args.seeds),

@@ -63,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run {paths.run_id}: {plan.config.name} on {where}, backends {', '.join(backends)}", file=sys.stderr)
         print(f"  {corpus.summary()}", file=sys.stderr)
         if args.compile and taking("compile", backends):
-            where = compile_cache_env(paths).get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
+            where = compile_cache_env().get("TORCHINDUCTOR_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
             print(f"  torch.compile caches go to {where}", file=sys.stderr)
         codes = supervise.execute(paths, backends, progress=plan.progress, threads=plan.threads,
                                   paired_rounds=plan.paired_rounds)
@@ -182,11 +182,14 @@ def resume_run(args: argparse.Namespace, run_id: str) -> int:
     """`harness resume RUN_ID`: continue run `run_id` under --out from its checkpoints, as it was started (its
     spec: `harness resume` takes no option that would change what it computes); --threads and --paired-rounds may
     change."""
-    from harness.run import supervise
+    from harness.run import resumable, supervise
     from harness.store import RunPaths, check_writable, load_run
 
     paths = RunPaths(Path(args.out), run_id)
     spec, _ = load_run(paths, runnable=True)  # the spec and every record checked here, before a worker starts
+    # the run is the one its files say (spec digests, records, checkpoints): a refusal is the only line, nothing
+    # written; checked again under the run's lock before the first worker starts (harness.run.supervise.execute)
+    resumable.check_run(paths, spec, spec.backends)
     check_writable(paths.dir)
     threads = spec.threads
     if args.threads is not None and args.threads != threads:

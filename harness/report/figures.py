@@ -2,7 +2,8 @@
 
 Every figure is self-contained SVG (text kept as text, no external references). Element ids are prefixed per
 figure, so that several SVGs inlined into one page cannot clash. Long curves are reduced to at most `MAX_POINTS`
-bins (mean line plus min-max band), which keeps the file small without hiding spikes.
+bins (mean line plus min-max band), and long evaluation lines to the smallest and largest point of each bin
+(`decimated`), which keeps the file small and quick to draw without hiding spikes; every value stays in the CSVs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from markupsafe import Markup, escape
 
 from harness.report.analysis import PairComparison, RunView, costs, step_losses
+from harness.store.curves import eval_columns
 
 MAX_POINTS = 1500
 _EXTRA = ["#e67700", "#495057", "#c2255c", "#0b7285", "#5c940d"]  # none of the shipped backends' own
@@ -112,6 +114,23 @@ def binned(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS
     return np.asarray(xs), np.asarray(mean), np.asarray(lo), np.asarray(hi)
 
 
+def decimated(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of a line reduced to about `max_points` points that keep its envelope: of each of `max_points // 2`
+    consecutive bins, the points of its smallest and its largest value, in order, so a spike of one evaluation is
+    still drawn (the data itself when short; non-finite values are left to the caller)."""
+    n = len(y)
+    if n <= max_points:
+        return x, y
+    edges = np.linspace(0, n, max_points // 2 + 1).astype(int)
+    starts = edges[:-1][np.diff(edges) > 0]
+    filled = np.where(np.isnan(y), np.inf, y)
+    lo = np.array([a + int(np.argmin(filled[a:b])) for a, b in zip(starts, [*starts[1:], n])])
+    filled = np.where(np.isnan(y), -np.inf, y)
+    hi = np.array([a + int(np.argmax(filled[a:b])) for a, b in zip(starts, [*starts[1:], n])])
+    keep = np.unique(np.concatenate([lo, hi, [0, n - 1]]))
+    return x[keep], y[keep]
+
+
 def rolling_mean(y: np.ndarray, window: int) -> np.ndarray:
     """Centred rolling mean over `window` points (odd), narrowing symmetrically at the ends: no lag, no end bias."""
     y = np.asarray(y, dtype=np.float64)
@@ -132,7 +151,7 @@ def smoothing_window(n: int) -> int:
 @drawn
 def loss_figure(view: RunView) -> Markup | None:
     """Training loss per step (left) and evaluation train/validation loss (right), every backend overlaid."""
-    if not any(len(step_losses(r)[1]) or r.curves.evals for r in view.records):
+    if not any(len(step_losses(r)[1]) or len(r.curves.evals) for r in view.records):
         return None
     with plt.rc_context(RC):
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
@@ -152,19 +171,19 @@ def loss_figure(view: RunView) -> Markup | None:
                 xr, mr, _, _ = binned(steps, rolling_mean(loss, w))
                 ax1.plot(xr, mr, color=c, lw=1.6, label=f"{name} (rolling mean over {w} steps)" if w > 1 else name)
             evals = rec.curves.evals
-            if evals:
-                es = [e.step for e in evals]
+            if len(evals):
+                es, train, val = eval_columns(evals)
                 ms = 3 if len(evals) <= 60 else 0  # markers only where they can be told apart
-                ax2.plot(es, plottable([e.train_loss for e in evals]), "--", marker="o", ms=ms, color=c, lw=1.2,
+                ax2.plot(*decimated(es, plottable(train)), "--", marker="o", ms=ms, color=c, lw=1.2,
                          label=f"{name} train")
-                ax2.plot(es, plottable([e.val_loss for e in evals]), "-", marker="s", ms=ms, color=c, lw=1.6,
+                ax2.plot(*decimated(es, plottable(val)), "-", marker="s", ms=ms, color=c, lw=1.6,
                          label=f"{name} validation")
         ax1.set(title="Training loss per step", xlabel="step", ylabel="cross-entropy (nats)")
         ax2.set(title="Evaluation on the fixed batches", xlabel="step")
         for ax in (ax1, ax2):
             if ax.has_data():
                 ax.legend(fontsize=8)
-        if not any(rec.curves.evals for rec in view.records):
+        if not any(len(rec.curves.evals) for rec in view.records):
             ax2.text(0.5, 0.5, "no evaluation points recorded", ha="center", va="center", transform=ax2.transAxes)
         fig.tight_layout()
         return to_svg(fig, "loss curves")

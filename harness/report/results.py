@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness.errors import UsageError
 from harness.store import RunPaths, RunRecord, SweepPaths, Timings
 from harness.store.contention import Contention
+from harness.store.curves import eval_array
 from harness.store.sweep import SweepManifest
 
 CONFIG_COLUMNS = ("n_embd", "n_layer", "n_head", "block_size", "batch_size", "d_hidden", "learning_rate", "dropout",
@@ -85,26 +87,30 @@ def costs(rec: RunRecord) -> Costs:
 
     t = Timings.from_dict(rec.timings.to_dict())  # a copy: what is recomputed here is not written back
     recomputed: list[str] = []
-    times, chunks = list(rec.curves.time_s), rec.curves.chunks
+    # the curves are read only where a figure is missing (a record's files are read when first touched)
+    need = (t.step_median_s is None or t.contention is None or t.train_s is None
+            or (t.first_step_s is None and not rec.resumed_at))
+    times = np.asarray(rec.curves.time_s, dtype=np.float64) if need else np.empty(0)
+    chunks = rec.curves.chunks if need else []
     tokens_per_step = rec.tokens_per_step
     if tokens_per_step is None:
         tokens_per_step = rec.config.batch_size * rec.config.block_size or None
-    if t.step_median_s is None and times and tokens_per_step:
+    if t.step_median_s is None and len(times) and tokens_per_step:
         summary = summarize_times(times, tokens_per_step, disturbed=contention.disturbed_steps(chunks, len(times)))
         for key, value in summary.items():
             setattr(t, key, value)
         recomputed += ["step times", "tokens/s"]
-    if t.contention is None and chunks and times:
+    if t.contention is None and chunks and len(times):
         t.contention = contention.summarize(chunks, len(times), steady_start(len(times)))
         recomputed.append("contention")
-    if t.first_step_s is None and times and not rec.resumed_at:
-        t.first_step_s = times[0]
+    if t.first_step_s is None and len(times) and not rec.resumed_at:
+        t.first_step_s = float(times[0])
         recomputed.append("first step")
-    if t.train_s is None and times:
-        t.train_s = float(sum(times))
+    if t.train_s is None and len(times):
+        t.train_s = float(times.sum())
         recomputed.append("train time")
-    if t.eval_s is None and rec.curves.evals:
-        t.eval_s = float(sum(e.time_s or 0.0 for e in rec.curves.evals))
+    if t.eval_s is None and len(rec.curves.evals):
+        t.eval_s = float(np.nansum(eval_array(rec.curves.evals)[:, 3]))
         recomputed.append("eval time")
     flops_per_token = rec.flops_per_token
     if flops_per_token is None:
@@ -222,9 +228,9 @@ def load_runs(out: str | Path, sweep_id: str | None = None, run_ids: list[str] |
         for path in paths.record_files():
             try:
                 rec = RunRecord.load(path)
-            except UsageError:
+                if sweep_id is not None and (paths.run_id, rec.backend) not in members:
+                    continue
+                rows.append(row(rec, members.get((paths.run_id, rec.backend))))
+            except UsageError:  # the record, or a curves file read for its row
                 continue
-            if sweep_id is not None and (paths.run_id, rec.backend) not in members:
-                continue
-            rows.append(row(rec, members.get((paths.run_id, rec.backend))))
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -28,6 +28,7 @@ from harness.pages import NEUTRAL, WARN, worse
 from harness.report import tables
 from harness.report.analysis import CONVENTION, difference_judgement
 from harness.store import RunPaths, RunRecord, atomic_write_bytes
+from harness.store.curves import eval_array
 from harness.store.paired import PairedRecord
 from harness.store.sweep import PairedEntry
 from harness.sweep import manifest as mf
@@ -351,13 +352,10 @@ def _wall_curve(rec: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     cv = rec.curves
     step_idx = np.asarray(cv.step, dtype=np.int64)
     cum = np.concatenate([[0.0], np.cumsum(np.asarray(cv.time_s, dtype=np.float64))])
-    xs, ys, eval_s = [], [], 0.0
-    for e in cv.evals:
-        k = int(np.searchsorted(step_idx, e.step))  # steps before this evaluation
-        eval_s += e.time_s or 0.0
-        xs.append(cum[min(k, len(cum) - 1)] + eval_s)
-        ys.append(e.val_loss)
-    return np.asarray(xs), np.asarray(ys)
+    rows = eval_array(cv.evals)  # (step, train loss, val loss, seconds; an unknown time nan, counted as none)
+    k = np.searchsorted(step_idx, rows[:, 0].astype(np.int64))  # steps before each evaluation
+    eval_s = np.cumsum(np.nan_to_num(rows[:, 3], nan=0.0))
+    return cum[np.minimum(k, len(cum) - 1)] + eval_s, rows[:, 2]
 
 
 def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

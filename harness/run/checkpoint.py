@@ -37,7 +37,8 @@ from harness.files import parse_json
 from harness.npz import Want, read_npz, spec_bytes
 from harness.store import RunPaths
 from harness.store.contention import check_chunks, truncate_chunks
-from harness.store.record import CHUNK_BYTES, Curves, Eval
+from harness.store.curves import Curves, Eval
+from harness.store.record import CHUNK_BYTES
 from harness.store.writes import atomic_write_bytes, npz_bytes
 
 STEP, LOSS, TIME, EVALS, CHUNKS = "harness/step", "harness/loss", "harness/time_s", "harness/evals", "harness/chunks"
@@ -96,11 +97,18 @@ def expected(template: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int,
         if key.startswith(RNG):
             spec[key] = (Want((None,), ("uint8",), BLOB_BYTES) if _blob(value)
                          else Want(tuple(value.shape), (value.dtype.name,)))
-    steps = max(int(steps), 0)
-    spec[LOSS] = spec[TIME] = Want((None,), ("float64",), 8 * steps, required=False)
-    spec[EVALS] = Want((None, 4), ("float64",), 32 * (steps + 1), required=False)
-    spec[CHUNKS] = Want((None,), ("uint8",), CHUNK_BYTES * steps + 2**16, required=False)
+    spec.update(curves_expected(steps))
     return spec
+
+
+def curves_expected(steps: int, exact: bool = False) -> dict[str, Want]:
+    """The curves a checkpoint after at most `steps` steps holds (`exact`: after exactly `steps`, one loss and one
+    step time each)."""
+    steps = max(int(steps), 0)
+    per_step = Want((steps,), ("float64",), required=False) if exact else Want((None,), ("float64",), 8 * steps,
+                                                                                required=False)
+    return {LOSS: per_step, TIME: per_step, EVALS: Want((None, 4), ("float64",), 32 * (steps + 1), required=False),
+            CHUNKS: Want((None,), ("uint8",), CHUNK_BYTES * steps + 2**16, required=False)}
 
 
 def read(paths: RunPaths, backend: str, template: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]],
@@ -113,29 +121,58 @@ def read(paths: RunPaths, backend: str, template: Mapping[str, np.ndarray], shap
     parameter shapes; `total_steps`: the run's steps. Read in two passes: the step first, then everything with the
     curves' sizes fixed by it (so a lying curve is refused by its header, never inflated)."""
     path, fix = paths.checkpoint(backend), restart_fix(paths, backend)
-    name = f"{WHAT} {str(path)!r}"
-    loose = expected(template, shapes, total_steps)
-    cap = spec_bytes(loose, 0)
-    step_only = read_npz(path, WHAT, fix, {STEP: loose[STEP]}, max_file_bytes=cap, max_array_bytes=8,
-                         only=lambda key: key == STEP)
-    step = int(step_only[STEP])
-    if not 0 < step <= total_steps:
-        raise UsageError(f"{name} is at step {step}, outside this run's 1..{total_steps}; {fix}")
+    cap = spec_bytes(expected(template, shapes, total_steps), 0)
+    step = _step(path, fix, cap, total_steps)
     spec = expected(template, shapes, step)
-    spec[LOSS] = spec[TIME] = Want((step,), ("float64",), required=False)
+    spec.update(curves_expected(step, exact=True))
     state = read_npz(path, WHAT, fix, spec, max_file_bytes=cap, max_array_bytes=0)
-    if any(k not in state for k in CURVES):
-        raise UsageError(f"{name} was written by an older nanogpt-parity (no curves in it); {fix}")
     del state[STEP]
     _check_state(state, template, step, path, fix)
+    return step, _curves(state, step, path, fix), state
+
+
+def read_curves(paths: RunPaths, backend: str, total_steps: int, max_file_bytes: int | None = None
+                ) -> tuple[int, Curves]:
+    """`backend`'s checkpoint's step and the curves up to it, validated as `read` validates them, without its state
+    (which only the backend can check): what a resume compares with the record before any worker starts. Nothing
+    but the step and the curves is opened; `max_file_bytes`: the file's cap where the caller knows it."""
+    path, fix = paths.checkpoint(backend), restart_fix(paths, backend)
+    step = _step(path, fix, max_file_bytes, total_steps)
+    spec = {STEP: Want((), ("integer",), 8), **curves_expected(step, exact=True)}
+    state = read_npz(path, WHAT, fix, spec, max_file_bytes=max_file_bytes, max_array_bytes=0,
+                     only=lambda key: key in spec)
+    return step, _curves(state, step, path, fix)
+
+
+def _step(path: Path, fix: str, cap: int | None, total_steps: int) -> int:
+    """The checkpoint's step (the one array read), within the run's 1..`total_steps`."""
+    step_only = read_npz(path, WHAT, fix, {STEP: Want((), ("integer",), 8)}, max_file_bytes=cap,
+                         max_array_bytes=8, only=lambda key: key == STEP)
+    step = int(step_only[STEP])
+    if not 0 < step <= total_steps:
+        raise UsageError(f"{WHAT} {str(path)!r} is at step {step}, outside this run's 1..{total_steps}; {fix}")
+    return step
+
+
+def _curves(state: dict[str, np.ndarray], step: int, path: Path, fix: str) -> Curves:
+    """The curves of a checkpoint at `step`, taken out of `state`: finite losses and step times, checked evaluations
+    and contention evidence."""
+    name = f"{WHAT} {str(path)!r}"
+    if any(k not in state for k in CURVES):
+        raise UsageError(f"{name} was written by an older nanogpt-parity (no curves in it); {fix}")
+    for key in (LOSS, TIME):
+        if not np.isfinite(state[key]).all() or (key == TIME and (state[key] < 0).any()):
+            raise UsageError(f"{name}: array {key!r} holds a value no run writes (NaN, inf or a negative time; a "
+                             f"diverged run is never checkpointed); {fix}")
     loss, times, evals, blob = (state.pop(k) for k in CURVES)
-    return step, Curves(step=list(range(step)), loss=loss.tolist(), time_s=times.tolist(),
-                        evals=_evals(evals, step, name, fix), chunks=_chunks(blob, step, path, fix)), state
+    return Curves(step=list(range(step)), loss=loss.tolist(), time_s=times.tolist(),
+                  evals=_evals(evals, step, name, fix), chunks=_chunks(blob, step, path, fix))
 
 
 def _check_state(state: Mapping[str, np.ndarray], template: Mapping[str, np.ndarray], step: int, path: Path,
                  fix: str) -> None:
-    """The values the headers cannot show: AdamW's count, the second moments, the RNG states, the losses."""
+    """The values the headers cannot show: AdamW's count, the second moments, the RNG states (the losses:
+    `_curves`)."""
     name = f"{WHAT} {str(path)!r}"
     adam_t = int(state[ADAM_T])
     if adam_t != step:
@@ -148,10 +185,6 @@ def _check_state(state: Mapping[str, np.ndarray], template: Mapping[str, np.ndar
     for key, value in template.items():
         if key.startswith(RNG) and _blob(value):
             _same_json(value, state[key], key, path, fix)
-    for key in (LOSS, TIME):
-        if not np.isfinite(state[key]).all() or (key == TIME and (state[key] < 0).any()):
-            raise UsageError(f"{name}: array {key!r} holds a value no run writes (NaN, inf or a negative time; a "
-                             f"diverged run is never checkpointed); {fix}")
 
 
 def _same_json(own: np.ndarray, value: np.ndarray, key: str, path: Path, fix: str) -> None:

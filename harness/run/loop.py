@@ -40,7 +40,8 @@ from harness.core.data import BatchStream
 from harness.core.schedule import learning_rate
 from harness.progress import watched
 from harness.store.contention import truncate_chunks
-from harness.store.record import Curves, Eval, Status
+from harness.store.curves import Curves, Eval
+from harness.store.record import Status
 from harness.timing.contention import Sampler
 
 FLUSH_EVERY = 50  # fetch device losses (one sync) at most this many steps apart

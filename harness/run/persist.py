@@ -4,6 +4,10 @@
 These are the small objects the training loop (harness.run.loop.train) is handed as its hooks: `on_flush`,
 `on_checkpoint`, `after_step`. None of them reaches back into the worker.
 
+**A record never knows less than before.** The curves files only grow (harness.store.curves); the record, rewritten
+after each append, vouches for what they hold. A resume keeps what the earlier attempt recorded and appends only what
+it measures beyond it.
+
 **Signals never cut a write in half.** SIGTERM/SIGINT arriving while the record or a checkpoint is being written
 are deferred to the end of that write (`critical`); after the record says "completed" a signal changes nothing.
 """
@@ -26,7 +30,8 @@ from harness.run.loop import Interrupted
 from harness.run.probe import OPT_PREFIX, Recorder
 from harness.run.probe import read as read_probe
 from harness.store import RunPaths, RunRecord
-from harness.store.record import CheckpointRef, Curves, write_curves_csv
+from harness.store.curves import Curves, append_curves, write_curves
+from harness.store.record import CheckpointRef
 from harness.store.writes import atomic_write_npz
 
 PERSIST_EVERY_S = 15.0  # how often the record is rewritten during training (besides checkpoints and the end)
@@ -58,10 +63,12 @@ def critical() -> Iterator[None]:
 
 @dataclass
 class RecordWriter:
-    """Writes one backend's record and its CSVs: the curves measured now (`curves`, which the loop fills),
-    followed by what an earlier attempt recorded beyond them (`tail`, kept until training passes it again: a
-    record is never replaced by one that knows less). `finished`: the record on disk says "completed", and nothing
-    may change that."""
+    """Writes one backend's record and its curves files: what an earlier attempt recorded (`tail`: the old record's
+    curves, kept as they are: a record is never replaced by one that knows less), followed by what this attempt
+    measured beyond it (`curves`, which the loop fills: from the checkpoint's step on, so steps trained again add
+    nothing until they pass the tail). The files are appended to (harness.store.curves), then the record that
+    vouches for them is rewritten; a tail held in a version-3 record is written out whole first. `finished`: the
+    record on disk says "completed", and nothing may change that."""
 
     paths: RunPaths
     record: RunRecord
@@ -70,15 +77,39 @@ class RecordWriter:
     finished: bool = False
     last_write: float = 0.0
 
+    def __post_init__(self) -> None:
+        backend = self.record.backend
+        # what the files hold now: the tail where it is in them, else nothing yet (the first write writes them whole)
+        self.extents = self.tail.extents if self.tail.stored_at(self.paths, backend) else None
+        self.evals_to = self.tail.last_eval.step if self.tail.last_eval is not None else -1
+        self.chunks_to = max(self.tail.chunks_end, self.tail.steps_done)  # evidence of the steps beyond the tail
+
     def merged(self) -> Curves:
-        """The curves measured now, followed by the tail."""
+        """The tail, followed by the curves measured now beyond it."""
         return self.curves.followed_by(self.tail)
 
+    def _append(self) -> None:
+        """Append to the files what the curves measured beyond them (steps, later evaluations, chunks whose steps
+        are all in), then point the record at them."""
+        cv, backend = self.curves, self.record.backend
+        if self.extents is None:  # a first write, or a tail from a record of version 3: the files whole
+            self.record.curves = write_curves(self.paths, backend, self.merged())
+        else:
+            first = self.extents.steps.rows
+            done = max(first, len(cv.loss))
+            evals = [e for e in cv.evals if e.step > self.evals_to]
+            chunks = [c for c in cv.chunks if c["step"] >= self.chunks_to and c["step"] + c["n"] <= done]
+            extents = append_curves(self.paths, backend, self.extents, (first, cv.loss[first:], cv.time_s[first:]),
+                                    evals, chunks)
+            self.record.curves = Curves.on_disk(self.paths, backend, extents)
+        self.extents = self.record.curves.extents
+        self.evals_to = max([self.evals_to, *(e.step for e in cv.evals)])
+        self.chunks_to = self.record.curves.chunks_end
+
     def write(self, final: bool = False) -> None:
-        """The CSVs, then the record (`final`: the test hook's "final-persist" point between them)."""
+        """The curves files, then the record (`final`: the test hook's "final-persist" point between them)."""
         with critical():
-            self.record.curves = self.merged()
-            write_curves_csv(self.paths, self.record.backend, self.record.curves)
+            self._append()
             if final:
                 pause_at("final-persist")
             self.record.dump(self.paths)
@@ -103,7 +134,8 @@ class Checkpointer:
     def __call__(self, done: int) -> None:
         writer = self.writer
         with critical():
-            path = checkpoint.write(writer.paths, writer.record.backend, self.state(), done, writer.curves,
+            # the curves up to `done` as the record holds them (an earlier attempt's steps kept, never re-measured)
+            path = checkpoint.write(writer.paths, writer.record.backend, self.state(), done, writer.merged(),
                                     before_rename=lambda: pause_at("mid-checkpoint"))
             pause_at("after-checkpoint")
             writer.record.checkpoint = CheckpointRef(step=done, file=path.name)

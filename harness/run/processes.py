@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from harness.run.child import KINDS, PARENT_PID_ENV, WORKER_FLAG
-from harness.store import LOCK_FD_ENV, RunPaths
+from harness.store import LOCK_FD_ENV
 from harness.timing import contention
 
 KILL_GRACE_S = float(os.environ.get("HARNESS_KILL_GRACE_S", "10"))  # a stop signal -> SIGKILL, for a wedged child
@@ -83,23 +83,26 @@ def busy_machine_line(threads: int | None, probe: contention.Probe | None = None
             f"{what}, so the steps will wait for CPUs and the speed figures will be marked disturbed; {fix}")
 
 
-def compile_cache_env(paths: RunPaths) -> dict[str, str]:
-    """torch.compile's caches (Inductor, Triton) go into `<out>/cache/` unless the user chose a place."""
-    cache = paths.cache
+def compile_cache_env() -> dict[str, str]:
+    """torch.compile's caches (Inductor, Triton) go into the user cache directory (harness.environment.cache_dir:
+    `<harness cache>/torchinductor` and `/triton`, beside JAX's) unless the user chose a place: never into --out, where
+    a linked folder would take them elsewhere, and shared by every run as JAX's cache is."""
+    from harness.environment import cache_dir
+
     env = {}
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
         if not os.environ.get(var):
-            env[var] = str((cache / sub).resolve())
+            env[var] = str((cache_dir() / sub).resolve())
     return env
 
 
-def child_env(threads: int | None, compiles: RunPaths | None = None) -> dict[str, str]:
+def child_env(threads: int | None, compiles: bool = False) -> dict[str, str]:
     """This process's environment for a child: unbuffered, thread caps, no inherited run-lock descriptor, and the
-    compile caches of the run `compiles` (given when its backend compiles)."""
+    compile caches (`compiles`: its backend compiles)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(threads))
     env.pop(LOCK_FD_ENV, None)
-    if compiles is not None:
-        env.update(compile_cache_env(compiles))
+    if compiles:
+        env.update(compile_cache_env())
     return env
 
 
@@ -169,7 +172,7 @@ def ending(sig: int = signal.SIGINT, grace_s: float | None = None) -> Iterator[l
         stop(procs, sig, grace_s)
 
 
-def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compiles: RunPaths | None = None,
+def spawn(kind: str, args: Sequence[str | os.PathLike], threads: int | None = None, compiles: bool = False,
           env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
     """Start a child of `kind` with `args`, set up as every local child is: `child_env` (plus `env`), its own session
     (a terminal Ctrl-C reaches only us; we decide what the child gets), PR_SET_PDEATHSIG at spawn (it stops if this

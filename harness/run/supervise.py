@@ -62,7 +62,7 @@ def spawn_worker(paths: RunPaths, backend: str, resume: bool = False, progress: 
     if lock is not None and lock.fd is not None:
         env[LOCK_FD_ENV] = str(lock.fd)
         pass_fds = (lock.fd,)
-    return spawn("train", args, threads, paths if compiles else None, env=env, pass_fds=pass_fds)
+    return spawn("train", args, threads, compiles, env=env, pass_fds=pass_fds)
 
 
 def run_worker(paths: RunPaths, backend: str, resume: bool = False, progress: bool = True,
@@ -166,7 +166,8 @@ def execute(paths: RunPaths, backends: list[str], resume: bool = False, progress
     backend alive at once, timed in alternating bursts), into `<run>/paired.json`; an existing record there gets a
     new session only while it lacks undisturbed rounds.
 
-    The run directory is locked for the whole time (UsageError when another process holds it). Returns each
+    The run directory is locked for the whole time (UsageError when another process holds it); a `resume` checks
+    the spec, every record and checkpoint first (harness.run.resumable: UsageError, nothing written). Returns each
     backend's exit status, and under `PAIRED` 130 when the paired timing was interrupted. `chained` (parity: each
     backend reads what the one before wrote): a backend that does not complete ends the run there.
     """
@@ -174,8 +175,14 @@ def execute(paths: RunPaths, backends: list[str], resume: bool = False, progress
     try:
         spec: RunSpec | None = RunSpec.load(paths)  # read once here, for every worker and the paired timing
     except UsageError:
+        if resume:
+            raise
         spec = None  # each worker reports a bad spec itself
     with RunLock(paths) as lock:
+        if resume and spec is not None:  # every backend's files checked before any worker starts or writes
+            from harness.run import resumable
+
+            resumable.check_run(paths, spec, backends)
         for i, name in enumerate(backends, 1):
             path = paths.record(name)
             if resume and path.exists():

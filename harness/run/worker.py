@@ -53,13 +53,14 @@ from harness.core.data import BatchStream, Corpus, check_fits, eval_batches, loa
 from harness.core.masks import dropout_masks
 from harness.core.weights import count_parameters, fingerprint, init_weights
 from harness.errors import UsageError
-from harness.run import checkpoint
+from harness.run import checkpoint, resumable
 from harness.run.child import pause_at
 from harness.run.loop import Interrupted, LoopOptions, Outcome, train
 from harness.run.persist import Checkpointer, ProbeWriter, RecordWriter, raise_interrupted, reference_states
 from harness.run.probe import Recorder
 from harness.store import LOCK_FD_ENV, RunLock, RunPaths, RunRecord, RunSpec, Status
-from harness.store.record import CheckpointRef, Curves, Environment, Fingerprints, Memory, Timings
+from harness.store.curves import Curves
+from harness.store.record import CheckpointRef, Environment, Fingerprints, Memory, Timings
 from harness.store.spec import DataInfo
 from harness.store.writes import os_error_message
 from harness.timing import contention
@@ -140,14 +141,19 @@ class Worker:
 
     def restore(self) -> tuple[int, RunRecord | None, Curves]:
         """Restore the backend from the checkpoint; (the step to continue from, the old record, the curves up to
-        the checkpoint). Writes nothing."""
+        the checkpoint). The spec, the old record and the checkpoint are checked first (harness.run.resumable: the
+        parent has checked them too, but an executor may start a worker alone). Writes nothing."""
         record_path, ckpt = self.paths.record(self.name), self.paths.checkpoint(self.name)
+        resumable.check_spec(self.paths, self.spec)
         old = RunRecord.load(record_path, self.name, self.spec) if os.path.lexists(record_path) else None
+        if old is not None:
+            resumable.check_record(self.paths, self.spec, old)
         if not os.path.lexists(ckpt):
             return 0, old, Curves()  # nothing saved: start again from the initial weights (the old curves: a tail)
         shapes = {n: w.shape for n, w in self.inputs.weights.items()}  # canonical (harness.core.weights)
         step, curves, state = checkpoint.read(self.paths, self.name, self.backend.state_dict(), shapes,
                                               self.total_steps)
+        resumable.check_checkpoint(self.paths, old, step, curves)
         try:
             self.backend.load_state_dict(state)
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -169,7 +175,8 @@ class Worker:
             epochs=self.total_steps / inputs.stream.batches_per_epoch, tokens_per_step=c.batch_size * c.block_size,
             n_params=count_parameters(c, vocab), n_params_non_embedding=count_parameters(c, vocab, embeddings=False),
             flops_per_token=flops_per_token(c, vocab), backend_info=self.backend.describe(),
-            timings=dataclasses.replace(old.timings) if old is not None else Timings())
+            timings=dataclasses.replace(old.timings) if old is not None else Timings(),
+            experiment_sha256=self.spec.experiment.sha256 if self.spec.experiment is not None else None)
         if (old is not None and old.started_at) or start:  # a resume of an earlier attempt: say from which step
             record.started_at = (old.started_at if old is not None else None) or record.started_at
             record.resumed_at = utc_now()

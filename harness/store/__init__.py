@@ -6,7 +6,8 @@
   paired-timing record's lock;
 - `stored`: `Stored`, a JSON object as a dataclass (pyperf's `Benchmark`/`Run` model: `load` through the bounded,
   schema-checked reader of harness.files, `dump` atomic, attributes instead of keys);
-- the records: `spec` (spec.json: `RunSpec`), `record` (`<backend>.json`: `RunRecord`, its `Curves` and parts),
+- the records: `spec` (spec.json: `RunSpec`), `record` (`<backend>.json`: `RunRecord` and its parts), `curves`
+  (its `Curves`: the per-step columns, evaluations and chunks, in their own files beside the record),
   `contention` (the stored contention evidence), `parity` (parity.json: `ParityRecord`), `paired` (paired.json:
   `PairedRecord`), `sweep` (sweep.json: `SweepManifest`, `SweepCell`, `PairedEntry`), `bench` (the records of
   `harness bench overhead` and `harness bench noise`) and `parts` (`PartsRecord`, the record of `harness bench
@@ -16,9 +17,10 @@ Below everything that runs, times or reports (docs/development.md, "The tree"): 
 harness.errors and the Config type.
 """
 
+from harness.store.curves import Curves, Eval
 from harness.store.lock import LOCK_FD_ENV, RecordLock, RunLock
 from harness.store.paths import RUN_ID_RE, SWEEP_ID_RE, RunPaths, SweepPaths, check_run_id, check_sweep_id
-from harness.store.record import Curves, Eval, RunRecord, Status, Timings, compare_fingerprints, load_run
+from harness.store.record import RunRecord, Status, Timings, compare_fingerprints, load_run
 from harness.store.spec import DataInfo, ParityOptions, RunSpec
 from harness.store.writes import (
     atomic_write_all,

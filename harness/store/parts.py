@@ -23,6 +23,7 @@ from harness.config.fields import Config
 from harness.errors import UsageError
 from harness.files import check_types
 from harness.store.contention import check_chunks
+from harness.store.paths import BENCH, inside
 from harness.store.record import Environment
 from harness.store.spec import stored_config
 from harness.store.stored import Stored, read_document, typed
@@ -31,7 +32,6 @@ from harness.store.writes import atomic_write_json
 SCHEMA = "nanogpt-parity/bench-parts"
 SCHEMA_VERSION = 1
 ID_RE = re.compile(r"^parts-\d{8}-\d{6}-[0-9a-f]{6}$")
-BENCH = "bench"  # the folder under --out
 # The most bytes a parts record can hold: MAX_ROUNDS_FACTOR x the most rounds one may ask, four contenders, a few
 # hundred items of ~40 bytes and 1 KB of evidence a burst, with room to spare; anything bigger is no record of ours.
 MAX_BYTES = 256 * 2**20
@@ -106,7 +106,7 @@ def new_id() -> str:
 
 def record_path(out: Path, record_id: str) -> Path:
     """Where record `record_id` lives under `out`: `<out>/bench/<id>.json` (its page: the same name, .html)."""
-    return Path(out) / BENCH / f"{record_id}.json"
+    return inside(out, BENCH) / f"{record_id}.json"
 
 
 def is_parts_id(ident: str) -> bool:

@@ -2,13 +2,20 @@
 the one form of a location, made once where an id or a directory enters (the command line, a worker's argv) and
 passed down, never rebuilt.
 
-`--out` holds `runs/<run_id>/` (spec.json, per backend `<backend>.json`, `.steps.csv`, `.evals.csv`, `.ckpt.npz`,
-`.probe.npz`, and parity.json, paired.json, .lock), `sweeps/<sweep_id>/` (sweep.json, paired/<n>.json, slurm/) and
-`data/<sha256>.txt`, the content-addressed copy of every corpus a run trains on (shared by the runs of --out).
+`--out` holds `runs/<run_id>/` (spec.json, per backend `<backend>.json`, `.steps.csv`, `.evals.csv`, `.chunks.jsonl`,
+`.ckpt.npz`, `.probe.npz`, and parity.json, paired.json, .lock), `sweeps/<sweep_id>/` (sweep.json, paired/<n>.json,
+slurm/), `bench/` (the records of `harness bench`) and `data/<sha256>.txt`, the content-addressed copy of every
+corpus a run trains on (shared by the runs of --out).
+
+**--out means --out.** Every folder inside it is named through `inside`, which refuses a symbolic link on the way
+(`runs/`, a run id's directory, `sweeps/`, a sweep's, `bench/`, `data/`): what the harness writes lands in --out,
+never where a link in it points (a file is replaced by a rename, which replaces a link rather than following it, or
+opened with O_NOFOLLOW). --out itself may be a link: it is the place the user named.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import time
@@ -21,7 +28,24 @@ from harness.errors import UsageError
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 # A sweep id likewise: <UTC time>-<sweep name>-<hex> (`new_sweep_id`).
 SWEEP_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-RUNS, SWEEPS = "runs", "sweeps"  # the folders of --out that hold run and sweep directories
+RUNS, SWEEPS, BENCH, DATA = "runs", "sweeps", "bench", "data"  # the folders of --out
+
+
+def inside(out: str | os.PathLike, *parts: str) -> Path:
+    """`<out>/<parts...>`, where none of `parts` is a symbolic link (the one check of every path the harness writes
+    under --out: the module docstring); UsageError in one line naming the link otherwise."""
+    path = Path(out)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            try:
+                target = f" (to {os.readlink(path)!r})"
+            except OSError:
+                target = ""
+            raise UsageError(f"{str(path)!r} is a symbolic link{target}: nanogpt-parity writes only inside --out, "
+                             "never through a link in it; replace the link with a directory, or pass --out where "
+                             "the records should go")
+    return path
 
 
 def check_run_id(run_id: str) -> str:
@@ -47,7 +71,7 @@ def check_sweep_id(sweep_id: str, out: Path) -> str:
 
 def corpus_copy(out: Path, sha256: str) -> Path:
     """`<out>/data/<sha256>.txt`: the checked copy of a corpus every run of --out trains on."""
-    return Path(out) / "data" / f"{sha256}.txt"
+    return inside(out, DATA) / f"{sha256}.txt"
 
 
 @dataclass(frozen=True)
@@ -83,18 +107,19 @@ class RunPaths:
     @staticmethod
     def root(out: Path) -> Path:
         """`<out>/runs`, where every run directory lives."""
-        return Path(out) / RUNS
+        return inside(out, RUNS)
 
     @classmethod
     def under(cls, out: Path) -> list[RunPaths]:
-        """Every run directory under `<out>/runs` (a folder whose name is no run id is none), by id."""
+        """Every run directory under `<out>/runs` (a folder whose name is no run id is none, nor a link: `inside`), by
+        id."""
         root = cls.root(out)
-        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
         return [cls(Path(out), n) for n in names if RUN_ID_RE.match(n) and ".." not in n]
 
     @property
     def dir(self) -> Path:
-        return self.root(self.out) / self.run_id
+        return inside(self.out, RUNS, self.run_id)
 
     @property
     def spec(self) -> Path:
@@ -114,11 +139,6 @@ class RunPaths:
         """The paired-timing record of a run with two or more backends (harness.store.paired.PairedRecord)."""
         return self.dir / "paired.json"
 
-    @property
-    def cache(self) -> Path:
-        """`<out>/cache`: the compile caches of the runs of --out (torch.compile's Inductor and Triton)."""
-        return self.out / "cache"
-
     def record(self, backend: str) -> Path:
         return self.dir / f"{backend}.json"
 
@@ -132,6 +152,10 @@ class RunPaths:
 
     def evals_csv(self, backend: str) -> Path:
         return self.dir / f"{backend}.evals.csv"
+
+    def chunks_jsonl(self, backend: str) -> Path:
+        """The contention chunks of `backend`'s steps, one JSON object a line (harness.store.curves)."""
+        return self.dir / f"{backend}.chunks.jsonl"
 
     def checkpoint(self, backend: str) -> Path:
         return self.dir / f"{backend}.ckpt.npz"
@@ -172,18 +196,19 @@ class SweepPaths:
     @staticmethod
     def root(out: Path) -> Path:
         """`<out>/sweeps`, where every sweep directory lives."""
-        return Path(out) / SWEEPS
+        return inside(out, SWEEPS)
 
     @classmethod
     def under(cls, out: Path) -> list[SweepPaths]:
-        """Every sweep directory under `<out>/sweeps` (a folder whose name is no sweep id is none), by id."""
+        """Every sweep directory under `<out>/sweeps` (a folder whose name is no sweep id is none, nor a link:
+        `inside`), by id."""
         root = cls.root(out)
-        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
         return [cls(Path(out), n) for n in names if re.match(SWEEP_ID_RE, n) and ".." not in n]
 
     @property
     def dir(self) -> Path:
-        return self.root(self.out) / self.sweep_id
+        return inside(self.out, SWEEPS, self.sweep_id)
 
     @property
     def manifest(self) -> Path:
@@ -193,11 +218,11 @@ class SweepPaths:
     @property
     def slurm(self) -> Path:
         """submitit's folder: job scripts, pickles and logs of the SLURM executor."""
-        return self.dir / "slurm"
+        return inside(self.out, SWEEPS, self.sweep_id, "slurm")
 
     def paired(self, index: int) -> Path:
         """The record of the sweep's paired-timing entry `index` (harness.store.paired.PairedRecord)."""
-        return self.dir / "paired" / f"{int(index)}.json"
+        return inside(self.out, SWEEPS, self.sweep_id, "paired") / f"{int(index)}.json"
 
     def run(self, run_id: str) -> RunPaths:
         """The run directory of one of the sweep's cells."""

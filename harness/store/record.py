@@ -1,10 +1,13 @@
-"""A backend's run record `<run>/<backend>.json` (with its per-step CSVs), as the worker writes it and every verb
-reads it: `RunRecord`, its parts, and `Curves`, what training measured step by step.
+"""A backend's run record `<run>/<backend>.json` (with its curves files), as the worker writes it and every verb
+reads it: `RunRecord` and its parts.
 
-The per-step columns (`steps.step`, `steps.loss`, `steps.time_s`), the evaluations and the contention chunks are
-one object, `RunRecord.curves`, apart from the record's figures: everything that grows with the steps is there,
-and nowhere else. In JSON they are the record's `steps`, `evals` and `chunks`; the worker also writes the steps and
-evaluations as `<backend>.steps.csv` and `<backend>.evals.csv` (`write_curves_csv`).
+The per-step columns (`step`, `loss`, `time_s`), the evaluations and the contention chunks are one object,
+`RunRecord.curves` (harness.store.curves.Curves), apart from the record's figures: everything that grows with the
+steps is there, and nowhere else. Since schema version 4 they live in their own files beside the record
+(`<backend>.steps.csv`, `.evals.csv`, `.chunks.jsonl`), which only grow, and the record's JSON holds only how much of
+each it vouches for (`curves`: rows and bytes), so the record stays small however long the run; a record of version
+3 (the previous release) held them in its JSON as `steps`, `evals` and `chunks`, and is still read, and written back
+as it was read.
 
 A status is `RunRecord.status` (a `Status`) with its reason beside it in `failure`. On disk a failed status keeps
 the spelling it has always had, `"failed: <reason>"`, beside `"failure": "<reason>"`: readers of the files written
@@ -15,7 +18,6 @@ store is the one place that spells and reads it.
 from __future__ import annotations
 
 import enum
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +27,9 @@ import numpy as np
 
 from harness.config.fields import Config
 from harness.errors import UsageError
-from harness.files import check_types, column
-from harness.store.contention import CONTENTION_JSON_SCHEMA, Contention, check_chunks, truncate_chunks
+from harness.files import check_types, column, validate
+from harness.store.contention import CONTENTION_JSON_SCHEMA, Contention, check_chunks
+from harness.store.curves import EXTENTS_JSON_SCHEMA, Curves, Extents, extents_for, nan_for_null, write_curves
 from harness.store.paths import RunPaths
 from harness.store.spec import (
     BACKEND_PATTERN,
@@ -38,15 +41,20 @@ from harness.store.spec import (
     stored_config,
 )
 from harness.store.stored import Stored, read_document, typed
-from harness.store.writes import atomic_write_csv, atomic_write_json
+from harness.store.writes import atomic_write_json
 
 SCHEMA = "nanogpt-parity/run-record"
 # 2: vocabulary and text normalisation in `data`; null for non-finite numbers
 # 3: contention evidence: `chunks` (per chunk of steps: wall and CPU time, run-queue wait, machine load, GPU state)
 #    and `timings.contention`; steady-state figures from the undisturbed steps (`timings.disturbed_steps`);
 #    `resumed_from_step`, the step each resume continued from (one entry per resume; absent in a record that was
-#    never resumed). A record of another version is refused (harness.files.check_version: re-run it).
-SCHEMA_VERSION = 3
+#    never resumed).
+# 4: the curves in their own files, appended to (harness.store.curves); `curves` says how much of each the record
+#    vouches for (rows and bytes), in place of `steps`, `evals` and `chunks`; `experiment_sha256`, the digest of the
+#    spec the record was written under (RunSpec.experiment). Version 3 is still read (and resumed); any other is
+#    refused (harness.files.check_version: re-run it).
+SCHEMA_VERSION = 4
+OLDEST_READ = 3
 
 
 class Status(str, enum.Enum):
@@ -73,93 +81,6 @@ def failure_of(stored: str) -> str | None:
     """The reason a stored status string "failed: <reason>" carries (None: none): the one place it is read back."""
     prefix = f"{Status.FAILED.value}: "
     return stored[len(prefix):] if stored.startswith(prefix) else None
-
-
-# --- what training measured -----------------------------------------------------------------------------------------
-@dataclass
-class Eval:
-    """One evaluation point: the mean losses over the fixed evaluation batches before training step `step` (after
-    `step` updates), and its seconds."""
-
-    step: int
-    train_loss: float
-    val_loss: float
-    time_s: float | None = None
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Eval:
-        nan = math.nan
-        losses = (doc["train_loss"], doc["val_loss"], doc.get("time_s", nan))
-        train, val, time_s = (nan if v is None else v for v in losses)
-        return cls(doc["step"], train, val, time_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "train_loss": self.train_loss, "val_loss": self.val_loss, "time_s": self.time_s}
-
-
-@dataclass
-class Curves:
-    """What training measured so far: per-step losses and times, the evaluation points, and the contention evidence
-    of each chunk of steps (harness.timing.contention). `step` may be longer than `loss`: a step whose loss was not
-    yet fetched from the device."""
-
-    step: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    time_s: list[float] = field(default_factory=list)
-    evals: list[Eval] = field(default_factory=list)
-    chunks: list[dict] = field(default_factory=list)
-
-    @property
-    def steps_done(self) -> int:
-        """Steps whose loss is known."""
-        return len(self.loss)
-
-    @property
-    def last_eval(self) -> Eval | None:
-        return self.evals[-1] if self.evals else None
-
-    def truncate(self, steps: int) -> None:
-        """Keep what was measured before training step `steps` (for resuming from a checkpoint)."""
-        keep = sum(1 for s in self.step if s < steps)
-        del self.step[keep:], self.loss[keep:], self.time_s[keep:]
-        self.evals[:] = [e for e in self.evals if e.step < steps]
-        self.chunks[:] = truncate_chunks(self.chunks, steps)
-
-    def followed_by(self, tail: Curves) -> Curves:
-        """These curves, followed by what `tail` (an earlier attempt's) recorded beyond them."""
-        n = len(self.loss)
-        keep = [i for i, s in enumerate(tail.step[:len(tail.loss)]) if s >= n]
-        last_eval = self.evals[-1].step if self.evals else -1
-        covered = max((c["step"] + c["n"] for c in self.chunks), default=0)
-        return Curves(step=self.step[:n] + [tail.step[i] for i in keep], loss=self.loss + [tail.loss[i] for i in keep],
-                      time_s=self.time_s[:n] + [tail.time_s[i] for i in keep],
-                      evals=self.evals + [e for e in tail.evals if e.step > last_eval],
-                      chunks=self.chunks + [c for c in tail.chunks if c["step"] >= max(n, covered)])
-
-    def to_json(self) -> dict[str, Any]:
-        """The record's `steps`, `evals` and `chunks`."""
-        return {"steps": {"step": self.step, "loss": self.loss, "time_s": self.time_s},
-                "evals": [e.to_dict() for e in self.evals], "chunks": self.chunks}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Curves:
-        """The curves of a record's JSON (checked by `check_columns`): null losses and times (non-finite when
-        written) come back as nan."""
-        steps = doc["steps"]
-        return cls(step=list(steps["step"]), loss=_nan(steps["loss"]), time_s=_nan(steps["time_s"]),
-                   evals=[Eval.from_dict(e) for e in doc["evals"]], chunks=list(doc.get("chunks") or []))
-
-
-def _nan(values: list) -> list:
-    return [math.nan if v is None else v for v in values]
-
-
-def write_curves_csv(paths: RunPaths, backend: str, curves: Curves) -> None:
-    """`<backend>.steps.csv` and `<backend>.evals.csv`: the curves as CSV (numbers written with `repr`: exact)."""
-    atomic_write_csv(paths.steps_csv(backend), ["step", "loss", "time_s"],
-                     [[s, repr(v), repr(t)] for s, v, t in zip(curves.step, curves.loss, curves.time_s)])
-    atomic_write_csv(paths.evals_csv(backend), ["step", "train_loss", "val_loss", "time_s"],
-                     [[e.step, repr(e.train_loss), repr(e.val_loss), repr(e.time_s)] for e in curves.evals])
 
 
 # --- the record's parts ---------------------------------------------------------------------------------------------
@@ -320,11 +241,10 @@ TIMINGS_JSON_SCHEMA: dict = {
                    "figures_from": {"type": "string"}, "contention": CONTENTION_JSON_SCHEMA},
 }
 
-# The per-step and per-evaluation lists are checked by `check_columns`, not item by item here: jsonschema takes
-# about 60 µs per item, a minute for a record of a million steps; `ITEMS` gives their types.
+# A record of version 4: its curves in their files, `curves` how much of each it vouches for.
 RECORD_JSON_SCHEMA: dict = {
     "type": "object",
-    "required": ["schema", "run_id", "backend", "status", "config", "steps", "evals"],
+    "required": ["schema", "run_id", "backend", "status", "config", "curves"],
     "properties": {
         "schema": {"const": SCHEMA},
         "schema_version": {"type": "integer"},
@@ -336,16 +256,30 @@ RECORD_JSON_SCHEMA: dict = {
         "total_steps": {"type": "integer", "minimum": 0},
         "tokens_per_step": {"type": ["integer", "null"], "minimum": 0},
         "n_params": _COUNT, "n_params_non_embedding": _COUNT, "flops_per_token": _COUNT,
-        "steps": {"type": "object", "required": ["step", "loss", "time_s"],
-                  "properties": {"step": {"type": "array"}, "loss": {"type": "array"}, "time_s": {"type": "array"}}},
-        "evals": {"type": "array"},
+        "curves": EXTENTS_JSON_SCHEMA,
         "timings": TIMINGS_JSON_SCHEMA,
         "memory": {"type": "object", "properties": {"peak_bytes": _COUNT, "kind": {"type": ["string", "null"]}}},
         "fingerprints": {"type": "object"}, "data": {"type": "object"},
-        "checkpoint": {"type": ["object", "null"]},
+        "checkpoint": {"type": ["object", "null"], "properties": {"step": {"type": "integer", "minimum": 0}}},
         "text": {"type": ["object", "null"], "properties": {"chrf": _NUM, "bleu": _NUM}},
-        "chunks": {"type": "array"},
         "resumed_from_step": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "experiment_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    },
+}
+
+# A record of version 3, its curves in its JSON. The per-step and per-evaluation lists are checked by
+# `check_columns`, not item by item here: jsonschema takes about 60 µs per item, a minute for a record of a million
+# steps; `ITEMS` gives their types.
+_V3_PROPERTIES = {k: v for k, v in RECORD_JSON_SCHEMA["properties"].items() if k != "curves"}
+RECORD_V3_JSON_SCHEMA: dict = {
+    "type": "object",
+    "required": ["schema", "run_id", "backend", "status", "config", "steps", "evals"],
+    "properties": {
+        **_V3_PROPERTIES,
+        "steps": {"type": "object", "required": ["step", "loss", "time_s"],
+                  "properties": {"step": {"type": "array"}, "loss": {"type": "array"}, "time_s": {"type": "array"}}},
+        "evals": {"type": "array"},
+        "chunks": {"type": "array"},
     },
 }
 
@@ -359,8 +293,8 @@ ITEMS: dict[str, dict[str, tuple[type, ...]]] = {
 
 
 def check_columns(record: dict, path: Path, fix: str) -> None:
-    """The items of a record's per-step, evaluation and chunk lists (`ITEMS`, the chunks' types): linear in the
-    record's size, a few C-level passes over each list."""
+    """The items of a version-3 record's per-step, evaluation and chunk lists (`ITEMS`, the chunks' types): linear
+    in the record's size, a few C-level passes over each list."""
     steps = record["steps"]
     for key, kinds in ITEMS["steps"].items():
         check_types(steps[key], path, f"steps/{key}/{{}}", fix, kinds)
@@ -369,7 +303,7 @@ def check_columns(record: dict, path: Path, fix: str) -> None:
     for key, kinds in ITEMS["evals"].items():
         column(evals, key, path, "evals", fix, kinds, optional=key == "time_s")
     check_chunks(record.get("chunks") or [], path, "chunks", fix)
-    if (np.asarray(_nan(steps["time_s"]), dtype=np.float64) < 0).any():
+    if (np.asarray(nan_for_null(steps["time_s"]), dtype=np.float64) < 0).any():
         raise UsageError(f"{str(path)!r} is invalid at field 'steps/time_s': a step time is negative; {fix}")
     if not len(steps["step"]) >= len(steps["loss"]) <= len(steps["time_s"]):
         raise UsageError(f"{str(path)!r} is invalid at field 'steps': fewer steps or times than losses; {fix}")
@@ -387,14 +321,16 @@ RECORD_CEILING = 2**30  # the cap of a record whose spec cannot say how many ste
 
 
 def record_cap(spec: RunSpec | None) -> int:
-    """The most bytes a backend's record of the run of `spec` can hold: `RECORD_BASE_BYTES` plus, per step, its
-    numbers and a chunk (a chunk holds one step or more), per evaluation (every `eval_interval` steps, and at the
-    first and the last) its numbers; `RECORD_CEILING` when the spec cannot say how many steps there are."""
+    """The most bytes a backend's record of the run of `spec` can hold: `RECORD_BASE_BYTES` plus, for a record of
+    version 3 (its curves in its JSON), per step its numbers and a chunk (a chunk holds one step or more), per
+    evaluation (every `eval_interval` steps, and at the first and the last) its numbers; never more than
+    `RECORD_CEILING` (and what a read allocates follows the file's size, never this cap:
+    harness.files.read_bounded). A record of version 4 holds no per-step list and stays within RECORD_BASE_BYTES."""
     steps = spec.steps_bound() if spec is not None else None
     if steps is None:
         return RECORD_CEILING
-    evals = steps // spec.config.eval_interval + 2
-    return RECORD_BASE_BYTES + steps * (STEP_BYTES + CHUNK_BYTES) + evals * EVAL_BYTES
+    evals = steps // max(1, spec.config.eval_interval or 1) + 2
+    return min(RECORD_CEILING, RECORD_BASE_BYTES + steps * (STEP_BYTES + CHUNK_BYTES) + evals * EVAL_BYTES)
 
 
 @dataclass(kw_only=True)
@@ -403,7 +339,8 @@ class RunRecord(Stored):
     it was fed, where it stands (`status`, the reason of a failure in `failure`), its curves and its figures."""
 
     # a field the schema types as non-null is left out while None (a record written by hand may lack it)
-    OMIT_NONE = ("seed", "total_steps", "data", "fingerprints", "resumed_at", "resumed_from_step", "failure", "signal")
+    OMIT_NONE = ("seed", "total_steps", "data", "fingerprints", "resumed_at", "resumed_from_step", "failure", "signal",
+                 "experiment_sha256")
 
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
@@ -439,6 +376,7 @@ class RunRecord(Stored):
     time_to_target: TimeToTarget | None = None
     failure: str | None = None
     signal: str | None = None  # the signal the worker died by (harness.run.supervise.mark_ended)
+    experiment_sha256: str | None = None  # the spec's digest it was written under (RunSpec.experiment)
 
     @property
     def finished(self) -> bool:
@@ -453,13 +391,24 @@ class RunRecord(Stored):
         """Mark the record failed for `reason`."""
         self.status, self.failure = Status.FAILED, reason
 
+    @property
+    def curves_in_json(self) -> bool:
+        """Whether the record's curves are in its JSON (a record of version 3) rather than in their files."""
+        return self.schema_version < 4
+
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RunRecord:
         stored = str(doc.get("status", Status.RUNNING.value))
         config = doc["config"]
         keys = tuple(doc)
-        curves = Curves.from_json(doc) if "steps" in doc else Curves()
-        doc = {k: v for k, v in doc.items() if k not in ("steps", "evals", "chunks")}
+        version = doc.get("schema_version", SCHEMA_VERSION)
+        if isinstance(version, int) and version < 4:  # version 3: the curves in the JSON
+            curves = Curves.from_json(doc)
+        elif isinstance(doc.get("curves"), dict):  # version 4: how much of its files the record vouches for
+            curves = Curves(extents=Extents.from_dict(doc["curves"]))
+        else:
+            curves = Curves()
+        doc = {k: v for k, v in doc.items() if k not in ("steps", "evals", "chunks", "curves")}
         doc.update(status=Status.of(stored), curves=curves,
                    config=config if isinstance(config, Config) else stored_config(config, "run record"))
         if doc.get("failure") is None and failure_of(stored) is not None:
@@ -470,9 +419,12 @@ class RunRecord(Stored):
 
     def to_dict(self) -> dict[str, Any]:
         read = getattr(self, "_json_keys", None)
-        curves = self.curves.to_json()
-        if read and "chunks" not in read and not self.curves.chunks:
-            del curves["chunks"]  # a record without contention evidence stays without
+        if self.curves_in_json:
+            curves = self.curves.to_json()
+            if read and "chunks" not in read and not self.curves.chunks:
+                del curves["chunks"]  # a record without contention evidence stays without
+        else:
+            curves = {"curves": extents_for(self.curves).to_dict()}
         out: dict[str, Any] = {}
         for key, value in super().to_dict().items():
             if key == "curves":
@@ -486,25 +438,42 @@ class RunRecord(Stored):
     def load(cls, path: Path, backend: str | None = None, spec: RunSpec | None = None) -> RunRecord:
         """Read and validate one run record; a missing, corrupt or invalid file is a UsageError naming it and the
         field. It is read within the cap of its run (`record_cap` of `spec`; without one, of the spec beside it).
-        Non-finite numbers (stored as null) come back as nan in the loss curves."""
+        Its curves (version 4) are read from their files when first touched (harness.store.curves: a file missing
+        or shorter than the record vouches for is refused now); a record of version 3 holds them, non-finite
+        numbers (stored as null) coming back as nan."""
         fix = "rerun or delete that run"
         path = Path(path)
+        paths = RunPaths.of_dir(path.parent)
         if spec is None:
             try:
-                spec = RunSpec.load(RunPaths.of_dir(path.parent), runnable=False)
+                spec = RunSpec.load(paths, runnable=False)
             except UsageError:
                 spec = None  # the record alone: the ceiling
-        doc = read_document(path, SCHEMA, "run record", fix, record_cap(spec), SCHEMA_VERSION, RECORD_JSON_SCHEMA,
-                            f"no run writes so much; {fix}", "pass a run id from <out>/runs")
-        check_columns(doc, path, fix)
+        doc = read_document(path, SCHEMA, "run record", fix, record_cap(spec), SCHEMA_VERSION, None,
+                            f"no run writes so much; {fix}", "pass a run id from <out>/runs", oldest=OLDEST_READ)
+        in_json = isinstance(doc.get("schema_version"), int) and doc["schema_version"] < 4
+        validate(doc, RECORD_V3_JSON_SCHEMA if in_json else RECORD_JSON_SCHEMA, path, fix)
+        if in_json:
+            check_columns(doc, path, fix)
+        else:
+            held = next((k for k in ("steps", "evals", "chunks") if k in doc), None)
+            if held:
+                raise UsageError(f"{str(path)!r} is invalid at field {held!r}: a record of schema version "
+                                 f"{doc['schema_version']} holds its curves in their own files, not in its JSON; {fix}")
         if backend is not None and doc["backend"] != backend:
             raise UsageError(f"{str(path)!r} is invalid at field 'backend': {doc['backend']!r} in the file of "
                              f"backend {backend!r}; {fix}")
         doc["config"] = stored_config(doc["config"], str(path))
-        return typed(cls, doc, path, fix)
+        record = typed(cls, doc, path, fix)
+        if not in_json:
+            record.curves = Curves.on_disk(paths, record.backend, record.curves.extents)
+        return record
 
     def dump(self, paths: RunPaths) -> None:
-        """Write `<backend>.json` (atomically)."""
+        """Write `<backend>.json` (atomically), after its curves files where they are not yet there (written whole;
+        the training loop appends to them instead: harness.run.persist)."""
+        if not self.curves_in_json and not self.curves.stored_at(paths, self.backend):
+            self.curves = write_curves(paths, self.backend, self.curves)
         atomic_write_json(paths.record(self.backend), self.to_dict())
 
 

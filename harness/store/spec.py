@@ -6,6 +6,8 @@ acts on the run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,8 +54,23 @@ SPEC_JSON_SCHEMA: dict = {
                                   "reference": {"type": ["string", "null"]}}},
         "threads": {"type": ["integer", "null"], "minimum": 1},
         "paired_rounds": {"type": ["integer", "null"], "minimum": 0},
+        "experiment": {"type": "object", "required": ["sha256", "fields"],
+                       "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                                      "fields": {"type": "object",
+                                                 "additionalProperties": {"type": "string",
+                                                                          "pattern": "^[0-9a-f]{16}$"}}}},
     },
 }
+
+# What defines a run's experiment, each field of spec.json that can change what it computes or records: the config
+# (every field), the seed, the device(s), the data (its sha256 and how it was read: line endings, byte-order mark,
+# vocabulary; not `path`, where it came from: the run trains on its checked copy in --out), the backends and their
+# options (dtype, precision, compile mode, ...), the threads, checkpoint_every, whether text is measured, and the
+# parity options. Not: the ids, the label (the config's name, itself in the config), created_at, and paired_rounds
+# (the paired timing after training, which `harness resume --paired-rounds` may change).
+DEFINING = ("config", "seed", "device", "devices", "data", "backends", "backend_options", "checkpoint_every", "text",
+            "parity", "threads")
+_PER_KEY = ("config", "data", "devices", "backend_options")  # objects with a digest per key ("config.learning_rate")
 
 
 @dataclass(kw_only=True)
@@ -85,11 +102,39 @@ class ParityOptions(Stored):
     reference: str | None = None
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def field_digest(name: str, value: Any) -> str:
+    """16 hex digits of sha256 over a defining field's name and canonical JSON value."""
+    return hashlib.sha256(f"{name}={_canonical(value)}".encode()).hexdigest()[:16]
+
+
+@dataclass(kw_only=True)
+class Experiment(Stored):
+    """What defines a run (`DEFINING`), as digests written with its spec: `sha256` over all of it, and one per field
+    (`fields`: "seed", "config.learning_rate", "backend_options.torch", ...), so that a spec.json changed since is
+    refused naming what changed (harness.run.resumable). Each record carries the `sha256` it was written under."""
+
+    sha256: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, values: dict[str, Any], names: list[str] | None = None) -> Experiment:
+        """The digests of `values` (the spec's `defining` fields), over `names` (default: all of them)."""
+        names = sorted(values) if names is None else sorted(names)
+        chosen = {n: values.get(n) for n in names}
+        return cls(sha256=hashlib.sha256(_canonical(chosen).encode()).hexdigest(),
+                   fields={n: field_digest(n, v) for n, v in chosen.items()})
+
+
 @dataclass(kw_only=True)
 class RunSpec(Stored):
-    """One run's spec.json. `parity` is None for an ordinary run (stored as `false`)."""
+    """One run's spec.json. `parity` is None for an ordinary run (stored as `false`). `experiment`: the digests of
+    what defines it, written with it (None in a spec of the previous release)."""
 
-    OMIT_NONE = ("label",)
+    OMIT_NONE = ("label", "experiment")
 
     schema: str = SPEC_SCHEMA
     schema_version: int = SPEC_SCHEMA_VERSION
@@ -108,6 +153,7 @@ class RunSpec(Stored):
     parity: ParityOptions | None = None
     threads: int | None = None
     paired_rounds: int | None = None
+    experiment: Experiment | None = None
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RunSpec:
@@ -125,6 +171,32 @@ class RunSpec(Stored):
         out["config"] = self.config.to_dict()
         out["parity"] = False if self.parity is None else self.parity.to_dict()
         return out
+
+    # --- what defines the experiment ----------------------------------------------------------------------------
+    def defining(self) -> dict[str, Any]:
+        """The fields that define the run (`DEFINING`) as they are now, by name: an object of `_PER_KEY` one entry
+        per key ("config.seed" ... "backend_options.torch"), the data without its `path`."""
+        doc = self.to_dict()
+        out: dict[str, Any] = {}
+        for key in DEFINING:
+            value = doc.get(key)
+            if key in _PER_KEY and isinstance(value, dict):
+                out.update({f"{key}.{k}": v for k, v in value.items() if (key, k) != ("data", "path")})
+            else:
+                out[key] = value
+        return out
+
+    def changed(self) -> list[str] | None:
+        """The defining fields that differ from the digests written with the spec (empty: none; ["experiment"]: the
+        digests themselves were edited); None for a spec without them (the previous release's)."""
+        if self.experiment is None:
+            return None
+        stored = self.experiment.fields
+        now = Experiment.of(self.defining(), list(stored))
+        changed = [name for name in sorted(stored) if now.fields[name] != stored[name]]
+        if not changed and now.sha256 != self.experiment.sha256:
+            changed = ["experiment"]
+        return changed
 
     def device_of(self, backend: str) -> str:
         """The device backend `backend` runs on (parity: one per backend)."""
@@ -162,7 +234,9 @@ class RunSpec(Stored):
         return typed(cls, doc, path, fix)
 
     def dump(self, paths: RunPaths) -> None:
-        """Write spec.json (atomically)."""
+        """Write spec.json (atomically), with the digests of what defines the run (`experiment`, made here once)."""
+        if self.experiment is None:
+            self.experiment = Experiment.of(self.defining())
         atomic_write_json(paths.spec, self.to_dict())
 
 

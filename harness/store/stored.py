@@ -119,19 +119,20 @@ def _dump(value: Any) -> Any:
 
 
 def read_document(path: Path, kind: str, what: str, fix: str, max_bytes: int, version: int,
-                  schema: dict | None = None, too_big: str = "", foreign: str = "", label: str = "") -> dict[str, Any]:
+                  schema: dict | None = None, too_big: str = "", foreign: str = "", label: str = "",
+                  oldest: int | None = None) -> dict[str, Any]:
     """The JSON object in `path`, read within `max_bytes` (harness.files.read_json), of schema `kind` at `version`
-    (harness.files.check_version) and valid against JSON schema `schema`: UsageError in one line naming the file
-    (and the field) otherwise. `what` names the file in messages ("run record"), `label` the kind it is not (default
-    `what`); `foreign` says what to do with a file of another kind (default `fix`, "." nothing; "schema": a file
-    that is no JSON object is refused by `schema`, naming its top level)."""
+    (or from `oldest` on: harness.files.check_version) and valid against JSON schema `schema`: UsageError in one
+    line naming the file (and the field) otherwise. `what` names the file in messages ("run record"), `label` the
+    kind it is not (default `what`); `foreign` says what to do with a file of another kind (default `fix`, "."
+    nothing; "schema": a file that is no JSON object is refused by `schema`, naming its top level)."""
     doc = read_json(path, what, fix, max_bytes, too_big or f"no harness writes so much; {fix}")
     if foreign == "schema" and not isinstance(doc, dict) and schema is not None:
         validate(doc, schema, path, fix)
     if not isinstance(doc, dict) or doc.get("schema") != kind:
         tail = "" if foreign == "." else f"; {fix if foreign in ('', 'schema') else foreign}"
         raise UsageError(f"{str(path)!r} is not a nanogpt-parity {label or what}{tail}")
-    check_version(doc, path, version)
+    check_version(doc, path, version, oldest)
     if schema is not None:
         validate(doc, schema, path, fix)
     return doc

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.config.fields import SEED_MAX
-from harness.store.paths import RUN_ID_RE, SWEEP_ID_RE, SweepPaths
+from harness.store.paths import RUN_ID_RE, SWEEP_ID_RE, SweepPaths, inside
 from harness.store.spec import DataInfo
 from harness.store.stored import Stored, read_document, typed
 from harness.store.writes import atomic_write_json
@@ -146,8 +146,9 @@ class PairedEntry(Stored):
         return self.job_ids[-1] if self.job_ids else ""
 
     def record(self, out: Path) -> Path:
-        """Its paired-timing record (`path` was checked to be `SweepPaths.paired(index)`, relative to --out)."""
-        return Path(out) / self.path
+        """Its paired-timing record (`path` was checked to be `SweepPaths.paired(index)`, relative to --out; no link
+        on the way: harness.store.paths.inside)."""
+        return inside(out, *Path(self.path).parts)
 
 
 @dataclass(kw_only=True)

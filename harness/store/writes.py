@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UsageError
-from harness.store.paths import RUNS
+from harness.store.paths import BENCH, DATA, RUNS, SWEEPS, inside
 
 UMASK = os.umask(0)
 os.umask(UMASK)
@@ -102,6 +102,11 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(_finite(obj), indent=1, allow_nan=False) + "\n").encode()
 
 
+def json_line(obj: Any) -> bytes:
+    """Strict JSON on one line (non-finite numbers as null), with its newline: a row of a JSON-lines file."""
+    return (json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json_bytes(obj))
 
@@ -157,7 +162,8 @@ def os_error_message(exc: OSError, what: str) -> str:
 def check_writable(out: Path) -> None:
     """Fail early, before any work, when the output directory cannot be created or written into.
 
-    Catches: an empty --out, a path component over 255 bytes, a symlink loop, a dangling symlink, a file where a
+    Catches: an empty --out, a path component over 255 bytes, a symlink loop, a dangling symlink, a symbolic link
+    among the folders of --out (`runs`, `sweeps`, `bench`, `data`: harness.store.paths.inside), a file where a
     directory must be (`<out>`, `<out>/runs`, `<out>/data`), a directory where `<out>/index.html` must be written,
     and a directory that is not writable (or on a read-only file system).
     """
@@ -189,6 +195,8 @@ def check_writable(out: Path) -> None:
     if not probe.is_dir():
         raise UsageError(f"--out {str(out)!r}: {str(probe)!r} is not a directory; choose another --out")
     if probe == out:
+        for name in (RUNS, SWEEPS, BENCH, DATA):
+            inside(out, name)  # no symbolic link among the folders of --out (harness.store.paths)
         for name in (RUNS, "data"):
             if (out / name).exists() and not (out / name).is_dir():
                 raise UsageError(f"--out {str(out)!r}: {str(out / name)!r} is a file but must be a directory; "

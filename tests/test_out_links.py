@@ -1,0 +1,68 @@
+"""--out means --out: a symbolic link inside it (its folders runs/, data/, sweeps/, bench/, or a run id's directory)
+is refused in one line, exit status 2, before anything is written there or where it points. torch.compile's caches
+are in the user cache directory (tests/test_run_reliability.py), never in --out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import harness_in_process, one_line_error, run_cli, tree
+
+TRAIN = ["--steps", "2", "--backend", "numpy", "--no-text", "--no-report", "--quiet"]
+COMMANDS = {
+    # the folder of --out that is a link: a command that writes into it
+    "runs": ["run", *TRAIN],
+    "data": ["run", *TRAIN],
+    "sweeps": ["sweep", "--seeds", "1", *TRAIN],
+    "bench": ["bench", "overhead", "--backend", "numpy", "--size", "small", "--timed-steps", "1", "--warmup", "0",
+              "--repeats", "1", "--quiet"],
+}
+
+
+@pytest.mark.parametrize("folder", list(COMMANDS))
+def test_a_linked_folder_of_out_is_refused_and_nothing_is_written(tmp_path, capsys, config_file, folder):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / folder).symlink_to(elsewhere, target_is_directory=True)
+    before = tree(out)
+    args = COMMANDS[folder]
+    if args[0] != "bench":
+        args = [*args, "--config", config_file]
+    code, err = harness_in_process(capsys, *args, "--out", out)
+    one_line_error(code, err, f"{folder}' is a symbolic link", "writes only inside --out")
+    assert tree(elsewhere) == [] and tree(out) == before
+
+
+def test_a_linked_run_directory_is_refused_and_nothing_is_written(tmp_path, capsys, config_file):
+    """An interrupted run moved elsewhere, a link to it left in runs/: resume (and status, report) refuse it; the run
+    where the link points is not touched."""
+    out = tmp_path / "out"
+    result = run_cli("run", "--config", str(config_file), "--steps", "20", "--checkpoint-every", "10",
+                     "--backend", "numpy", "--no-text", "--no-report", "--quiet", "--out", str(out),
+                     env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill"})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    (run,) = (out / "runs").iterdir()
+    moved = tmp_path / "elsewhere" / run.name
+    moved.parent.mkdir()
+    run.rename(moved)
+    run.symlink_to(moved, target_is_directory=True)
+    before = {p: p.read_bytes() for p in moved.iterdir() if p.is_file()}
+    listing = tree(out)
+    for args in (["resume", run.name, "--quiet", "--no-report"], ["status", run.name], ["report", run.name]):
+        code, err = harness_in_process(capsys, *args, "--out", out)
+        one_line_error(code, err, f"{run.name}' is a symbolic link", "writes only inside --out")
+    assert {p: p.read_bytes() for p in moved.iterdir() if p.is_file()} == before and tree(out) == listing
+    code, err = harness_in_process(capsys, "status", "--out", out)  # the listing leaves it out
+    assert code == 0 and run.name not in capsys.readouterr().out
+
+
+def test_compile_caches_are_never_under_out(tmp_path: Path, monkeypatch):
+    from harness.run import processes
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    env = processes.child_env(None, compiles=True)
+    assert not any(Path(env[v]).is_relative_to(tmp_path) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"))
