@@ -269,13 +269,17 @@ def test_side_by_side_tool_reads_records_and_nanogpt_logs(tmp_path: Path, capsys
     import runpy
 
     tool = runpy.run_path(str(REPO / "tools" / "nanogpt_side_by_side.py"), run_name="side_by_side")
+    from tests.conftest import as_version_3
+    from tests.test_report import make_run
+
     runs = []
     for seed, losses in ((1, [4.0, 2.0, 2.1]), (2, [4.0, 2.2, 2.05])):
-        run = tmp_path / f"h{seed}" / "runs" / "r"
-        run.mkdir(parents=True)
-        evals = [{"step": 100 * i, "val_loss": v} for i, v in enumerate(losses)]
-        (run / "torch.json").write_text(json.dumps({"status": "completed", "evals": evals}))
-        runs.append(str(tmp_path / f"h{seed}"))
+        out = tmp_path / f"h{seed}"
+        (path,) = (out / "runs" / make_run(out, ("torch",), steps=10)).glob("torch.json")
+        doc = as_version_3(path)  # a real record, its evaluations made these
+        doc["evals"] = [{"step": 100 * i, "train_loss": v, "val_loss": v, "time_s": 0.1} for i, v in enumerate(losses)]
+        path.write_text(json.dumps(doc))
+        runs.append(str(out))
     log = tmp_path / "n.log"
     log.write_text("iter 0: loss 4.1\nstep 0: train loss 4.1, val loss 4.0\nstep 100: train loss 2, val loss 2.3\n")
     svg = tmp_path / "f.svg"

@@ -14,7 +14,6 @@ and whether their seed ranges overlap) and writes an SVG of the curves:
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -25,19 +24,27 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the harness of this checkout, also where it is not installed
 NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([0-9.]+), val loss ([0-9.]+)$")
 Curve = list[tuple[int, float]]  # (step, validation loss)
 
 
 def harness_curve(out_dir: Path) -> Curve:
-    """The validation losses of the one torch record under a `harness run --out` directory."""
+    """The validation losses of the one torch record under a `harness run --out` directory (read by the store)."""
+    from harness.errors import UsageError
+    from harness.store import RunRecord
+
     records = sorted(out_dir.glob("runs/*/torch.json"))
     if len(records) != 1:
         sys.exit(f"{out_dir}: expected one runs/*/torch.json, found {len(records)}")
-    record = json.loads(records[0].read_text())
-    if record.get("status") != "completed":
-        sys.exit(f"{records[0]}: the run is {record.get('status')!r}, not completed")
-    return [(int(e["step"]), float(e["val_loss"])) for e in record["evals"]]
+    try:
+        record = RunRecord.load(records[0])
+    except UsageError as exc:
+        sys.exit(str(exc))
+    if record.status.value != "completed":
+        sys.exit(f"{records[0]}: the run is {record.status.value!r}, not completed")
+    return [(int(e.step), float(e.val_loss)) for e in record.curves.evals]
 
 
 def nanogpt_curve(log: Path) -> Curve:
