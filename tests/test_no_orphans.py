@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,13 @@ def start(argv: list[str], pause: str) -> subprocess.Popen:
     env = dict(os.environ, HARNESS_DATA=str(data_path()), PYTHONUNBUFFERED="1", HARNESS_TEST_PAUSE_AT=pause,
                HARNESS_KILL_GRACE_S="5")
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=heard)
+
+
+def heard() -> None:
+    """The command hears SIGINT as from a terminal, also where the suite itself was started with SIGINT ignored (in
+    the background of a script)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def harness(*args: str) -> list[str]:
@@ -130,8 +137,19 @@ READY = "import signal, time; {}print('ready', flush=True); time.sleep(600)"
 
 
 def test_ending_stops_every_child_whatever_ends_the_block() -> None:
+    """Each child is asked with SIGINT first, and hears it even where the harness itself ignores SIGINT (started in
+    the background of a script): only the deaf one is killed."""
     from harness.run import processes
 
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        children = _two_children_ended(processes)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert [p.returncode for p in children] in ([1, -signal.SIGKILL], [-signal.SIGINT, -signal.SIGKILL]), children
+
+
+def _two_children_ended(processes: Any) -> list[subprocess.Popen]:
     with pytest.raises(KeyboardInterrupt), processes.ending(grace_s=0.5) as children:
         children.append(processes.start([sys.executable, "-c", READY.format("")], stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True))
@@ -141,7 +159,7 @@ def test_ending_stops_every_child_whatever_ends_the_block() -> None:
         raise KeyboardInterrupt
     for child in children:
         child.stdout.close()
-    assert [p.returncode for p in children] in ([1, -signal.SIGKILL], [-signal.SIGINT, -signal.SIGKILL]), children
+    return children
 
 
 # Where a process may start (relative to harness/): through harness.run.processes (own session, parent-death signal,

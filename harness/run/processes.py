@@ -107,12 +107,16 @@ def child_env(threads: int | None, compiles: bool = False) -> dict[str, str]:
 
 
 def pdeathsig() -> None:
-    """`preexec_fn` for Popen: in the child, between fork and exec, ask for SIGTERM when the forking thread ends.
+    """`preexec_fn` for Popen: in the child, between fork and exec, ask for SIGTERM when the forking thread ends,
+    and let SIGINT be heard.
 
     The one place the harness asks for the parent-death signal (it survives the exec). PR_SET_PDEATHSIG fires when
-    the *thread* that forked the child ends: spawn from a thread that outlives it."""
+    the *thread* that forked the child ends: spawn from a thread that outlives it. SIGINT is how `stop` asks a child
+    to write its record and end: a harness started in the background of a script (`harness sweep ... &`) inherits
+    SIGINT ignored, and a child that inherited that too would only end by SIGKILL, its last record unwritten."""
     import ctypes
 
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python then installs its KeyboardInterrupt handler at start
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
