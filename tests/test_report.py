@@ -431,6 +431,7 @@ def test_a_parity_page_is_a_correctness_page(tmp_path: Path, no_figures: None) -
     html = write_report(tmp_path, [run_id]).read_text()
     page, text = Page(html), text_of(html)
     assert "<title>nanogpt-parity parity check: small — torch vs numpy</title>" in html
+    assert ">Parity check small</a>" in html and ">Run small</a>" not in html  # its section named as such
     assert page.banners == [] and ("ok", "parity: pass") in _pills(html)
     before = text[:text.rindex("How to read this")]  # the note there says why a parity check times nothing
     assert not [w for w in ("tokens/s", "faster", "throughput", "Speed", "speed", "Cost: time", "step (median)",
