@@ -29,6 +29,7 @@ import numpy as np
 from harness.core.parts import REST, STEP, split_item, summed
 from harness.store.parts import PartsRecord, PartsRound
 from harness.timing import paired, stats
+from harness.units import text_table
 
 MOST = 0.8  # the diagnosis names rows until they make up this share of the difference
 NAMED = 3  # ... and at most this many
@@ -289,10 +290,7 @@ def format_table(record: PartsRecord, s: dict) -> str:
                 cells.append("" if not q else f"{q['ratio']:.2f} [{q['lo']:.2f}, {q['hi']:.2f}]"
                              if q["lo"] is not None else f"{q['ratio']:.2f}")
         lines.append(cells)
-    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return text_table(head, lines[1:], right=range(1, len(head)))
 
 
 def check_sums(record: PartsRecord, s: dict) -> dict[str, float]:

@@ -65,7 +65,7 @@ from harness.errors import UsageError
 from harness.store import check_writable
 from harness.store.bench import LegTiming, NoiseOptions, NoiseRecord, OverheadOptions, OverheadRecord, OverheadResult
 from harness.store.paths import BENCH, inside
-from harness.units import utc_now
+from harness.units import text_table, utc_now
 
 OVERHEAD_EXIT = {0: "measured (with --check: and every target met)",
                  1: "a measurement failed, or --check and a target was missed (named on stderr)"}
@@ -194,11 +194,7 @@ def format_table(results: list[OverheadResult]) -> str:
                      f"{r.overhead_pct:+.2f}%", f"{r.harness_only.us_per_step_median:.0f}",
                      f"{s.batches_per_s:,.0f}", f"{s.x_step:,.0f}x",
                      f"{_mib(m.peak_bytes if m else None)} {(m.kind if m else None) or ''}".strip()))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(head, rows[1:], right=range(3, len(head)))
 
 
 def command(args: argparse.Namespace) -> int:

@@ -25,6 +25,8 @@ import random
 import tempfile
 from pathlib import Path
 
+from harness.store.writes import atomic_write_bytes
+
 NAME = "sample"  # `--data sample`, `HARNESS_DATA=sample`
 SAMPLE_SHA256 = "aede7edccbdb5826e85d8f10d62e916ec01269e9d6bc1e81d8f8af9800ba3dd8"  # make_sample()'s UTF-8 bytes
 N_CHARS = 250_000  # large enough for every preset's batch (large: 64 x 256 = 16,384 characters) in both splits
@@ -134,14 +136,5 @@ def sample_path(folder: Path | None = None) -> Path:
     path = Path(folder) / f"{NAME}-{SAMPLE_SHA256[:16]}.txt"
     if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == SAMPLE_SHA256:
         return path
-    text = make_sample().encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, make_sample().encode("utf-8"))
     return path
