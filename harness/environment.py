@@ -46,12 +46,14 @@ def nvidia_smi(fields: str) -> list[str] | None:
 
 
 def gpu_seen() -> bool:
-    """Whether this machine shows an NVIDIA GPU at all: its driver lists one (/proc/driver/nvidia/gpus), or
-    nvidia-smi is installed. False says "there is no GPU here" in an error, rather than an install hint."""
+    """Whether this machine shows an NVIDIA GPU at all: its driver lists one (/proc/driver/nvidia/gpus), its control
+    device exists, or nvidia-smi is installed. False says "there is no GPU here" in an error, rather than an install
+    hint (harness.backends.base.cuda_fix)."""
     import shutil
 
     gpus = "/proc/driver/nvidia/gpus"
-    return (os.path.isdir(gpus) and bool(os.listdir(gpus))) or shutil.which("nvidia-smi") is not None
+    return ((os.path.isdir(gpus) and bool(os.listdir(gpus))) or os.path.exists("/dev/nvidiactl")
+            or shutil.which("nvidia-smi") is not None)
 
 
 def gpu_capability() -> tuple[int, int] | None:

@@ -142,11 +142,13 @@ def test_the_readme_quotes_each_install_hint_of_the_declarations():
 
 
 def test_numpy_on_cuda_without_a_gpu_says_there_is_none(monkeypatch: pytest.MonkeyPatch):
-    """No GPU here: the error says so, rather than asking for CuPy; with a GPU but no CuPy, the declaration's line."""
+    """No GPU here: the error says so, rather than asking for CuPy (or torch's CUDA build, or JAX's plugin); with a GPU
+    but no CuPy, the declaration's line."""
     import builtins
 
     from harness import environment
-    from harness.backends import BackendUnavailable, numpy_backend
+    from harness.backends import BackendUnavailable, backend_class, jax_options, numpy_backend
+    from harness.backends.base import NO_GPU
 
     real_import = builtins.__import__
 
@@ -162,6 +164,12 @@ def test_numpy_on_cuda_without_a_gpu_says_there_is_none(monkeypatch: pytest.Monk
         with pytest.raises(BackendUnavailable) as exc:
             numpy_backend.NumpyBackend.check_available("cuda")
         assert words in str(exc.value) and "needs CuPy" in str(exc.value), str(exc.value)
+        for name, hint in (("torch", "install its CUDA build"), ("jax", "jax[cuda12]")):
+            if not jax_options.installed(name):
+                continue
+            with pytest.raises(BackendUnavailable) as exc:  # every backend says the same where there is no GPU
+                backend_class(name).check_available("cuda")
+            assert (seen or NO_GPU in str(exc.value)) and (hint in str(exc.value)) == seen, str(exc.value)
 
 
 # --- no tracker numbers -------------------------------------------------------------------------------------------

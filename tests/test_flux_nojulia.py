@@ -123,8 +123,8 @@ def test_old_julia_without_network(no_julia: Path):
 
 
 def test_cuda_without_driver(no_julia: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(flux, "nvidia_driver_visible", lambda: False)
-    assert "--device cpu" in _refusal("cuda")
+    monkeypatch.setattr(flux, "gpu_seen", lambda: False)
+    assert _refusal("cuda").endswith("there is no NVIDIA GPU here (no driver, no nvidia-smi): use --device cpu")
 
 
 def test_only_float32():

@@ -268,11 +268,16 @@ def test_bench_measures_jax_in_the_one_child_program(tmp_path: Path) -> None:
 
 
 def test_cuda_without_the_plugin_or_a_gpu_is_one_line(corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import environment
     from harness.backends import jax_backend
     from harness.backends.base import BackendUnavailable
 
     monkeypatch.setattr(jax_backend, "installed", lambda module: module == "jax")
+    monkeypatch.setattr(environment, "gpu_seen", lambda: True)  # a GPU, no plugin: the plugin's install line
     with pytest.raises(BackendUnavailable, match=r"^jax backend: --device cuda needs JAX's CUDA plugin; pip install"):
+        jax_backend.JaxBackend.check_available("cuda")
+    monkeypatch.setattr(environment, "gpu_seen", lambda: False)  # no GPU at all: says so
+    with pytest.raises(BackendUnavailable, match=r"CUDA plugin; there is no NVIDIA GPU here .*: use --device cpu$"):
         jax_backend.JaxBackend.check_available("cuda")
     monkeypatch.setattr(jax_backend, "installed", lambda module: True)  # a plugin, but (here) no GPU
     config = load_config("small")

@@ -16,6 +16,16 @@ import numpy as np
 
 from harness.config.fields import Config
 
+NO_GPU = "there is no NVIDIA GPU here (no driver, no nvidia-smi): use --device cpu"
+
+
+def cuda_fix(fix: str) -> str:
+    """The fix of a `--device cuda` that cannot work, for every backend: `fix` (an install hint) where this machine
+    shows a GPU, else that there is none (harness.environment.gpu_seen), so no one installs a CUDA build for nothing."""
+    from harness.environment import gpu_seen
+
+    return fix if gpu_seen() else NO_GPU
+
 
 @runtime_checkable
 class Backend(Protocol):

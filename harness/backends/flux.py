@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from harness.backends.base import BackendUnavailable
+from harness.backends.base import NO_GPU, BackendUnavailable
 from harness.backends.declaration import Declaration
 from harness.backends.flux_layout import (
     from_flux,
@@ -40,6 +40,7 @@ from harness.backends.flux_layout import (
 )
 from harness.config.fields import OPTION_NAMES, Config
 from harness.core.weights import decays
+from harness.environment import gpu_seen
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -281,11 +282,6 @@ def julia_status(probe_network: bool = True) -> dict[str, Any]:
     return status
 
 
-def nvidia_driver_visible() -> bool:
-    """An NVIDIA driver is installed (nvidia-smi or the control device); CUDA.jl decides the rest later."""
-    return bool(shutil.which("nvidia-smi") or os.path.exists("/dev/nvidiactl"))
-
-
 def unavailable_reason(device: str = "cpu") -> str | None:
     """One line saying why the flux backend cannot run here and how to fix it, or None. Fast; writes nothing."""
     if device not in ("cpu", "cuda"):
@@ -296,9 +292,8 @@ def unavailable_reason(device: str = "cpu") -> str | None:
     if package_path() is None:
         return (f"flux backend: the Julia package {PACKAGE} is missing from this installation "
                 "(expected harness/_julia/NanoGPTFlux or julia/NanoGPTFlux); reinstall nanogpt-parity")
-    if device == "cuda" and not nvidia_driver_visible():
-        return ("flux backend: --device cuda but no NVIDIA driver is visible (no nvidia-smi, no /dev/nvidiactl); "
-                "use --device cpu")
+    if device == "cuda" and not gpu_seen():  # CUDA.jl decides the rest later
+        return f"flux backend: --device cuda but {NO_GPU}"
     if bool(os.environ.get("PYTHON_JULIACALL_EXE")) != bool(os.environ.get("PYTHON_JULIACALL_PROJECT")):
         return ("flux backend: PYTHON_JULIACALL_EXE and PYTHON_JULIACALL_PROJECT must be set together "
                 "(juliacall refuses one alone); set both or neither")

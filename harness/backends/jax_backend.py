@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from harness.backends.base import BackendUnavailable
+from harness.backends.base import BackendUnavailable, cuda_fix
 from harness.backends.declaration import Declaration
 from harness.backends.jax_options import CUDA_INSTALL, CUDA_PLUGINS, DECLARATION, INSTALL, installed
 from harness.config.fields import Config
@@ -123,8 +123,8 @@ class JaxBackend:
         if not installed("jax"):
             raise BackendUnavailable(f"jax backend: JAX is not installed; {INSTALL}")
         if device == "cuda" and not any(installed(m) for m in CUDA_PLUGINS):
-            raise BackendUnavailable(f"jax backend: --device cuda needs JAX's CUDA plugin; {CUDA_INSTALL}, or use "
-                                     "--device cpu")
+            raise BackendUnavailable("jax backend: --device cuda needs JAX's CUDA plugin; "
+                                     + cuda_fix(f"{CUDA_INSTALL}, or use --device cpu"))
 
     # --- setup -------------------------------------------------------------------------------------------------
     def setup(self, config: Config, weights: dict[str, np.ndarray], vocab_size: int, device: str,

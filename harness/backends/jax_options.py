@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 
 from harness.backends.declaration import Declaration
 from harness.config.fields import OPTION_NAMES
+from harness.environment import gpu_seen
 
 INSTALL = "pip install -e '.[jax]' (or pip install jax)"
 CUDA_INSTALL = "pip install 'jax[cuda12]' (or 'jax[cuda13]')"  # the declaration's cuda_install
@@ -60,7 +60,7 @@ def jax_row() -> tuple[str, str, str]:
     jax_version, _, jaxlib_version = lines[0].partition(" ")
     devices = lines[1]
     status = f"{jax_version} (jaxlib {jaxlib_version}), devices: {devices}"
-    gpu_missing = shutil.which("nvidia-smi") is not None and "gpu" not in devices
+    gpu_missing = gpu_seen() and "gpu" not in devices
     return ("jax", status, f"a GPU is present but JAX does not see it: for --device cuda {CUDA_INSTALL}"
             if gpu_missing else "")
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from harness.backends.base import BackendUnavailable
+from harness.backends.base import BackendUnavailable, cuda_fix
 from harness.backends.declaration import Declaration
 from harness.config.fields import OPTION_NAMES, Config
 from harness.core.weights import param_shapes
@@ -32,13 +32,6 @@ DECLARATION = Declaration(
     cuda_install="pip install 'cupy-cuda12x[ctk]' (or 'cupy-cuda13x[ctk]' for CUDA 13)",
     part_runner="harness.backends.numpy_parts:NumpyParts", doctor="harness.backends.numpy_backend:doctor_rows")
 CUPY_FIX = f"install CuPy with its CUDA components: {DECLARATION.cuda_install}; or use --device cpu"
-
-
-def no_gpu_fix() -> str:
-    """The fix of a `--device cuda` that cannot work: that there is no GPU here, where none is seen, else CUPY_FIX."""
-    from harness.environment import gpu_seen
-
-    return CUPY_FIX if gpu_seen() else "there is no NVIDIA GPU here (no driver, no nvidia-smi): use --device cpu"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,7 +136,7 @@ def _use_device(device: str) -> object:
     try:
         return numpy_gpt.use_device(device)
     except numpy_gpt.DeviceUnavailable as exc:
-        fix = no_gpu_fix() if device == "cuda" else "use --device cpu"
+        fix = cuda_fix(CUPY_FIX) if device == "cuda" else "use --device cpu"
         raise BackendUnavailable(f"numpy backend: {exc}; {fix}") from None
 
 

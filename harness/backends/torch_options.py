@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from harness.backends.base import BackendUnavailable
+from harness.backends.base import BackendUnavailable, cuda_fix
 from harness.backends.declaration import COMPILE_MODES, Declaration
 from harness.config.fields import OPTION_NAMES
-from harness.environment import gpu_capability
+from harness.environment import gpu_capability, gpu_seen
 from harness.errors import UsageError
 
 DTYPE_NAMES = ("float32", "float64")
@@ -127,9 +127,9 @@ class TorchOptions:
             import torch
 
             if not torch.cuda.is_available():
-                raise BackendUnavailable("torch backend: --device cuda but PyTorch sees no CUDA GPU "
-                                         f"(torch {torch.__version__}); use --device cpu, or install its CUDA "
-                                         f"build: {CUDA_INSTALL}")
+                raise BackendUnavailable(f"torch backend: --device cuda but PyTorch sees no CUDA GPU (torch "
+                                         f"{torch.__version__}); " + cuda_fix("use --device cpu, or install its "
+                                                                            f"CUDA build: {CUDA_INSTALL}"))
 
 
 # --- harness doctor -------------------------------------------------------------------------------------------
@@ -137,7 +137,6 @@ def torch_row() -> tuple[str, str, str]:
     """torch's version and whether --device cuda can work: a CPU-only build (torch.version.cuda is None) needs a
     CUDA build; a CUDA build that sees no GPU has a driver or device problem."""
     import importlib.util
-    import shutil
 
     if importlib.util.find_spec("torch") is None:
         return ("torch", "missing", INSTALL)
@@ -146,7 +145,7 @@ def torch_row() -> tuple[str, str, str]:
 
         built = getattr(torch.version, "cuda", None)
         if built is None:
-            gpu_here = shutil.which("nvidia-smi") is not None
+            gpu_here = gpu_seen()
             return ("torch", f"{torch.__version__}, CPU-only build (no CUDA)",
                     f"a GPU is present: for --device cuda {CUDA_INSTALL}" if gpu_here else "")
         if not torch.cuda.is_available():
@@ -180,7 +179,7 @@ def compile_row() -> tuple[str, str, str]:
     if compiler is None:
         return ("--compile prerequisites", status, "install a C/C++ compiler (e.g. apt install g++) for torch.compile")
     return ("--compile prerequisites", status,
-            "" if triton or not shutil.which("nvidia-smi") else "for --compile on CUDA install triton (CUDA torch "
+            "" if triton or not gpu_seen() else "for --compile on CUDA install triton (CUDA torch "
             "wheels bring it)")
 
 
