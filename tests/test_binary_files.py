@@ -16,7 +16,6 @@ import os
 import resource
 import shutil
 import struct
-import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -184,35 +183,55 @@ def test_a_zip_bomb_under_an_unused_name_is_never_inflated(tmp_path: Path, monke
     assert path.stat().st_size < 8 * 2**20
     opened = Opened(monkeypatch)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.monotonic()
     refused(lambda: read(path, max_file_bytes=2**24), "holds array 'junk', which no such file holds", FIX)
     got = read(path, max_file_bytes=2**24, only=lambda key: key != "junk")  # refused by its name, or left unread
     assert sorted(got) == sorted(GOOD) and "junk.npy" not in opened.names, opened.names
-    assert time.monotonic() - t0 < 10 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200_000
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200_000
 
 
 def test_a_zip_bomb_under_a_wanted_name_is_refused_by_its_header(tmp_path: Path) -> None:
     path = savez(tmp_path / "a.npz", {"w": GOOD["w"], "n": GOOD["n"]}, [bomb("free.npy")])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.monotonic()
     refused(lambda: read(path, max_file_bytes=2**24), "'free' declares shape (3399483392,) of uint8 (3.17 GiB), "
                                                       "more than the 1,024 bytes it can hold")
-    assert time.monotonic() - t0 < 5 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000
 
 
-def test_a_member_that_inflates_beyond_its_declared_size_is_read_no_further(tmp_path: Path) -> None:
+def test_a_member_that_inflates_beyond_its_declared_size_is_read_no_further(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The zip directory says 138 bytes; the deflate stream goes on for 1 GB: the reader takes what was declared and
-    inflates no further (with a CRC of other bytes, it refuses the member)."""
+    inflates no further, counted at zipfile's decompressor (with a CRC of other bytes, it refuses the member)."""
     blob = npy(GOOD["free"])
     stream = deflated([(blob, 1), (b"\0" * 2**20, 1024)])
     good = [stored("w.npy", npy(GOOD["w"])), stored("n.npy", npy(GOOD["n"]))]
     path = tmp_path / "a.npz"
-    t0 = time.monotonic()
+    inflated = counted_inflation(monkeypatch)
     path.write_bytes(zip_bytes([*good, ("free.npy", stream, zipfile.ZIP_DEFLATED, len(blob), zlib.crc32(blob))]))
     assert np.array_equal(read(path, max_file_bytes=2**24)["free"], GOOD["free"])
     path.write_bytes(zip_bytes([*good, ("free.npy", stream, zipfile.ZIP_DEFLATED, len(blob), 0)]))
     refused(lambda: read(path, max_file_bytes=2**24), "array 'free'", "(Bad CRC-32 for file 'free.npy')")
-    assert time.monotonic() - t0 < 5
+    assert 0 < sum(inflated) < 2**20, sum(inflated)  # of the 1 GB stream, about what the directory declares
+
+
+def counted_inflation(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes every zipfile decompressor gives from now on, call by call."""
+    inflated: list[int] = []
+    real = zipfile._get_decompressor
+
+    class Counting:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+            out = self.inner.decompress(data, max_length)
+            inflated.append(len(out))
+            return out
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(zipfile, "_get_decompressor", lambda kind: Counting(real(kind)))
+    return inflated
 
 
 def test_an_archive_declaring_millions_of_members_is_refused_before_its_directory_is_read(tmp_path: Path) -> None:

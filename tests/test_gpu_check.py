@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import data_path
-from gpucheck import cli, judges, nanogpt, plan, runner, schedule, summary
+from gpucheck import cli, judges, nanogpt, plan, runner, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "gpu_check.py"
@@ -87,16 +88,15 @@ def dry(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     out = elsewhere / "gpu-check"
     common = ["--nanogpt", str(checkout), "--data", str(data_path())]
     first = tool("--out", "gpu-check", *common, cwd=elsewhere)
-    seen, t0 = [], time.perf_counter()
+    seen = []
     for line in first.stderr:
         seen.append(line)
         if sum(": PASS in " in ln for ln in seen) == 2:
             first.kill()
             break
     first.wait()
-    killed_after_s = time.perf_counter() - t0
     after_kill = json.loads((out / "summary.json").read_text())
-    deadline = time.time() + 20
+    deadline = time.time() + 5  # shorter than the checks running at the kill: they end by the parent-death signal
     while processes_under(out) and time.time() < deadline:
         time.sleep(0.2)
     orphans = processes_under(out)
@@ -112,7 +112,7 @@ def dry(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     _, err3 = third.communicate(timeout=600)
     return SimpleNamespace(out=out, elsewhere=elsewhere, killed=after_kill, budget=after_budget, rc2=second.returncode,
                            err2=err2, final=json.loads((out / "summary.json").read_text()), rc3=third.returncode,
-                           err3=err3, orphans=orphans, killed_after_s=killed_after_s, first_err="".join(seen))
+                           err3=err3, orphans=orphans, first_err="".join(seen))
 
 
 def results(doc: dict) -> dict[str, dict]:
@@ -224,12 +224,12 @@ def test_the_plan_for_two_calls_of_420_s_holds_tiers_1_to_4_first_and_1_to_6_in_
     assert gpu_check.main(["--plan", "--budget", "420", "--out", "/nonexistent/gpu-check"]) == 0
     text = capsys.readouterr().out
     checks = plan.plan(SimpleNamespace(dry_run=False, recipe_mode="eager", recipe_target=1.48))
-    where, used = schedule.simulate(checks, 420, 5)
-    assert all(where[c.name] == 1 for c in checks if c.tier <= 4)
-    assert all(where[c.name] in (1, 2) for c in checks if c.tier <= 6) and max(used[1], used[2]) <= 420
-    for c in checks:
-        assert f"{c.name} " in text and (f"call {where[c.name]}" in text)
-    assert "call 1: about" in text and "tiers 1, 2, 3, 4, 5" in text
+    printed = {m[1]: int(m[2]) for m in re.finditer(r"^  (\S+) +\d+ s +call (\d+)", text, re.M)}  # as a user reads it
+    assert set(printed) == {c.name for c in checks}, text
+    assert all(printed[c.name] == 1 for c in checks if c.tier <= 4), text
+    assert all(printed[c.name] in (1, 2) for c in checks if c.tier <= 6), text
+    calls = {int(m[1]): int(m[2]) for m in re.finditer(r"^call (\d+): about (\d+) s", text, re.M)}
+    assert calls and max(calls.values()) <= 420 and "tiers 1, 2, 3, 4, 5" in text, text
 
 
 def test_only_takes_exact_names_and_prefixes_and_the_recipe_mode_either_spelling() -> None:
@@ -365,11 +365,10 @@ def test_a_check_still_running_at_the_end_of_the_budget_is_stopped_and_left_for_
     pre = plan.Check("preflight", 1, [], 1.0, 60)
     monkeypatch.setattr(runner.pre, "preflight", lambda args, checks: (True, "ok", {"missing": [], "parts": {}}, []))
     args = SimpleNamespace(out=tmp_path, dry_run=True, budget=5.0, argv=[], data=data_path(), jobs=1, skip_long=False)
-    t0 = time.perf_counter()
     assert runner.run_all(args, [pre, slow], [pre, slow], set()) == 0
-    assert time.perf_counter() - t0 < 15
     row = results(summary.load(tmp_path, True))["slow"]
     assert row["result"] == "not run" and row["stopped"] and "end of the budget" in row["summary"]
+    assert row["wall_s"] < 60  # stopped, not waited for (its child sleeps 60 s)
     assert summary.measured_times(summary.load(tmp_path, True))["slow"] >= row["wall_s"] > 0.5
 
 

@@ -38,6 +38,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # as `harness parity --threads 1` (its default)
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import doc_tables  # noqa: E402  (beside this script)
+
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 BEGIN, END = "<!-- planted-bugs:begin -->", "<!-- planted-bugs:end -->"
 
@@ -212,17 +215,7 @@ def table(rows: list[list[str]], steps: int, sizes: list[str]) -> str:
 def merge_rows(text: str, rows: list[list[str]]) -> str:
     """The table `text` (between the markers) with `rows` in place of the rows of the same plant, kind, size and
     pair; a new row goes after the last row of the same kind and size (else at the end)."""
-    lines = text.rstrip("\n").split("\n")
-    start = lines.index(HEADER[1]) + 1
-    body = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in lines[start:]]
-    for row in rows:
-        at = next((i for i, old in enumerate(body) if old[:4] == row[:4]), None)
-        if at is not None:
-            body[at] = row
-            continue
-        same = [i for i, old in enumerate(body) if old[1:3] == row[1:3]]
-        body.insert(same[-1] + 1 if same else len(body), row)
-    return "\n".join([*lines[:start], *("| " + " | ".join(r) + " |" for r in body)]) + "\n"
+    return doc_tables.merge_rows(text, HEADER[1], rows, key=4, group=slice(1, 3))
 
 
 def main() -> int:
@@ -265,16 +258,16 @@ def main() -> int:
     if args.write is None:
         print(text)
         return 0
-    doc = args.write.read_text()
-    if BEGIN not in doc or END not in doc:
-        print(f"{args.write}: no {BEGIN} ... {END} markers", file=sys.stderr)
+    def new(old: str) -> str:
+        if not some:
+            return text
+        head, _, table_text = old.lstrip("\n").partition(HEADER[0])  # the other rows as they are
+        return head + merge_rows(HEADER[0] + table_text, rows)
+
+    problem = doc_tables.write_between(args.write, BEGIN, END, new)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
-    before, rest = doc.split(BEGIN, 1)
-    old, after = rest.split(END, 1)
-    if some:  # the other rows as they are
-        head, _, table_text = old.lstrip("\n").partition(HEADER[0])
-        text = head + merge_rows(HEADER[0] + table_text, rows)
-    args.write.write_text(f"{before}{BEGIN}\n{text}{END}{after}")
     print(f"{args.write}: {len(rows)} rows written")
     return 0
 

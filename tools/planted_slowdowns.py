@@ -23,7 +23,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tools")]
+import doc_tables  # noqa: E402  (beside this script)
+
 BEGIN, END = "<!-- planted-slowdowns:begin -->", "<!-- planted-slowdowns:end -->"
 HEADER = ["| size | backend | planted in | what | named first | share of the difference | right? | whole step | "
           "rounds (undisturbed of made) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -105,13 +107,18 @@ def main() -> int:
     if args.write is None:
         print(text)
         return 0
-    doc = args.write.read_text()
-    if BEGIN not in doc or END not in doc:
-        print(f"{args.write}: no {BEGIN} ... {END} markers", file=sys.stderr)
+    some = args.plants is not None or set(args.sizes.split(",")) != {"small", "medium"}
+
+    def new(old: str) -> str:  # some plants or sizes only: the other rows as they are
+        if not some or HEADER[1] not in old:
+            return text
+        head, table_text = old.lstrip("\n").split(HEADER[0], 1)
+        return head + doc_tables.merge_rows(HEADER[0] + table_text, HEADER[1], rows, key=3, group=slice(0, 1))
+
+    problem = doc_tables.write_between(args.write, BEGIN, END, new)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
-    before, rest = doc.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    args.write.write_text(f"{before}{BEGIN}\n{text}{END}{after}")
     print(f"{args.write}: {len(rows)} rows written")
     return 0 if all(r[6] == "yes" for r in rows) else 1
 
