@@ -28,6 +28,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))  # the gpucheck package beside this file
+from gpucheck.nanogpt import missing_files  # noqa: E402  (what the GPU check needs of a nanoGPT checkout)
+
 CARRY = ROOT / ".gpu-carry"
 # what the lent machine lacked (its Python 3.12 had torch, CuPy, nvidia-ml-py, numpy, scipy, pandas, matplotlib,
 # sacrebleu, jinja2, tqdm, attrs): the harness's dependencies and theirs
@@ -82,8 +85,9 @@ def prepare(args: argparse.Namespace) -> int:
     data = args.data or os.environ.get("HARNESS_DATA")
     if not data or not Path(data).is_file():
         return fail("no data file: pass --data PATH (Tiny Shakespeare) or set HARNESS_DATA")
-    if args.nanogpt is not None and not (args.nanogpt / "train.py").is_file():
-        return fail(f"--nanogpt {args.nanogpt}: no train.py there; give a checkout of karpathy/nanoGPT")
+    missing = missing_files(args.nanogpt) if args.nanogpt is not None else []
+    if missing:  # what the GPU check's --nanogpt would refuse there
+        return fail(f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a checkout of karpathy/nanoGPT")
     dest = args.dest
     wheels = dest / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)

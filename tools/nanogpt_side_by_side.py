@@ -33,9 +33,9 @@ Curve = list[tuple[int, float]]  # (step, validation loss)
 def harness_curve(out_dir: Path) -> Curve:
     """The validation losses of the one torch record under a `harness run --out` directory (read by the store)."""
     from harness.errors import UsageError
-    from harness.store import RunRecord
+    from harness.store import RunPaths, RunRecord
 
-    records = sorted(out_dir.glob("runs/*/torch.json"))
+    records = [p.record("torch") for p in RunPaths.under(out_dir) if p.record("torch").is_file()]
     if len(records) != 1:
         sys.exit(f"{out_dir}: expected one runs/*/torch.json, found {len(records)}")
     try:

@@ -46,13 +46,11 @@ def records(out: Path) -> list[Any]:
     """The run records under a check's --out (harness.store's RunRecord, read by its bounded reader; one that
     cannot be read is left out, and the judge says so by what it lists)."""
     from harness.errors import UsageError
-    from harness.store import RUN_ID_RE, RunPaths, RunRecord
+    from harness.store import RunPaths, RunRecord
 
     found = []
-    for directory in sorted(out.glob("runs/*")):
-        if not directory.is_dir() or not RUN_ID_RE.fullmatch(directory.name):
-            continue
-        for path in RunPaths.of_dir(directory).record_files():
+    for run in RunPaths.under(out):
+        for path in run.record_files():
             try:
                 found.append(RunRecord.load(path))
             except UsageError:
@@ -110,15 +108,21 @@ VERDICT_PROBE = ("import json, sys; from pathlib import Path; from harness.repor
                  "print(json.dumps(sweep_verdict(Path(sys.argv[1]), sys.argv[2])))")
 
 
-def sweep_levels(out: Path, sweep_id: str) -> dict:
-    """The sweep's comparisons as its report judges them (harness.report.sweep.sweep_verdict), asked of a child."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+def asked_of_a_child(code: str, *args: str) -> Any:
+    """What `code` prints as JSON, run by a child interpreter with the checkout and tools/ on its path (this process
+    never imports the frameworks); RuntimeError with the last line of its stderr when it fails."""
+    tools = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tools.parent), str(tools),
                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    done = subprocess.run([sys.executable, "-c", VERDICT_PROBE, str(out), sweep_id], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env)
     if done.returncode != 0:
         raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300])
     return json.loads(done.stdout)
+
+
+def sweep_levels(out: Path, sweep_id: str) -> dict:
+    """The sweep's comparisons as its report judges them (harness.report.sweep.sweep_verdict), asked of a child."""
+    return asked_of_a_child(VERDICT_PROBE, str(out), sweep_id)
 
 
 def sweep(need_green: bool) -> Callable[[Any, Outcome], Verdict]:
@@ -216,14 +220,7 @@ def parts_facts(out: str | Path, ident: str) -> dict:
 
 def parts_probe(out: Path, ident: str) -> dict:
     """`parts_facts` asked of a child (this process never imports the frameworks)."""
-    tools = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tools.parent), str(tools),
-                                                       os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    done = subprocess.run([sys.executable, "-c", PARTS_PROBE, str(out), ident], capture_output=True, text=True,
-                          timeout=300, env=env)
-    if done.returncode != 0:
-        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300])
-    return json.loads(done.stdout)
+    return asked_of_a_child(PARTS_PROBE, str(out), ident)
 
 
 def parts_verdict(rc: int | None, f: dict) -> Verdict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -51,15 +52,11 @@ def _pdeathsig() -> None:
 
 
 def end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM to the check's process group (the harness command ends its workers), SIGKILL after `grace_s`."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM to the check's process group (the harness command ends its workers), SIGKILL after `grace_s`: the
+    harness's own `processes.stop`."""
+    from harness.run.processes import stop
+
+    stop([proc], signal.SIGTERM, grace_s)
 
 
 def child(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> tuple[int | None, str, str, bool]:
@@ -113,7 +110,7 @@ def execute(check: Any, where: Path, env: dict[str, str], timeout_s: float) -> O
     argv = list(check.argv)
     if argv[1:3] == ["-m", "harness"] and argv[3] != "doctor":
         argv += ["--out", str(where)]
-    (where / "command.txt").write_text(" ".join(argv) + "\n")
+    (where / "command.txt").write_text(shlex.join(argv) + "\n")
     t0, timed_out = time.perf_counter(), False
     try:
         if check.refuse:
