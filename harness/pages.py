@@ -39,9 +39,13 @@ def worse(a: str, b: str) -> str:
 
 
 def css() -> Markup:
-    """The palette as CSS: a custom property per level (`--ok`, `--ok-bg`, ...) and the rules that draw a pill, a
-    banner, a verdict box and a table row (`tr.ok`) of each level in its colours."""
-    rules = [":root { " + " ".join(f"--{lv}: {fg}; --{lv}-bg: {bg};" for lv, (fg, bg) in PALETTE.items()) + " }"]
+    """The palette as CSS: a custom property per level (`--ok`, `--ok-bg`, ...), the shape of a pill and a banner, and
+    the rules that draw a pill, a banner, a verdict box and a table row (`tr.ok`) of each level in its colours."""
+    rules = [":root { " + " ".join(f"--{lv}: {fg}; --{lv}-bg: {bg};" for lv, (fg, bg) in PALETTE.items()) + " }",
+             ".banner { border-left: 6px solid; padding: 8px 14px; margin: 6px 0; border-radius: 4px; "
+             "font-weight: 600; }",
+             ".pill { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 0.85em; "
+             "font-weight: 600; }"]
     for lv in LEVELS:
         rules += [
             f".pill.{lv} {{ background: var(--{lv}-bg); color: var(--{lv}); }}",

@@ -48,7 +48,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PACKAGE = "NanoGPTFlux"
-JULIA_COMPAT = "1.10"  # also in harness/juliapkg.json and julia/NanoGPTFlux/Project.toml
 JULIA_DOWNLOAD_HOST = ("julialang-s3.julialang.org", 443)  # juliapkg downloads Julia from here
 JULIA_PKG_SERVER = ("pkg.julialang.org", 443)  # Julia's package server (registry and packages)
 NETWORK_TIMEOUT_S = 2.0

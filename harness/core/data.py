@@ -20,7 +20,6 @@ from harness.errors import UsageError
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-TINY_SHAKESPEARE_CHARS = 1_115_394
 TRAIN_FRACTION = 0.9
 
 

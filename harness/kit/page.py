@@ -52,8 +52,6 @@ def render_html(verdict: dict[str, Any], rows: list[dict[str, Any]], table: str)
 <style>
 {css()}
 body {{ font: 15px/1.45 system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }}
-.banner {{ padding: .6rem 1rem; border-left: 6px solid; border-radius: 6px; font-weight: 600; }}
-.pill {{ display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: .85em; font-weight: 600; }}
 table {{ border-collapse: collapse; margin: 1rem 0; }} td, th {{ border: 1px solid #ccc; padding: .25rem .6rem; }}
 tr.neutral td {{ color: #5c636a; }} td.num {{ white-space: nowrap; }}
 code, pre {{ font-family: ui-monospace, monospace; }}

@@ -34,7 +34,6 @@ def dropout_cause(config: Any = None) -> str:
     return f"dropout (placement or scaling; the gradients agree with dropout off): {where}, kept values x / (1 - p)"
 
 
-DROPOUT_CAUSE = dropout_cause()  # the three activation sites'
 CLOSE = 1e-3  # a candidate explains a tap when it leaves less than this fraction of the tap's size
 
 
