@@ -172,6 +172,12 @@ def build_parser() -> Parser:
     kit.add_arguments(p)
     p.set_defaults(func=kit.command)
 
+    add_helpers(sub)
+    return parser
+
+
+def add_helpers(sub: argparse._SubParsersAction) -> None:
+    """The commands around the measurements: sizes, doctor, setup."""
     p = sub.add_parser("sizes", help="print the size presets")
     p.add_argument("--toml", choices=PRESETS, metavar="SIZE", help=f"print that preset's TOML file instead "
                    f"({', '.join(PRESETS)})")
@@ -194,7 +200,6 @@ def build_parser() -> Parser:
     j.add_argument("--force", action="store_true", help="re-resolve and re-precompile even if it looks done")
     exit_statuses(j, SETUP_EXIT)
     j.set_defaults(func=cmd_setup)
-    return parser
 
 
 def _terminate(signum: int, frame: object) -> None:
