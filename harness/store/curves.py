@@ -36,7 +36,7 @@ import numpy as np
 
 from harness.errors import UsageError
 from harness.files import READ_BLOCK, open_regular, parse_json
-from harness.store.contention import check_chunks, truncate_chunks
+from harness.store.contention import check_chunks
 from harness.store.paths import RunPaths
 from harness.store.stored import Stored
 from harness.store.writes import UMASK, atomic_write_all, json_line
@@ -234,13 +234,6 @@ class Curves:
         else:
             last = self._chunks[-1] if self._chunks else None
         return 0 if last is None else last["step"] + last["n"]
-
-    def truncate(self, steps: int) -> None:
-        """Keep what was measured before training step `steps` (curves in memory)."""
-        keep = sum(1 for s in self.step if s < steps)
-        del self.step[keep:], self.loss[keep:], self.time_s[keep:]
-        self.evals[:] = [e for e in self.evals if e.step < steps]
-        self.chunks[:] = truncate_chunks(self.chunks, steps)
 
     def followed_by(self, tail: Curves) -> Curves:
         """`tail` (what an earlier attempt recorded: the files), followed by what these curves measured beyond it:
