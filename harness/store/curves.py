@@ -239,9 +239,11 @@ class Curves:
         """`tail` (what an earlier attempt recorded: the files), followed by what these curves measured beyond it:
         what is recorded is never replaced, and steps trained again add nothing until they pass it."""
         n = tail.steps_done
-        keep = range(n, len(self.loss))
         last_eval = tail.last_eval.step if tail.last_eval is not None else -1
         covered = max(tail.chunks_end, n)  # evidence of the steps beyond the tail only
+        if covered == 0 and last_eval < 0 and len(self.step) == len(self.loss):
+            return self  # nothing recorded before (a first attempt): these curves as they are, nothing copied
+        keep = range(n, len(self.loss))
         return Curves(step=[*tail.step[:n], *keep], loss=[*tail.loss[:n], *(self.loss[i] for i in keep)],
                       time_s=[*tail.time_s[:n], *(self.time_s[i] for i in keep)],
                       evals=[*tail.evals, *(e for e in self.evals if e.step > last_eval)],
