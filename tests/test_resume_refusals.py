@@ -131,3 +131,19 @@ def test_a_run_of_the_previous_release_still_resumes(tmp_path, capsys, interrupt
     rec = record_doc(run / "numpy.json")
     assert rec["status"] == "completed" and rec["resumed_from_step"] == [40]
     assert rec["steps"]["step"] == list(range(60)) and rec["schema_version"] == 4
+
+
+def test_a_worker_resumed_on_a_completed_record_leaves_it_as_it_is(tmp_path, capsys, config_file):
+    """A worker started with --resume on a backend whose record says "completed" (an executor that restarts every
+    cell) writes nothing: the record keeps its text, memory and times, byte for byte."""
+    from harness.run.worker import run_backend
+    from harness.store import RunPaths
+
+    out = tmp_path / "out"
+    code, _ = harness_in_process(capsys, "run", "--config", config_file, "--steps", "4", "--checkpoint-every", "2",
+                                 "--backend", "numpy", "--no-text", "--no-report", "--quiet", "--out", out)
+    assert code == 0
+    (run,) = (out / "runs").iterdir()
+    before = hashes(out)
+    assert run_backend(RunPaths.of_dir(run), "numpy", resume=True, progress=False) == 0
+    assert hashes(out) == before and "already completed" in capsys.readouterr().err
