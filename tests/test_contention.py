@@ -168,9 +168,8 @@ def test_summarize_counts_each_kind_of_reason_under_its_stored_name_judging_each
 def test_truncate_chunks_keeps_the_evidence_of_a_straddling_chunk():
     chunks = [{"step": 0, "n": 10}, {"step": 10, "n": 10}, {"step": 20, "n": 5}]
     assert truncate_chunks(chunks, 15) == [{"step": 0, "n": 10}, {"step": 10, "n": 5}]
-    cv = Curves(step=list(range(25)), loss=[0.0] * 25, time_s=[0.0] * 25, chunks=list(chunks))
-    cv.truncate(10)
-    assert cv.chunks == [{"step": 0, "n": 10}]
+    assert truncate_chunks(chunks, 10) == [{"step": 0, "n": 10}]
+    assert truncate_chunks(chunks, 25) == chunks and truncate_chunks(chunks, 0) == []
 
 
 def test_sampler_cuts_chunks_by_the_clock_and_around_evaluations(proc: FakeProc):

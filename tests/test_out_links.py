@@ -66,3 +66,34 @@ def test_compile_caches_are_never_under_out(tmp_path: Path, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     env = processes.child_env(None, compiles=True)
     assert not any(Path(env[v]).is_relative_to(tmp_path) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"))
+
+
+def test_a_linked_lock_file_is_refused_and_where_it_points_is_untouched(tmp_path, capsys, config_file):
+    """A `.lock` in a run directory that is a link to a file outside --out: resume refuses it in one line (its last)
+    and never truncates or writes the file it points to."""
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    code, _ = harness_in_process(capsys, "run", *TRAIN, "--config", config_file, "--out", out)
+    assert code == 0
+    (run,) = (out / "runs").iterdir()
+    (run / ".lock").unlink(missing_ok=True)
+    (run / ".lock").symlink_to(victim)
+    code, err = harness_in_process(capsys, "resume", run.name, "--quiet", "--no-report", "--out", out)
+    assert victim.read_text() == "precious\n"
+    one_line_error(code, err.strip().splitlines()[-1], ".lock' is a symbolic link", "writes only inside --out")
+
+
+def test_a_linked_record_lock_is_refused_and_where_it_points_is_untouched(tmp_path):
+    from harness.errors import UsageError
+    from harness.store import RecordLock
+    from harness.store.lock import record_lock_path
+
+    record, victim = tmp_path / "paired.json", tmp_path.parent / f"{tmp_path.name}-victim.txt"
+    victim.write_text("precious\n")
+    record_lock_path(record).symlink_to(victim)
+    try:
+        with pytest.raises(UsageError, match="is a symbolic link") as refused, RecordLock(record):
+            pass
+    finally:
+        assert victim.read_text() == "precious\n"
+    assert "\n" not in str(refused.value)

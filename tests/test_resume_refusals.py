@@ -76,6 +76,22 @@ def csv_row_repeated(run: Path) -> None:
     edit(record, lambda d: d["curves"]["steps"].update(bytes=path.stat().st_size))
 
 
+def checkpoint_beyond_the_run(run: Path) -> None:
+    """numpy's checkpoint moved on to step 80 of this 60-step run (its curves and AdamW's count to match), and its
+    record's total_steps raised to let it in: the run's own bound must refuse it, not the record's."""
+    import numpy as np
+
+    path = run / "numpy.ckpt.npz"
+    with np.load(path) as ckpt:
+        arrays = dict(ckpt)
+    arrays["harness/step"] = arrays["adam_t"] = np.array(80, dtype=np.int64)
+    for key in ("harness/loss", "harness/time_s"):
+        arrays[key] = np.resize(arrays[key], 80)
+    with path.open("wb") as f:
+        np.savez(f, **arrays)
+    edit(run / "numpy.json", lambda d: d.update(total_steps=10**6))
+
+
 CHANGES = {
     # name: (edit of the run directory, what the one line names)
     "learning rate": (lambda r: edit(r / "spec.json", lambda d: d["config"].update(learning_rate=0.02)),
@@ -89,6 +105,7 @@ CHANGES = {
     "steps ragged": (lambda r: edit_curves(r / "numpy.json", ragged), "ragged steps"),
     "a step duplicated": (lambda r: edit_curves(r / "numpy.json", duplicated), "step 4 where step 5 belongs"),
     "a CSV row repeated": (csv_row_repeated, "step 5 where step 6 belongs"),
+    "a checkpoint beyond the run": (checkpoint_beyond_the_run, "at step 80, outside this run's 1..60"),
 }
 
 
@@ -114,3 +131,19 @@ def test_a_run_of_the_previous_release_still_resumes(tmp_path, capsys, interrupt
     rec = record_doc(run / "numpy.json")
     assert rec["status"] == "completed" and rec["resumed_from_step"] == [40]
     assert rec["steps"]["step"] == list(range(60)) and rec["schema_version"] == 4
+
+
+def test_a_worker_resumed_on_a_completed_record_leaves_it_as_it_is(tmp_path, capsys, config_file):
+    """A worker started with --resume on a backend whose record says "completed" (an executor that restarts every
+    cell) writes nothing: the record keeps its text, memory and times, byte for byte."""
+    from harness.run.worker import run_backend
+    from harness.store import RunPaths
+
+    out = tmp_path / "out"
+    code, _ = harness_in_process(capsys, "run", "--config", config_file, "--steps", "4", "--checkpoint-every", "2",
+                                 "--backend", "numpy", "--no-text", "--no-report", "--quiet", "--out", out)
+    assert code == 0
+    (run,) = (out / "runs").iterdir()
+    before = hashes(out)
+    assert run_backend(RunPaths.of_dir(run), "numpy", resume=True, progress=False) == 0
+    assert hashes(out) == before and "already completed" in capsys.readouterr().err

@@ -34,7 +34,7 @@ import numpy as np
 
 from harness.errors import UsageError
 from harness.files import parse_json
-from harness.npz import Want, read_npz, spec_bytes
+from harness.npz import MEMBER_OVERHEAD, Want, read_npz, spec_bytes
 from harness.store import RunPaths
 from harness.store.contention import check_chunks, truncate_chunks
 from harness.store.curves import Curves, Eval
@@ -46,6 +46,7 @@ CURVES = (LOSS, TIME, EVALS, CHUNKS)  # beside STEP
 STATE_PARTS = ("param/", "adam_m/", "adam_v/")
 ADAM_T, RNG = "adam_t", "rng/"
 BLOB_BYTES = 2**20  # the most bytes of a serialized RNG state
+RNG_ENTRIES = 4  # more RNG entries than any backend's state holds (torch: its CPU and CUDA generators)
 WHAT = "checkpoint"
 
 
@@ -99,6 +100,13 @@ def expected(template: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int,
                          else Want(tuple(value.shape), (value.dtype.name,)))
     spec.update(curves_expected(steps))
     return spec
+
+
+def max_bytes(shapes: Mapping[str, tuple[int, ...]], steps: int) -> int:
+    """The most bytes a checkpoint of a run of canonical parameter `shapes` after at most `steps` steps can take,
+    whichever its backend (`expected` with the widest dtype and `RNG_ENTRIES` serialized RNG states): the cap of
+    `read_curves` where no backend is set up."""
+    return spec_bytes(expected({}, shapes, steps), 0) + RNG_ENTRIES * (BLOB_BYTES + MEMBER_OVERHEAD)
 
 
 def curves_expected(steps: int, exact: bool = False) -> dict[str, Want]:

@@ -46,7 +46,7 @@ from harness.progress import Line, expected_rounds
 from harness.run import processes
 from harness.run.processes import spawn
 from harness.run.timed import MARK, WARMUP_S, WARMUP_STEPS
-from harness.store import RUN_ID_RE, RecordLock, RunPaths
+from harness.store import RUN_ID_RE, RecordLock
 from harness.store.paired import Burst, Contender, PairedPlan, PairedRecord, Ready, Round, Session
 from harness.store.paths import RUNS
 from harness.timing import contention
@@ -172,9 +172,8 @@ class Child(TimedProcess):
     def __init__(self, contender: Contender, threads: int | None, warmup_s: float):
         compiles = bool(contender.options.get("compile"))
         super().__init__(contender.name, spawn(
-            "timed", [contender.run_dir, contender.backend, repr(warmup_s)], threads,
-            RunPaths.of_dir(Path(contender.run_dir)) if compiles else None, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, bufsize=0))
+            "timed", [contender.run_dir, contender.backend, repr(warmup_s)], threads, compiles,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0))
 
 
 def _say(progress: bool, text: str) -> None:

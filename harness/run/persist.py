@@ -83,6 +83,7 @@ class RecordWriter:
         self.extents = self.tail.extents if self.tail.stored_at(self.paths, backend) else None
         self.evals_to = self.tail.last_eval.step if self.tail.last_eval is not None else -1
         self.chunks_to = max(self.tail.chunks_end, self.tail.steps_done)  # evidence of the steps beyond the tail
+        self.evals_at = self.chunks_at = 0  # the curves' evaluations and chunks before these were appended already
 
     def merged(self) -> Curves:
         """The tail, followed by the curves measured now beyond it."""
@@ -94,17 +95,24 @@ class RecordWriter:
         cv, backend = self.curves, self.record.backend
         if self.extents is None:  # a first write, or a tail from a record of version 3: the files whole
             self.record.curves = write_curves(self.paths, backend, self.merged())
+            self.chunks_to, self.chunks_at = self.record.curves.chunks_end, len(cv.chunks)
         else:
             first = self.extents.steps.rows
             done = max(first, len(cv.loss))
-            evals = [e for e in cv.evals if e.step > self.evals_to]
-            chunks = [c for c in cv.chunks if c["step"] >= self.chunks_to and c["step"] + c["n"] <= done]
+            evals = [e for e in cv.evals[self.evals_at:] if e.step > self.evals_to]
+            end = self.chunks_at  # chunks in order: those whose steps are all in, the rest wait for the next write
+            while end < len(cv.chunks) and cv.chunks[end]["step"] + cv.chunks[end]["n"] <= done:
+                end += 1
+            chunks = [c for c in cv.chunks[self.chunks_at:end] if c["step"] >= self.chunks_to]
             extents = append_curves(self.paths, backend, self.extents, (first, cv.loss[first:], cv.time_s[first:]),
                                     evals, chunks)
             self.record.curves = Curves.on_disk(self.paths, backend, extents)
+            self.chunks_at = end
+            if chunks:
+                self.chunks_to = chunks[-1]["step"] + chunks[-1]["n"]
         self.extents = self.record.curves.extents
-        self.evals_to = max([self.evals_to, *(e.step for e in cv.evals)])
-        self.chunks_to = self.record.curves.chunks_end
+        self.evals_to = max([self.evals_to, *(e.step for e in cv.evals[self.evals_at:])])
+        self.evals_at = len(cv.evals)
 
     def write(self, final: bool = False) -> None:
         """The curves files, then the record (`final`: the test hook's "final-persist" point between them)."""

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from harness.core.weights import param_shapes
 from harness.errors import UsageError
 from harness.run import checkpoint
 from harness.store import RunPaths, RunRecord, RunSpec
@@ -160,7 +161,9 @@ def check_run(paths: RunPaths, spec: RunSpec, backends: Sequence[str]) -> None:
             check_record(paths, spec, rec)
         ckpt = paths.checkpoint(name)
         if rec is not None and os.path.lexists(ckpt):
-            total = rec.total_steps or spec.steps_bound() or 2**63 - 1
+            total = spec.steps_bound() or rec.total_steps or 2**63 - 1  # the spec's, not the record's, first
+            vocab = spec.data.vocab_size
+            cap = checkpoint.max_bytes(param_shapes(spec.config, vocab), total) if vocab is not None else None
             # its step and curves alone (the worker checks the state against its backend's): each array capped
-            step, curves = checkpoint.read_curves(paths, name, total)
+            step, curves = checkpoint.read_curves(paths, name, total, max_file_bytes=cap)
             check_checkpoint(paths, rec, step, curves)

@@ -55,9 +55,10 @@ def serve(run_dir: Path, backend_name: str, warmup_s: float = WARMUP_S) -> int:
     """The timing process of one contender: set up, warm up, then run the bursts the coordinator asks for."""
     import numpy as np
 
-    from harness.run.loop import Curves, LoopOptions, train, warm_up
+    from harness.run.loop import LoopOptions, train, warm_up
     from harness.run.worker import Worker
     from harness.store import RunPaths
+    from harness.store.curves import Curves
     from harness.store.paired import Ready
     from harness.timing import contention
 

@@ -146,6 +146,8 @@ class Worker:
         record_path, ckpt = self.paths.record(self.name), self.paths.checkpoint(self.name)
         resumable.check_spec(self.paths, self.spec)
         old = RunRecord.load(record_path, self.name, self.spec) if os.path.lexists(record_path) else None
+        if old is not None and old.finished:
+            return 0, old, Curves()  # nothing to resume (`run` leaves it as it is)
         if old is not None:
             resumable.check_record(self.paths, self.spec, old)
         if not os.path.lexists(ckpt):
@@ -176,6 +178,7 @@ class Worker:
             n_params=count_parameters(c, vocab), n_params_non_embedding=count_parameters(c, vocab, embeddings=False),
             flops_per_token=flops_per_token(c, vocab), backend_info=self.backend.describe(),
             timings=dataclasses.replace(old.timings) if old is not None else Timings(),
+            memory=dataclasses.replace(old.memory) if old is not None else Memory(),
             experiment_sha256=self.spec.experiment.sha256 if self.spec.experiment is not None else None)
         if (old is not None and old.started_at) or start:  # a resume of an earlier attempt: say from which step
             record.started_at = (old.started_at if old is not None else None) or record.started_at
@@ -193,6 +196,9 @@ class Worker:
     def run(self, resume: bool, progress: bool) -> int:
         """Train from the checkpoint (`resume`) or from step 0, writing the record as it goes; the exit status."""
         start, old, curves = self.restore() if resume else (0, None, Curves())
+        if old is not None and old.finished:  # a record that says "completed" is never rewritten
+            print(f"{self.name}: already completed; nothing to resume", file=sys.stderr, flush=True)
+            return 0
         pause_at("before-record")
         # only now, with the backend ready and the checkpoint restored, may a new record replace the old one
         writer = RecordWriter(self.paths, self.new_record(start, old), curves=curves,

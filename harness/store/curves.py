@@ -36,7 +36,7 @@ import numpy as np
 
 from harness.errors import UsageError
 from harness.files import READ_BLOCK, open_regular, parse_json
-from harness.store.contention import check_chunks, truncate_chunks
+from harness.store.contention import check_chunks
 from harness.store.paths import RunPaths
 from harness.store.stored import Stored
 from harness.store.writes import UMASK, atomic_write_all, json_line
@@ -235,20 +235,15 @@ class Curves:
             last = self._chunks[-1] if self._chunks else None
         return 0 if last is None else last["step"] + last["n"]
 
-    def truncate(self, steps: int) -> None:
-        """Keep what was measured before training step `steps` (curves in memory)."""
-        keep = sum(1 for s in self.step if s < steps)
-        del self.step[keep:], self.loss[keep:], self.time_s[keep:]
-        self.evals[:] = [e for e in self.evals if e.step < steps]
-        self.chunks[:] = truncate_chunks(self.chunks, steps)
-
     def followed_by(self, tail: Curves) -> Curves:
         """`tail` (what an earlier attempt recorded: the files), followed by what these curves measured beyond it:
         what is recorded is never replaced, and steps trained again add nothing until they pass it."""
         n = tail.steps_done
-        keep = range(n, len(self.loss))
         last_eval = tail.last_eval.step if tail.last_eval is not None else -1
         covered = max(tail.chunks_end, n)  # evidence of the steps beyond the tail only
+        if covered == 0 and last_eval < 0 and len(self.step) == len(self.loss):
+            return self  # nothing recorded before (a first attempt): these curves as they are, nothing copied
+        keep = range(n, len(self.loss))
         return Curves(step=[*tail.step[:n], *keep], loss=[*tail.loss[:n], *(self.loss[i] for i in keep)],
                       time_s=[*tail.time_s[:n], *(self.time_s[i] for i in keep)],
                       evals=[*tail.evals, *(e for e in self.evals if e.step > last_eval)],

@@ -4,15 +4,28 @@ run) and `RecordLock` on a paired-timing record (`.<record>.lock`, held while a 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.store.paths import RunPaths
+from harness.store.paths import RunPaths, inside
 from harness.store.writes import UMASK, clean_stale_tmp, os_error_message
 
 LOCK_FD_ENV = "HARNESS_RUN_LOCK_FD"  # a lock inherited from the parent (same open file: the same lock)
+
+
+def open_lock_file(path: Path, mode: int) -> int:
+    """The lock file `path`, opened (created) for writing, never through a symbolic link (the pid written into it
+    would truncate and overwrite the file it points to): a link is `inside`'s one-line UsageError, any other
+    OSError is raised."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            inside(path.parent, path.name)  # names the link when it is one
+        raise
 
 
 class RunLock:
@@ -30,7 +43,7 @@ class RunLock:
         inherited = self.fd is not None
         try:
             if not inherited:
-                self.fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 & ~UMASK)
+                self.fd = open_lock_file(self.paths.lock, 0o666 & ~UMASK)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = self._holder()
@@ -85,7 +98,7 @@ class RecordLock:
     def __enter__(self) -> RecordLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = open_lock_file(self.path, 0o666)
         except OSError as exc:
             raise UsageError(os_error_message(exc, f"cannot lock paired-timing record {str(self.record)!r}")
                              ) from None

@@ -33,7 +33,6 @@ PARITY_JSON_SCHEMA: dict = {
         "tolerance_source": {"type": ["object", "null"]},
     },
 }
-VERDICTS = ("pass", "fail", "error")
 _EMPTY = ("devices", "dtypes", "tolerance_source", "failures")  # null in a hand-written record: read as empty
 
 

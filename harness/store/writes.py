@@ -12,7 +12,6 @@ written before any work starts (`check_writable`).
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import io
 import json
@@ -111,18 +110,6 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json_bytes(obj))
 
 
-def csv_bytes(header: list[str], rows: list[list[Any]]) -> bytes:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    return buf.getvalue().encode()
-
-
-def atomic_write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    atomic_write_bytes(path, csv_bytes(header, rows))
-
-
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -197,7 +184,7 @@ def check_writable(out: Path) -> None:
     if probe == out:
         for name in (RUNS, SWEEPS, BENCH, DATA):
             inside(out, name)  # no symbolic link among the folders of --out (harness.store.paths)
-        for name in (RUNS, "data"):
+        for name in (RUNS, DATA):
             if (out / name).exists() and not (out / name).is_dir():
                 raise UsageError(f"--out {str(out)!r}: {str(out / name)!r} is a file but must be a directory; "
                                  "move it away or choose another --out")
