@@ -4,6 +4,7 @@ are in the user cache directory (tests/test_run_reliability.py), never in --out.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,17 +56,25 @@ def test_a_linked_run_directory_is_refused_and_nothing_is_written(tmp_path, caps
         code, err = harness_in_process(capsys, *args, "--out", out)
         one_line_error(code, err, f"{run.name}' is a symbolic link", "writes only inside --out")
     assert {p: p.read_bytes() for p in moved.iterdir() if p.is_file()} == before and tree(out) == listing
-    code, err = harness_in_process(capsys, "status", "--out", out)  # the listing leaves it out
-    assert code == 0 and run.name not in capsys.readouterr().out
+    from harness.cli import main
+
+    assert main.main(["status", "--json", "--out", str(out)]) == 0  # listed as unreadable, saying why, not read
+    (row,) = json.loads(capsys.readouterr().out)["recent"]
+    assert row["state"] == "unreadable" and "symbolic link" in row["verdict"] and row["size"] == "?", row
 
 
-def test_compile_caches_are_never_under_out(tmp_path: Path, monkeypatch):
+def test_compile_caches_are_in_the_user_cache_or_where_the_user_put_them(tmp_path: Path, monkeypatch):
+    """A compiling child's Inductor and Triton caches: under the harness's cache directory (HARNESS_CACHE here),
+    beside JAX's, never under a run's --out; a place the user chose is kept."""
     from harness.run import processes
 
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
     env = processes.child_env(None, compiles=True)
-    assert not any(Path(env[v]).is_relative_to(tmp_path) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"))
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache" / "torchinductor").resolve())
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in processes.child_env(None)  # a child that compiles nothing: untouched
 
 
 def test_a_linked_lock_file_is_refused_and_where_it_points_is_untouched(tmp_path, capsys, config_file):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def recent(out: Path, last: int) -> list[dict[str, str]]:
 
 def unreadable(name: str, kind: str, exc: BaseException) -> dict[str, str]:
     """The row of a run or sweep that cannot be read: the first words of why."""
-    why = " ".join(str(exc).split())
+    why = " ".join(str(exc).split()).replace(f"/{name}'", f"{name}'")
+    why = re.sub(rf"'[^']*?{re.escape(name)}'", f"'{name}'", why)  # the id, not its path: the reason fits the row
     return {"id": name, "kind": kind, "size": "?", "backends": "?", "state": "unreadable",
             "verdict": why[:80] + ("..." if len(why) > 80 else "")}
 
