@@ -292,11 +292,3 @@ def format_table(record: PartsRecord, s: dict) -> str:
         lines.append(cells)
     return text_table(head, lines[1:], right=range(1, len(head)))
 
-
-def check_sums(record: PartsRecord, s: dict) -> dict[str, float]:
-    """Per contender |parts + overhead - step| / step: 0 by construction (the check the tests and docs state)."""
-    out = {}
-    for n, t in s["tables"].items():
-        total = sum(v["median_s"] for r, v in t.items() if r != STEP)
-        out[n] = abs(total - t[STEP]["median_s"]) / t[STEP]["median_s"]
-    return out
