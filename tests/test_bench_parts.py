@@ -104,36 +104,48 @@ def test_reference_is_the_oracles_taps_and_gradients(tmp_path: Path, corpus, cha
 
 
 def check_runner(runner, config, corpus, names=None) -> None:
-    """`runner`'s forwards give the reference's activations and its backwards the reference's parameter gradients
-    (float64, dropout off), and every item runs."""
+    """`runner`'s forwards give the reference's activations and its backwards the gradients the reference's parts
+    hand to their inputs and parameters (float64, dropout off; a tied table: its two parts' gradients add up to the
+    reference's), and every item runs."""
     weights, x, y = step0(config, corpus)
     ref = reference(config, weights, corpus.vocab_size, x, y)
     names = names or part_names(config.n_layer)
     runner.setup(config, weights, corpus.vocab_size, "cpu", 3, [(x, y)], ref, names)
     assert list(runner.items) == items(names)
+    tied = []
     for part in (p for p in parts(config, corpus.vocab_size) if p.name in names):
         outs = runner.items[item(part.name, "forward")].call()
         outs = outs[0] if runner.name == "numpy" else outs
         for name, out in zip(part.outputs, outs, strict=True):
-            out = out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
-            np.testing.assert_allclose(out, ref.acts[name], rtol=1e-9, atol=1e-12, err_msg=part.name)
+            np.testing.assert_allclose(as_numpy(out), ref.acts[name], rtol=1e-9, atol=1e-12, err_msg=part.name)
         back = runner.items[item(part.name, "backward")].call()
+        floats = [i for i in part.inputs if ref.acts[i].dtype.kind == "f"]
         if runner.name == "torch":
-            got = dict(zip(part.params, [g.numpy() for g in back[len(back) - len(part.params):]]))
-        elif runner.name == "jax":
-            got = {k: np.asarray(v) for k, v in back[1].items()}
-        else:
-            got = back[1] if isinstance(back, tuple) else {}
-        if runner.name != "numpy" or part.kind not in ("res1", "res2"):
-            for name in part.params:
-                np.testing.assert_allclose(got[name], ref.params[name] if not (
-                    config.tie_embeddings and name == "wte.weight") else got[name], rtol=1e-9, atol=1e-12,
-                    err_msg=f"{part.name} {name}")
+            dins, dparams = back[:len(floats)], dict(zip(part.params, back[len(floats):], strict=True))
+        else:  # jax: the pullback's (inputs, parameters); numpy: (one per input, None for the token ids, parameters)
+            dins, dparams = [d for d in back[0] if d is not None], back[1]
+        for name, d in zip(floats, dins, strict=True):
+            np.testing.assert_allclose(as_numpy(d), ref.branch[(part.name, name)], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"{part.name} d{name}")
+        assert set(dparams) == set(part.params), part.name
+        for name in part.params:
+            if config.tie_embeddings and name == "wte.weight":
+                tied.append(as_numpy(dparams[name]))
+            else:
+                np.testing.assert_allclose(as_numpy(dparams[name]), ref.params[name], rtol=1e-9, atol=1e-12,
+                                           err_msg=f"{part.name} {name}")
+    if tied:  # the embedding's share and the head's
+        assert len(tied) == 2
+        np.testing.assert_allclose(tied[0] + tied[1], ref.params["wte.weight"], rtol=1e-9, atol=1e-12)
     calls, passes, step_samples = runner.calibrate(0.001)
     assert set(calls) == set(runner.items) and passes >= 3 and min(calls.values()) >= 1
     assert passes * step_samples >= 9  # the step, longest, gets more tries at a clean timing
     times = runner.burst(calls, 1, 2)
     assert set(times) == set(runner.items) and all(t > 0 for t in times.values())
+
+
+def as_numpy(a) -> np.ndarray:
+    return a.detach().numpy() if hasattr(a, "detach") else np.asarray(a)
 
 
 def test_numpy_parts_are_the_oracles(tmp_path: Path, corpus) -> None:
