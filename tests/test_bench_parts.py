@@ -19,7 +19,7 @@ from harness.backends import parts as registry
 from harness.backends.numpy_parts import NumpyParts, reference
 from harness.bench import parts as bench_parts
 from harness.bench.parts_analysis import diagnose, format_table, rounds_used, summary
-from harness.bench.parts_page import write_page
+from harness.bench.parts_page import notes, write_page
 from harness.cli import bench_parts as bench_parts_cli
 from harness.cli.main import main
 from harness.config.load import load_config
@@ -247,6 +247,37 @@ def synthetic(tmp_path: Path, corpus, times: dict[str, dict[str, float]], n_roun
     record.contenders[0].ready = PartsReady(setup_s=1.0, calls={k: 1 for k in record.items}, passes=3,
                                             clock="host clock")
     return record
+
+
+class AlwaysBusy:
+    """A timed process whose every burst is disturbed (what a machine busy throughout gives)."""
+
+    def __init__(self, name: str, items_: list[str]) -> None:
+        self.name, self.items, self.bursts = name, items_, 0
+
+    def send(self, message: dict) -> None:
+        self.bursts += "burst" in message
+
+    def receive(self, timeout: float) -> dict:
+        return {"times": {k: 1e-3 for k in self.items}, "chunk": BUSY}
+
+
+def test_the_rounds_stop_once_no_verdict_can_come(tmp_path: Path, corpus, capsys) -> None:
+    record, _ = bench_parts.new_record(tiny(tmp_path, n_layer=1), corpus, [
+        {"name": n, "backend": n, "device": "cpu", "options": {}} for n in ("torch", "numpy")], part_names(1), 10, 1,
+        {})
+    children = [AlwaysBusy(n, record.items) for n in ("torch", "numpy")]
+    path = tmp_path / "parts.json"
+    assert bench_parts._rounds(path, record, children, True) == 0
+    # 10 wanted, 40 at most, 5 needed for a verdict: after 36 disturbed rounds even 4 more could not make it
+    assert len(record.rounds) == 36 and [c.bursts for c in children] == [36, 36]
+    assert record.stopped == "stopped after 36 of at most 40 rounds: 0 undisturbed, and even 4 more could not make " \
+        "the 5 a verdict needs"
+    assert record.stopped in capsys.readouterr().err
+    record.status = "incomplete"
+    record.dump(path)
+    assert PartsRecord.load(path).stopped == record.stopped
+    assert f"rounds {record.stopped}" in notes(record, summary(record))  # beside the table and on the page
 
 
 def test_a_slow_part_is_named_first_with_its_direction(tmp_path: Path, corpus) -> None:

@@ -30,6 +30,8 @@ def notes(record: PartsRecord, s: dict) -> list[str]:
     used = "undisturbed" if r["usable"] else "all (too few undisturbed: no verdict)"
     lines = [f"rounds: {r['total']} made, {r['clean']} undisturbed, {r['disturbed']} disturbed (left out); figures "
              f"from {r['used']} {used} rounds; ms per call, median over the rounds [95 % interval]"]
+    if record.stopped:  # no verdict could come any more
+        lines.append(f"rounds {record.stopped}")
     for c in record.contenders:
         ready = c.ready
         if ready is None:

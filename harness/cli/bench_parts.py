@@ -140,7 +140,7 @@ def report(record: PartsRecord, out: Path, per_block: bool, as_json: bool = Fals
         pairs = [{k: p.get(k) for k in ("slow", "fast", "ratio", "lo", "hi", "conclusive", "line")}
                  for p in (s["pairs"] if s else [])]
         print_json("bench parts", code, id=record.id, record=path, page=page, status=record.status,
-                   failure=record.failure, rounds=s["rounds"] if s else None, pairs=pairs)
+                   failure=record.failure, stopped=record.stopped, rounds=s["rounds"] if s else None, pairs=pairs)
     else:
         print(f"bench parts: {path}", file=stream)
     return code
