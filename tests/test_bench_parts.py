@@ -148,6 +148,20 @@ def as_numpy(a) -> np.ndarray:
     return a.detach().numpy() if hasattr(a, "detach") else np.asarray(a)
 
 
+def test_calls_queued_on_the_host_clock_are_waited_for_once_and_on_a_device_clock_not() -> None:
+    waits = []
+
+    class Queued(registry.PartRunner):  # an asynchronous device timed on the host, its clock named in other words
+        sync_each_call, clock = False, "time.perf_counter after a wait for the queue"
+
+    for device_clock in (False, True):
+        runner = Queued()
+        runner.device_clock = device_clock
+        runner.items = {"x/forward": registry.Item(lambda: 1, waits.append)}
+        runner.timed("x/forward", 5)
+    assert waits == [1]  # the host clock's reading waits for the last call; a device clock's does not
+
+
 def test_numpy_parts_are_the_oracles(tmp_path: Path, corpus) -> None:
     check_runner(NumpyParts(), tiny(tmp_path, dropout=0.0, n_layer=2), corpus)
 

@@ -85,6 +85,7 @@ class TorchParts(PartRunner):
         self.sync_each_call = not self.cuda
         if self.cuda:
             self.clock = "CUDA events around each item's calls, launched back to back"
+            self.device_clock = True
             self.sample_s = GPU_SAMPLE_S  # queued back to back, as in a step (an event resolves half a microsecond)
         dtype = self.backend.dtype
         model = build_model(config, weights, vocab_size).to(device=self.device, dtype=dtype)
