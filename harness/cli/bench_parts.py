@@ -132,7 +132,7 @@ def report(record: PartsRecord, out: Path, per_block: bool, as_json: bool = Fals
         print(format_table(record, s), file=stream)
         for line in [*notes(record, s), *(f"diagnosis: {pair['line']}" for pair in s["pairs"])]:
             print(line, file=stream)
-    page = write_page(record, out, per_block)
+    page = write_page(record, out, per_block, s)
     path = record_path(out, record.id)
     code = 1 if record.status == "failed" else 0
     print(f"bench parts: {page}", file=sys.stderr)
