@@ -29,7 +29,7 @@ from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
 Fn = Callable[..., tuple[torch.Tensor, ...]]
 
 
-def part_function(model: Any, part: Part, config: Config) -> Fn:
+def part_function(model: Any, part: Part) -> Fn:
     """The forward of `part` as a function of its inputs, made of `model`'s own modules (bound now: a test that
     plants a change in the model before this call reaches the part)."""
     blk = model.h[part.block] if part.block is not None else None
@@ -104,7 +104,7 @@ class TorchParts(PartRunner):
         for part in parts(config, vocab_size):
             if part.name not in chosen:
                 continue
-            fn = part_function(model, part, config)
+            fn = part_function(model, part)
             ins = [put(reference.acts[i], grad=True) for i in part.inputs]
             self.items[item(part.name, "forward")] = Item(lambda f=fn, a=ins: f(*a), self._wait)
             outs = fn(*ins)
