@@ -280,6 +280,7 @@ def test_the_rounds_stop_once_no_verdict_can_come(tmp_path: Path, corpus, capsys
     record, _ = bench_parts.new_record(tiny(tmp_path, n_layer=1), corpus, [
         {"name": n, "backend": n, "device": "cpu", "options": {}} for n in ("torch", "numpy")], part_names(1), 10, 1,
         {})
+    record.plan.gap_s = 0.0  # no pause between bursts: no process here to let fall asleep
     children = [AlwaysBusy(n, record.items) for n in ("torch", "numpy")]
     path = tmp_path / "parts.json"
     assert bench_parts._rounds(path, record, children, True) == 0
