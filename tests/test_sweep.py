@@ -35,6 +35,27 @@ def test_t_quantile_matches_the_printed_table():
     assert stats.t_quantile(0.975, 10_000) == pytest.approx(1.960, abs=1e-3)  # tends to the normal quantile
 
 
+@pytest.mark.parametrize("n", [5, 21, 101])
+def test_exact_median_interval_is_the_resampled_bootstraps_limit(n: int) -> None:
+    """On odd n every resample's median is one of the values, so both intervals are order statistics: the data are a
+    permutation of 0..n-1, a value its rank. The resampled bootstrap's tail estimate errs by about
+    sqrt(p(1-p)/n_boot) in probability; where the bootstrap's distribution of the median (P(median <= x_(k)) =
+    P(Binomial(n, k/n) >= ceil(n/2)), computed here with scipy.stats) steps across the 2.5 % and 97.5 % tails more
+    than 3 such errors away from either tail (the seed is fixed: no chance at each run), the resampled bound is that
+    rank, all but surely, and so must be the exact one."""
+    from scipy.stats import binom
+
+    data = np.random.default_rng(n).permutation(n).astype(float)
+    n_boot = stats.RESAMPLED_MAX // n  # the most the resampled bootstrap draws
+    cdf = binom.sf((n + 1) // 2 - 1, n, np.arange(1, n + 1) / n)  # P(median <= the value of rank k), k = 1..n
+    for tail in (0.025, 0.975):
+        assert np.min(np.abs(cdf - tail)) > 3 * math.sqrt(tail * (1 - tail) / n_boot), (n, tail)  # no tie to break
+    resampled = stats.median_ci(data, n_boot=n_boot)
+    exact = stats.exact_median_ci(data)
+    assert exact == resampled, (exact, resampled)
+    assert exact == [float(np.argmax(cdf >= 0.025)), float(np.argmax(cdf >= 0.975))]  # the first rank past each tail
+
+
 def test_mean_ci_and_paired_intervals_by_hand():
     values = [2.0, 2.5, 3.0, 4.5]
     m, s = sum(values) / 4, math.sqrt(sum((v - 3.0) ** 2 for v in values) / 3)

@@ -119,7 +119,7 @@ def _res(c: Context, x: Any, branch: Any) -> tuple[tuple, Any]:
 
 
 def _res_back(c: Context, cache: Any, dout: Any) -> tuple[tuple, dict]:
-    return (dout, dout), {}  # the sum at the fork is timed apart (NumpyParts: the oracle's residual line)
+    return (dout, dout), {}  # as autograd's and jax.vjp's: the sum at the fork is the overhead row's, every runner's
 
 
 def _act(c: Context, h: Any) -> tuple[tuple, Any]:
@@ -220,15 +220,8 @@ class NumpyParts(PartRunner):
             _, cache = forward(ctx, *ins)
             douts = [put(reference.grads[o]) for o in part.outputs]
             self.items[item(part.name, "forward")] = Item(lambda f=forward, c=ctx, a=ins: f(c, *a), wait)
-            if part.kind in ("res1", "res2"):
-                # the oracle's residual line (numpy_gpt.block_backward: dx = dout + dx_branch): the skip's gradient
-                # plus the branch's, at the fork the residual connection makes
-                fork = next(p for p in parts(config, vocab_size) if p.inputs == part.inputs[:1] and p.kind != part.kind)
-                other = put(reference.branch[(fork.name, part.inputs[0])])
-                backwards[part.name] = Item(lambda d=douts[0], o=other: d + o, wait)
-            else:
-                backwards[part.name] = Item(lambda b=backward, c=ctx, k=cache, d=douts: b(c, k, *d), wait)
-        for name in reversed([n for n in names]):
+            backwards[part.name] = Item(lambda b=backward, c=ctx, k=cache, d=douts: b(c, k, *d), wait)
+        for name in reversed(names):
             self.items[item(name, "backward")] = backwards[name]
         self._optimizer(config, reference, put, wait)
         self._step(batches, wait)

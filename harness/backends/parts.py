@@ -94,7 +94,8 @@ class PartRunner:
     """The common part of every runner: the items, their timing in passes, their calibration.
 
     A subclass builds `self.items` ({item key: Item}, harness.core.parts.items' keys, the step last) in `setup`,
-    and may time on a device clock (`mark`, `seconds`, `finish`) or count what an item launches (`launches`).
+    and may time on a device clock (`device_clock`; `mark`, `seconds`, `finish`) or count what an item launches
+    (`launches`).
 
     A **pass** (`run_pass`) runs the items in the order of a step: every part's forward, every backward, the
     optimizer, each `calls[item]` times in a row and timed apart, keeping each item's last output alive until the
@@ -105,7 +106,8 @@ class PartRunner:
     end of an item (an asynchronous device: the calls are queued back to back, as inside a step)."""
 
     name = ""
-    clock = "host clock (time.perf_counter)"
+    clock = "host clock (time.perf_counter)"  # how the items are timed, in words (the record's)
+    device_clock = False  # True: `mark` reads a device clock, not the host's, so an item's last call is not waited for
     sync_each_call = True
     sample_s = SAMPLE_S
 
@@ -151,7 +153,7 @@ class PartRunner:
             out = it.call()
             if self.sync_each_call:
                 it.wait(out)
-        if not self.sync_each_call and self.clock.startswith("host"):
+        if not self.sync_each_call and not self.device_clock:
             it.wait(out)
         return a, self.mark(), out
 

@@ -29,7 +29,7 @@ from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
 Fn = Callable[..., tuple[torch.Tensor, ...]]
 
 
-def part_function(model: Any, part: Part, config: Config) -> Fn:
+def part_function(model: Any, part: Part) -> Fn:
     """The forward of `part` as a function of its inputs, made of `model`'s own modules (bound now: a test that
     plants a change in the model before this call reaches the part)."""
     blk = model.h[part.block] if part.block is not None else None
@@ -85,6 +85,7 @@ class TorchParts(PartRunner):
         self.sync_each_call = not self.cuda
         if self.cuda:
             self.clock = "CUDA events around each item's calls, launched back to back"
+            self.device_clock = True
             self.sample_s = GPU_SAMPLE_S  # queued back to back, as in a step (an event resolves half a microsecond)
         dtype = self.backend.dtype
         model = build_model(config, weights, vocab_size).to(device=self.device, dtype=dtype)
@@ -103,7 +104,7 @@ class TorchParts(PartRunner):
         for part in parts(config, vocab_size):
             if part.name not in chosen:
                 continue
-            fn = part_function(model, part, config)
+            fn = part_function(model, part)
             ins = [put(reference.acts[i], grad=True) for i in part.inputs]
             self.items[item(part.name, "forward")] = Item(lambda f=fn, a=ins: f(*a), self._wait)
             outs = fn(*ins)

@@ -7,9 +7,10 @@ gives each process one burst, the order alternating between rounds. A burst of a
 item (each part's forward and backward, the optimizer, the whole step) in passes: every item in the order of a
 step, each timed apart, the fastest of the passes (harness.backends.parts.PartRunner), between two readings of
 the machine (its contention evidence). The others wait on a pipe, using no CPU. Rounds go on until `rounds` are
-undisturbed (harness.timing.contention's rule; any burst disturbed makes its round disturbed) or
-`MAX_ROUNDS_FACTOR` times as many were made. The record (harness.store.parts.PartsRecord) is written as the rounds
-come in; harness.bench.parts_analysis reads it.
+undisturbed (harness.timing.contention's rule; any burst disturbed makes its round disturbed),
+`MAX_ROUNDS_FACTOR` times as many were made, or, as in the paired timing, so many were disturbed that no verdict
+can come any more (status "incomplete", `stopped` saying why). The record (harness.store.parts.PartsRecord) is
+written as the rounds come in; harness.bench.parts_analysis reads it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from harness.core.costs import flops_per_token, part_flops
 from harness.core.parts import items, part_names
 from harness.environment import capture, loadavg, usable_cores
 from harness.progress import Line, expected_rounds
-from harness.run.paired_timing import REPLY_TIMEOUT_S, TimedProcess, signals_deferred, stop_children
+from harness.run.paired_timing import (
+    BURST_S,  # a burst's target length: here passes of every item for about this long (at least 3)
+    GAP_S,
+    PERSIST_EVERY_S,
+    REPLY_TIMEOUT_S,
+    TimedProcess,
+    signals_deferred,
+    stop_children,
+)
 from harness.run.processes import spawn
 from harness.store.parts import (
     PartsBurst,
@@ -44,12 +53,9 @@ from harness.store.parts import (
 from harness.timing import contention, paired
 from harness.units import utc_now
 
-ROUNDS = 10  # undisturbed rounds wanted (--rounds)
+ROUNDS = paired.ROUNDS  # undisturbed rounds wanted (--rounds)
 MAX_ROUNDS = 200  # the most one may ask for
 MAX_ROUNDS_FACTOR = paired.MAX_ROUNDS_FACTOR  # give up after this many times `rounds` rounds
-BURST_S = 0.25  # a burst's target length: passes of every item for about this long (at least 3)
-GAP_S = 0.05  # pause before each burst: the previous process's spinning threads fall asleep
-PERSIST_EVERY_S = 5.0
 
 
 def plan(rounds: int = ROUNDS) -> PartsPlan:
@@ -140,7 +146,8 @@ def run(path: Path, record: PartsRecord, jobs: list[PartsJob], threads: int | No
 
 
 def _rounds(path: Path, record: PartsRecord, children: list[TimedProcess], progress: bool) -> int:
-    """Rounds of one burst per process, the order alternating, until enough are undisturbed; the record is
+    """Rounds of one burst per process, the order alternating, until enough are undisturbed, or until no verdict
+    can come any more (harness.timing.paired.out_of_reach: then `record.stopped` says why); the record is
     rewritten every few seconds. Returns the undisturbed rounds."""
     p = record.plan
     n_clean, last_write = 0, time.monotonic()
@@ -159,10 +166,18 @@ def _rounds(path: Path, record: PartsRecord, children: list[TimedProcess], progr
         if time.monotonic() - last_write >= PERSIST_EVERY_S:
             record.dump(path)
             last_write = time.monotonic()
+        left = p.max_rounds - r - 1
         if n_clean >= p.rounds:
             break
+        if left and paired.out_of_reach(n_clean, left, p.rounds):
+            record.stopped = (f"stopped after {r + 1} of at most {p.max_rounds} rounds: {n_clean} undisturbed, "
+                              f"and even {left} more could not make the {paired.needed_for_a_verdict(p.rounds)} "
+                              "a verdict needs")
+            break
         line.show(f"round {r + 1} of at most {p.max_rounds}, {n_clean} of {p.rounds} undisturbed",
-                  expected_rounds(line.elapsed_s, r + 1, n_clean, p.rounds - n_clean, p.max_rounds - r - 1))
+                  expected_rounds(line.elapsed_s, r + 1, n_clean, p.rounds - n_clean, left))
     line.close()
+    if record.stopped:
+        _say(progress, record.stopped)
     _say(progress, f"{len(record.rounds)} rounds, {n_clean} undisturbed in all")
     return n_clean

@@ -167,6 +167,13 @@ def ratio_table(record: PartsRecord, a: str, b: str, used: list[PartsRound], per
     return out
 
 
+def ratio_cell(q: dict | None) -> str:
+    """A row's ratio to the first contender as the table and the page show it: "1.23 [1.10, 1.37]" ("" for none)."""
+    if not q:
+        return ""
+    return f"{q['ratio']:.2f} [{q['lo']:.2f}, {q['hi']:.2f}]" if q["lo"] is not None else f"{q['ratio']:.2f}"
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:+.3g} ms"
 
@@ -196,10 +203,8 @@ def diagnose(record: PartsRecord, a: str, b: str, used: list[PartsRound], usable
     if step is None:
         out["line"] = f"{a} vs {b}: no round holds both"
         return out
-    slow, fast = (b, a) if step.estimate >= 1 else (a, b)
-    x, lo, hi = (step.estimate, step.lo, step.hi) if slow == b else (
-        1 / step.estimate, None if step.hi is None else 1 / step.hi, None if step.lo is None else 1 / step.lo)
-    conclusive = lo is not None and lo > 1
+    w = paired.speed_words({"ratio": step.estimate, "lo": step.lo, "hi": step.hi}, b, a)  # b's time over a's
+    slow, fast, x, lo, hi, conclusive = w["slow"], w["fast"], w["x"], w["lo"], w["hi"], w["conclusive"]
     out.update(slow=slow, fast=fast, ratio=x, lo=lo, hi=hi, conclusive=conclusive)
     ss, sf = (sb, sa) if slow == b else (sa, sb)
     interval = f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else " (one round: no interval)"
@@ -230,10 +235,10 @@ def _row_differences(slow: dict[str, np.ndarray], fast: dict[str, np.ndarray]) -
     for row in slow:
         if row == STEP:
             continue
-        d = [float(x - y) for x, y in zip(slow[row], fast[row]) if math.isfinite(x) and math.isfinite(y)]
-        if not d:
+        pairs = [(float(x), float(y)) for x, y in zip(slow[row], fast[row]) if math.isfinite(x) and math.isfinite(y)]
+        if not pairs:
             continue
-        ci = stats.mean_ci(d)
+        ci = stats.paired_difference([x for x, _ in pairs], [y for _, y in pairs])
         out.append({"row": row, "mean_s": ci.estimate, "lo_s": ci.lo, "hi_s": ci.hi})
     return out
 
@@ -286,17 +291,7 @@ def format_table(record: PartsRecord, s: dict) -> str:
             mark = "*" if (v.get("launches") or {}).get("launch_bound") else ""
             cells += [_cell_ms(v) + mark, "" if v["share"] is None else f"{v['share']:.1%}"]
             if i:
-                q = s["ratios"][n].get(row)
-                cells.append("" if not q else f"{q['ratio']:.2f} [{q['lo']:.2f}, {q['hi']:.2f}]"
-                             if q["lo"] is not None else f"{q['ratio']:.2f}")
+                cells.append(ratio_cell(s["ratios"][n].get(row)))
         lines.append(cells)
     return text_table(head, lines[1:], right=range(1, len(head)))
 
-
-def check_sums(record: PartsRecord, s: dict) -> dict[str, float]:
-    """Per contender |parts + overhead - step| / step: 0 by construction (the check the tests and docs state)."""
-    out = {}
-    for n, t in s["tables"].items():
-        total = sum(v["median_s"] for r, v in t.items() if r != STEP)
-        out[n] = abs(total - t[STEP]["median_s"]) / t[STEP]["median_s"]
-    return out

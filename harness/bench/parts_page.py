@@ -16,7 +16,7 @@ from markupsafe import Markup
 
 import harness
 from harness import pages
-from harness.bench.parts_analysis import label, summary
+from harness.bench.parts_analysis import label, ratio_cell, summary
 from harness.core.parts import KINDS, MEANING, OPTIMIZER, REST, STEP, kind, split_item
 from harness.store import atomic_write_bytes
 from harness.store.parts import PartsRecord, record_path
@@ -30,6 +30,8 @@ def notes(record: PartsRecord, s: dict) -> list[str]:
     used = "undisturbed" if r["usable"] else "all (too few undisturbed: no verdict)"
     lines = [f"rounds: {r['total']} made, {r['clean']} undisturbed, {r['disturbed']} disturbed (left out); figures "
              f"from {r['used']} {used} rounds; ms per call, median over the rounds [95 % interval]"]
+    if record.stopped:  # no verdict could come any more
+        lines.append(f"rounds {record.stopped}")
     for c in record.contenders:
         ready = c.ready
         if ready is None:
@@ -61,7 +63,7 @@ def notes(record: PartsRecord, s: dict) -> list[str]:
     return lines
 
 
-def _segments(record: PartsRecord, table: dict) -> list[tuple[str, float]]:
+def _segments(table: dict) -> list[tuple[str, float]]:
     """(kind, ms) per part kind (forward and backward together), the optimizer and the overhead, in forward order."""
     totals: dict[str, float] = {}
     for row, v in table.items():
@@ -81,7 +83,7 @@ def bars(record: PartsRecord, s: dict) -> Markup | None:
     @drawn
     def figure() -> Markup | None:
         names = record.names
-        segs = {n: _segments(record, s["tables"][n]) for n in names}
+        segs = {n: _segments(s["tables"][n]) for n in names}
         kinds = [k for k, _ in segs[names[0]]]
         cmap = plt.get_cmap("tab20")
         with plt.rc_context(RC):
@@ -113,31 +115,29 @@ def bars(record: PartsRecord, s: dict) -> Markup | None:
     return figure()
 
 
-def _cell(v: dict, flops: bool) -> dict[str, Any]:
+def _cell(v: dict) -> dict[str, Any]:
     ms = v["median_s"] * 1e3
     lo, hi = v.get("lo_s"), v.get("hi_s")
     launches = v.get("launches") or {}
     return {"ms": f"{ms:.3f}" if math.isfinite(ms) else "-",
             "ci": f"[{lo * 1e3:.3f}, {hi * 1e3:.3f}]" if lo is not None and hi is not None else "",
             "share": "" if v["share"] is None else f"{v['share']:.1%}",
-            "gflops": f"{v['flops_per_s'] / 1e9:.3g}" if flops and v.get("flops_per_s") else "",
+            "gflops": f"{v['flops_per_s'] / 1e9:.3g}" if v.get("flops_per_s") else "",
             "kernels": launches.get("kernels", launches.get("ops", "")) if launches else "",
             "bound": bool(launches.get("launch_bound"))}
 
 
-def page_model(record: PartsRecord, per_block: bool) -> dict[str, Any]:
-    """What the template shows."""
-    s = summary(record, per_block)
+def page_model(record: PartsRecord, per_block: bool, s: dict | None = None) -> dict[str, Any]:
+    """What the template shows; `s`: the record's summary where the caller has it (computed here otherwise)."""
+    s = s if s is not None else summary(record, per_block)
     names = record.names
     rows = []
     for row in s["rows"]:
         part, direction = split_item(row)
         cells = []
         for i, n in enumerate(names):
-            c = _cell(s["tables"][n][row], True)
-            q = s["ratios"][n].get(row) if i else None
-            c["ratio"] = (f"{q['ratio']:.2f} [{q['lo']:.2f}, {q['hi']:.2f}]" if q and q["lo"] is not None
-                          else f"{q['ratio']:.2f}" if q else "")
+            c = _cell(s["tables"][n][row])
+            c["ratio"] = ratio_cell(s["ratios"][n].get(row)) if i else ""
             cells.append(c)
         rows.append({"label": label(row), "meaning": MEANING.get(kind(part), ""), "cells": cells,
                      "total": direction is None})
@@ -155,8 +155,8 @@ def level(pair: dict, usable: bool) -> str:
     return pages.OK if pair["conclusive"] else pages.NEUTRAL
 
 
-def write_page(record: PartsRecord, out: Path, per_block: bool = False) -> Path:
-    """Write the record's page beside it and return its path."""
+def write_page(record: PartsRecord, out: Path, per_block: bool = False, s: dict | None = None) -> Path:
+    """Write the record's page beside it and return its path; `s`: its summary where the caller has it."""
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
     env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(
@@ -164,7 +164,7 @@ def write_page(record: PartsRecord, out: Path, per_block: bool = False) -> Path:
         trim_blocks=True, lstrip_blocks=True)
     env.filters["inline"] = pages.inline
     env.globals["palette_css"] = pages.css()  # the reports' stylesheet (style.css) opens with the palette
-    model = page_model(record, per_block) if record.rounds else None
+    model = page_model(record, per_block, s) if record.rounds else None
     c = record.config
     title = f"nanogpt-parity: where the time goes — {record.options.size}, {', '.join(record.names)}"
     page = env.get_template("parts.html.j2").render(

@@ -132,7 +132,7 @@ def report(record: PartsRecord, out: Path, per_block: bool, as_json: bool = Fals
         print(format_table(record, s), file=stream)
         for line in [*notes(record, s), *(f"diagnosis: {pair['line']}" for pair in s["pairs"])]:
             print(line, file=stream)
-    page = write_page(record, out, per_block)
+    page = write_page(record, out, per_block, s)
     path = record_path(out, record.id)
     code = 1 if record.status == "failed" else 0
     print(f"bench parts: {page}", file=sys.stderr)
@@ -140,7 +140,7 @@ def report(record: PartsRecord, out: Path, per_block: bool, as_json: bool = Fals
         pairs = [{k: p.get(k) for k in ("slow", "fast", "ratio", "lo", "hi", "conclusive", "line")}
                  for p in (s["pairs"] if s else [])]
         print_json("bench parts", code, id=record.id, record=path, page=page, status=record.status,
-                   failure=record.failure, rounds=s["rounds"] if s else None, pairs=pairs)
+                   failure=record.failure, stopped=record.stopped, rounds=s["rounds"] if s else None, pairs=pairs)
     else:
         print(f"bench parts: {path}", file=stream)
     return code

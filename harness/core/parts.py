@@ -36,7 +36,6 @@ BLOCK_PARTS = ("ln_1", "attn.qkv", "attn.probs", "attn.y", "attn.proj", "res1", 
 HEAD_PARTS = ("emb",)
 TAIL_PARTS = ("ln_f", "logits", "loss")
 KINDS = (*HEAD_PARTS, *BLOCK_PARTS, *TAIL_PARTS)
-DIRECTIONS = ("forward", "backward")
 OPTIMIZER = "optimizer"  # clipping + AdamW
 STEP = "step"  # the whole training step (the backend's own train_step)
 REST = "fusion and framework overhead"  # the whole step minus the sum of the timed parts (positive or negative)

@@ -47,7 +47,7 @@ JSON_SCHEMA: dict = {
         "schema": {"const": SCHEMA}, "schema_version": {"type": "integer"},
         "id": {"type": "string", "pattern": ID_RE.pattern},
         "created_at": {"type": "string"}, "finished_at": {"type": ["string", "null"]},
-        "status": {"enum": STATES}, "failure": {"type": ["string", "null"]},
+        "status": {"enum": STATES}, "failure": {"type": ["string", "null"]}, "stopped": {"type": ["string", "null"]},
         "options": {"type": "object", "required": ["size", "backends"],
                     "properties": {"size": {"type": "string"},
                                    "backends": {"type": "array", "minItems": 1, "items": {"type": "string"}},
@@ -228,6 +228,7 @@ class PartsRecord(Stored):
     finished_at: str | None = None
     status: str = "running"
     failure: str | None = None
+    stopped: str | None = None  # rounds stopped before their cap: no verdict could come any more (why)
     options: PartsOptions
     config: Config
     vocab_size: int
