@@ -144,6 +144,26 @@ def tiny_config(tmp_path: Path):
     return make
 
 
+def interrupted_run(out: Path, config_file: Path, steps: int, every: int, pause: str) -> Path:
+    """The run directory of a numpy run of `steps` steps, a checkpoint every `every`, stopped by the test hook at
+    `pause` (harness.run.child: e.g. "after-checkpoint:kill:2")."""
+    result = run_cli("run", "--config", str(config_file), "--steps", str(steps), "--checkpoint-every", str(every),
+                     "--backend", "numpy", "--no-text", "--no-report", "--quiet", "--out", str(out),
+                     env={"HARNESS_TEST_PAUSE_AT": pause})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    (run,) = (out / "runs").iterdir()
+    return run
+
+
+def copy_run(run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of run directory `run` with its --out (and the data copy there): (out, run directory)."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(run.parent.parent, out)
+    return out, out / "runs" / run.name
+
+
 def harness_in_process(capsys, *args: object) -> tuple[int, str]:
     """`harness ARGS` in this process (its workers are still their own processes): (exit status, stderr)."""
     import signal

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import data_path, harness_in_process, one_line_error, run_cli
+from tests.conftest import copy_run, data_path, harness_in_process, interrupted_run, one_line_error
 
 PLANNED = 10_000_000
 MEMORY_MB = 500
@@ -51,23 +50,12 @@ print(json.dumps({"codes": codes, "peak_mb": peak}))
 def long_run(tmp_path_factory, config_file) -> Path:
     """A numpy run of 10^7 planned steps killed right after its fourth checkpoint (every 200 steps: the checkpoint
     at step 800, the record, which lags it, at 600)."""
-    out = tmp_path_factory.mktemp("long") / "out"
-    result = run_cli("run", "--config", str(config_file), "--steps", str(PLANNED), "--checkpoint-every", "200",
-                     "--backend", "numpy", "--no-text", "--no-report", "--quiet", "--out", str(out),
-                     env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill:4"})
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-    (run,) = (out / "runs").iterdir()
-    return run
-
-
-def copy(run: Path, tmp_path: Path) -> tuple[Path, Path]:
-    out = tmp_path / "out"
-    shutil.copytree(run.parent.parent, out)
-    return out, out / "runs" / run.name
+    return interrupted_run(tmp_path_factory.mktemp("long") / "out", config_file, PLANNED, 200,
+                           "after-checkpoint:kill:4")
 
 
 def test_ten_million_planned_steps_are_shown_reported_and_resumed_in_little_memory(tmp_path, long_run):
-    out, run = copy(long_run, tmp_path)
+    out, run = copy_run(long_run, tmp_path)
     # a record holds what was done: 600 steps of curves in files of tens of kilobytes, a record of a few
     sizes = {p.name: p.stat().st_size for p in run.iterdir()}
     assert sizes["numpy.json"] < 16_000 and sizes["numpy.steps.csv"] < 100 * 600, sizes
@@ -84,7 +72,7 @@ def test_ten_million_planned_steps_are_shown_reported_and_resumed_in_little_memo
 
 
 def test_a_spec_of_1e15_steps_is_no_traceback(tmp_path, capsys, long_run):
-    out, run = copy(long_run, tmp_path)
+    out, run = copy_run(long_run, tmp_path)
     spec = json.loads((run / "spec.json").read_text())
     spec["config"]["steps"] = 10**15
     (run / "spec.json").write_text(json.dumps(spec))

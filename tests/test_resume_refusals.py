@@ -6,31 +6,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import as_version_3, harness_in_process, one_line_error, record_doc, run_cli
+from tests.conftest import (
+    as_version_3,
+    copy_run,
+    harness_in_process,
+    interrupted_run,
+    one_line_error,
+    record_doc,
+)
 
 
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory, config_file) -> Path:
     """A numpy run of 60 steps killed right after its second checkpoint (step 40; its record lags, at step 20)."""
-    out = tmp_path_factory.mktemp("interrupted") / "out"
-    result = run_cli("run", "--config", str(config_file), "--steps", "60", "--checkpoint-every", "20",
-                     "--backend", "numpy", "--no-text", "--no-report", "--quiet", "--out", str(out),
-                     env={"HARNESS_TEST_PAUSE_AT": "after-checkpoint:kill:2"})
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-    (run,) = (out / "runs").iterdir()
-    return run
-
-
-def copy(run: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of run directory `run` under a fresh --out: (out, run directory)."""
-    out = tmp_path / "out"
-    shutil.copytree(run.parent.parent, out)
-    return out, out / "runs" / run.name
+    return interrupted_run(tmp_path_factory.mktemp("interrupted") / "out", config_file, 60, 20,
+                           "after-checkpoint:kill:2")
 
 
 def hashes(out: Path) -> dict[str, str]:
@@ -112,7 +106,7 @@ CHANGES = {
 @pytest.mark.parametrize("case", list(CHANGES))
 def test_a_changed_run_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, interrupted, case):
     change, named = CHANGES[case]
-    out, run = copy(interrupted, tmp_path)
+    out, run = copy_run(interrupted, tmp_path)
     change(run)
     before = hashes(out)
     code, err = harness_in_process(capsys, "resume", run.name, "--out", out, "--quiet", "--no-report")
@@ -123,7 +117,7 @@ def test_a_changed_run_is_refused_in_one_line_and_nothing_is_written(tmp_path, c
 def test_a_run_of_the_previous_release_still_resumes(tmp_path, capsys, interrupted):
     """A spec without digests and a record of schema version 3 (its curves in its JSON): resumed from its checkpoint
     to the end, the record rewritten in this release's form."""
-    out, run = copy(interrupted, tmp_path)
+    out, run = copy_run(interrupted, tmp_path)
     edit(run / "spec.json", lambda d: d.pop("experiment"))
     as_version_3(run / "numpy.json")
     code, err = harness_in_process(capsys, "resume", run.name, "--out", out, "--quiet", "--no-report")

@@ -27,6 +27,7 @@ from tests.conftest import (
     TINY,
     as_version_3,
     children,
+    copy_run,
     data_path,
     harness_in_process,
     in_own_mounts,
@@ -95,13 +96,6 @@ def killed_run(tmp_path_factory, config_file) -> Path:
                      "--out", str(out), *NUMPY, env={"HARNESS_TEST_PAUSE_AT": "mid-checkpoint:kill:2"})
     assert result.returncode == 1, result.stderr
     return only_run(out)
-
-
-def copy_run(run: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A private copy of a run directory (and its --out's data copy): (out, run)."""
-    out = tmp_path / "out"
-    shutil.copytree(run.parent.parent, out)
-    return out, out / "runs" / run.name
 
 
 # --- data loss ----------------------------------------------------------------------------------------------------
