@@ -20,7 +20,7 @@ import numpy as np
 from harness.backends.flux_layout import taps_to_flux, to_flux, tokens_to_flux
 from harness.backends.parts import GPU_SAMPLE_S, WARM_CALLS, Item, PartRunner, Reference
 from harness.config.fields import Config
-from harness.core.parts import OPTIMIZER, STEP, item, parts
+from harness.core.parts import OPTIMIZER, item, parts
 
 TOKENS = ("idx", "targets")
 
@@ -60,13 +60,7 @@ class FluxParts(PartRunner):
             self.items[item(name, "backward")] = backwards[name]
         optimizer = mod.optimizer_closure(state, b._jdict(to_flux(reference.params)))
         self.items[OPTIMIZER] = Item(lambda: optimizer(), wait)
-        lr, step = config.learning_rate, {"k": 0}
-
-        def train_step() -> float:
-            x, y = batches[step["k"] % len(batches)]
-            step["k"] += 1
-            return b.train_step(x, y, lr)
-        self.items[STEP] = Item(train_step, wait)
+        self.step_item(b, batches, wait)
         before = sum(b.compile_time().values())
         t0 = time.perf_counter()
         self.warm_up(WARM_CALLS)  # Julia compiles each closure at its first call

@@ -20,7 +20,7 @@ import numpy as np
 
 from harness.backends.parts import GPU_SAMPLE_S, Item, PartRunner, Reference, as_dtype
 from harness.config.fields import Config
-from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
+from harness.core.parts import OPTIMIZER, Part, item, parts
 
 
 def part_function(m: Any, part: Part, config: Config) -> Callable[..., tuple]:
@@ -113,7 +113,7 @@ class JaxParts(PartRunner):
         for name in reversed(names):
             self.items[item(name, "backward")] = backwards[name]
         self._optimizer(config, m, params, reference, put, jax)
-        self._step(batches)
+        self.step_item(self.backend, batches, lambda out: self.backend.synchronize())
         t0 = time.perf_counter()
         self.warm_up(1)  # every jitted part compiled here, before anything is timed
         self.compile_s = compile_s + time.perf_counter() - t0
@@ -138,16 +138,6 @@ class JaxParts(PartRunner):
             state["s"] = step(state["s"], grads, scalars)
             return state["s"]
         self.items[OPTIMIZER] = Item(call, jax.block_until_ready)
-
-    def _step(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        backend, lr = self.backend, self.config.learning_rate
-        state = {"k": 0}
-
-        def call() -> Any:
-            x, y = batches[state["k"] % len(batches)]
-            state["k"] += 1
-            return backend.train_step(x, y, lr)
-        self.items[STEP] = Item(call, lambda out: backend.synchronize())
 
     def describe(self) -> dict[str, Any]:
         info = self.backend.describe()

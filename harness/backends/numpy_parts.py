@@ -17,7 +17,7 @@ import numpy as np
 from harness.backends.parts import GPU_SAMPLE_S, SAMPLE_S, Item, PartRunner, Reference, as_dtype
 from harness.config.fields import Config
 from harness.core.masks import attention_sites
-from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
+from harness.core.parts import OPTIMIZER, Part, item, parts
 from harness.models import numpy_gpt as g
 
 Forward = Callable[..., tuple[tuple, Any]]  # (context, *inputs) -> (outputs, cache)
@@ -224,7 +224,7 @@ class NumpyParts(PartRunner):
         for name in reversed(names):
             self.items[item(name, "backward")] = backwards[name]
         self._optimizer(config, reference, put, wait)
-        self._step(batches, wait)
+        self.step_item(self.backend, batches, wait)
 
     def _optimizer(self, config: Config, reference: Reference, put: Callable[[np.ndarray], Any],
                    wait: Callable[[Any], None]) -> None:
@@ -239,16 +239,6 @@ class NumpyParts(PartRunner):
                 g.clip_grad_norm(grads, config.grad_clip)
             opt.step(params, grads, config.learning_rate)
         self.items[OPTIMIZER] = Item(call, wait)
-
-    def _step(self, batches: list[tuple[np.ndarray, np.ndarray]], wait: Callable[[Any], None]) -> None:
-        backend, lr = self.backend, self.config.learning_rate
-        state = {"k": 0}
-
-        def call() -> Any:
-            x, y = batches[state["k"] % len(batches)]
-            state["k"] += 1
-            return backend.train_step(x, y, lr)
-        self.items[STEP] = Item(call, wait)
 
     def describe(self) -> dict[str, Any]:
         info = self.backend.describe()

@@ -122,6 +122,18 @@ class PartRunner:
         """Build the items of parts `names` (and the optimizer and the whole step on `batches`), on `device`."""
         raise NotImplementedError
 
+    def step_item(self, backend: Any, batches: list[tuple[np.ndarray, np.ndarray]], wait: Callable[[Any], None]
+                  ) -> None:
+        """The whole training step as the last item: `backend`'s own train_step on `batches` in turn, as `harness
+        run` times it (every runner's, so that the step is the same work everywhere)."""
+        lr, k = self.config.learning_rate, [0]
+
+        def call() -> Any:
+            x, y = batches[k[0] % len(batches)]
+            k[0] += 1
+            return backend.train_step(x, y, lr)
+        self.items[STEP] = Item(call, wait)
+
     def warm_up(self, calls: int = WARM_CALLS) -> float:
         """Call every item `calls` times, untimed; returns the seconds it took (a JIT's compilation is in it)."""
         t0 = time.perf_counter()

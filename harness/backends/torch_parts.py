@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from harness.backends.parts import GPU_SAMPLE_S, Item, PartRunner, Reference, as_dtype
 from harness.config.fields import Config
-from harness.core.parts import OPTIMIZER, STEP, Part, item, parts
+from harness.core.parts import OPTIMIZER, Part, item, parts
 
 Fn = Callable[..., tuple[torch.Tensor, ...]]
 
@@ -115,7 +115,7 @@ class TorchParts(PartRunner):
         for name in reversed(names):
             self.items[item(name, "backward")] = backwards[name]
         self._optimizer(config, model, reference, put, adamw_groups, adamw_flags)
-        self._step(batches)
+        self.step_item(self.backend, batches, self._wait)
 
     def _optimizer(self, config: Config, model: Any, reference: Reference, put: Callable[..., torch.Tensor],
                    groups: Callable, flags: Callable) -> None:
@@ -135,16 +135,6 @@ class TorchParts(PartRunner):
                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             opt.step()
         self.items[OPTIMIZER] = Item(call, self._wait)
-
-    def _step(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        backend, lr = self.backend, self.config.learning_rate
-        state = {"k": 0}
-
-        def call() -> Any:
-            x, y = batches[state["k"] % len(batches)]
-            state["k"] += 1
-            return backend.train_step(x, y, lr)
-        self.items[STEP] = Item(call, self._wait)
 
     def _wait(self, out: Any) -> None:
         if self.cuda:
